@@ -1,0 +1,265 @@
+"""The catalogue of smalti's error codes: what each means and how to fix it.
+
+Codes are stable: once published, a code keeps its meaning. ``SM0xx`` are
+plugin and pipeline errors, ``SM1xx`` layout inference, ``SM2xx`` lowering,
+``SM3xx`` the command line.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Code:
+    code: str
+    title: str
+    explanation: str
+    before: str = ""
+    after: str = ""
+
+    def long_form(self) -> str:
+        parts = [f"{self.code}: {self.title}", "", self.explanation.strip()]
+        if self.before:
+            parts += ["", "Before (fails):", "", _indent(self.before)]
+        if self.after:
+            parts += ["", "After (works):", "", _indent(self.after)]
+        return "\n".join(parts) + "\n"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.strip("\n").splitlines())
+
+
+_CODES = [
+    Code(
+        "SM001",
+        "Two plugins claim the same op",
+        """
+Two installed plugins register a rule of the same kind (constraint or
+lowering) for the same op and for overlapping architectures, and neither
+declares that it overrides the other. smalti refuses to pick one silently.
+Either uninstall or block one plugin (`SMALTI_BLOCK_PLUGINS=name` or
+`build_pipeline(block=[name])`), or have the plugin that should win declare
+`overrides="<other plugin>"` when it registers the rule.
+""",
+        before="""
+registry.constraint_rule("arith.addf")(my_rule)      # in plugin "mine"
+""",
+        after="""
+registry.constraint_rule("arith.addf", overrides="smalti.plugins")(my_rule)
+""",
+    ),
+    Code(
+        "SM002",
+        "Op not supported on the target architecture",
+        """
+A rule exists for the op, but none of the registered rules supports the
+architecture the pipeline targets (for example a Blackwell-only op compiled
+for Hopper, sm_90a). Compile for an architecture the rule supports, or
+install a plugin that provides the op for your architecture.
+""",
+        before="""
+smalti.infer_layouts(module_with_tcgen05_mma, arch=(9, 0))
+""",
+        after="""
+smalti.infer_layouts(module_with_tcgen05_mma, arch=(10, 0))
+""",
+    ),
+    Code(
+        "SM003",
+        "No constraint rule for an op",
+        """
+The kernel contains an op with vector, SMEM or TMEM operands or results, but
+no installed plugin registers a constraint (layout inference) rule for it.
+Install or write a plugin that does (see docs/writing-plugins.md), check that
+the plugin providing it is not blocked, or rewrite the kernel without the op.
+""",
+        before="""
+%y = "mydialect.fancy"(%x) : (vector<128xf32>) -> vector<128xf32>
+""",
+        after="""
+# a plugin registers: registry.constraint_rule("mydialect.fancy")(rule)
+""",
+    ),
+    Code(
+        "SM004",
+        "No lowering rule for an op",
+        """
+The kernel contains an op that must be lowered (it carries vector, SMEM or
+TMEM values, or belongs to a dialect a plugin declared must be lowered), but
+no installed plugin registers a lowering rule for it.
+""",
+        before="""
+"mosaic_gpu.some_new_op"(...)   # no plugin lowers it
+""",
+        after="""
+# a plugin registers: registry.lowering_rule("mosaic_gpu.some_new_op")(rule)
+""",
+    ),
+    Code(
+        "SM005",
+        "A plugin's rule raised an unexpected exception",
+        """
+A rule registered by a plugin raised an exception that is not a smalti error.
+This is a bug in that plugin; the message names the plugin, the rule and the
+op it was applied to. Report it to the plugin's authors, or block the plugin
+(`SMALTI_BLOCK_PLUGINS=name`) to fall back to the other installed rules.
+""",
+    ),
+    Code(
+        "SM006",
+        "A plugin registered or returned something malformed",
+        """
+A plugin registered a rule that is not callable, for an op name that is not a
+string, with an invalid architecture, or a rule returned a value of the wrong
+shape (for example a lowering rule returning fewer values than the op has
+results, or a constraint rule leaving an operand without a layout variable).
+This is a bug in the plugin named in the message.
+""",
+    ),
+    Code(
+        "SM007",
+        "A plugin could not be loaded",
+        """
+An entry point in the `smalti` group could not be imported, or its
+registration hooks raised. The other plugins keep working; block the broken
+one with `SMALTI_BLOCK_PLUGINS=name` to silence the error, or fix its
+installation.
+""",
+    ),
+    Code(
+        "SM008",
+        "An override names a plugin that does not register that op",
+        """
+A rule declares `overrides="<plugin>"`, but that plugin is installed and
+registers no rule of this kind for the op. The override is stale: the other
+plugin probably renamed or dropped the rule. Remove the `overrides=` argument
+or point it at the right plugin.
+""",
+    ),
+    Code(
+        "SM009",
+        "Plugin written for an unsupported hook version",
+        """
+The plugin declares `SMALTI_HOOK_VERSION` for a version of smalti's hook
+specification that this smalti does not support. Upgrade the plugin (or
+smalti) so that the two agree.
+""",
+    ),
+    Code(
+        "SM101",
+        "No layout assignment satisfies the kernel",
+        """
+Layout inference found no assignment of register layouts, SMEM transforms
+and TMEM layouts that satisfies every op's requirements. The message lists
+the requirements that conflict and the op (with its source line) each came
+from. Typical causes: a layout cast to a layout the value cannot be converted
+to (only splat values can be relaid out freely; tiled layouts only to a few
+others), or two ops that need different layouts for the same value. Insert a
+`mosaic_gpu.layout_cast` to a layout both sides accept, or remove the cast.
+""",
+        before="""
+%x = mosaic_gpu.vector_load %ref : vector<128x128xf32>
+%y = mosaic_gpu.layout_cast %x {new_layout = #mosaic_gpu.WGSplatFragLayout<[128, 128]>}
+""",
+        after="""
+%x = mosaic_gpu.vector_load %ref : vector<128x128xf32>
+%y = mosaic_gpu.layout_cast %x {new_layout = #mosaic_gpu.WGStridedFragLayout<[128, 128], 2>}
+""",
+    ),
+    Code(
+        "SM102",
+        "Layout incompatible with the value's shape",
+        """
+An op asks for a layout (for example through `mosaic_gpu.layout_cast`) that
+cannot represent a value of this shape: a splat or strided layout whose shape
+differs from the value's, or a tiled layout whose tile does not divide the
+shape. Choose a layout whose shape or tile fits the value.
+""",
+        before="""
+mosaic_gpu.layout_cast %x {new_layout = #mosaic_gpu.WGSplatFragLayout<[64]>} : vector<128xf32>
+""",
+        after="""
+mosaic_gpu.layout_cast %x {new_layout = #mosaic_gpu.WGSplatFragLayout<[128]>} : vector<128xf32>
+""",
+    ),
+    Code(
+        "SM103",
+        "A ref's producer has no layout variable",
+        """
+An op uses an SMEM or TMEM ref whose producer is neither an op with a
+constraint rule nor a block argument whose owner's rule assigns it a layout.
+Layout inference cannot tell which transforms or TMEM layout the ref has.
+Produce the ref with an op smalti understands (e.g. `mosaic_gpu.slice_smem`,
+`mosaic_gpu.tmem_alloc`), or install a plugin with a rule for its producer.
+""",
+    ),
+    Code(
+        "SM104",
+        "Layout inference did not converge within its search budget",
+        """
+The layouts of part of the kernel are ambiguous and the search for a
+consistent assignment tried more candidates than its budget allows. Add
+`mosaic_gpu.layout_cast` ops on the values named in the message to pin their
+layouts, which removes the ambiguity.
+""",
+    ),
+    Code(
+        "SM201",
+        "An op reached lowering without its layouts",
+        """
+An op that carries vector values, SMEM refs or TMEM refs has no `in_layouts`
+/ `out_layouts` (or transforms, or TMEM layouts) attribute, or has the wrong
+number of them. Run layout inference first (`smalti.infer_layouts(module)`),
+or fix the hand-written attributes so that there is one entry per vector
+operand and result.
+""",
+        before="""
+smalti.lower(module, launch_ctx)
+""",
+        after="""
+smalti.infer_layouts(module)
+smalti.lower(module, launch_ctx)
+""",
+    ),
+    Code(
+        "SM202",
+        "No kernel launch in the module",
+        """
+Lowering works on a Mosaic GPU kernel module: a module whose functions
+contain a `gpu.launch` op. Build the module with
+`jax.experimental.mosaic.gpu` (e.g. `as_gpu_kernel`) or Pallas.
+""",
+    ),
+    Code(
+        "SM203",
+        "An op cannot be lowered with its layouts",
+        """
+The op's lowering rule rejected the op as annotated: a layout the lowering
+does not support for this op, mismatched operand and result layouts, or an
+unsupported attribute value. The message names the layouts involved. Change
+the layouts (for example with a `mosaic_gpu.layout_cast`) or let layout
+inference choose them.
+""",
+    ),
+    Code(
+        "SM301",
+        "The command-line input could not be read",
+        """
+`smalti infer FILE` and `smalti lower FILE` read textual MLIR. The file does
+not exist or does not parse as MLIR with the Mosaic GPU dialects loaded.
+Check the path, and that the file was printed by MLIR (e.g. `print(module)`).
+""",
+    ),
+    Code(
+        "SM302",
+        "Unknown error code",
+        """
+`smalti explain CODE` was given a code smalti does not define. Run
+`smalti explain` without an argument to list every code.
+""",
+    ),
+]
+
+CATALOGUE: dict[str, Code] = {c.code: c for c in _CODES}

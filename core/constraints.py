@@ -1,0 +1,755 @@
+"""The constraint language in which plugins state what layouts an op needs.
+
+A constraint rule (see :mod:`smalti.hookspec`) describes one op with:
+
+- **variables** (:class:`Variable`), one per group of the op's operands,
+  results and block arguments that must share a layout. Core connects each
+  operand's variable to its producer's: a register value may be *relaid out*
+  on the way (only splat values can change layout implicitly), a ref keeps
+  its transforms / TMEM layout;
+- **constants** (:mod:`smalti.layouts`): register layouts, SMEM transforms,
+  TMEM layouts;
+- **expressions** deriving a layout from another: :class:`Reduced`,
+  :class:`Reshaped`, :class:`Transposed`, :class:`Collapsed`;
+- **constraints** between them: :class:`Equal`, :class:`Relayout`,
+  :class:`Excludes`, :class:`OneOf`, :class:`Divides`,
+  :class:`MinorDimDivisibleBy`, :class:`TransferableSmem`,
+  :class:`TransferableTmem`, :class:`SupportedBroadcast`.
+
+The language is open: a plugin may define its own constraint by subclassing
+:class:`Constraint` and implementing :meth:`Constraint.check` (and, to guide
+the search, :meth:`Constraint.candidates`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import attrs
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import tcgen05
+
+from smalti import layouts
+from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
+
+if TYPE_CHECKING:
+    from smalti.sites import ValueSite
+
+
+class Variable:
+    """An unknown layout shared by one or more value sites of one op.
+
+    Variables are created by :meth:`smalti.rules.ConstraintBuilder.variable`;
+    they compare by identity.
+    """
+
+    __slots__ = ("id", "site", "memory_space", "shape", "type", "__weakref__")
+
+    def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace) -> None:
+        self.id = id
+        self.site = site
+        self.memory_space = memory_space
+        self.type: ir.Type = site.value.type
+        self.shape: tuple[int, ...] = tuple(ir.ShapedType(self.type).shape)
+
+    def __repr__(self) -> str:
+        return f"V{self.id}({self.site})"
+
+    __str__ = __repr__
+
+
+class Unsupported:
+    """The value of a derived expression that has no layout (e.g. a reduction
+    of a layout Mosaic GPU cannot reduce). A constraint over it cannot hold."""
+
+    _instance: ClassVar[Unsupported | None] = None
+
+    def __new__(cls) -> Unsupported:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSUPPORTED"
+
+
+UNSUPPORTED: Final = Unsupported()
+ValueOf = Callable[[Variable], Constant | None]
+
+
+class Derived:
+    """Base of expressions that derive a layout from another expression."""
+
+    expression: Any
+
+    def apply(self, value: Constant) -> Constant | Unsupported:
+        raise NotImplementedError
+
+    def preimages(self, result: Constant, variable: Variable) -> Iterator[Constant]:
+        """Candidate values for ``variable`` (this expression's operand) that
+        would make the expression evaluate to ``result``. Used by the search."""
+        return iter(())
+
+
+Expression = Any  # Variable | Constant | Derived
+
+
+def evaluate(expr: Expression, value_of: ValueOf) -> Constant | Unsupported | None:
+    """The value of ``expr`` under the current assignment, ``None`` if unknown."""
+    if isinstance(expr, Variable):
+        return value_of(expr)
+    if isinstance(expr, layouts.CONSTANT_TYPES):
+        return expr
+    inner = evaluate(expr.expression, value_of)
+    if inner is None or inner is UNSUPPORTED:
+        return inner
+    return expr.apply(inner)
+
+
+def variables_of(expr: Expression) -> Iterator[Variable]:
+    while isinstance(expr, Derived):
+        expr = expr.expression
+    if isinstance(expr, Variable):
+        yield expr
+
+
+def describe(expr: Expression) -> str:
+    if isinstance(expr, Variable):
+        return expr.site.describe()
+    return str(expr)
+
+
+def _reduce_shape(shape: Sequence[int], axes: Sequence[int], keep_dims: bool) -> tuple[int, ...]:
+    if keep_dims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+@attrs.frozen
+class Reduced(Derived):
+    """The layout of ``expression`` after reducing ``axes`` of a rank-``rank`` value."""
+
+    expression: Expression
+    axes: tuple[int, ...] = attrs.field(converter=tuple)
+    rank: int
+    keep_dims: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not self.axes or list(self.axes) != sorted(set(self.axes)) or self.axes[0] < 0:
+            raise ValueError(f"axes must be sorted, distinct and non-negative, got {self.axes}")
+
+    def _tiled_axes(self, layout: fa.TiledLayout) -> tuple[int, ...]:
+        untiled = self.rank - len(layout.base_tile_shape)
+        return tuple(a - untiled for a in self.axes if a >= untiled)
+
+    def apply(self, value: Constant) -> Constant | Unsupported:
+        if not isinstance(value, RegisterLayout):
+            return UNSUPPORTED
+        layout = value.layout
+        match layout:
+            case fa.WGSplatFragLayout():
+                return RegisterLayout(
+                    fa.WGSplatFragLayout(_reduce_shape(layout.shape, self.axes, self.keep_dims))
+                )
+            case fa.WGStridedFragLayout():
+                trailing = math.prod(layout.shape[self.axes[-1] + 1 :])
+                if trailing % (layout.vec_size * fa.WARPGROUP_SIZE):
+                    return UNSUPPORTED  # would need cross-lane traffic
+                shape = _reduce_shape(layout.shape, self.axes, self.keep_dims)
+                return RegisterLayout(fa.WGStridedFragLayout(shape, layout.vec_size))
+            case fa.TiledLayout():
+                if self.keep_dims:
+                    return UNSUPPORTED
+                axes = self._tiled_axes(layout)
+                return RegisterLayout(layout.reduce(axes) if axes else layout)
+        return UNSUPPORTED
+
+    def preimages(self, result: Constant, variable: Variable) -> Iterator[Constant]:
+        if not isinstance(result, RegisterLayout) or self.expression is not variable:
+            return
+        shape = variable.shape
+        small = result.layout
+        if isinstance(small, fa.WGSplatFragLayout):
+            yield RegisterLayout(fa.WGSplatFragLayout(shape))
+            return
+        if isinstance(small, fa.WGStridedFragLayout):
+            yield RegisterLayout(fa.WGStridedFragLayout(shape, small.vec_size))
+            return
+        if self.keep_dims:
+            return
+        candidates = [
+            fa.WGMMA_LAYOUT,
+            fa.WGMMA_TRANSPOSED_LAYOUT,
+            fa.TCGEN05_LAYOUT,
+            fa.TCGEN05_TRANSPOSED_LAYOUT,
+            tcgen05.TMEM_NATIVE_LAYOUT,
+        ]
+        if shape[-1] % 16 == 0:
+            candidates.append(tcgen05.fa_m64_collective_layout(shape[-1]))
+        # Reducing only untiled dims keeps the layout: try it last, it is
+        # always valid then and trying it first lengthens backtracking.
+        candidates.append(small)
+        for large in candidates:
+            if len(large.base_tile_shape) > len(shape):
+                continue
+            if large.reduce(self._tiled_axes(large)) == small:
+                yield RegisterLayout(large)
+
+    def __str__(self) -> str:
+        return f"reduce({describe(self.expression)}, axes={self.axes})"
+
+
+@attrs.frozen
+class Reshaped(Derived):
+    """The layout of ``expression`` after reshaping ``source_shape`` to ``target_shape``."""
+
+    expression: Expression
+    source_shape: tuple[int, ...] = attrs.field(converter=tuple)
+    target_shape: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def apply(self, value: Constant) -> Constant | Unsupported:
+        if not isinstance(value, RegisterLayout):
+            return UNSUPPORTED
+        layout = value.layout
+        match layout:
+            case fa.WGSplatFragLayout():
+                return RegisterLayout(fa.WGSplatFragLayout(self.target_shape))
+            case fa.WGStridedFragLayout():
+                return RegisterLayout(fa.WGStridedFragLayout(self.target_shape, layout.vec_size))
+            case fa.TiledLayout():
+                return RegisterLayout(layout) if self._keeps_tiles(layout) else UNSUPPORTED
+        return UNSUPPORTED
+
+    def _keeps_tiles(self, layout: fa.TiledLayout) -> bool:
+        # A reshape is free when it only touches untiled dims and the major
+        # tiled dim, and the major tiled dim stays a multiple of its tile.
+        tile = layout.base_tile_shape
+        src, dst = self.source_shape, self.target_shape
+        if len(dst) < len(tile) or len(src) < len(tile):
+            return False
+        if any(s % t for s, t in zip(src[-len(tile) :], tile)):
+            return False
+        minor = len(tile) - 1
+        if minor and src[-minor:] != dst[-minor:]:
+            return False
+        return dst[-len(tile)] % tile[0] == 0
+
+    def __str__(self) -> str:
+        return f"reshape({describe(self.expression)}, {self.source_shape}->{self.target_shape})"
+
+
+@attrs.frozen
+class Transposed(Derived):
+    """The SMEM transforms of ``expression`` seen through a dim ``permutation``."""
+
+    expression: Expression
+    permutation: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if sorted(self.permutation) != list(range(len(self.permutation))):
+            raise ValueError(f"not a permutation: {self.permutation}")
+
+    def apply(self, value: Constant) -> Constant | Unsupported:
+        if not isinstance(value, SmemTransforms):
+            return UNSUPPORTED
+        if value.tiling is None:
+            return value
+        tiling, perm = value.tiling, self.permutation
+        offset = len(perm) - len(tiling)
+        moved = perm[-len(tiling) :]
+        if any(d < offset for d in moved):
+            return UNSUPPORTED  # tiled and untiled dims would be swapped
+        return SmemTransforms(tuple(tiling[d - offset] for d in moved), value.swizzle)
+
+    def __str__(self) -> str:
+        return f"transpose({describe(self.expression)}, {self.permutation})"
+
+
+@attrs.frozen
+class Collapsed(Derived):
+    """The SMEM transforms of ``expression`` after collapsing groups of dims.
+
+    ``reassociation[i]`` is the number of consecutive source dims that form
+    target dim ``i``.
+    """
+
+    expression: Expression
+    source_shape: tuple[int, ...] = attrs.field(converter=tuple)
+    reassociation: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if any(n <= 0 for n in self.reassociation) or sum(self.reassociation) != len(
+            self.source_shape
+        ):
+            raise ValueError(
+                f"reassociation {self.reassociation} does not partition {self.source_shape}"
+            )
+
+    def apply(self, value: Constant) -> Constant | Unsupported:
+        if not isinstance(value, SmemTransforms):
+            return UNSUPPORTED
+        if value.tiling is None:
+            return value
+        tiling = list(value.tiling)
+        shape = list(self.source_shape[-len(tiling) :])
+        if any(s % t for s, t in zip(shape, tiling)):
+            return UNSUPPORTED
+        new_tiling: list[int] = []
+        # Walk the groups from the minor end; every tiled dim must fall in a
+        # group made only of tiled dims, tiled as (1*, any?, full*).
+        for size in reversed(self.reassociation):
+            if not tiling:
+                break
+            if len(tiling) < size:
+                return UNSUPPORTED
+            group_tiles, group_dims = tiling[-size:], shape[-size:]
+            del tiling[-size:], shape[-size:]
+            full = 0
+            for t, s in zip(reversed(group_tiles), reversed(group_dims)):
+                if t != s:
+                    break
+                full += 1
+            rest = group_tiles[: size - full]
+            if rest and any(t != 1 for t in rest[:-1]):
+                return UNSUPPORTED
+            new_tiling.append(math.prod(group_tiles))
+        return SmemTransforms(tuple(reversed(new_tiling)), value.swizzle)
+
+    def __str__(self) -> str:
+        return f"collapse({describe(self.expression)}, {self.reassociation})"
+
+
+# --- constraints -------------------------------------------------------------------
+
+
+class SearchContext:
+    """What :meth:`Constraint.candidates` may consult."""
+
+    def __init__(
+        self,
+        arch: tuple[int, int],
+        value_of: ValueOf,
+        divides_for: Callable[[Variable], tuple[int, ...] | None],
+    ) -> None:
+        self.arch = arch
+        self.value_of = value_of
+        self.divides_for = divides_for
+
+
+class Constraint:
+    """Base class of constraints. Subclass it to add a new kind of constraint.
+
+    A subclass lists its operand expressions in :meth:`expressions`, decides
+    whether it holds once they are all known in :meth:`check`, and may offer
+    the solver values to try in :meth:`candidates` and values that must hold
+    in :meth:`implied`.
+    """
+
+    #: Constraints with a lower priority offer their candidates first.
+    search_priority: ClassVar[int] = 1
+
+    def expressions(self) -> tuple[Expression, ...]:
+        raise NotImplementedError
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        """Whether the constraint holds for these values of :meth:`expressions`."""
+        raise NotImplementedError
+
+    def implied(self, value_of: ValueOf) -> Iterator[tuple[Variable, Constant]]:
+        """Assignments that must hold given what is known. Defaults to none."""
+        return iter(())
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        """Assignments worth trying, best first. Defaults to none."""
+        return iter(())
+
+    def describe(self) -> str:
+        return str(self)
+
+
+def _one_variable_one_constant(
+    a: Expression, b: Expression, value_of: ValueOf
+) -> tuple[Variable, Constant] | None:
+    """If one side is an unknown variable and the other known, returns them."""
+    for var_side, other in ((a, b), (b, a)):
+        if isinstance(var_side, Variable) and value_of(var_side) is None:
+            value = evaluate(other, value_of)
+            if value is not None and value is not UNSUPPORTED:
+                return var_side, value
+    return None
+
+
+@attrs.frozen
+class Equal(Constraint):
+    """``lhs`` and ``rhs`` have the same layout."""
+
+    lhs: Expression
+    rhs: Expression
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.lhs, self.rhs)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        return values[0] == values[1]
+
+    def implied(self, value_of: ValueOf) -> Iterator[tuple[Variable, Constant]]:
+        found = _one_variable_one_constant(self.lhs, self.rhs, value_of)
+        if found is not None:
+            yield found
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        # `result == derived(var)`: try the values of var that produce result.
+        for derived, other in ((self.lhs, self.rhs), (self.rhs, self.lhs)):
+            if isinstance(derived, Derived) and isinstance(derived.expression, Variable):
+                known = evaluate(other, ctx.value_of)
+                if known is not None and known is not UNSUPPORTED:
+                    for value in derived.preimages(known, derived.expression):
+                        yield derived.expression, value
+
+    def __str__(self) -> str:
+        return f"{describe(self.lhs)} == {describe(self.rhs)}"
+
+
+@attrs.frozen
+class Relayout(Constraint):
+    """Registers in layout ``source`` can be converted to layout ``target``.
+
+    A ``strict`` relayout is the implicit one between a producer and its
+    consumers: only splat values may change layout there. A non-strict one
+    (an explicit layout cast) also allows the tiled conversions Mosaic GPU
+    implements for values of ``bitwidth``-bit elements.
+    """
+
+    search_priority: ClassVar[int] = 0
+
+    source: Expression
+    target: Expression
+    bitwidth: int
+    strict: bool = False
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.source, self.target)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        src, dst = values
+        if not isinstance(src, RegisterLayout) or not isinstance(dst, RegisterLayout):
+            return src == dst
+        return layouts.can_relayout(
+            src.layout, dst.layout, bitwidth=self.bitwidth, strict=self.strict
+        )
+
+    def implied(self, value_of: ValueOf) -> Iterator[tuple[Variable, Constant]]:
+        # A strict relayout out of a non-splat layout is the identity.
+        if self.strict and isinstance(self.target, Variable) and value_of(self.target) is None:
+            src = evaluate(self.source, value_of)
+            if isinstance(src, RegisterLayout) and not src.is_splat:
+                yield self.target, src
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        found = _one_variable_one_constant(self.source, self.target, ctx.value_of)
+        if found is not None:
+            yield found
+
+    def __str__(self) -> str:
+        arrow = "->" if self.strict else "=>"
+        return f"{describe(self.source)} {arrow} {describe(self.target)}"
+
+
+@attrs.frozen
+class Excludes(Constraint):
+    """``expr`` is not a register layout of class ``kind`` (e.g. not splat)."""
+
+    expr: Expression
+    kind: type
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.expr,)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        (value,) = values
+        return not (isinstance(value, RegisterLayout) and isinstance(value.layout, self.kind))
+
+    def __str__(self) -> str:
+        return f"{describe(self.expr)} is not {self.kind.__name__}"
+
+
+@attrs.frozen
+class OneOf(Constraint):
+    """``expr`` is one of ``allowed`` (tried in order)."""
+
+    expr: Expression
+    allowed: tuple[Constant, ...] = attrs.field(converter=lambda a: tuple(dict.fromkeys(a)))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.allowed:
+            raise ValueError("OneOf needs at least one allowed value")
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.expr,)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        return values[0] in self.allowed
+
+    def implied(self, value_of: ValueOf) -> Iterator[tuple[Variable, Constant]]:
+        if len(self.allowed) == 1 and isinstance(self.expr, Variable):
+            if value_of(self.expr) is None:
+                yield self.expr, self.allowed[0]
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        if isinstance(self.expr, Variable):
+            for value in self.allowed:
+                yield self.expr, value
+
+    def __str__(self) -> str:
+        return f"{describe(self.expr)} in {{{', '.join(map(str, self.allowed))}}}"
+
+
+def _tiling_of(value: Constant) -> tuple[int, ...] | None:
+    match value:
+        case SmemTransforms(tiling=tiling):
+            return tiling
+        case RegisterLayout(layout=fa.TiledLayout() as layout):
+            return tuple(layout.base_tile_shape)
+        case TmemLayout(layout=layout):
+            return tuple(layout.base_tile_shape)
+    return None
+
+
+@attrs.frozen
+class Divides(Constraint):
+    """Each tiled dim of ``expr`` divides the matching trailing entry of ``multiple``.
+
+    A tiling of higher rank than ``multiple`` does not hold; untiled values
+    (no SMEM tiling, splat or strided registers) always do.
+    """
+
+    expr: Expression
+    multiple: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.expr,)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        tiling = _tiling_of(values[0])
+        if tiling is None:
+            return True
+        if len(tiling) > len(self.multiple):
+            return False
+        return all(m % t == 0 for t, m in zip(reversed(tiling), reversed(self.multiple)))
+
+    def __str__(self) -> str:
+        return f"tiling of {describe(self.expr)} divides {self.multiple}"
+
+
+def merge_multiples(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The multiple equivalent to two :class:`Divides` on the same expression."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return ()
+    return tuple(math.gcd(x, y) for x, y in zip(a[-n:], b[-n:]))
+
+
+@attrs.frozen
+class MinorDimDivisibleBy(Constraint):
+    """The minor tile dim of SMEM transforms ``expr`` is a multiple of ``divisor``."""
+
+    expr: Expression
+    divisor: int
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.expr,)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        (value,) = values
+        if not isinstance(value, SmemTransforms):
+            return False
+        return value.tiling is None or value.tiling[-1] % self.divisor == 0
+
+    def __str__(self) -> str:
+        return f"minor tile dim of {describe(self.expr)} divisible by {self.divisor}"
+
+
+@attrs.frozen
+class SupportedBroadcast(Constraint):
+    """Registers in ``source`` can be broadcast along ``dims`` into ``target``.
+
+    Pair it with ``Equal(source, Reduced(target, ...))`` to pin tiled layouts:
+    this constraint only checks the layouts are of the same kind.
+    """
+
+    source: Expression
+    target: Expression
+    dims: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.source, self.target)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        src, dst = values
+        if not isinstance(src, RegisterLayout) or not isinstance(dst, RegisterLayout):
+            return False
+        if isinstance(src.layout, fa.WGStridedFragLayout) and isinstance(
+            dst.layout, fa.WGStridedFragLayout
+        ):
+            return fa.is_supported_strided_layout_broadcast(src.layout, dst.layout, self.dims)
+        return type(src.layout) is type(dst.layout)
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        src = evaluate(self.source, ctx.value_of)
+        if not isinstance(src, RegisterLayout) or not isinstance(self.target, Variable):
+            return
+        shape = self.target.shape
+        match src.layout:
+            case fa.WGSplatFragLayout():
+                yield self.target, RegisterLayout(fa.WGSplatFragLayout(shape))
+            case fa.WGStridedFragLayout(vec_size=vec):
+                dst = fa.WGStridedFragLayout(shape, vec)
+                if fa.is_supported_strided_layout_broadcast(src.layout, dst, self.dims):
+                    yield self.target, RegisterLayout(dst)
+
+    def __str__(self) -> str:
+        return f"{describe(self.source)} broadcasts along {self.dims} into {describe(self.target)}"
+
+
+def _smem_and_register(
+    a: Expression, b: Expression, value_of: ValueOf
+) -> tuple[Variable, Constant] | None:
+    return _one_variable_one_constant(a, b, value_of)
+
+
+@attrs.frozen
+class TransferableTmem(Constraint):
+    """A TMEM ref in ``tmem`` and registers in ``registers`` can be copied
+    between each other (``tcgen05.ld`` / ``tcgen05.st``) for a ``shape`` value
+    of ``bitwidth``-bit elements."""
+
+    registers: Expression
+    tmem: Expression
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    bitwidth: int
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.registers, self.tmem)
+
+    def valid(self, tmem: tcgen05.TMEMLayout, reg: fa.FragmentedLayout) -> bool:
+        if not isinstance(reg, fa.TiledLayout):
+            return False
+        packing, columns = tmem.vector_length, self.shape[1]
+        default = tcgen05.tmem_default_layout(packing)
+        if reg == fa.TCGEN05_LAYOUT and tmem == default:
+            return True
+        if reg == tmem.as_tiled_layout() and packing * self.bitwidth == 32:
+            return True
+        if reg == fa.TMEM_NATIVE_LAYOUT and tmem == default:
+            if self.bitwidth == 32 or (self.bitwidth == 16 and packing == 1):
+                return True
+        if columns % 16 == 0:
+            if packing <= columns // 2 and reg == fa.WGMMA_LAYOUT:
+                if tmem == tcgen05.tmem_half_lane_layout(columns, packing):
+                    return True
+            if packing <= 8 and reg == tcgen05.fa_m64_collective_layout(columns):
+                if tmem == tcgen05.tmem_m64_collective_layout(columns, packing):
+                    return True
+        return False
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        reg, tmem = values
+        if not isinstance(reg, RegisterLayout) or not isinstance(tmem, TmemLayout):
+            return False
+        return self.valid(tmem.layout, reg.layout)
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        found = _one_variable_one_constant(self.registers, self.tmem, ctx.value_of)
+        if found is None:
+            return
+        variable, known = found
+        columns = self.shape[1]
+        if isinstance(known, TmemLayout):
+            regs = [fa.TCGEN05_LAYOUT, known.layout.as_tiled_layout(), fa.TMEM_NATIVE_LAYOUT]
+            regs.append(fa.WGMMA_LAYOUT)
+            if columns % 16 == 0:
+                regs.append(tcgen05.fa_m64_collective_layout(columns))
+            for reg in regs:
+                if self.valid(known.layout, reg):
+                    yield variable, RegisterLayout(reg)
+            return
+        if not isinstance(known, RegisterLayout) or not known.is_tiled:
+            return
+        for packing in dict.fromkeys([32 // self.bitwidth, 1]):
+            tmems = [tcgen05.tmem_default_layout(packing)]
+            if columns % 16 == 0 and packing <= columns // 2:
+                tmems.append(tcgen05.tmem_half_lane_layout(columns, packing))
+            if columns % 16 == 0 and packing <= 8:
+                tmems.append(tcgen05.tmem_m64_collective_layout(columns, packing))
+            for tmem in tmems:
+                if self.valid(tmem, known.layout):
+                    yield variable, TmemLayout(tmem)
+
+    def __str__(self) -> str:
+        return f"{describe(self.registers)} <-> TMEM {describe(self.tmem)}"
+
+
+class TransferKind:
+    """How an SMEM <-> registers transfer must perform."""
+
+    OPTIMIZED: Final = "optimized"  # free of bank conflicts
+    UNOPTIMIZED: Final = "unoptimized"
+    # Optimized where possible; an untiled ref may fall back to unoptimized
+    # (what Pallas does for stores it did not ask to optimize).
+    DOWNGRADABLE: Final = "downgradable"
+
+
+@attrs.frozen
+class TransferableSmem(Constraint):
+    """Registers in ``registers`` and an SMEM ref with transforms ``smem`` can
+    be copied between each other for a ref of ``shape``/``strides`` holding
+    ``bitwidth``-bit elements, with a transfer of kind ``kind``."""
+
+    registers: Expression
+    smem: Expression
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    strides: tuple[int, ...] = attrs.field(converter=tuple)
+    bitwidth: int
+    kind: str = TransferKind.OPTIMIZED
+
+    def expressions(self) -> tuple[Expression, ...]:
+        return (self.registers, self.smem)
+
+    def check(self, values: tuple[Constant, ...]) -> bool:
+        reg, smem = values
+        if not isinstance(reg, RegisterLayout) or not isinstance(smem, SmemTransforms):
+            return False
+        from smalti import transfers  # a heavy probe: import lazily
+
+        return transfers.smem_transfer_supported(
+            reg.layout,
+            smem,
+            shape=self.shape,
+            strides=self.strides,
+            bitwidth=self.bitwidth,
+            kind=self.kind,
+        )
+
+    def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
+        found = _one_variable_one_constant(self.registers, self.smem, ctx.value_of)
+        if found is None:
+            return
+        variable, known = found
+        from smalti import transfers
+
+        if isinstance(known, RegisterLayout):
+            if known.is_tiled and len(variable.shape) >= 2:
+                for transforms in transfers.smem_transforms_candidates(
+                    variable, ctx.divides_for(variable)
+                ):
+                    yield variable, transforms
+            return
+        if isinstance(known, SmemTransforms):
+            for layout in transfers.register_candidates_for_smem(variable, known, ctx.arch):
+                yield variable, RegisterLayout(layout)
+
+    def __str__(self) -> str:
+        return f"{describe(self.registers)} <-> SMEM {describe(self.smem)} ({self.kind})"

@@ -1,0 +1,101 @@
+"""Hook specifications: the whole interface between smalti and its plugins.
+
+A plugin is a module (or any object) with functions named after these hooks
+and marked with :data:`hookimpl`, published in the ``smalti`` entry-point group
+of its distribution::
+
+    [project.entry-points.smalti]
+    my_plugin = "my_package.smalti_plugin"
+
+All hooks are *registration* hooks: smalti calls each once, when it builds a
+pipeline, with a typed registry bound to the calling plugin. The plugin adds
+its rules to the registry; smalti then compiles every plugin's rules into
+dispatch tables keyed by op name. No hook is called per op.
+
+A plugin may set ``SMALTI_HOOK_VERSION = N`` to the version of this
+specification it was written for (:data:`HOOK_VERSION`); a plugin written for
+a newer specification than this smalti understands is rejected with a clear
+message instead of failing half-way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from smalti.registry import ConstraintRegistry, LoweringRegistry, PallasRegistry
+
+PROJECT_NAME = "smalti"
+ENTRY_POINT_GROUP = "smalti"
+
+#: The version of the hook specification below. Bumped when a hook changes
+#: incompatibly; plugins declare the version they target as SMALTI_HOOK_VERSION.
+HOOK_VERSION = 1
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def smalti_register_constraint_rules(registry: ConstraintRegistry) -> None:
+    """Register layout-inference (constraint) rules.
+
+    A constraint rule states, in the constraint language of
+    :mod:`smalti.constraints`, what layouts an op's vector operands and
+    results, SMEM refs and TMEM refs may have. It is called once per op
+    during inference as ``rule(op, builder)`` with the op (an
+    ``ir.OpView``) and a :class:`smalti.rules.ConstraintBuilder`, and must
+    give every vector / SMEM / TMEM operand and result of the op a variable::
+
+        @registry.constraint_rule("arith.addf", "arith.mulf")
+        def same_layout(op, b):
+            b.variable(*b.layout_sites())
+
+    :param registry: add rules with ``registry.constraint_rule(*op_names,
+        archs=..., overrides=...)``. ``archs`` (an
+        :class:`smalti.registry.Architectures`) says which GPU architectures
+        the rule supports; ``overrides`` names the plugin whose rule for the
+        same op this one replaces.
+    """
+
+
+@hookspec
+def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
+    """Register lowering rules, from Warpgroup- to Lane-semantics IR.
+
+    A lowering rule is called once per op during lowering as
+    ``rule(ctx, op)`` with a :class:`smalti.rules.LoweringContext` (the launch
+    context, the predicates, helpers to turn IR values into Mosaic GPU
+    ``FragmentedArray`` objects and back) and the op, with the insertion
+    point set before the op. It returns the values that replace the op's
+    results (one per result), after which smalti erases the op; or
+    :data:`smalti.rules.RECURSED` if it rewrote the op in place itself::
+
+        @registry.lowering_rule("arith.addf")
+        def lower_addf(ctx, op):
+            lhs, rhs = ctx.operand_arrays(op)
+            return [ctx.to_ir(lhs + rhs, op.result.type)]
+
+    :param registry: add rules with ``registry.lowering_rule(*op_names,
+        archs=..., overrides=...)``; declare with
+        ``registry.require_lowering(prefix)`` that every op whose name starts
+        with ``prefix`` (e.g. ``"mosaic_gpu."``) must be lowered by some rule.
+    """
+
+
+@hookspec
+def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
+    """Register Warpgroup-semantics lowerings of Pallas Mosaic GPU primitives.
+
+    While smalti is installed into jax (:func:`smalti.jax.install`), Pallas
+    lowers each registered primitive with the plugin's function instead of
+    its own, so that a plugin can offer a new op to Pallas users as a plain
+    Python function. The function has the signature of a Pallas Mosaic GPU
+    lowering rule: ``fn(ctx, *args, **params)`` returning the result
+    ``ir.Value`` (or a sequence of them).
+
+    :param registry: add lowerings with
+        ``registry.pallas_lowering(primitive, overrides=...)``.
+    """

@@ -1,0 +1,267 @@
+"""The inference driver: from a Warpgroup-semantics module to layout attributes.
+
+``infer_layouts`` walks the module, asks each op's constraint rule to describe
+it, connects every use of a value to its definition, solves the system and
+only then writes the attributes jax uses (``in_layouts``, ``out_layouts``,
+``in_transforms``, ``out_transforms``, ``in_tmem_layouts``,
+``out_tmem_layouts``). On any error the module is left untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import attrs
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti import layouts
+from smalti.constraints import Equal, Relayout, Variable
+from smalti.diagnostics import (
+    PluginError,
+    SmaltiError,
+    SmaltiNotImplementedError,
+    SmaltiValueError,
+    UnsatisfiableLayoutsError,
+    describe_op,
+    format_location,
+)
+from smalti.layouts import Constant, MemorySpace
+from smalti.pipeline import Pipeline, default_pipeline
+from smalti.registry import RuleKind, RuleRecord
+from smalti.rules import ConstraintBuilder
+from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of, producer_site
+from smalti.solver import BudgetExhausted, ConstraintSystem, Origin, Unsolvable, solve
+
+
+@attrs.define
+class TraceEntry:
+    """Which rule described an op, and what was chosen for it."""
+
+    op: str
+    location: str | None
+    plugin: str
+    rule: str
+    layouts: dict[str, str] = attrs.Factory(dict)
+
+
+@attrs.define
+class InferenceReport:
+    """What :func:`infer_layouts` did (returned; printed by ``smalti infer --explain``)."""
+
+    ops: int = 0
+    variables: int = 0
+    constraints: int = 0
+    seconds: float = 0.0
+    ops_per_plugin: dict[str, int] = attrs.Factory(dict)
+    trace: list[TraceEntry] = attrs.Factory(list)
+
+
+def walk(op: ir.Operation, skip_regions_of: set[ir.Operation]) -> Iterator[ir.Operation]:
+    """Pre-order walk, not entering the regions of ops in ``skip_regions_of``
+    (the set may grow during the walk)."""
+    yield op
+    if op in skip_regions_of:
+        return
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield from walk(child.operation, skip_regions_of)
+
+
+def _origin(op: ir.Operation, record: RuleRecord | None, what: str | None = None) -> Origin:
+    where = format_location(op.location)
+    text = what or op.name
+    text += f" at {where}" if where else ""
+    if record is None:
+        return Origin(text)
+    return Origin(text, record.plugin, record.function.__qualname__)
+
+
+def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],
+                      kind: RuleKind) -> SmaltiError | None:
+    elsewhere = pipeline.unsupported_on(kind, op.name)
+    if not elsewhere:
+        return None
+    owners = ", ".join(f"{r.plugin} (archs {r.archs})" for r in elsewhere)
+    return SmaltiNotImplementedError(
+        "SM002",
+        f"{op.name} is not supported on sm_{arch[0]}{arch[1]}",
+        op=op,
+        values={"architecture": f"{arch}", "handled by": owners},
+        fix=f"compile for an architecture {owners} supports, or install a plugin that "
+        f"provides {op.name} for sm_{arch[0]}{arch[1]}",
+    )
+
+
+def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
+            report: InferenceReport | None = None
+            ) -> tuple[ConstraintSystem, dict[ValueSite, Variable], list[ir.Operation]]:
+    """Asks every op's rule to describe it; returns the system, the variable
+    of each site, and the ops that carry layouts (in walk order)."""
+    table = pipeline.table(RuleKind.CONSTRAINT, arch)
+    system = ConstraintSystem()
+    site_vars: dict[ValueSite, Variable] = {}
+    annotated: list[ir.Operation] = []
+    opaque: set[ir.Operation] = set()
+    for top in module.body.operations:
+        for op in walk(top.operation, opaque):
+            sites = layout_sites(op)
+            if not sites:
+                continue
+            if all(s in site_vars for s in sites):
+                continue  # a terminator: its parent's rule described it
+            record = table.get(op.name)
+            if record is None:
+                raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
+                    SmaltiNotImplementedError(
+                        "SM003",
+                        f"no layout inference rule defined for {op.name}",
+                        op=op,
+                        values={"operand and result types": describe_op(op)},
+                        fix=[
+                            "install a plugin that registers a constraint rule for "
+                            f"{op.name} (see docs/writing-plugins.md)",
+                            "check `smalti plugins` for a blocked plugin that provides it",
+                        ],
+                    ))
+            origin = _origin(op, record)
+            builder = ConstraintBuilder(system, site_vars, op.opview, arch, origin)
+            try:
+                record.function(op.opview, builder)
+            except SmaltiError:
+                raise
+            except Exception as e:
+                raise PluginError(
+                    "SM005",
+                    f"constraint rule {record.name} of plugin {record.plugin!r} raised "
+                    f"{type(e).__name__}: {e}",
+                    op=op,
+                    fix=[f"report this to the authors of {record.plugin!r}",
+                         f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
+                ) from e
+            if builder.opaque:
+                opaque.add(op)
+            missing = [s for s in sites if s not in site_vars]
+            if missing:
+                builder._malformed(
+                    "left these sites without a variable: "
+                    + ", ".join(s.describe() for s in missing))
+            annotated.append(op)
+            if report is not None:
+                report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
+                report.trace.append(TraceEntry(op.name, format_location(op.location),
+                                               record.plugin, record.function.__qualname__))
+    _connect_uses(system, site_vars)
+    return system, site_vars, annotated
+
+
+def _connect_uses(system: ConstraintSystem, site_vars: dict[ValueSite, Variable]) -> None:
+    """Links each operand's variable to its producer's: registers may be
+    relaid out on the way (strictly: only splat values change layout), refs
+    keep their layout. Each edge is stated once, when the first of its two
+    variables is visited, in variable order."""
+    sites_of: dict[Variable, list[ValueSite]] = {}
+    for site, var in site_vars.items():
+        sites_of.setdefault(var, []).append(site)
+    visited: set[Variable] = set()
+
+    def link(producer: Variable, consumer: Variable, value: ir.Value) -> None:
+        origin = Origin(f"the use of {producer.site.describe()} by {consumer.site.describe()}")
+        if consumer.memory_space is MemorySpace.REG:
+            bitwidth = mgpu_utils.bitwidth(ir.VectorType(value.type).element_type)
+            system.require(Relayout(producer, consumer, bitwidth, strict=True), origin)
+        else:
+            system.require(Equal(producer, consumer), origin)
+
+    for var in system.variables:
+        for site in sites_of.get(var, ()):
+            value = site.value
+            if site.kind is SiteKind.OPERAND:
+                source = producer_site(value)
+                producer = site_vars.get(source)
+                if producer is None:
+                    raise SmaltiValueError(
+                        "SM103",
+                        f"{site.describe()} is produced by {source.describe()}, which has "
+                        "no layout",
+                        op=site.op,
+                        fix="produce the value with an op that has a constraint rule, or "
+                        "install a plugin that gives its producer one",
+                    )
+                if producer not in visited:
+                    link(producer, var, value)
+            else:
+                for use in value.uses:
+                    consumer = site_vars.get(ValueSite(use.owner, SiteKind.OPERAND,
+                                                       use.operand_number))
+                    if consumer is not None and consumer not in visited:
+                        link(var, consumer, value)
+        visited.add(var)
+
+
+def _attributes(op: ir.Operation, site_vars: dict[ValueSite, Variable],
+                solution: dict[Variable, Constant]) -> dict[str, ir.Attribute]:
+    by_kind: dict[str, list[ir.Attribute]] = {}
+    names = {MemorySpace.REG: "layouts", MemorySpace.SMEM: "transforms",
+             MemorySpace.TMEM: "tmem_layouts"}
+    for site in layout_sites(op):
+        side = "in" if site.kind is SiteKind.OPERAND else "out"
+        name = f"{side}_{names[memory_space_of(site.value)]}"
+        by_kind.setdefault(name, []).append(layouts.to_attribute(solution[site_vars[site]]))
+    return {name: ir.ArrayAttr.get(attrs) for name, attrs in by_kind.items()}
+
+
+def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
+                  pipeline: Pipeline | None = None) -> InferenceReport:
+    """Infers layouts for ``module`` in place, like ``mgpu.infer_layout``.
+
+    Every op with vector operands or results gets ``in_layouts`` /
+    ``out_layouts``, every op with SMEM refs ``in_transforms`` /
+    ``out_transforms``, every op with TMEM refs ``in_tmem_layouts`` /
+    ``out_tmem_layouts``, one entry per such operand or result. Raises a
+    :class:`smalti.diagnostics.SmaltiError` and leaves the module unchanged if
+    there is no solution.
+    """
+    start = time.perf_counter()
+    pipeline = pipeline or default_pipeline()
+    arch = tuple(arch)  # type: ignore[assignment]
+    report = InferenceReport()
+    with module.context, ir.Location.unknown(module.context):
+        # Like jax, make the module carry its dump options (a module attribute).
+        mgpu.get_or_set_dump_options(module)
+        system, site_vars, annotated = collect(module, arch, pipeline, report)
+        try:
+            solution = solve(system, arch)
+        except Unsolvable as e:
+            first = e.variables[0].site.op if e.variables else None
+            raise UnsatisfiableLayoutsError(
+                "Failed to infer a possible set of layouts: " + e.summary,
+                conflict=e.lines,
+                op=first,
+                values={"conflict": "\n    " + "\n    ".join(e.lines)},
+                fix=["insert a mosaic_gpu.layout_cast to a layout all the ops above accept",
+                     "or remove the layout cast that asks for an impossible layout"],
+            ) from None
+        except BudgetExhausted as e:
+            raise SmaltiValueError(
+                "SM104",
+                "Layout inference failed to find a solution within its search budget",
+                op=e.variables[0].site.op if e.variables else None,
+                values={"ambiguous values": ", ".join(v.site.describe() for v in e.variables[:5])},
+                fix="add mosaic_gpu.layout_cast ops on these values to pin their layouts",
+            ) from None
+        # Transactional: nothing was written until here.
+        writes = [(op, _attributes(op, site_vars, solution)) for op in annotated]
+        for op, attributes in writes:
+            for name, attr in attributes.items():
+                op.attributes[name] = attr
+    report.ops = len(annotated)
+    report.variables = len(system.variables)
+    report.constraints = len(system.constraints)
+    report.seconds = time.perf_counter() - start
+    for entry, (_, attributes) in zip(report.trace, writes, strict=True):
+        entry.layouts = {name: str(attr) for name, attr in attributes.items()}
+    return report

@@ -1,0 +1,89 @@
+"""Building Warpgroup-semantics Mosaic GPU kernel modules without a GPU.
+
+:func:`build_kernel` runs a kernel body the way ``mgpu.as_gpu_kernel`` does
+and returns the module *before* layout inference, with its launch context:
+the input of ``smalti.infer_layouts`` and ``smalti.lower``. It is used by the
+CLI's example, the test kit and the benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+from jax._src.interpreters import mlir as mlir_interpreter
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir, passmanager
+from jax._src.lib.mlir.dialects import arith, math as mlir_math
+from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.mosaic.gpu import launch_context as lc
+
+
+@attrs.define
+class Kernel:
+    """A kernel module (Warpgroup semantics) and what lowering it needs."""
+
+    context: ir.Context
+    module: ir.Module
+    launch_context: lc.LaunchContext
+
+    def text(self) -> str:
+        return str(self.module)
+
+
+def make_context() -> ir.Context:
+    """An MLIR context with every dialect a Mosaic GPU kernel may use."""
+    context = mlir_interpreter.make_ir_context()
+    mgpu.register_dialect(context)
+    context.append_dialect_registry(mlir_interpreter.upstream_dialects)
+    context.load_all_available_dialects()
+    return context
+
+
+def canonicalize(module: ir.Module) -> None:
+    """The clean-up jax's pipeline runs before layout inference."""
+    passmanager.PassManager.parse("builtin.module(canonicalize,cse)", module.context).run(
+        module.operation)
+
+
+def build_kernel(
+    body: Callable[..., None],
+    in_shapes: Sequence[jax.ShapeDtypeStruct],
+    out_shapes: Sequence[jax.ShapeDtypeStruct],
+    *,
+    smem_scratch: Any = (),
+    grid: tuple[int, int, int] = (1, 1, 1),
+    cluster: tuple[int, int, int] = (1, 1, 1),
+    block: tuple[int, int, int] = (128, 1, 1),
+    name: str = "kernel",
+    context: ir.Context | None = None,
+) -> Kernel:
+    """Traces ``body(launch_ctx, *refs, smem_refs)`` into a Warpgroup-semantics
+    kernel module, canonicalized as jax's pipeline does before inference."""
+    context = context or make_context()
+    with context, ir.Location.unknown(context):
+        module, _, _, launch_context = mgpu_core._lower_as_gpu_kernel(
+            body, grid, cluster, block, tuple(in_shapes), tuple(out_shapes), (),
+            smem_scratch, mgpu_core.LoweringSemantics.Warpgroup, name, name,
+        )
+        canonicalize(module)
+    return Kernel(context, module, launch_context)
+
+
+def example_kernel(shape: tuple[int, int] = (128, 128)) -> Kernel:
+    """The built-in example: ``out = exp(x) * 2 + y`` on f32, with a layout cast."""
+    f32 = jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def body(ctx, x_ref, y_ref, out_ref, smem):
+        del ctx, smem
+        x = mgpu.vector_load(x_ref)
+        y = mgpu.vector_load(y_ref)
+        two = arith.constant(x.type, ir.DenseElementsAttr.get_splat(
+            x.type, ir.FloatAttr.get(ir.F32Type.get(), 2.0)))
+        z = arith.addf(arith.mulf(mlir_math.exp(x), two), y)
+        mgpu.vector_store(z, out_ref)
+
+    return build_kernel(body, [f32, f32], [f32], name="smalti_example")

@@ -1,0 +1,277 @@
+"""The lowering driver: Warpgroup-semantics ops to Lane-semantics IR.
+
+``lower`` first checks the whole module — a rule for every op that needs one
+on this architecture, and the layout attributes each such op must carry —
+and only then rewrites it, op by op in program order, replacing each op's
+results with what its rule returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import attrs
+from jax._src.interpreters import mlir as mlir_interpreter
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, gpu
+from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.diagnostics import (
+    PluginError,
+    SmaltiError,
+    SmaltiNotImplementedError,
+    SmaltiValueError,
+    describe_op,
+)
+from smalti.inference import _unsupported_arch
+from smalti.layouts import MemorySpace
+from smalti.pipeline import Pipeline, default_pipeline
+from smalti.registry import RuleKind, RuleRecord
+from smalti.rules import RECURSED, LoweringContext
+from smalti.sites import memory_space_of
+
+_ATTRIBUTE_NAMES = {
+    MemorySpace.REG: ("in_layouts", "out_layouts"),
+    MemorySpace.SMEM: ("in_transforms", "out_transforms"),
+    MemorySpace.TMEM: ("in_tmem_layouts", "out_tmem_layouts"),
+}
+
+
+@attrs.define
+class LoweringReport:
+    """What :func:`lower` did."""
+
+    ops: int = 0
+    seconds: float = 0.0
+    ops_per_plugin: dict[str, int] = attrs.Factory(dict)
+
+
+def module_arch(module: ir.Module) -> tuple[int, int]:
+    """The architecture a module was built for (its ``mosaic_gpu.arch_*``
+    attributes), else the one jax infers for the current device."""
+    attributes = module.operation.attributes
+    if "mosaic_gpu.arch_major" in attributes and "mosaic_gpu.arch_minor" in attributes:
+        major = ir.IntegerAttr(attributes["mosaic_gpu.arch_major"]).value
+        minor = ir.IntegerAttr(attributes["mosaic_gpu.arch_minor"]).value
+        return (major, minor)
+    return tuple(mgpu_utils._infer_arch())  # type: ignore[return-value]
+
+
+class _Lowerer:
+    def __init__(self, module: ir.Module, pipeline: Pipeline, arch: tuple[int, int]) -> None:
+        self.module = module
+        self.pipeline = pipeline
+        self.arch = arch
+        self.table = pipeline.table(RuleKind.LOWERING, arch)
+        self.required = pipeline.required_prefixes
+        self.report = LoweringReport()
+        self.ctx: LoweringContext | None = None
+
+    def needs_lowering(self, op: ir.Operation) -> bool:
+        return (
+            any(memory_space_of(v) is not None for v in op.operands)
+            or any(memory_space_of(v) is not None for v in op.results)
+            or op.name.startswith(self.required)
+            or any(len(region.blocks) for region in op.regions)
+        )
+
+    def rule_for(self, op: ir.Operation) -> RuleRecord | None:
+        """The rule lowering ``op``; ``None`` if it is only traversed."""
+        record = self.table.get(op.name)
+        if record is not None:
+            return record
+        carries_layouts = any(memory_space_of(v) is not None
+                              for v in [*op.operands, *op.results])
+        if carries_layouts or op.name.startswith(self.required):
+            raise _unsupported_arch(self.pipeline, op, self.arch, RuleKind.LOWERING) or (
+                SmaltiNotImplementedError(
+                    "SM004",
+                    f"Missing lowering rule for {op.name}",
+                    op=op,
+                    values={"op": describe_op(op)},
+                    fix=[f"install a plugin that registers a lowering rule for {op.name}",
+                         "check `smalti plugins` for a blocked plugin that provides it"],
+                ))
+        return None
+
+    # --- validation ---------------------------------------------------------------
+
+    def ops_to_check(self) -> Iterator[ir.Operation]:
+        def visit(op: ir.Operation) -> Iterator[ir.Operation]:
+            yield op
+            for region in op.regions:
+                for block in region.blocks:
+                    for child in block.operations:
+                        yield from visit(child.operation)
+
+        for op in self.module.body.operations:
+            yield from visit(op.operation)
+
+    def validate(self) -> None:
+        for op in self.ops_to_check():
+            if not self.needs_lowering(op):
+                continue
+            record = self.rule_for(op)
+            if record is None:
+                continue
+            _check_layout_attributes(op)
+
+    # --- rewriting ----------------------------------------------------------------
+
+    def lower_op(self, op: ir.OpView) -> None:
+        operation = op.operation
+        if not self.needs_lowering(operation):
+            return
+        record = self.rule_for(operation)
+        if record is None:
+            self.traverse(operation)
+            return
+        with operation.location:
+            try:
+                results = record.function(self.ctx, op.operation.opview)
+            except SmaltiError:
+                raise
+            except (ValueError, NotImplementedError) as e:
+                # Mosaic GPU's code generators reject unsupported cases with these.
+                raise _rule_failure(type(e), record, operation, e) from e
+            except Exception as e:
+                raise PluginError(
+                    "SM005",
+                    f"lowering rule {record.name} of plugin {record.plugin!r} raised "
+                    f"{type(e).__name__}: {e}",
+                    op=operation,
+                    fix=[f"report this to the authors of {record.plugin!r}",
+                         f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
+                ) from e
+        self.report.ops += 1
+        self.report.ops_per_plugin[record.plugin] = self.report.ops_per_plugin.get(record.plugin, 0) + 1
+        if results is RECURSED:
+            return
+        results = list(results)
+        if len(results) != len(operation.results):
+            raise PluginError(
+                "SM006",
+                f"lowering rule {record.name} of plugin {record.plugin!r} returned "
+                f"{len(results)} values for {len(operation.results)} results",
+                op=operation, fix=f"fix the plugin {record.plugin!r}")
+        for old, new in zip(operation.results, results):
+            old.replace_all_uses_with(new)
+        operation.erase()
+
+    def traverse(self, op: ir.Operation) -> None:
+        for region in op.regions:
+            for block in region.blocks:
+                for child in list(block.operations):
+                    with ir.InsertionPoint(child):
+                        self.lower_op(child)
+
+    def run(self, launch_context: lc.LaunchContext, auto_barriers: bool) -> None:
+        self.validate()
+        self.ctx = _make_context(self.module, launch_context, auto_barriers, self.arch,
+                                 self.lower_op)
+        with ir.InsertionPoint(self.module.body):
+            for op in list(self.module.body.operations):
+                self.lower_op(op)
+
+
+def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Exception) -> SmaltiError:
+    cls = SmaltiNotImplementedError if issubclass(kind, NotImplementedError) else SmaltiValueError
+    attributes = op.attributes
+    layouts = {name: str(attributes[name]) for name in
+               ("in_layouts", "out_layouts", "in_transforms", "out_transforms")
+               if name in attributes}
+    return cls(
+        "SM203",
+        f"{op.name} cannot be lowered with its layouts: {error}",
+        op=op,
+        values={**layouts, "rule": f"{record.name} ({record.plugin})"},
+        fix=["let layout inference choose the layouts, or change them with a "
+             "mosaic_gpu.layout_cast"],
+    )
+
+
+def _check_layout_attributes(op: ir.Operation) -> None:
+    for space, (in_name, out_name) in _ATTRIBUTE_NAMES.items():
+        for name, values in ((in_name, op.operands), (out_name, op.results)):
+            expected = sum(1 for v in values if memory_space_of(v) is space)
+            present = name in op.attributes
+            if expected == 0:
+                continue
+            found = len(ir.ArrayAttr(op.attributes[name])) if present else 0
+            if found != expected:
+                what = "is missing" if not present else f"has {found} entries"
+                raise SmaltiValueError(
+                    "SM201",
+                    f"{op.name} {what} {name}: it needs one entry per "
+                    f"{space.value} {'operand' if name.startswith('in') else 'result'} "
+                    f"({expected})",
+                    op=op,
+                    fix=["run smalti.infer_layouts(module) before lowering",
+                         f"or set {name} by hand with {expected} entries"],
+                )
+
+
+def _launch_op(module: ir.Module) -> gpu.LaunchOp:
+    for op in module.body.operations:
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    if isinstance(inner.opview, gpu.LaunchOp):
+                        return inner.opview
+    raise SmaltiValueError(
+        "SM202", "gpu.launch op not found: this is not a Mosaic GPU kernel module",
+        fix="build the module with jax.experimental.mosaic.gpu or Pallas")
+
+
+def _make_context(module: ir.Module, launch_context: lc.LaunchContext, auto_barriers: bool,
+                  arch: tuple[int, int], lower_op) -> LoweringContext:
+    launch = _launch_op(module)
+    smem_size = launch.dynamicSharedMemorySize
+    if smem_size is None or not isinstance(smem_size.owner.opview, arith.ConstantOp):
+        raise SmaltiValueError(
+            "SM202", "the kernel's dynamic shared memory size is not a constant",
+            op=launch, fix="build the module with jax.experimental.mosaic.gpu or Pallas")
+    with ir.InsertionPoint.at_block_begin(launch.regions[0].blocks[0]):
+        # The order of these ops is part of the output: keep it.
+        i32 = ir.IntegerType.get_signless(32)
+        single_warp = arith.cmpi(
+            arith.CmpIPredicate.eq, mgpu_utils.warp_idx(sync=False), mgpu_utils.c(0, i32)
+        )
+        per_warp = mgpu_utils.single_thread_predicate(scope=mgpu_utils.ThreadSubset.WARP)
+        per_warpgroup = mgpu_utils.single_thread_predicate(
+            scope=mgpu_utils.ThreadSubset.WARPGROUP)
+        per_block = mgpu_utils.single_thread_predicate(scope=mgpu_utils.ThreadSubset.BLOCK)
+    return LoweringContext(
+        launch_context,
+        single_thread_per_warp_predicate=per_warp,
+        single_thread_per_warpgroup_predicate=per_warpgroup,
+        single_thread_per_block_predicate=per_block,
+        single_warp_per_block_predicate=single_warp,
+        auto_barriers=auto_barriers,
+        smem_requested_bytes=ir.IntegerAttr(smem_size.owner.opview.value).value,
+        arch=arch,
+        lower_op=lower_op,
+    )
+
+
+def lower(module: ir.Module, launch_context: lc.LaunchContext, *, auto_barriers: bool = True,
+          arch: tuple[int, int] | None = None, pipeline: Pipeline | None = None
+          ) -> LoweringReport:
+    """Lowers ``module`` in place, like ``mgpu.lower_mgpu_dialect``.
+
+    Everything that can be checked is checked before the first op is
+    rewritten: a rule for every op on this architecture, and the layout
+    attributes of every op that needs them.
+    """
+    start = time.perf_counter()
+    pipeline = pipeline or default_pipeline()
+    arch = tuple(arch) if arch is not None else module_arch(module)
+    module.context.append_dialect_registry(mlir_interpreter.upstream_dialects)
+    module.context.load_all_available_dialects()
+    lowerer = _Lowerer(module, pipeline, arch)
+    with module.context, ir.Location.unknown(module.context):
+        lowerer.run(launch_context, auto_barriers)
+    lowerer.report.seconds = time.perf_counter() - start
+    return lowerer.report

@@ -1,0 +1,200 @@
+"""The typed registries handed to plugins, and the records they produce.
+
+Each registration hook receives a registry bound to the plugin being called,
+so every rule knows which plugin it came from: conflicts, crashes and the
+``smalti plugins`` table name it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from smalti.diagnostics import PluginError
+
+Arch = tuple[int, int]
+
+
+def _arch(value: Any) -> Arch | None:
+    if value is None:
+        return None
+    value = tuple(value)
+    if len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise ValueError(f"an architecture is a (major, minor) pair of ints, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+@attrs.frozen
+class Architectures:
+    """A range of GPU architectures ``(major, minor)``, bounds included."""
+
+    minimum: Arch | None = attrs.field(default=None, converter=_arch)
+    maximum: Arch | None = attrs.field(default=None, converter=_arch)
+
+    def supports(self, arch: Arch) -> bool:
+        return (self.minimum is None or arch >= self.minimum) and (
+            self.maximum is None or arch <= self.maximum
+        )
+
+    def overlaps(self, other: Architectures) -> bool:
+        lo = max((a for a in (self.minimum, other.minimum) if a is not None), default=None)
+        hi = min((a for a in (self.maximum, other.maximum) if a is not None), default=None)
+        return lo is None or hi is None or lo <= hi
+
+    def __str__(self) -> str:
+        fmt = lambda a: f"sm_{a[0]}{a[1]}"
+        if self.minimum is None and self.maximum is None:
+            return "any"
+        if self.maximum is None:
+            return f">={fmt(self.minimum)}"
+        if self.minimum is None:
+            return f"<={fmt(self.maximum)}"
+        if self.minimum == self.maximum:
+            return fmt(self.minimum)
+        return f"{fmt(self.minimum)}..{fmt(self.maximum)}"
+
+
+ANY_ARCH = Architectures()
+HOPPER_AND_LATER = Architectures(minimum=(9, 0))
+BLACKWELL_AND_LATER = Architectures(minimum=(10, 0))
+
+
+class RuleKind(enum.Enum):
+    CONSTRAINT = "constraint"
+    LOWERING = "lowering"
+    PALLAS = "pallas"
+
+
+@attrs.frozen
+class RuleRecord:
+    """One rule as registered: what it handles, where it came from."""
+
+    kind: RuleKind
+    key: str  # op name, or a Pallas primitive's name
+    function: Callable[..., Any]
+    plugin: str
+    archs: Architectures = ANY_ARCH
+    overrides: str | None = None
+    target: Any = None  # the Pallas primitive object, for PALLAS rules
+
+    @property
+    def name(self) -> str:
+        fn = self.function
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class _Registry:
+    kind: RuleKind
+
+    def __init__(self, plugin: str) -> None:
+        self.plugin = plugin
+        self.records: list[RuleRecord] = []
+
+    def _check(self, key: Any, function: Any, archs: Any, overrides: Any) -> None:
+        problems = []
+        if not isinstance(key, str) or not key:
+            problems.append(f"op name {key!r} is not a non-empty string")
+        if not callable(function):
+            problems.append(f"rule {function!r} is not callable")
+        if not isinstance(archs, Architectures):
+            problems.append(f"archs={archs!r} is not a smalti.registry.Architectures")
+        if overrides is not None and not isinstance(overrides, str):
+            problems.append(f"overrides={overrides!r} is not a plugin name")
+        if problems:
+            raise PluginError(
+                "SM006",
+                f"plugin {self.plugin!r} registered a malformed {self.kind.value} rule: "
+                + "; ".join(problems),
+                fix="fix the registration call in the plugin",
+            )
+
+    def _add(self, key: str, function: Callable[..., Any], archs: Architectures,
+             overrides: str | None, target: Any = None) -> None:
+        self._check(key, function, archs, overrides)
+        self.records.append(
+            RuleRecord(self.kind, key, function, self.plugin, archs, overrides, target)
+        )
+
+
+class _OpRuleRegistry(_Registry):
+    def add(
+        self,
+        op_name: str,
+        rule: Callable[..., Any],
+        *,
+        archs: Architectures = ANY_ARCH,
+        overrides: str | None = None,
+    ) -> None:
+        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``)."""
+        self._add(op_name, rule, archs, overrides)
+
+    def __call__(
+        self, *op_names: str, archs: Architectures = ANY_ARCH, overrides: str | None = None
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def decorate(rule: Callable[..., Any]) -> Callable[..., Any]:
+            for name in op_names:
+                self.add(name, rule, archs=archs, overrides=overrides)
+            return rule
+
+        return decorate
+
+
+class ConstraintRegistry(_OpRuleRegistry):
+    """Where a plugin registers its constraint (layout inference) rules."""
+
+    kind = RuleKind.CONSTRAINT
+
+    def constraint_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
+                        overrides: str | None = None):
+        """Decorator: registers the decorated function for each op name."""
+        return self(*op_names, archs=archs, overrides=overrides)
+
+
+class LoweringRegistry(_OpRuleRegistry):
+    """Where a plugin registers its lowering rules."""
+
+    kind = RuleKind.LOWERING
+
+    def __init__(self, plugin: str) -> None:
+        super().__init__(plugin)
+        self.required_prefixes: list[str] = []
+
+    def lowering_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
+                      overrides: str | None = None):
+        """Decorator: registers the decorated function for each op name."""
+        return self(*op_names, archs=archs, overrides=overrides)
+
+    def require_lowering(self, prefix: str) -> None:
+        """Every op whose name starts with ``prefix`` must be lowered by a rule:
+        lowering fails (SM004) on one that no rule handles, instead of leaving
+        it in the IR."""
+        if not isinstance(prefix, str) or not prefix:
+            raise PluginError("SM006", f"plugin {self.plugin!r}: bad prefix {prefix!r}",
+                              fix="pass a dialect prefix such as 'mosaic_gpu.'")
+        self.required_prefixes.append(prefix)
+
+
+class PallasRegistry(_Registry):
+    """Where a plugin registers Warpgroup lowerings of Pallas primitives."""
+
+    kind = RuleKind.PALLAS
+
+    def pallas_lowering(self, primitive: Any, *, overrides: str | None = None):
+        """Decorator: lowers the Pallas ``primitive`` (a ``jax.extend.core.Primitive``)."""
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            name = getattr(primitive, "name", None)
+            if name is None:
+                raise PluginError(
+                    "SM006",
+                    f"plugin {self.plugin!r} registered a Pallas lowering for "
+                    f"{primitive!r}, which is not a jax primitive",
+                    fix="pass the primitive object (e.g. my_op_p), not its name",
+                )
+            self._add(name, fn, ANY_ARCH, overrides, target=primitive)
+            return fn
+
+        return decorate

@@ -1,0 +1,262 @@
+"""What rules receive: the constraint builder and the lowering context.
+
+Constraint rules are called as ``rule(op, builder)`` and describe the op with
+a :class:`ConstraintBuilder`. Lowering rules are called as ``rule(ctx, op)``
+with a :class:`LoweringContext`, and return the op's replacement values or
+:data:`RECURSED`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import builtin
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.constraints import Constraint, Variable
+from smalti.diagnostics import PluginError, SmaltiValueError
+from smalti.layouts import Constant, MemorySpace
+from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of
+from smalti.solver import ConstraintSystem, Origin
+
+
+class ConstraintBuilder:
+    """Describes one op in the constraint language.
+
+    Every vector operand/result, SMEM ref and TMEM ref of the op (its *layout
+    sites*) must end up in exactly one :meth:`variable`.
+    """
+
+    def __init__(self, system: ConstraintSystem, site_vars: dict[ValueSite, Variable],
+                 op: ir.OpView, arch: tuple[int, int], origin: Origin) -> None:
+        self._system = system
+        self._site_vars = site_vars
+        self.op = op
+        self.arch = arch
+        self.origin = origin
+        self.opaque = False
+
+    # --- sites -------------------------------------------------------------------
+
+    def operand(self, index: int) -> ValueSite:
+        return ValueSite(self.op, SiteKind.OPERAND, index)
+
+    def result(self, index: int) -> ValueSite:
+        return ValueSite(self.op, SiteKind.RESULT, index)
+
+    def argument(self, region: int, index: int) -> ValueSite:
+        """Argument ``index`` of the entry block of region ``region``."""
+        return ValueSite(self.op, SiteKind.ARGUMENT, index, region)
+
+    def layout_sites(self) -> list[ValueSite]:
+        """Every operand and result needing a layout, operands first."""
+        return layout_sites(self.op.operation)
+
+    def vector_sites(self) -> list[ValueSite]:
+        return [s for s in self.layout_sites() if memory_space_of(s.value) is MemorySpace.REG]
+
+    # --- statements --------------------------------------------------------------
+
+    def variable(self, *sites: ValueSite) -> Variable:
+        """A new variable: all ``sites`` share its layout."""
+        if not sites:
+            self._malformed("variable() needs at least one site")
+        spaces = {memory_space_of(s.value) for s in sites}
+        shapes = {tuple(ir.ShapedType(s.value.type).shape) for s in sites}
+        if len(spaces) != 1 or None in spaces or len(shapes) != 1:
+            self._malformed(
+                "variable() joins sites of different shapes or memory spaces, or sites "
+                f"that need no layout: {[s.describe() for s in sites]}")
+        var = Variable(len(self._system.variables), sites[-1], spaces.pop())
+        self._system.variables.append(var)
+        for site in sites:
+            if site in self._site_vars:
+                self._malformed(f"{site.describe()} was given two variables")
+            self._site_vars[site] = var
+        return var
+
+    def assign(self, variable: Variable, value: Constant) -> None:
+        """``variable`` has layout ``value``."""
+        self._system.assignments.append((variable, value, self.origin))
+
+    def require(self, *constraints: Constraint) -> None:
+        for constraint in constraints:
+            if not isinstance(constraint, Constraint):
+                self._malformed(f"require() got {constraint!r}, not a smalti Constraint")
+            self._system.require(constraint, self.origin)
+
+    def fallback(self, variable: Variable, value: Constant) -> None:
+        """Try ``value`` for ``variable`` if nothing else determines it."""
+        self._system.fallbacks.setdefault(variable, []).append(value)
+
+    def opaque_regions(self) -> None:
+        """The op's regions are already at Lane level: inference skips them."""
+        self.opaque = True
+
+    def _malformed(self, message: str) -> None:
+        raise PluginError(
+            "SM006",
+            f"constraint rule {self.origin.rule} of plugin {self.origin.plugin!r}: {message}",
+            op=self.op,
+            fix=f"fix the plugin {self.origin.plugin!r}",
+        )
+
+
+class _Recursed:
+    def __repr__(self) -> str:
+        return "RECURSED"
+
+
+#: Returned by a lowering rule that rewrote its op (and its regions) itself.
+RECURSED = _Recursed()
+
+
+def default_is_signed(element_type: ir.Type) -> bool | None:
+    """Integers are unsigned unless an op says otherwise; floats have no sign."""
+    return False if isinstance(element_type, ir.IntegerType) else None
+
+
+def to_ir(array: fa.FragmentedArray, ty: ir.Type) -> ir.Value:
+    """Packs a ``FragmentedArray`` into one IR value of vector type ``ty``.
+
+    The registers travel as the operands of an unrealized conversion cast that
+    records their layout; :func:`from_ir` unpacks it in the consumer.
+    """
+    cast = builtin.UnrealizedConversionCastOp([ty], array.registers.flatten().tolist())
+    cast.attributes["layout"] = mgpu_layouts.to_layout_attr(array.layout)
+    return cast.result
+
+
+def from_ir(value: ir.Value, layout: ir.Attribute | fa.FragmentedLayout,
+            is_signed: bool | None = None) -> fa.FragmentedArray:
+    """Unpacks a value made by :func:`to_ir`, relaid out to ``layout``."""
+    cast = value.owner
+    if not isinstance(cast, builtin.UnrealizedConversionCastOp) or "layout" not in cast.attributes:
+        raise SmaltiValueError(
+            "SM201",
+            f"a vector value reached lowering without its registers: its producer "
+            f"{describe_owner(value)} was not lowered",
+            fix="lower the whole module with smalti.lower (or jax's pipeline), not parts of it",
+        )
+    produced = mgpu_layouts.from_layout_attr(cast.attributes["layout"])
+    vector = ir.VectorType(value.type)
+    shape = produced.registers_shape(tuple(vector.shape))
+    registers = list(cast.operands)
+    if len(registers) != math.prod(shape):
+        raise SmaltiValueError("SM201", f"expected {math.prod(shape)} registers for {vector} in "
+                               f"{produced}, found {len(registers)}")
+    if isinstance(vector.element_type, ir.IntegerType) and is_signed is None:
+        is_signed = False
+    array = fa.FragmentedArray(
+        _registers=np.array(registers).reshape(shape), _layout=produced, _is_signed=is_signed
+    )
+    if isinstance(layout, ir.Attribute):
+        layout = mgpu_layouts.from_layout_attr(layout)
+    return array.to_layout(layout)
+
+
+def describe_owner(value: ir.Value) -> str:
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return "a block argument"
+    return owner.operation.name
+
+
+class LoweringContext:
+    """What lowering rules get: the kernel's launch context and predicates,
+    and access to the layouts inference chose."""
+
+    def __init__(
+        self,
+        launch_context: lc.LaunchContext,
+        *,
+        single_thread_per_warp_predicate: ir.Value,
+        single_thread_per_warpgroup_predicate: ir.Value,
+        single_thread_per_block_predicate: ir.Value,
+        single_warp_per_block_predicate: ir.Value,
+        auto_barriers: bool,
+        smem_requested_bytes: int,
+        arch: tuple[int, int],
+        lower_op: Callable[[ir.OpView], None],
+    ) -> None:
+        self.launch_context = launch_context
+        self.single_thread_per_warp_predicate = single_thread_per_warp_predicate
+        self.single_thread_per_warpgroup_predicate = single_thread_per_warpgroup_predicate
+        self.single_thread_per_block_predicate = single_thread_per_block_predicate
+        self.single_warp_per_block_predicate = single_warp_per_block_predicate
+        self.auto_barriers = auto_barriers
+        self.smem_requested_bytes = smem_requested_bytes
+        self.arch = arch
+        self.thread_semantics = mgpu_utils.ThreadSubset.WARPGROUP
+        self.is_collective_kernel: bool | None = None
+        self.lower_op = lower_op
+
+    @property
+    def single_lane_predicate(self) -> ir.Value:
+        if self.thread_semantics == mgpu_utils.ThreadSubset.WARP:
+            return self.single_thread_per_warp_predicate
+        return self.single_thread_per_warpgroup_predicate
+
+    # --- layouts chosen by inference -----------------------------------------------
+
+    @staticmethod
+    def in_layouts(op: ir.OpView) -> list[ir.Attribute]:
+        return _array_attr(op, "in_layouts")
+
+    @staticmethod
+    def out_layouts(op: ir.OpView) -> list[ir.Attribute]:
+        return _array_attr(op, "out_layouts")
+
+    @staticmethod
+    def in_transforms(op: ir.OpView) -> list[ir.Attribute]:
+        return _array_attr(op, "in_transforms")
+
+    @staticmethod
+    def out_transforms(op: ir.OpView) -> list[ir.Attribute]:
+        return _array_attr(op, "out_transforms")
+
+    @staticmethod
+    def in_tmem_layouts(op: ir.OpView) -> list[ir.Attribute]:
+        return _array_attr(op, "in_tmem_layouts")
+
+    @staticmethod
+    def out_tmem_layouts(op: ir.OpView) -> list[ir.Attribute]:
+        return _array_attr(op, "out_tmem_layouts")
+
+    # --- values --------------------------------------------------------------------
+
+    from_ir = staticmethod(from_ir)
+    to_ir = staticmethod(to_ir)
+
+    def operand_arrays(self, op: ir.OpView, is_signed: bool | None = None,
+                       *, layout: ir.Attribute | None = None) -> list[fa.FragmentedArray]:
+        """Every vector operand of ``op`` as a ``FragmentedArray`` in ``layout``
+        (default: the op's single out layout)."""
+        if layout is None:
+            [layout] = self.out_layouts(op)
+        return [
+            from_ir(v, layout, is_signed)
+            for v in op.operation.operands
+            if isinstance(v.type, ir.VectorType)
+        ]
+
+    def fail(self, op: ir.OpView, message: str, *, fix: str | Sequence[str] = (),
+             **values: Any) -> SmaltiValueError:
+        """An SM203 error for ``op`` to raise from a lowering rule."""
+        return SmaltiValueError("SM203", message, op=op, values=values, fix=fix)
+
+
+def _array_attr(op: ir.OpView, name: str) -> list[ir.Attribute]:
+    attributes = op.operation.attributes
+    if name not in attributes:
+        raise SmaltiValueError(
+            "SM201", f"{op.operation.name} has no {name} attribute", op=op,
+            fix="run smalti.infer_layouts(module) before lowering")
+    return list(ir.ArrayAttr(attributes[name]))

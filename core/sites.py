@@ -1,0 +1,98 @@
+"""Value sites: the places of an op where a value with a layout appears.
+
+A value has one layout where it is produced (an op result or a block
+argument) and possibly a different one where each consumer uses it (an
+operand), because core may insert a relayout in between. So layouts belong to
+*sites*, not to values.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.diagnostics import format_location
+from smalti.layouts import MemorySpace
+
+
+class SiteKind(enum.IntEnum):
+    OPERAND = 0
+    RESULT = 1
+    ARGUMENT = 2
+
+
+@attrs.frozen(repr=False)
+class ValueSite:
+    """Operand ``index``, result ``index``, or argument ``index`` of the entry
+    block of region ``region`` of ``op``."""
+
+    op: ir.Operation = attrs.field(converter=lambda op: op.operation)
+    kind: SiteKind
+    index: int
+    region: int | None = None
+
+    @property
+    def value(self) -> ir.Value:
+        if self.kind is SiteKind.OPERAND:
+            return self.op.operands[self.index]
+        if self.kind is SiteKind.RESULT:
+            return self.op.results[self.index]
+        return self.op.regions[self.region].blocks[0].arguments[self.index]
+
+    def describe(self) -> str:
+        kind = {SiteKind.OPERAND: "operand", SiteKind.RESULT: "result", SiteKind.ARGUMENT: "arg"}
+        where = format_location(self.op.location)
+        loc = f" at {where}" if where else ""
+        region = f" of region {self.region}" if self.kind is SiteKind.ARGUMENT else ""
+        return f"{self.op.name} {kind[self.kind]} #{self.index}{region}{loc}"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+def memory_space_of(value: ir.Value) -> MemorySpace | None:
+    """The memory space whose layout a value needs, or ``None`` if it needs none."""
+    ty = value.type
+    if isinstance(ty, ir.VectorType):
+        return MemorySpace.REG
+    if isinstance(ty, ir.MemRefType):
+        if mgpu_utils.is_tmem_ref(ty):
+            return MemorySpace.TMEM
+        if isinstance(ty.element_type, mgpu.BarrierType):
+            return None  # barriers are never transformed
+        if mgpu_utils.is_smem_ref(ty) or mgpu_utils.is_cluster_smem_ref(ty):
+            return MemorySpace.SMEM
+    return None
+
+
+def layout_sites(op: ir.Operation) -> list[ValueSite]:
+    """Every operand and result of ``op`` that needs a layout, operands first."""
+    sites = [
+        ValueSite(op, SiteKind.OPERAND, i)
+        for i, v in enumerate(op.operands)
+        if memory_space_of(v) is not None
+    ]
+    sites += [
+        ValueSite(op, SiteKind.RESULT, i)
+        for i, v in enumerate(op.results)
+        if memory_space_of(v) is not None
+    ]
+    return sites
+
+
+def producer_site(value: ir.Value) -> ValueSite:
+    """The result or block-argument site where ``value`` is defined."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        block = owner
+        parent = block.owner
+        for region_index, region in enumerate(parent.regions):
+            if region.blocks and region.blocks[0] == block:
+                index = ir.BlockArgument(value).arg_number
+                return ValueSite(parent, SiteKind.ARGUMENT, index, region_index)
+        raise ValueError(f"{value} is an argument of a non-entry block")
+    return ValueSite(owner, SiteKind.RESULT, ir.OpResult(value).result_number)

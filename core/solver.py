@@ -1,0 +1,509 @@
+"""The layout solver: union-find, propagation by worklist, search per component.
+
+Given the variables and constraints the rules produced, the solver
+
+1. merges variables that must be equal (``Equal`` between two variables, and
+   strict relayouts out of values that can never be splat) with union-find;
+2. propagates known layouts along constraints with a worklist: each
+   constraint is re-examined only when one of its variables gets a value;
+3. splits what is still unknown into independent components and searches
+   each on its own, trying candidates in the order the constraints suggest
+   them (identity relayouts first, tiled layouts before splat and strided
+   ones, defaults last), undoing assignments on failure through a trail.
+
+Each step is linear in the size of the kernel except the search, which only
+sees the genuinely ambiguous parts and is bounded per part.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+import attrs
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+from smalti import layouts
+from smalti.constraints import (
+    UNSUPPORTED,
+    Constraint,
+    Divides,
+    Equal,
+    Excludes,
+    Relayout,
+    SearchContext,
+    Variable,
+    evaluate,
+    merge_multiples,
+    variables_of,
+)
+from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
+
+#: Candidates tried per independent part of a kernel before giving up.
+DEFAULT_SEARCH_BUDGET = 20_000
+
+
+@attrs.frozen
+class Origin:
+    """Where a constraint or assignment came from, for error messages."""
+
+    what: str  # e.g. "layout cast at kernel.py:12"
+    plugin: str | None = None
+    rule: str | None = None
+
+    def __str__(self) -> str:
+        by = f" (rule {self.rule} of plugin {self.plugin})" if self.plugin else ""
+        return f"{self.what}{by}"
+
+
+@attrs.define
+class ConstraintSystem:
+    """Everything the rules stated about a kernel."""
+
+    variables: list[Variable] = attrs.Factory(list)
+    constraints: list[Constraint] = attrs.Factory(list)
+    origins: list[Origin] = attrs.Factory(list)
+    assignments: list[tuple[Variable, Constant, Origin]] = attrs.Factory(list)
+    fallbacks: dict[Variable, list[Constant]] = attrs.Factory(dict)
+
+    def require(self, constraint: Constraint, origin: Origin) -> None:
+        self.constraints.append(constraint)
+        self.origins.append(origin)
+
+
+class Conflict(Exception):
+    """Raised inside the solver when the current assignment breaks a constraint."""
+
+    def __init__(self, reason: str, constraint: int | None, roots: Sequence[int]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.constraint = constraint
+        self.roots = list(roots)
+
+
+class Unsolvable(Exception):
+    """No assignment exists. ``lines`` explain the conflicting requirements."""
+
+    def __init__(self, summary: str, lines: list[str], variables: list[Variable]) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.lines = lines
+        self.variables = variables
+
+
+class BudgetExhausted(Exception):
+    def __init__(self, variables: list[Variable]) -> None:
+        super().__init__("search budget exhausted")
+        self.variables = variables
+
+
+_STRUCTURAL = -1  # reason code: merged/forced before propagation
+
+
+class Solver:
+    def __init__(self, system: ConstraintSystem, arch: tuple[int, int],
+                 budget: int = DEFAULT_SEARCH_BUDGET) -> None:
+        self.system = system
+        self.arch = arch
+        self.budget = budget
+        n = len(system.variables)
+        self.variables = system.variables
+        for i, v in enumerate(self.variables):
+            if v.id != i:
+                raise ValueError("variables must be numbered 0..n-1 in order")
+        self.parent = list(range(n))
+        self.value: list[Constant | None] = [None] * n
+        self.reason: list[object] = [None] * n
+        self.nonsplat: list[int | None] = [None] * n  # constraint index proving it
+        self.trail: list[tuple[str, int]] = []
+        self.constraints = list(system.constraints)
+        self.origins = list(system.origins)
+        self.active = [True] * len(self.constraints)
+        self.watchers: dict[int, list[int]] = {}
+        self.queue: deque[int] = deque()
+        self.queued = [False] * len(self.constraints)
+        self._valid_cache: dict[tuple[int, Constant], bool] = {}
+        self.explanations: list[str] = []
+
+    # --- union-find -------------------------------------------------------------
+
+    def find(self, i: int) -> int:
+        parent = self.parent
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:
+            parent[i], i = root, parent[i]
+        return root
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return ra
+        if rb < ra:
+            ra, rb = rb, ra
+        self.parent[rb] = ra  # the earliest variable represents the class
+        if self.nonsplat[ra] is None:
+            self.nonsplat[ra] = self.nonsplat[rb]
+        return ra
+
+    def value_of(self, var: Variable) -> Constant | None:
+        return self.value[self.find(var.id)]
+
+    # --- preprocessing ----------------------------------------------------------
+
+    def _merge_equalities(self) -> None:
+        for ci, c in enumerate(self.constraints):
+            if isinstance(c, Equal) and isinstance(c.lhs, Variable) and isinstance(c.rhs, Variable):
+                self.union(c.lhs.id, c.rhs.id)
+                self.active[ci] = False
+
+    def _propagate_nonsplat(self) -> None:
+        """Values that are never splat stay non-splat through relayouts, and a
+        strict relayout of a non-splat value is the identity: merge those."""
+        successors: dict[int, list[int]] = {}
+        for ci, c in enumerate(self.constraints):
+            if not self.active[ci]:
+                continue
+            if isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
+                fa.WGSplatFragLayout, c.kind
+            ):
+                root = self.find(c.expr.id)
+                if self.nonsplat[root] is None:
+                    self.nonsplat[root] = ci
+            elif isinstance(c, Relayout) and isinstance(c.source, Variable) and isinstance(
+                c.target, Variable
+            ):
+                successors.setdefault(c.source.id, []).append(c.target.id)
+        members: dict[int, list[int]] = {}
+        for v in range(len(self.variables)):
+            members.setdefault(self.find(v), []).append(v)
+        work = deque(r for r in members if self.nonsplat[r] is not None)
+        while work:
+            root = work.popleft()
+            for v in members[root]:
+                for t in successors.get(v, ()):
+                    troot = self.find(t)
+                    if self.nonsplat[troot] is None:
+                        self.nonsplat[troot] = self.nonsplat[root]
+                        work.append(troot)
+        for ci, c in enumerate(self.constraints):
+            if not (self.active[ci] and isinstance(c, Relayout) and c.strict):
+                continue
+            if not isinstance(c.source, Variable) or self.nonsplat[self.find(c.source.id)] is None:
+                continue
+            if isinstance(c.target, Variable):
+                self.union(c.source.id, c.target.id)
+                self.active[ci] = False
+            else:
+                self.constraints[ci] = Equal(c.source, c.target)
+
+    def _index(self) -> None:
+        self.cvars: list[tuple[int, ...]] = []
+        for ci, c in enumerate(self.constraints):
+            roots = tuple(dict.fromkeys(
+                self.find(v.id) for e in c.expressions() for v in variables_of(e)))
+            self.cvars.append(roots)
+            if self.active[ci]:
+                for r in roots:
+                    self.watchers.setdefault(r, []).append(ci)
+        self.fallbacks: dict[int, list[Constant]] = {}
+        for var, values in self.system.fallbacks.items():
+            self.fallbacks.setdefault(self.find(var.id), []).extend(values)
+        self.shapes: dict[int, list[Variable]] = {}
+        for v in self.variables:
+            group = self.shapes.setdefault(self.find(v.id), [])
+            if all((w.type != v.type) for w in group):
+                group.append(v)
+
+    # --- assignment and propagation -------------------------------------------
+
+    def valid(self, root: int, value: Constant) -> bool:
+        key = (root, value)
+        cached = self._valid_cache.get(key)
+        if cached is None:
+            cached = all(_fits(v, value) for v in self.shapes.get(root, ()))
+            self._valid_cache[key] = cached
+        return cached
+
+    def assign(self, root: int, value: Constant, reason: object) -> None:
+        current = self.value[root]
+        if current is not None:
+            if current != value:
+                raise Conflict(f"needs {value}, but is already {current}", _ci(reason), [root])
+            return
+        if not self.valid(root, value):
+            raise Conflict(f"{value} does not fit {self.variables[root].site.describe()}",
+                           _ci(reason), [root])
+        if (self.nonsplat[root] is not None and isinstance(value, RegisterLayout)
+                and value.is_splat):
+            raise Conflict(f"cannot be splat, but {value} is required", _ci(reason), [root])
+        self.value[root] = value
+        self.reason[root] = reason
+        self.trail.append(("v", root))
+        for ci in self.watchers.get(root, ()):
+            if self.active[ci] and not self.queued[ci]:
+                self.queued[ci] = True
+                self.queue.append(ci)
+
+    def examine(self, ci: int) -> None:
+        c = self.constraints[ci]
+        values = [evaluate(e, self.value_of) for e in c.expressions()]
+        if any(v is UNSUPPORTED for v in values):
+            raise Conflict("has no layout for the known operands", ci, self.cvars[ci])
+        if all(v is not None for v in values):
+            if not c.check(tuple(values)):
+                raise Conflict("does not hold", ci, self.cvars[ci])
+            self.active[ci] = False
+            self.trail.append(("c", ci))
+            return
+        for var, value in c.implied(self.value_of):
+            self.assign(self.find(var.id), value, ("c", ci))
+
+    def propagate(self) -> None:
+        try:
+            while self.queue:
+                ci = self.queue.popleft()
+                self.queued[ci] = False
+                if self.active[ci]:
+                    self.examine(ci)
+        except Conflict:
+            for ci in self.queue:
+                self.queued[ci] = False
+            self.queue.clear()
+            raise
+
+    def undo(self, mark: int) -> None:
+        while len(self.trail) > mark:
+            kind, i = self.trail.pop()
+            if kind == "v":
+                self.value[i] = None
+                self.reason[i] = None
+            else:
+                self.active[i] = True
+
+    # --- search -----------------------------------------------------------------
+
+    def _divides_for(self, var: Variable) -> tuple[int, ...] | None:
+        root = self.find(var.id)
+        merged = None
+        for ci in self.watchers.get(root, ()):
+            c = self.constraints[ci]
+            if self.active[ci] and isinstance(c, Divides) and isinstance(c.expr, Variable):
+                merged = c.multiple if merged is None else merge_multiples(merged, c.multiple)
+        return merged
+
+    def _candidates(self, roots: list[int], constraints: list[int]) -> Iterator[tuple[int, Constant]]:
+        ctx = SearchContext(self.arch, self.value_of, self._divides_for)
+        deferred: list[tuple[int, Constant]] = []
+        for ci in constraints:
+            if not self.active[ci]:
+                continue
+            for var, value in self.constraints[ci].candidates(ctx):
+                root = self.find(var.id)
+                if self.value[root] is not None:
+                    continue
+                if isinstance(value, RegisterLayout) and not value.is_tiled:
+                    deferred.append((root, value))
+                else:
+                    yield root, value
+        yield from deferred
+        for root in roots:
+            if self.value[root] is not None:
+                continue
+            for value in self._defaults(root):
+                yield root, value
+
+    def _defaults(self, root: int) -> Iterator[Constant]:
+        yield from self.fallbacks.get(root, ())
+        var = self.variables[root]
+        if var.memory_space is MemorySpace.REG:
+            strided = fa.WGStridedFragLayout.from_shaped_type(var.type)
+            if strided is not None:
+                yield RegisterLayout(strided)
+        elif var.memory_space is MemorySpace.SMEM:
+            yield SmemTransforms(None, None)
+
+    def _components(self) -> list[tuple[list[int], list[int]]]:
+        unknown = [r for r in range(len(self.variables))
+                   if self.find(r) == r and self.value[r] is None]
+        comp = {r: r for r in unknown}
+
+        def cfind(r: int) -> int:
+            while comp[r] != r:
+                comp[r] = comp[comp[r]]
+                r = comp[r]
+            return r
+
+        for ci, roots in enumerate(self.cvars):
+            if not self.active[ci]:
+                continue
+            open_roots = [self.find(r) for r in roots]
+            open_roots = [r for r in open_roots if self.value[r] is None]
+            for other in open_roots[1:]:
+                a, b = cfind(open_roots[0]), cfind(other)
+                if a != b:
+                    comp[max(a, b)] = min(a, b)
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for r in unknown:
+            groups.setdefault(cfind(r), ([], []))[0].append(r)
+        for ci, roots in enumerate(self.cvars):
+            if not self.active[ci]:
+                continue
+            for r in roots:
+                r = self.find(r)
+                if self.value[r] is None:
+                    groups[cfind(r)][1].append(ci)
+                    break
+        ordered = []
+        for key in sorted(groups):
+            roots, cis = groups[key]
+            cis.sort(key=lambda ci: (self.constraints[ci].search_priority, ci))
+            ordered.append((roots, cis))
+        return ordered
+
+    def _search(self, roots: list[int], constraints: list[int]) -> None:
+        budget = self.budget
+        conflicts: list[Conflict] = []
+        stack: list[tuple[int, Iterator[tuple[int, Constant]], set]] = []
+        depth_mark = len(self.trail)
+        iterator = self._candidates(roots, constraints)
+        tried: set = set()
+        while True:
+            advanced = False
+            for root, value in iterator:
+                if self.value[root] is not None or (root, value) in tried:
+                    continue
+                tried.add((root, value))
+                if not self.valid(root, value):
+                    continue
+                budget -= 1
+                if budget < 0:
+                    raise BudgetExhausted([self.variables[r] for r in roots])
+                mark = len(self.trail)
+                try:
+                    self.assign(root, value, ("search", None))
+                    self.propagate()
+                except Conflict as conflict:
+                    if not stack:
+                        conflicts.append(conflict)
+                    self.undo(mark)
+                    continue
+                if all(self.value[r] is not None for r in roots):
+                    return
+                stack.append((mark, iterator, tried))
+                iterator = self._candidates(roots, constraints)
+                tried = set()
+                advanced = True
+                break
+            if advanced:
+                continue
+            if not stack:
+                self.undo(depth_mark)
+                raise self._unsolvable_component(roots, constraints, conflicts)
+            mark, iterator, tried = stack.pop()
+            self.undo(mark)
+
+    # --- driver -----------------------------------------------------------------
+
+    def solve(self) -> dict[Variable, Constant]:
+        self._merge_equalities()
+        self._propagate_nonsplat()
+        self._index()
+        try:
+            for var, value, origin in self.system.assignments:
+                self.assign(self.find(var.id), value, ("o", origin))
+            for ci in range(len(self.constraints)):
+                if self.active[ci] and not self.queued[ci]:
+                    self.queued[ci] = True
+                    self.queue.append(ci)
+            self.propagate()
+        except Conflict as conflict:
+            raise self._unsolvable(conflict) from None
+        for roots, constraints in self._components():
+            self._search(roots, constraints)
+        return {v: self.value[self.find(v.id)] for v in self.variables}
+
+    # --- explanations -----------------------------------------------------------
+
+    def _why(self, root: int, seen: set[int], depth: int = 0) -> list[str]:
+        """Why class ``root`` has its value (or is known non-splat)."""
+        if root in seen or depth > 6:
+            return []
+        seen.add(root)
+        var = self.variables[root]
+        lines = []
+        reason = self.reason[root]
+        value = self.value[root]
+        if isinstance(reason, tuple) and reason[0] == "o":
+            lines.append(f"{reason[1]} sets {var.site.describe()} to {value}")
+        elif isinstance(reason, tuple) and reason[0] == "c":
+            ci = reason[1]
+            lines.append(f"{self.origins[ci]} requires {self.constraints[ci]}, "
+                         f"so {var.site.describe()} is {value}")
+            for other in self.cvars[ci]:
+                lines += self._why(self.find(other), seen, depth + 1)
+        elif isinstance(reason, tuple) and reason[0] == "search":
+            lines.append(f"{var.site.describe()} was tried as {value}")
+        if self.nonsplat[root] is not None:
+            ci = self.nonsplat[root]
+            lines.append(f"{self.origins[ci]} produces a value that is never splat, and it "
+                         f"flows to {var.site.describe()}")
+        return lines
+
+    def _explain(self, conflict: Conflict) -> list[str]:
+        lines = []
+        if conflict.constraint is not None:
+            ci = conflict.constraint
+            lines.append(f"{self.origins[ci]} requires {self.constraints[ci]}: "
+                         f"{conflict.reason}")
+        else:
+            lines.append(conflict.reason)
+        seen: set[int] = set()
+        for root in conflict.roots:
+            lines += self._why(self.find(root), seen)
+        return list(dict.fromkeys(lines))
+
+    def _unsolvable(self, conflict: Conflict) -> Unsolvable:
+        roots = [self.find(r) for r in conflict.roots]
+        return Unsolvable("the kernel's layout requirements conflict", self._explain(conflict),
+                          [self.variables[r] for r in roots])
+
+    def _unsolvable_component(self, roots: list[int], constraints: list[int],
+                              conflicts: list[Conflict]) -> Unsolvable:
+        lines = [f"no layout of {self.variables[roots[0]].site.describe()}"
+                 + (f" (and {len(roots) - 1} connected values)" if len(roots) > 1 else "")
+                 + " satisfies every requirement:"]
+        for conflict in conflicts[:3]:
+            lines += ["  " + line for line in self._explain(conflict)]
+        if not conflicts:
+            for ci in constraints[:8]:
+                lines.append(f"  {self.origins[ci]} requires {self.constraints[ci]}")
+        return Unsolvable("no layout assignment satisfies the kernel", lines,
+                          [self.variables[r] for r in roots])
+
+
+def _ci(reason: object) -> int | None:
+    if isinstance(reason, tuple) and reason[0] == "c":
+        return reason[1]
+    return None
+
+
+def _fits(var: Variable, value: Constant) -> bool:
+    match value:
+        case layouts.RegisterLayout(layout=layout):
+            return var.memory_space is MemorySpace.REG and layouts.register_layout_fits(
+                var.shape, layout)
+        case layouts.SmemTransforms():
+            return var.memory_space is MemorySpace.SMEM and layouts.smem_transforms_fit(
+                var.type, value)
+        case layouts.TmemLayout(layout=layout):
+            return var.memory_space is MemorySpace.TMEM and layouts.tmem_layout_fits(
+                var.shape, layout)
+    return False
+
+
+def solve(system: ConstraintSystem, arch: tuple[int, int],
+          budget: int = DEFAULT_SEARCH_BUDGET) -> dict[Variable, Constant]:
+    """Finds a layout for every variable of ``system``, or raises :class:`Unsolvable`."""
+    return Solver(system, arch, budget).solve()
