@@ -15,6 +15,7 @@ import attrs
 from jax._src.interpreters import mlir as mlir_interpreter
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, gpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
@@ -31,6 +32,13 @@ from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext
 from smalti.sites import memory_space_of
+
+_CODEGEN_REJECTIONS = (
+    ValueError,
+    NotImplementedError,
+    fa.UnsupportedTransferError,
+    fa.TransferPlanDerivationError,
+)
 
 _ATTRIBUTE_NAMES = {
     MemorySpace.REG: ("in_layouts", "out_layouts"),
@@ -133,7 +141,7 @@ class _Lowerer:
                 results = record.function(self.ctx, op.operation.opview)
             except SmaltiError:
                 raise
-            except (ValueError, NotImplementedError) as e:
+            except _CODEGEN_REJECTIONS as e:
                 # Mosaic GPU's code generators reject unsupported cases with these.
                 raise _rule_failure(type(e), record, operation, e) from e
             except Exception as e:
@@ -177,7 +185,7 @@ class _Lowerer:
 
 
 def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Exception) -> SmaltiError:
-    cls = SmaltiNotImplementedError if issubclass(kind, NotImplementedError) else SmaltiValueError
+    cls = SmaltiValueError if issubclass(kind, ValueError) else SmaltiNotImplementedError
     attributes = op.attributes
     layouts = {name: str(attributes[name]) for name in
                ("in_layouts", "out_layouts", "in_transforms", "out_transforms")

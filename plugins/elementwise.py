@@ -36,7 +36,9 @@ BINARY: dict[str, tuple[Callable[[Array, Array], Array], bool | None]] = {
     "arith.divui": (Array.trunc_div, False),
     "arith.remsi": (operator.mod, True),
     "arith.remui": (operator.mod, False),
-    "arith.remf": (operator.mod, None),
+    # FragmentedArray has no float remainder (jax's lowering fails on remf):
+    # it is elementwise, so apply arith.remf register by register.
+    "arith.remf": (lambda x, y: x._pointwise(arith.remf, y), None),
     "arith.andi": (operator.and_, False),
     "arith.ori": (operator.or_, False),
     "arith.xori": (operator.xor, False),
