@@ -230,8 +230,6 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     arch = tuple(arch)  # type: ignore[assignment]
     report = InferenceReport()
     with module.context, ir.Location.unknown(module.context):
-        # Like jax, make the module carry its dump options (a module attribute).
-        mgpu.get_or_set_dump_options(module)
         system, site_vars, annotated = collect(module, arch, pipeline, report)
         try:
             solution = solve(system, arch)
@@ -253,7 +251,9 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
                 values={"ambiguous values": ", ".join(v.site.describe() for v in e.variables[:5])},
                 fix="add mosaic_gpu.layout_cast ops on these values to pin their layouts",
             ) from None
-        # Transactional: nothing was written until here.
+        # Transactional: nothing was written until here. Like jax, the module
+        # also gets its dump options (a module attribute).
+        mgpu.get_or_set_dump_options(module)
         writes = [(op, _attributes(op, site_vars, solution)) for op in annotated]
         for op, attributes in writes:
             for name, attr in attributes.items():

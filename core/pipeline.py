@@ -109,6 +109,9 @@ class Pipeline:
                 losers.add(i)
                 self.overridden.append((winner, group[i]))
         kept = [r for i, r in enumerate(group) if i not in losers]
+        # An overridden rule stays as a fallback, behind every kept rule, for the
+        # architectures its overrides do not support.
+        fallback = [r for i, r in enumerate(group) if i in losers]
         for i, a in enumerate(kept):
             for b in kept[i + 1 :]:
                 if not a.archs.overlaps(b.archs):
@@ -134,7 +137,7 @@ class Pipeline:
                         f"or have one declare overrides={a.plugin!r} when registering {key!r}",
                     ],
                 )
-        return kept
+        return kept + fallback
 
     # --- dispatch ----------------------------------------------------------------
 
@@ -213,6 +216,11 @@ def build_pipeline(
         try:
             _check_hook_version(name, plugin)
             pm.register(plugin, name=name)
+            try:
+                pm.check_pending()  # hook implementations no spec knows (typos)
+            except Exception:
+                pm.unregister(plugin)
+                raise
         except SmaltiError as e:
             problems.append(Problem(name, e))
             return

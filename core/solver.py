@@ -253,7 +253,8 @@ class Solver:
             raise Conflict("has no layout for the known operands", ci, self.cvars[ci])
         if all(v is not None for v in values):
             if not c.check(tuple(values)):
-                raise Conflict("does not hold", ci, self.cvars[ci])
+                shown = ", ".join(map(str, values))
+                raise Conflict(f"does not hold for {shown}", ci, self.cvars[ci])
             self.active[ci] = False
             self.trail.append(("c", ci))
             return

@@ -1,0 +1,383 @@
+"""The ``smalti`` command line.
+
+- ``smalti plugins``: the plugins taking part, what they provide, overrides
+  between them, and the plugins that could not take part;
+- ``smalti infer FILE``: layout inference on a textual MLIR module;
+- ``smalti lower``: inference and lowering of the built-in example kernel;
+- ``smalti explain [CODE]``: the long form of an error code.
+
+Exit status: 0 on success, 1 when smalti reports an error in the input kernel
+or in a plugin, 2 for a usage error (bad arguments, unreadable file, unknown
+code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sys
+import textwrap
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+
+from jax._src.lib.mlir import ir
+
+from smalti import __version__, codes, hookspec
+from smalti import pipeline as pipeline_module
+from smalti.diagnostics import SmaltiError, SmaltiValueError
+from smalti.inference import InferenceReport, TraceEntry, infer_layouts
+from smalti.kernels import example_kernel, make_context
+from smalti.lowering import LoweringReport, lower
+from smalti.pipeline import Pipeline, default_pipeline
+from smalti.registry import Architectures, RuleKind, RuleRecord
+
+Arch = tuple[int, int]
+
+DEFAULT_ARCH: Arch = (9, 0)
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+_ARCH = re.compile(r"^(?:(\d+)\.(\d+)|sm_(\d+)(\d)a?)$")
+
+
+# --- formatting helpers ------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart; the last column is not padded."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return textwrap.indent(text, prefix)
+
+
+def _error(error: SmaltiError) -> None:
+    print(f"smalti: error: {error}", file=sys.stderr)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def parse_arch(text: str) -> Arch:
+    """``9.0``, ``10.0``, ``sm_90a`` or ``sm_100`` -> ``(major, minor)``."""
+    match = _ARCH.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid architecture {text!r}: write MAJOR.MINOR (e.g. 9.0) or sm_NN (e.g. sm_90a)")
+    major, minor = (match[1], match[2]) if match[1] is not None else (match[3], match[4])
+    return int(major), int(minor)
+
+
+# --- smalti plugins ----------------------------------------------------------------------
+
+
+def describe_archs(archs: Sequence[Architectures]) -> str:
+    """The union of architecture ranges, e.g. ``any`` or ``>=sm_90``; ``-`` if empty."""
+    if not archs:
+        return "-"
+    if any(a.minimum is None and a.maximum is None for a in archs):
+        return "any"
+    low = lambda a: a.minimum or (0, 0)  # noqa: E731
+    merged: list[Architectures] = []
+    for a in sorted(set(archs), key=low):
+        last = merged[-1] if merged else None
+        if last is not None and last.overlaps(a):
+            top = None if None in (last.maximum, a.maximum) else max(last.maximum, a.maximum)
+            merged[-1] = Architectures(last.minimum, top)
+        else:
+            merged.append(a)
+    return ", ".join(str(a) for a in merged)
+
+
+def _op_counts(by_kind: dict[RuleKind, list[RuleRecord]]) -> str:
+    parts = [f"{len({r.key for r in records})} {kind.value}"
+             for kind, records in by_kind.items() if records]
+    return ", ".join(parts) or "none"
+
+
+def _op_names(name: str, by_kind: dict[RuleKind, list[RuleRecord]]) -> list[str]:
+    lines = []
+    for kind, records in by_kind.items():
+        keys = sorted({r.key for r in records})
+        if keys:
+            body = textwrap.fill(", ".join(keys), width=88, initial_indent="    ",
+                                 subsequent_indent="    ")
+            lines += [f"  {name}: {kind.value} rules ({len(keys)}):", body]
+    return lines
+
+
+def _not_loaded(pipeline: Pipeline) -> list[str]:
+    """Installed entry points absent from the pipeline by the user's choice
+    (failures are listed as problems instead)."""
+    taking_part = {p.name for p in pipeline.plugins} | {p.plugin for p in pipeline.problems}
+    blocked = set(pipeline_module._env_list(pipeline_module.BLOCK_ENV))
+    autoload_off = pipeline_module._env_flag(pipeline_module.AUTOLOAD_ENV)
+    lines = []
+    for ep in sorted(metadata.entry_points(group=hookspec.ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name in taking_part:
+            continue
+        if ep.name in blocked:
+            lines.append(f"  {ep.name}: blocked by {pipeline_module.BLOCK_ENV}")
+        elif autoload_off:
+            lines.append(f"  {ep.name}: autoload is off ({pipeline_module.AUTOLOAD_ENV})")
+    return lines
+
+
+def plugins_report(pipeline: Pipeline, *, verbose: bool = False) -> list[str]:
+    """The lines printed by ``smalti plugins``."""
+    rows, details = [], []
+    for info in pipeline.plugins:
+        by_kind = pipeline.ops(info.name)
+        archs = [r.archs for records in by_kind.values() for r in records]
+        rows.append([info.name, info.version, _op_counts(by_kind), describe_archs(archs),
+                     info.source])
+        details += _op_names(info.name, by_kind)
+    lines = _table(["plugin", "version", "ops", "architectures", "source"], rows)
+    if not pipeline.plugins:
+        lines.append("(no plugins)")
+    if verbose and details:
+        lines += ["", "ops:", *details]
+    if pipeline.overridden:
+        lines += ["", "overrides:"]
+        lines += [f"  {winner.plugin} overrides {loser.plugin} for {winner.key} "
+                  f"({winner.kind.value} rule)" for winner, loser in pipeline.overridden]
+    not_loaded = _not_loaded(pipeline)
+    if not_loaded:
+        lines += ["", "not loaded:", *not_loaded]
+    if pipeline.problems:
+        lines += ["", "problems (these plugins were skipped):"]
+        for problem in pipeline.problems:
+            lines += [f"  {problem.plugin}:", _indent(str(problem.error))]
+    return lines
+
+
+def _quiet_default_pipeline() -> Pipeline:
+    # `smalti plugins` lists skipped plugins itself: no need for the warnings too.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return default_pipeline()
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    for line in plugins_report(_quiet_default_pipeline(), verbose=args.verbose):
+        print(line)
+    return EXIT_OK
+
+
+# --- smalti infer ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _unregistered_dialects(context: ir.Context, allow: bool) -> Iterator[None]:
+    """Allows unregistered ops while the command runs; the context may be
+    jax's shared one, so the setting is restored afterwards."""
+    previous = context.allow_unregistered_dialects
+    context.allow_unregistered_dialects = previous or allow
+    try:
+        yield
+    finally:
+        context.allow_unregistered_dialects = previous
+
+
+def read_module(file: str, context: ir.Context) -> ir.Module:
+    """Parses textual MLIR from ``file`` (``-`` for stdin); SM301 if it cannot."""
+    fixes = ["check the path, and that the file holds MLIR printed by `print(module)`",
+             "pass --allow-unregistered-dialect if the module uses ops of an unregistered "
+             "dialect"]
+    try:
+        if file == "-":
+            return ir.Module.parse(sys.stdin.read(), context)
+        path = Path(file)
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise SmaltiValueError("SM301", f"cannot read {file}: it {what}", fix=fixes[0])
+        # parseFile (not parse) so that op locations name the file.
+        return ir.Module.parseFile(str(path), context)
+    except ir.MLIRError as e:
+        diagnostics = str(e).splitlines()[1:] or [str(e)]
+        shown = "\n    ".join(["", *diagnostics] if len(diagnostics) > 1 else diagnostics)
+        name = "stdin" if file == "-" else file
+        raise SmaltiValueError("SM301", f"cannot parse {name} as MLIR",
+                               values={"parser": shown}, fix=fixes) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SmaltiValueError("SM301", f"cannot read {file}: {e}", fix=fixes[0]) from None
+
+
+def module_arch(module: ir.Module) -> Arch | None:
+    """The architecture recorded in the module's ``mosaic_gpu.arch_*`` attributes."""
+    attributes = module.operation.attributes
+    if "mosaic_gpu.arch_major" not in attributes or "mosaic_gpu.arch_minor" not in attributes:
+        return None
+    return (ir.IntegerAttr(attributes["mosaic_gpu.arch_major"]).value,
+            ir.IntegerAttr(attributes["mosaic_gpu.arch_minor"]).value)
+
+
+def _layouts(entry: TraceEntry) -> str:
+    return " ".join(f"{name}={value}" for name, value in sorted(entry.layouts.items()))
+
+
+def trace_lines(report: InferenceReport, arch: Arch) -> list[str]:
+    """The ``--explain`` trace, as MLIR comments so the output still parses."""
+    summary = (f"inference on sm_{arch[0]}{arch[1]}: {report.ops} ops, {report.variables} "
+               f"variables, {report.constraints} constraints, {_ms(report.seconds)}")
+    rows = [[e.op, e.location or "?", e.plugin, e.rule, _layouts(e)] for e in report.trace]
+    table = _table(["op", "location", "plugin", "rule", "layouts"], rows)
+    return [f"// {line}" for line in [summary, *table]]
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    context = make_context()
+    with _unregistered_dialects(context, args.allow_unregistered_dialect):
+        try:
+            module = read_module(args.file, context)
+        except SmaltiError as e:
+            _error(e)
+            return EXIT_USAGE
+        arch = args.arch or module_arch(module) or DEFAULT_ARCH
+        try:
+            report = infer_layouts(module, arch=arch)
+        except SmaltiError as e:
+            _error(e)
+            return EXIT_ERROR
+        print(module)
+        if args.explain:
+            print("\n".join(trace_lines(report, arch)))
+    return EXIT_OK
+
+
+# --- smalti lower ------------------------------------------------------------------------
+
+
+def _per_plugin(title: str, count: int, seconds: float, per_plugin: dict[str, int]) -> list[str]:
+    lines = [f"{title}: {count} ops in {_ms(seconds)}"]
+    lines += _table(["  plugin", "ops"], [[f"  {p}", str(n)] for p, n in sorted(per_plugin.items())])
+    return lines
+
+
+def lower_summary(inference: InferenceReport, lowering: LoweringReport) -> list[str]:
+    """The summary printed by ``smalti lower``."""
+    lines = _per_plugin("layout inference", inference.ops, inference.seconds,
+                        inference.ops_per_plugin)
+    lines += _per_plugin("lowering", lowering.ops, lowering.seconds, lowering.ops_per_plugin)
+    lines += ["", "layouts chosen:"]
+    lines += _table(["  op", "layouts"], [[f"  {e.op}", _layouts(e)] for e in inference.trace])
+    return lines
+
+
+def _lower_file_error(file: str) -> SmaltiValueError:
+    return SmaltiValueError(
+        "SM301",
+        f"cannot lower {file}: lowering needs the kernel's launch context (its "
+        "arguments, TMA descriptors and scratch memory), which textual MLIR does not carry",
+        fix=[f"run `smalti infer {file}` to infer the layouts of a file",
+             "run `smalti lower` without a file to infer and lower the built-in example",
+             "from Python, call smalti.lower(module, launch_context) on a module built with "
+             "jax.experimental.mosaic.gpu or smalti.kernels.build_kernel"],
+    )
+
+
+def cmd_lower(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        _error(_lower_file_error(args.file))
+        return EXIT_USAGE
+    kernel = example_kernel()
+    try:
+        inference = infer_layouts(kernel.module)
+        lowering = lower(kernel.module, kernel.launch_context)
+    except SmaltiError as e:
+        _error(e)
+        return EXIT_ERROR
+    print("built-in example: out = exp(x) * 2 + y on 128x128 f32 (smalti.kernels.example_kernel)")
+    print()
+    print("\n".join(lower_summary(inference, lowering)))
+    if args.print_ir:
+        print()
+        print(kernel.module)
+    return EXIT_OK
+
+
+# --- smalti explain ----------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    if args.code is None:
+        rows = [[c.code, c.title] for c in codes.CATALOGUE.values()]
+        print("\n".join(_table(["code", "title"], rows)))
+        print("\nRun `smalti explain CODE` for the long form of one.")
+        return EXIT_OK
+    code = args.code.strip().upper()
+    if code not in codes.CATALOGUE:
+        _error(SmaltiValueError(
+            "SM302", f"unknown error code {args.code!r}",
+            fix="run `smalti explain` without an argument to list every code"))
+        return EXIT_USAGE
+    print(codes.CATALOGUE[code].long_form(), end="")
+    return EXIT_OK
+
+
+# --- the parser --------------------------------------------------------------------------
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="smalti", description="A plugin-based middle-end for JAX's Mosaic GPU.")
+    parser.add_argument("--version", action="version", version=f"smalti {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    plugins = sub.add_parser("plugins", help="list the plugins, their ops, overrides and problems")
+    plugins.add_argument("-v", "--verbose", action="store_true", help="list each plugin's ops")
+    plugins.set_defaults(run=cmd_plugins)
+
+    infer = sub.add_parser("infer", help="infer the layouts of a textual MLIR module")
+    infer.add_argument("file", metavar="FILE", help="textual MLIR ('-' reads stdin)")
+    infer.add_argument("--arch", type=parse_arch, default=None,
+                       help="target architecture, e.g. 9.0 or sm_100a (default: the module's "
+                       "mosaic_gpu.arch_* attributes, else 9.0)")
+    infer.add_argument("--explain", action="store_true",
+                       help="after the module, print which plugin and rule described each op "
+                       "and the layouts chosen")
+    infer.add_argument("--allow-unregistered-dialect", action="store_true",
+                       help="accept ops of dialects MLIR does not know (plugins may handle them)")
+    infer.set_defaults(run=cmd_infer)
+
+    lower_ = sub.add_parser("lower", help="infer and lower the built-in example kernel")
+    lower_.add_argument("file", metavar="FILE", nargs="?",
+                        help="not supported: textual MLIR lacks the launch context lowering needs")
+    lower_.add_argument("--print-ir", action="store_true", help="print the lowered module")
+    lower_.set_defaults(run=cmd_lower)
+
+    explain = sub.add_parser("explain", help="explain an error code (no code: list them all)")
+    explain.add_argument("code", metavar="CODE", nargs="?", help="an error code, e.g. SM101")
+    explain.set_defaults(run=cmd_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors: return, don't exit
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run(args)
+    except SmaltiError as e:  # e.g. two plugins claiming one op while building the pipeline
+        _error(e)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

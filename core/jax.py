@@ -1,0 +1,121 @@
+"""Routing jax's own Mosaic GPU pipeline through smalti.
+
+After :func:`install`, every Warpgroup-semantics kernel jax compiles —
+``mgpu.as_gpu_kernel(..., thread_semantics=Warpgroup)`` and Pallas Mosaic GPU
+kernels with ``LoweringSemantics.Warpgroup`` — has its layouts inferred and
+its dialect lowered by smalti, and the plugins' Pallas primitive lowerings
+are in force. :func:`uninstall` puts back exactly what was there::
+
+    with smalti.jax.installed():
+        jax.jit(kernel).lower(...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from jax._src.lib import mosaic_gpu_dialect as dialect
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti import kernels
+from smalti.inference import infer_layouts
+from smalti.lowering import lower
+from smalti.pipeline import Pipeline, default_pipeline
+from smalti.registry import RuleKind
+
+_MISSING = object()
+_lock = threading.RLock()
+_state: dict[str, Any] = {"depth": 0}
+
+
+def _dump(module: ir.Module, options: Any, suffix: str) -> None:
+    if options is not None and options.mlir_passes:
+        mgpu_utils.dump_to_file_or_stdout(
+            str(module), f"{options.module_basename}.{suffix}.txt", options.dump_path)
+
+
+def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
+    def lower_mgpu_module(module: ir.Module, launch_ctx: lc.LaunchContext,
+                          lowering_semantics: mgpu_core.LoweringSemantics, *,
+                          auto_barriers: bool = True) -> None:
+        if lowering_semantics != mgpu_core.LoweringSemantics.Warpgroup:
+            return original(module, launch_ctx, lowering_semantics,
+                            auto_barriers=auto_barriers)
+        options = dialect.get_or_set_dump_options(module)
+        # Dead code that inference cannot type must go first, as in jax.
+        kernels.canonicalize(module)
+        _dump(module, options, "before_layout_inference")
+        infer_layouts(module, arch=tuple(mgpu_utils._infer_arch()), pipeline=pipeline)
+        _dump(module, options, "after_layout_inference")
+        lower(module, launch_ctx, auto_barriers=auto_barriers, pipeline=pipeline)
+        launch_ctx.scratch.finalize_size()
+        try:
+            module.operation.verify()
+        except ir.MLIRError as e:
+            raise mgpu_core.error.mlir_error_to_verification_error(e) from e
+
+    lower_mgpu_module.__wrapped__ = original  # type: ignore[attr-defined]
+    lower_mgpu_module.__smalti__ = True  # type: ignore[attr-defined]
+    return lower_mgpu_module
+
+
+def _pallas_rules() -> dict[Any, Any]:
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    return pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+
+
+def is_installed() -> bool:
+    return _state["depth"] > 0
+
+
+def install(pipeline: Pipeline | None = None) -> None:
+    """Routes jax's Warpgroup-semantics pipeline through smalti (reentrant)."""
+    with _lock:
+        if _state["depth"] == 0:
+            pipeline = pipeline or default_pipeline()
+            original = mgpu_core.lower_mgpu_module
+            rules = _pallas_rules()
+            saved = []
+            for records in pipeline.rules[RuleKind.PALLAS].values():
+                for record in records:
+                    saved.append((record.target, rules.get(record.target, _MISSING)))
+                    rules[record.target] = record.function
+            mgpu_core.lower_mgpu_module = _lower_mgpu_module_with(pipeline, original)
+            _state.update(original=original, saved=saved, pipeline=pipeline)
+        _state["depth"] += 1
+
+
+def uninstall() -> None:
+    """Undoes the matching :func:`install`; the last one restores jax exactly."""
+    with _lock:
+        if _state["depth"] == 0:
+            return
+        _state["depth"] -= 1
+        if _state["depth"]:
+            return
+        mgpu_core.lower_mgpu_module = _state.pop("original")
+        rules = _pallas_rules()
+        for primitive, previous in reversed(_state.pop("saved")):
+            if previous is _MISSING:
+                rules.pop(primitive, None)
+            else:
+                rules[primitive] = previous
+        _state.pop("pipeline")
+
+
+@contextlib.contextmanager
+def installed(pipeline: Pipeline | None = None) -> Iterator[None]:
+    """``with smalti.jax.installed(): ...`` — smalti for the duration of the block."""
+    install(pipeline)
+    try:
+        yield
+    finally:
+        uninstall()

@@ -1,0 +1,132 @@
+"""smalti.jax: jax's own pipeline (mgpu.as_gpu_kernel, Pallas) routed through smalti."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax._src.pallas.mosaic_gpu import core as gpu_core
+from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+import smalti
+import smalti.jax
+from smalti.registry import PallasRegistry
+from tests.differential import normalized
+
+
+def lower_capturing_modules(fn, *args) -> list[str]:
+    """Lowers ``fn`` for CUDA on the CPU; returns every Mosaic GPU module it produced,
+    as they are after layout inference and dialect lowering."""
+    captured: list[str] = []
+    current = mgpu_core.lower_mgpu_module
+
+    def spy(module, *a, **k):
+        current(module, *a, **k)
+        captured.append(normalized(module))
+
+    mgpu_core.lower_mgpu_module = spy
+    jax.clear_caches()  # jax caches lowerings: make it lower again
+    try:
+        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    finally:
+        mgpu_core.lower_mgpu_module = current
+    return captured
+
+
+WARPGROUP = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+
+
+def elementwise_kernel(x_ref, y_ref, o_ref):
+    x = x_ref[...]
+    o_ref[...] = jnp.where(x > 0, jnp.exp(x), y_ref[...] * 2.0) + 1.0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+def test_pallas_elementwise_kernel_lowers_to_the_same_module(dtype):
+    shape = jax.ShapeDtypeStruct((128, 256), dtype)
+    call = plgpu.kernel(elementwise_kernel, out_type=shape, compiler_params=WARPGROUP)
+    by_jax = lower_capturing_modules(call, shape, shape)
+    with smalti.jax.installed():
+        assert smalti.jax.is_installed()
+        by_smalti = lower_capturing_modules(call, shape, shape)
+    assert not smalti.jax.is_installed()
+    assert len(by_jax) == len(by_smalti) == 1
+    assert "mosaic_gpu.vector_load" not in by_smalti[0]  # really lowered
+    assert by_smalti[0] == by_jax[0]
+
+
+def test_smalti_does_the_work_when_installed(monkeypatch):
+    calls = []
+    original = smalti.jax.infer_layouts
+
+    def counting(module, **kw):
+        calls.append(module)
+        return original(module, **kw)
+
+    monkeypatch.setattr(smalti.jax, "infer_layouts", counting)
+    shape = jax.ShapeDtypeStruct((128,), jnp.float32)
+    call = plgpu.kernel(lambda x, o: o.__setitem__(..., x[...] + 1.0),
+                        out_type=shape, compiler_params=WARPGROUP)
+    lower_capturing_modules(call, shape)
+    assert not calls
+    with smalti.jax.installed():
+        lower_capturing_modules(call, shape)
+    assert len(calls) == 1
+
+
+def test_uninstall_restores_jax_exactly():
+    original = mgpu_core.lower_mgpu_module
+    rules = dict(pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS])
+    smalti.jax.install()
+    smalti.jax.install()  # reentrant
+    assert mgpu_core.lower_mgpu_module is not original
+    smalti.jax.uninstall()
+    assert smalti.jax.is_installed()
+    smalti.jax.uninstall()
+    assert mgpu_core.lower_mgpu_module is original
+    assert pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS] == rules
+    smalti.jax.uninstall()  # extra uninstall is harmless
+    assert mgpu_core.lower_mgpu_module is original
+
+
+def test_pallas_lowerings_of_plugins_are_in_force_and_removed_after():
+    from jax._src.pallas.mosaic_gpu import primitives
+
+    primitive = primitives.print_layout_p
+    seen = []
+
+    class Plugin:
+        @smalti.hookimpl
+        def smalti_register_pallas_lowerings(self, registry: PallasRegistry) -> None:
+            @registry.pallas_lowering(primitive)
+            def lowering(ctx, *args, **params):
+                seen.append(params)
+                return []
+
+    pipeline = smalti.build_pipeline(plugins={"printer": Plugin()}, autoload=False)
+    rules = pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+    before = rules.get(primitive)
+    with smalti.jax.installed(pipeline):
+        assert rules[primitive].__qualname__.endswith("lowering")
+    assert rules.get(primitive) is before
+
+
+def test_errors_inside_jax_are_smalti_errors():
+    shape = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        # Mosaic GPU converts UPCAST_2X registers to WGMMA, not the other way.
+        wgmma = plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+        o_ref[...] = plgpu.layout_cast(wgmma, plgpu.Layout.WGMMA_UPCAST_2X)
+
+    call = plgpu.kernel(kernel, out_type=shape, compiler_params=WARPGROUP)
+    with smalti.jax.installed(), pytest.raises(smalti.SmaltiError) as error:
+        lower_capturing_modules(call, shape)
+    assert isinstance(error.value, ValueError)
+    assert error.value.code == "SM101"
+    message = str(error.value)
+    assert "WGMMA_UPCAST_2X" in message and "mosaic_gpu.layout_cast" in message
+    assert "test_jax_integration.py" in message  # the user's line
