@@ -233,7 +233,8 @@ class Reshaped(Derived):
         if any(s % t for s, t in zip(src[-len(tile) :], tile)):
             return False
         minor = len(tile) - 1
-        if minor and src[-minor:] != dst[-minor:]:
+        # With a 1-D tile, only the identity is known to keep the layout.
+        if (src[-minor:] != dst[-minor:]) if minor else (src != dst):
             return False
         return dst[-len(tile)] % tile[0] == 0
 

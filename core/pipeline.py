@@ -211,7 +211,14 @@ def build_pipeline(
     problems: list[Problem] = []
 
     def adopt(name: str, plugin: Any, version: str, source: str) -> None:
-        if name in blocked or pm.has_plugin(name):
+        if name in blocked:
+            return
+        if pm.has_plugin(name):
+            if pm.get_plugin(name) is not plugin:
+                problems.append(Problem(name, PluginError(
+                    "SM007", f"two different plugins are named {name!r}; the second was "
+                    "not loaded",
+                    fix="pass explicit plugins as a dict to give each a distinct name")))
             return
         try:
             _check_hook_version(name, plugin)

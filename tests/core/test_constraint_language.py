@@ -1,0 +1,214 @@
+"""The constraint language and the solver, checked against jax's own semantics."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic.gpu import constraints as jax_cs  # the reference
+from jax.experimental.mosaic.gpu import dialect_lowering as jax_lowering  # the reference
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import tcgen05
+
+from smalti import kernels, layouts
+from smalti.constraints import (
+    UNSUPPORTED,
+    Collapsed,
+    Constraint,
+    Divides,
+    Equal,
+    Excludes,
+    MinorDimDivisibleBy,
+    OneOf,
+    Reduced,
+    Relayout,
+    Reshaped,
+    Transposed,
+    evaluate,
+    merge_multiples,
+)
+from smalti.layouts import RegisterLayout, SmemTransforms
+
+REGISTER_LAYOUTS = [
+    fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT, fa.WGMMA_ROW_LAYOUT, fa.TCGEN05_LAYOUT,
+    fa.TCGEN05_TRANSPOSED_LAYOUT, fa.TMEM_NATIVE_LAYOUT, fa.WGMMA_LAYOUT_UPCAST_2X,
+    fa.WGMMA_LAYOUT_UPCAST_4X, fa.WGSplatFragLayout((128, 128)),
+    fa.WGStridedFragLayout((128, 128), 2), fa.WGStridedFragLayout((128, 128), 4),
+]
+
+
+def jax_value(expr):
+    """jax's reduction of a constant expression, as a smalti constant (or UNSUPPORTED)."""
+    result = jax_cs.reduce_expression(expr, {})
+    match result:
+        case jax_cs.RegisterLayout(value=v):
+            return RegisterLayout(v)
+        case jax_cs.SMEMTransforms(tiling=t, swizzle=s):
+            return SmemTransforms(None if t is None else t.tiling, s)
+    return UNSUPPORTED  # unreduced or unsatisfiable: no layout
+
+
+@pytest.mark.parametrize("layout", REGISTER_LAYOUTS, ids=str)
+@pytest.mark.parametrize("axes", [(0,), (1,), (0, 1)])
+@pytest.mark.parametrize("keep_dims", [False, True])
+def test_reduced_matches_jax(layout, axes, keep_dims):
+    ours = Reduced(RegisterLayout(layout), axes, 2, keep_dims).apply(RegisterLayout(layout))
+    theirs = jax_value(jax_cs.Reduce(jax_cs.RegisterLayout(layout), axes, 2, keep_dims))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("layout", REGISTER_LAYOUTS, ids=str)
+@pytest.mark.parametrize("target", [(16384,), (2, 64, 128), (128, 128), (64, 256), (256, 64)])
+def test_reshaped_matches_jax(layout, target):
+    source = (128, 128)
+    ours = Reshaped(None, source, target).apply(RegisterLayout(layout))
+    theirs = jax_value(jax_cs.Reshape(jax_cs.RegisterLayout(layout), source, target))
+    if isinstance(layout, (fa.WGSplatFragLayout, fa.WGStridedFragLayout)):
+        assert ours == theirs
+    else:
+        # jax leaves unsupported tiled reshapes unreduced; both mean "no layout".
+        assert ours == theirs or (ours is UNSUPPORTED and theirs is UNSUPPORTED)
+
+
+TILINGS = [(8, 64), (8, 32), (1, 128), (64, 8), (8, 8, 32), (2, 8, 64)]
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("perm", list(itertools.permutations(range(3))))
+def test_transposed_matches_jax(tiling, perm):
+    value = SmemTransforms(tiling, 128)
+    ours = Transposed(None, perm).apply(value)
+    theirs = jax_value(jax_cs.Transpose(
+        jax_cs.SMEMTransforms(lc.TileTransform(tiling), 128), perm))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("tiling", TILINGS + [(1, 1, 64), (4, 16, 64)])
+@pytest.mark.parametrize("reassociation", [(1, 2), (2, 1), (3,), (1, 1, 1)])
+def test_collapsed_matches_jax(tiling, reassociation):
+    shape = (4, 16, 128)
+    ours = Collapsed(None, shape, reassociation).apply(SmemTransforms(tiling, 64))
+    theirs = jax_value(jax_cs.CollapseShape(
+        jax_cs.SMEMTransforms(lc.TileTransform(tiling), 64), shape, reassociation))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("src", REGISTER_LAYOUTS, ids=str)
+@pytest.mark.parametrize("dst", REGISTER_LAYOUTS, ids=str)
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("bitwidth", [4, 8, 16, 32])
+def test_relayout_matches_jax(src, dst, strict, bitwidth):
+    ours = layouts.can_relayout(src, dst, bitwidth=bitwidth, strict=strict)
+    constraint = jax_cs.Relayout(jax_cs.RegisterLayout(src), jax_cs.RegisterLayout(dst),
+                                 bitwidth, strict).canonicalize()
+    theirs = constraint.holds()
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("strides", [(128, 1), (1, 128), (4096, 64, 1), (64, 4096, 1),
+                                     (8192, 1, 64), (256, 2, 1)])
+@pytest.mark.parametrize("tiling", [(8, 64), (8, 32), (1, 64), (2, 32), (64,)])
+def test_tiled_strides_match_jax(strides, tiling):
+    try:
+        theirs = jax_lowering.tile_strides(strides, tiling)
+    except ValueError:
+        theirs = None
+    try:
+        ours = layouts.tiled_strides(strides, tiling)
+    except ValueError:
+        ours = None
+    assert ours == theirs
+
+
+def test_transformed_type_matches_jax():
+    from smalti.refs import transformed_type
+
+    context = kernels.make_context()
+    with context, ir.Location.unknown():
+        for text, tiling, swizzle in [
+            ("memref<128x64xf16, #gpu.address_space<workgroup>>", (8, 64), 128),
+            ("memref<2x128x64xf32, #gpu.address_space<workgroup>>", (8, 32), 128),
+            ("memref<64x128xbf16, strided<[128, 1], offset: 8192>, #gpu.address_space<workgroup>>",
+             (8, 64), 128),
+            ("memref<64x128xbf16, #gpu.address_space<workgroup>>", None, 64),
+        ]:
+            ty = ir.MemRefType(ir.Type.parse(text))
+            attr = layouts.to_attribute(SmemTransforms(tiling, swizzle))
+            assert transformed_type(ty, attr) == jax_lowering.transform_type(ty, attr)
+
+
+def test_divides_merge_and_check():
+    assert merge_multiples((64, 128), (8, 64)) == (8, 64)
+    assert merge_multiples((4, 64, 128), (96,)) == (32,)
+    assert merge_multiples((), (8, 8)) == ()
+    check = Divides(None, (64, 128)).check
+    assert check((SmemTransforms((8, 64), 128),))
+    assert not check((SmemTransforms((8, 256), 128),))
+    assert not check((SmemTransforms((2, 8, 64), 128),))  # higher rank than the multiple
+    assert check((SmemTransforms(None, None),))
+    assert check((RegisterLayout(fa.WGStridedFragLayout((128, 128), 2)),))
+    assert MinorDimDivisibleBy(None, 16).check((SmemTransforms((8, 64), 128),))
+    assert not MinorDimDivisibleBy(None, 128).check((SmemTransforms((8, 64), 128),))
+
+
+def test_one_of_dedupes_and_rejects_empty():
+    wgmma = RegisterLayout(fa.WGMMA_LAYOUT)
+    assert OneOf(None, (wgmma, wgmma)).allowed == (wgmma,)
+    with pytest.raises(ValueError):
+        OneOf(None, ())
+
+
+def test_reduced_preimages_include_every_layout_that_reduces_to_the_result():
+    from smalti.constraints import Variable
+    from smalti.sites import SiteKind, ValueSite
+
+    with kernels.make_context(), ir.Location.unknown():
+        ty = ir.VectorType.get((128, 128), ir.F32Type.get())
+        module = ir.Module.parse(
+            "func.func @f() { %0 = arith.constant dense<1.0> : vector<128x128xf32> return }")
+        op = module.body.operations[0].regions[0].blocks[0].operations[0]
+        var = Variable(0, ValueSite(op, SiteKind.RESULT, 0), layouts.MemorySpace.REG)
+        expr = Reduced(var, (1,), 2)
+        row = RegisterLayout(fa.WGMMA_ROW_LAYOUT)
+        preimages = list(expr.preimages(row, var))
+        assert RegisterLayout(fa.WGMMA_LAYOUT) in preimages
+        assert all(expr.apply(p) == row for p in preimages)
+        del ty
+
+
+def test_constraint_language_is_open_to_new_constraints():
+    """A plugin-defined constraint takes part in solving like a built-in one."""
+    from smalti.solver import ConstraintSystem, Origin, Unsolvable, solve
+    from smalti.constraints import Variable
+    from smalti.sites import SiteKind, ValueSite
+
+    class NotWgmma(Constraint):
+        def __init__(self, expr):
+            self.expr = expr
+
+        def expressions(self):
+            return (self.expr,)
+
+        def check(self, values):
+            return values[0] != RegisterLayout(fa.WGMMA_LAYOUT)
+
+        def candidates(self, ctx):
+            yield self.expr, RegisterLayout(fa.TCGEN05_LAYOUT)
+
+    with kernels.make_context(), ir.Location.unknown():
+        module = ir.Module.parse(
+            "func.func @f() { %0 = arith.constant dense<1.0> : vector<128x128xf32> return }")
+        op = module.body.operations[0].regions[0].blocks[0].operations[0]
+        var = Variable(0, ValueSite(op, SiteKind.RESULT, 0), layouts.MemorySpace.REG)
+        system = ConstraintSystem(variables=[var])
+        system.require(NotWgmma(var), Origin("a custom rule"))
+        assert solve(system, (9, 0))[var] == RegisterLayout(fa.TCGEN05_LAYOUT)
+
+        system = ConstraintSystem(variables=[var])
+        system.require(NotWgmma(var), Origin("a custom rule"))
+        system.assignments.append((var, RegisterLayout(fa.WGMMA_LAYOUT), Origin("a cast")))
+        with pytest.raises(Unsolvable) as error:
+            solve(system, (9, 0))
+        assert any("a custom rule" in line for line in error.value.lines)
