@@ -30,7 +30,7 @@ from smalti import pipeline as pipeline_module
 from smalti.diagnostics import SmaltiError, SmaltiValueError
 from smalti.inference import InferenceReport, TraceEntry, infer_layouts
 from smalti.kernels import example_kernel, make_context
-from smalti.lowering import LoweringReport, lower
+from smalti.lowering import LoweringReport, lower, module_arch
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import Architectures, RuleKind, RuleRecord
 
@@ -54,10 +54,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
         return "  ".join(cells).rstrip()
 
     return [line(header), *(line(r) for r in rows)]
-
-
-def _indent(text: str, prefix: str = "    ") -> str:
-    return textwrap.indent(text, prefix)
 
 
 def _error(error: SmaltiError) -> None:
@@ -87,9 +83,8 @@ def describe_archs(archs: Sequence[Architectures]) -> str:
         return "-"
     if any(a.minimum is None and a.maximum is None for a in archs):
         return "any"
-    low = lambda a: a.minimum or (0, 0)  # noqa: E731
     merged: list[Architectures] = []
-    for a in sorted(set(archs), key=low):
+    for a in sorted(set(archs), key=lambda a: a.minimum or (0, 0)):
         last = merged[-1] if merged else None
         if last is not None and last.overlaps(a):
             top = None if None in (last.maximum, a.maximum) else max(last.maximum, a.maximum)
@@ -120,8 +115,8 @@ def _not_loaded(pipeline: Pipeline) -> list[str]:
     """Installed entry points absent from the pipeline by the user's choice
     (failures are listed as problems instead)."""
     taking_part = {p.name for p in pipeline.plugins} | {p.plugin for p in pipeline.problems}
-    blocked = set(pipeline_module._env_list(pipeline_module.BLOCK_ENV))
-    autoload_off = pipeline_module._env_flag(pipeline_module.AUTOLOAD_ENV)
+    blocked = set(pipeline.blocked)
+    autoload_off = not pipeline.autoload
     lines = []
     for ep in sorted(metadata.entry_points(group=hookspec.ENTRY_POINT_GROUP), key=lambda e: e.name):
         if ep.name in taking_part:
@@ -157,7 +152,7 @@ def plugins_report(pipeline: Pipeline, *, verbose: bool = False) -> list[str]:
     if pipeline.problems:
         lines += ["", "problems (these plugins were skipped):"]
         for problem in pipeline.problems:
-            lines += [f"  {problem.plugin}:", _indent(str(problem.error))]
+            lines += [f"  {problem.plugin}:", textwrap.indent(str(problem.error), "    ")]
     return lines
 
 
@@ -213,7 +208,7 @@ def read_module(file: str, context: ir.Context) -> ir.Module:
         raise SmaltiValueError("SM301", f"cannot read {file}: {e}", fix=fixes[0]) from None
 
 
-def module_arch(module: ir.Module) -> Arch | None:
+def recorded_arch(module: ir.Module) -> Arch | None:
     """The architecture recorded in the module's ``mosaic_gpu.arch_*`` attributes."""
     attributes = module.operation.attributes
     if "mosaic_gpu.arch_major" not in attributes or "mosaic_gpu.arch_minor" not in attributes:
@@ -223,7 +218,7 @@ def module_arch(module: ir.Module) -> Arch | None:
 
 
 def _layouts(entry: TraceEntry) -> str:
-    return " ".join(f"{name}={value}" for name, value in sorted(entry.layouts.items()))
+    return " ".join(f"{name}={value}" for name, value in sorted(entry.summary.items()))
 
 
 def trace_lines(report: InferenceReport, arch: Arch) -> list[str]:
@@ -243,7 +238,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         except SmaltiError as e:
             _error(e)
             return EXIT_USAGE
-        arch = args.arch or module_arch(module) or DEFAULT_ARCH
+        arch = args.arch or recorded_arch(module) or DEFAULT_ARCH
         try:
             report = infer_layouts(module, arch=arch)
         except SmaltiError as e:
@@ -260,15 +255,18 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def _per_plugin(title: str, count: int, seconds: float, per_plugin: dict[str, int]) -> list[str]:
     lines = [f"{title}: {count} ops in {_ms(seconds)}"]
-    lines += _table(["  plugin", "ops"], [[f"  {p}", str(n)] for p, n in sorted(per_plugin.items())])
+    rows = [[f"  {plugin}", str(n)] for plugin, n in sorted(per_plugin.items())]
+    lines += _table(["  plugin", "ops"], rows)
     return lines
 
 
-def lower_summary(inference: InferenceReport, lowering: LoweringReport) -> list[str]:
+def lower_summary(inference: InferenceReport, lowering: LoweringReport, arch: Arch) -> list[str]:
     """The summary printed by ``smalti lower``."""
-    lines = _per_plugin("layout inference", inference.ops, inference.seconds,
+    on = f"on sm_{arch[0]}{arch[1]}"
+    lines = _per_plugin(f"layout inference {on}", inference.ops, inference.seconds,
                         inference.ops_per_plugin)
-    lines += _per_plugin("lowering", lowering.ops, lowering.seconds, lowering.ops_per_plugin)
+    lines += _per_plugin(f"lowering {on}", lowering.ops, lowering.seconds,
+                         lowering.ops_per_plugin)
     lines += ["", "layouts chosen:"]
     lines += _table(["  op", "layouts"], [[f"  {e.op}", _layouts(e)] for e in inference.trace])
     return lines
@@ -291,15 +289,16 @@ def cmd_lower(args: argparse.Namespace) -> int:
         _error(_lower_file_error(args.file))
         return EXIT_USAGE
     kernel = example_kernel()
+    arch = module_arch(kernel.module)  # what jax built the example for
     try:
-        inference = infer_layouts(kernel.module)
-        lowering = lower(kernel.module, kernel.launch_context)
+        inference = infer_layouts(kernel.module, arch=arch)
+        lowering = lower(kernel.module, kernel.launch_context, arch=arch)
     except SmaltiError as e:
         _error(e)
         return EXIT_ERROR
     print("built-in example: out = exp(x) * 2 + y on 128x128 f32 (smalti.kernels.example_kernel)")
     print()
-    print("\n".join(lower_summary(inference, lowering)))
+    print("\n".join(lower_summary(inference, lowering, arch)))
     if args.print_ir:
         print()
         print(kernel.module)
@@ -367,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version and usage errors: return, don't exit
-        return e.code if isinstance(e.code, int) else EXIT_USAGE
+        return EXIT_OK if e.code is None else e.code if isinstance(e.code, int) else EXIT_USAGE
     run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
     if run is None:
         parser.print_help(sys.stderr)

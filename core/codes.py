@@ -247,9 +247,12 @@ inference choose them.
         "SM301",
         "The command-line input could not be read",
         """
-`smalti infer FILE` and `smalti lower FILE` read textual MLIR. The file does
-not exist or does not parse as MLIR with the Mosaic GPU dialects loaded.
-Check the path, and that the file was printed by MLIR (e.g. `print(module)`).
+`smalti infer FILE` reads textual MLIR. The file does not exist or does not
+parse as MLIR with the Mosaic GPU dialects loaded: check the path, and that
+the file was printed by MLIR (e.g. `print(module)`). `smalti lower FILE` is
+refused with this code too: lowering needs the kernel's launch context
+(buffers, scratch memory), which textual MLIR does not carry; `smalti lower`
+without a file lowers the built-in example end to end.
 """,
     ),
     Code(

@@ -41,10 +41,11 @@ def format_location(location: ir.Location | None) -> str | None:
 
 
 def describe_op(op: ir.Operation | ir.OpView) -> str:
-    """A one-line description of an op: its name and its result types."""
+    """A one-line description of an op: its name, operand and result types."""
     operation = op.operation
+    operands = ", ".join(str(v.type) for v in operation.operands)
     results = ", ".join(str(r.type) for r in operation.results)
-    return f"{operation.name}" + (f" -> {results}" if results else "")
+    return f"{operation.name}({operands})" + (f" -> {results}" if results else "")
 
 
 class SmaltiError(Exception):

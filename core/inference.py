@@ -44,7 +44,10 @@ class TraceEntry:
     location: str | None
     plugin: str
     rule: str
+    #: attribute name -> the attribute as written in the module
     layouts: dict[str, str] = attrs.Factory(dict)
+    #: attribute name -> short names of the layouts (``[WGMMA, splat[128]]``)
+    summary: dict[str, str] = attrs.Factory(dict)
 
 
 @attrs.define
@@ -120,7 +123,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         "SM003",
                         f"no layout inference rule defined for {op.name}",
                         op=op,
-                        values={"operand and result types": describe_op(op)},
+                        values={"op": describe_op(op)},
                         fix=[
                             "install a plugin that registers a constraint rule for "
                             f"{op.name} (see docs/writing-plugins.md)",
@@ -214,6 +217,18 @@ def _attributes(op: ir.Operation, site_vars: dict[ValueSite, Variable],
     return {name: ir.ArrayAttr.get(attrs) for name, attrs in by_kind.items()}
 
 
+def _summary(op: ir.Operation, site_vars: dict[ValueSite, Variable],
+             solution: dict[Variable, Constant]) -> dict[str, str]:
+    names = {MemorySpace.REG: "layouts", MemorySpace.SMEM: "transforms",
+             MemorySpace.TMEM: "tmem_layouts"}
+    grouped: dict[str, list[str]] = {}
+    for site in layout_sites(op):
+        side = "in" if site.kind is SiteKind.OPERAND else "out"
+        name = f"{side}_{names[memory_space_of(site.value)]}"
+        grouped.setdefault(name, []).append(str(solution[site_vars[site]]))
+    return {name: "[" + ", ".join(values) + "]" for name, values in grouped.items()}
+
+
 def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
                   pipeline: Pipeline | None = None) -> InferenceReport:
     """Infers layouts for ``module`` in place, like ``mgpu.infer_layout``.
@@ -255,6 +270,8 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
         # also gets its dump options (a module attribute).
         mgpu.get_or_set_dump_options(module)
         writes = [(op, _attributes(op, site_vars, solution)) for op in annotated]
+        for entry, op in zip(report.trace, annotated, strict=True):
+            entry.summary = _summary(op, site_vars, solution)
         for op, attributes in writes:
             for name, attr in attributes.items():
                 op.attributes[name] = attr

@@ -19,7 +19,9 @@ from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir, passmanager
 from jax._src.lib.mlir.dialects import arith, math as mlir_math
 from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
 
 @attrs.define
@@ -35,10 +37,14 @@ class Kernel:
 
 
 def make_context() -> ir.Context:
-    """An MLIR context with every dialect a Mosaic GPU kernel may use."""
-    context = mlir_interpreter.make_ir_context()
-    mgpu.register_dialect(context)
+    """A new MLIR context with every dialect a Mosaic GPU kernel may use.
+
+    Not jax's shared context: callers may change its settings (e.g. allow
+    unregistered dialects for a plugin's ops) without affecting jax.
+    """
+    context = ir.Context()
     context.append_dialect_registry(mlir_interpreter.upstream_dialects)
+    mgpu.register_dialect(context)
     context.load_all_available_dialects()
     return context
 
@@ -73,13 +79,17 @@ def build_kernel(
     return Kernel(context, module, launch_context)
 
 
-def example_kernel(shape: tuple[int, int] = (128, 128)) -> Kernel:
-    """The built-in example: ``out = exp(x) * 2 + y`` on f32, with a layout cast."""
+def example_kernel(shape: tuple[int, int] = (128, 128),
+                   cast_to: fa.FragmentedLayout | None = fa.WGMMA_LAYOUT) -> Kernel:
+    """The built-in example: ``out = exp(x) * 2 + y`` on f32, with ``x`` cast to
+    ``cast_to`` (so inference has a layout to propagate), unless it is ``None``."""
     f32 = jax.ShapeDtypeStruct(shape, jnp.float32)
 
     def body(ctx, x_ref, y_ref, out_ref, smem):
         del ctx, smem
         x = mgpu.vector_load(x_ref)
+        if cast_to is not None:
+            x = mgpu.layout_cast(x, mgpu_layouts.to_layout_attr(cast_to))
         y = mgpu.vector_load(y_ref)
         two = arith.constant(x.type, ir.DenseElementsAttr.get_splat(
             x.type, ir.FloatAttr.get(ir.F32Type.get(), 2.0)))

@@ -75,8 +75,12 @@ class Pipeline:
     """The rules of a set of plugins, checked and compiled into dispatch tables."""
 
     def __init__(self, plugins: Sequence[PluginInfo], records: Iterable[RuleRecord],
-                 required_prefixes: Iterable[str], problems: Sequence[Problem] = ()) -> None:
+                 required_prefixes: Iterable[str], problems: Sequence[Problem] = (),
+                 *, blocked: Iterable[str] = (), autoload: bool = True) -> None:
         self.plugins = list(plugins)
+        #: Plugin names kept out on purpose, and whether entry points were loaded.
+        self.blocked = tuple(sorted(blocked))
+        self.autoload = autoload
         self.problems = list(problems)
         self.required_prefixes = tuple(dict.fromkeys(required_prefixes))
         self.rules: dict[RuleKind, dict[str, list[RuleRecord]]] = {k: {} for k in RuleKind}
@@ -271,7 +275,7 @@ def build_pipeline(
         records += plugin_records
         prefixes += plugin_prefixes
         loaded.append(info)
-    return Pipeline(loaded, records, prefixes, problems)
+    return Pipeline(loaded, records, prefixes, problems, blocked=blocked, autoload=autoload)
 
 
 def _check_hook_version(name: str, plugin: Any) -> None:

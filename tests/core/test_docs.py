@@ -121,8 +121,9 @@ def test_the_custom_constraint_plugin_overrides_math_exp(guide_modules):
     strided_exp = guide_modules["strided_exp"]
     pipeline = smalti.build_pipeline(plugins=[smalti.plugins, strided_exp], autoload=False)
     [(winner, loser)] = pipeline.overridden
-    assert (winner.plugin, loser.plugin, winner.key) == ("strided_exp", "smalti.plugins", "math.exp")
-    kernel = example_kernel()
+    assert (winner.plugin, loser.plugin) == ("strided_exp", "smalti.plugins")
+    assert winner.key == "math.exp"
+    kernel = example_kernel(cast_to=None)
     report = smalti.infer_layouts(kernel.module, pipeline=pipeline)
     [exp] = [e for e in report.trace if e.op == "math.exp"]
     assert exp.plugin == "strided_exp"
@@ -131,7 +132,7 @@ def test_the_custom_constraint_plugin_overrides_math_exp(guide_modules):
 
 
 def test_the_pallas_plugin_lowers_square_through_smalti(guide_modules, monkeypatch):
-    smalti_jax = pytest.importorskip("smalti.jax")
+    import smalti.jax as smalti_jax
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas import mosaic_gpu as plgpu
