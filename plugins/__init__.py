@@ -9,10 +9,18 @@ from __future__ import annotations
 from smalti.hookspec import hookimpl
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 
-from smalti.plugins import elementwise, layout_ops, transfers
+from smalti.plugins import (
+    control_flow,
+    elementwise,
+    layout_ops,
+    memory,
+    misc_ops,
+    transfers,
+    vector_ops,
+)
 
 SMALTI_HOOK_VERSION = 1
-_MODULES = (elementwise, transfers, layout_ops)
+_MODULES = (elementwise, transfers, layout_ops, vector_ops, control_flow, memory, misc_ops)
 
 
 @hookimpl
