@@ -240,7 +240,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         arch = args.arch or recorded_arch(module) or DEFAULT_ARCH
         try:
-            report = infer_layouts(module, arch=arch)
+            report = infer_layouts(module, arch=arch, trace=True)
         except SmaltiError as e:
             _error(e)
             return EXIT_ERROR
@@ -291,7 +291,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
     kernel = example_kernel()
     arch = module_arch(kernel.module)  # what jax built the example for
     try:
-        inference = infer_layouts(kernel.module, arch=arch)
+        inference = infer_layouts(kernel.module, arch=arch, trace=True)
         lowering = lower(kernel.module, kernel.launch_context, arch=arch)
     except SmaltiError as e:
         _error(e)

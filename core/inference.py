@@ -9,6 +9,7 @@ only then writes the attributes jax uses (``in_layouts``, ``out_layouts``,
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -34,6 +35,9 @@ from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import ConstraintBuilder
 from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of, producer_site
 from smalti.solver import BudgetExhausted, ConstraintSystem, Origin, Unsolvable, solve
+
+
+TRACE_ENV = "SMALTI_TRACE"
 
 
 @attrs.define
@@ -74,13 +78,12 @@ def walk(op: ir.Operation, skip_regions_of: set[ir.Operation]) -> Iterator[ir.Op
                 yield from walk(child.operation, skip_regions_of)
 
 
-def _origin(op: ir.Operation, record: RuleRecord | None, what: str | None = None) -> Origin:
-    where = format_location(op.location)
-    text = what or op.name
-    text += f" at {where}" if where else ""
-    if record is None:
-        return Origin(text)
-    return Origin(text, record.plugin, record.function.__qualname__)
+def _origin(op: ir.Operation, record: RuleRecord) -> Origin:
+    def what() -> str:
+        where = format_location(op.location)
+        return op.name + (f" at {where}" if where else "")
+
+    return Origin(what, record.plugin, record.function.__qualname__)
 
 
 def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],
@@ -99,20 +102,29 @@ def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int
     )
 
 
+Annotated = list[tuple[ir.Operation, list[ValueSite]]]
+
+
 def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
-            report: InferenceReport | None = None
-            ) -> tuple[ConstraintSystem, dict[ValueSite, Variable], list[ir.Operation]]:
+            report: InferenceReport | None = None, *, trace: bool = False
+            ) -> tuple[ConstraintSystem, dict[ValueSite, Variable], Annotated]:
     """Asks every op's rule to describe it; returns the system, the variable
-    of each site, and the ops that carry layouts (in walk order)."""
+    of each site, and the ops that carry layouts with their sites (in walk
+    order)."""
     table = pipeline.table(RuleKind.CONSTRAINT, arch)
     system = ConstraintSystem()
     site_vars: dict[ValueSite, Variable] = {}
-    annotated: list[ir.Operation] = []
+    annotated: Annotated = []
     opaque: set[ir.Operation] = set()
     for top in module.body.operations:
         for op in walk(top.operation, opaque):
             sites = layout_sites(op)
             if not sites:
+                # Lane-level regions stay unseen even when the op itself
+                # carries no layouts (a rule registered opaque_regions=True).
+                record = table.get(op.name) if len(op.regions) else None
+                if record is not None and record.opaque_regions:
+                    opaque.add(op)
                 continue
             if all(s in site_vars for s in sites):
                 continue  # a terminator: its parent's rule described it
@@ -131,7 +143,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         ],
                     ))
             origin = _origin(op, record)
-            builder = ConstraintBuilder(system, site_vars, op.opview, arch, origin)
+            builder = ConstraintBuilder(system, site_vars, op.opview, arch, origin, sites)
             try:
                 record.function(op.opview, builder)
             except SmaltiError:
@@ -145,18 +157,19 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     fix=[f"report this to the authors of {record.plugin!r}",
                          f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
                 ) from e
-            if builder.opaque:
+            if builder.opaque or record.opaque_regions:
                 opaque.add(op)
             missing = [s for s in sites if s not in site_vars]
             if missing:
                 builder._malformed(
                     "left these sites without a variable: "
                     + ", ".join(s.describe() for s in missing))
-            annotated.append(op)
+            annotated.append((op, sites))
             if report is not None:
                 report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
-                report.trace.append(TraceEntry(op.name, format_location(op.location),
-                                               record.plugin, record.function.__qualname__))
+                if trace:
+                    report.trace.append(TraceEntry(op.name, format_location(op.location),
+                                                   record.plugin, record.function.__qualname__))
     _connect_uses(system, site_vars)
     return system, site_vars, annotated
 
@@ -172,7 +185,8 @@ def _connect_uses(system: ConstraintSystem, site_vars: dict[ValueSite, Variable]
     visited: set[Variable] = set()
 
     def link(producer: Variable, consumer: Variable, value: ir.Value) -> None:
-        origin = Origin(f"the use of {producer.site.describe()} by {consumer.site.describe()}")
+        origin = Origin(lambda: f"the use of {producer.site.describe()} by "
+                        f"{consumer.site.describe()}")
         if consumer.memory_space is MemorySpace.REG:
             bitwidth = mgpu_utils.bitwidth(ir.VectorType(value.type).element_type)
             system.require(Relayout(producer, consumer, bitwidth, strict=True), origin)
@@ -205,32 +219,45 @@ def _connect_uses(system: ConstraintSystem, site_vars: dict[ValueSite, Variable]
         visited.add(var)
 
 
-def _attributes(op: ir.Operation, site_vars: dict[ValueSite, Variable],
-                solution: dict[Variable, Constant]) -> dict[str, ir.Attribute]:
-    by_kind: dict[str, list[ir.Attribute]] = {}
-    names = {MemorySpace.REG: "layouts", MemorySpace.SMEM: "transforms",
-             MemorySpace.TMEM: "tmem_layouts"}
-    for site in layout_sites(op):
-        side = "in" if site.kind is SiteKind.OPERAND else "out"
-        name = f"{side}_{names[memory_space_of(site.value)]}"
-        by_kind.setdefault(name, []).append(layouts.to_attribute(solution[site_vars[site]]))
-    return {name: ir.ArrayAttr.get(attrs) for name, attrs in by_kind.items()}
+_ATTRIBUTE_SUFFIX = {MemorySpace.REG: "layouts", MemorySpace.SMEM: "transforms",
+                     MemorySpace.TMEM: "tmem_layouts"}
 
 
-def _summary(op: ir.Operation, site_vars: dict[ValueSite, Variable],
-             solution: dict[Variable, Constant]) -> dict[str, str]:
-    names = {MemorySpace.REG: "layouts", MemorySpace.SMEM: "transforms",
-             MemorySpace.TMEM: "tmem_layouts"}
-    grouped: dict[str, list[str]] = {}
-    for site in layout_sites(op):
+def _grouped(sites: list[ValueSite], site_vars: dict[ValueSite, Variable],
+             solution: dict[Variable, Constant]) -> dict[str, tuple[Constant, ...]]:
+    """The chosen constants of an op, by attribute name (``in_layouts``...)."""
+    grouped: dict[str, list[Constant]] = {}
+    for site in sites:
         side = "in" if site.kind is SiteKind.OPERAND else "out"
-        name = f"{side}_{names[memory_space_of(site.value)]}"
-        grouped.setdefault(name, []).append(str(solution[site_vars[site]]))
-    return {name: "[" + ", ".join(values) + "]" for name, values in grouped.items()}
+        name = f"{side}_{_ATTRIBUTE_SUFFIX[memory_space_of(site.value)]}"
+        grouped.setdefault(name, []).append(solution[site_vars[site]])
+    return {name: tuple(values) for name, values in grouped.items()}
+
+
+class _AttributeCache:
+    """Array attributes by content: kernels repeat the same few layouts."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple[Constant, ...], ir.Attribute] = {}
+        self._single: dict[Constant, ir.Attribute] = {}
+
+    def array(self, values: tuple[Constant, ...]) -> ir.Attribute:
+        attr = self._arrays.get(values)
+        if attr is None:
+            attr = ir.ArrayAttr.get([self._one(v) for v in values])
+            self._arrays[values] = attr
+        return attr
+
+    def _one(self, value: Constant) -> ir.Attribute:
+        attr = self._single.get(value)
+        if attr is None:
+            attr = self._single[value] = layouts.to_attribute(value)
+        return attr
 
 
 def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
-                  pipeline: Pipeline | None = None) -> InferenceReport:
+                  pipeline: Pipeline | None = None, trace: bool | None = None
+                  ) -> InferenceReport:
     """Infers layouts for ``module`` in place, like ``mgpu.infer_layout``.
 
     Every op with vector operands or results gets ``in_layouts`` /
@@ -239,13 +266,19 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     ``out_tmem_layouts``, one entry per such operand or result. Raises a
     :class:`smalti.diagnostics.SmaltiError` and leaves the module unchanged if
     there is no solution.
+
+    With ``trace`` (default: the ``SMALTI_TRACE`` environment variable), the
+    returned report records which plugin and rule handled each op and the
+    layouts chosen for it.
     """
     start = time.perf_counter()
     pipeline = pipeline or default_pipeline()
     arch = tuple(arch)  # type: ignore[assignment]
+    if trace is None:
+        trace = os.environ.get(TRACE_ENV, "").strip().lower() not in ("", "0", "false", "no")
     report = InferenceReport()
     with module.context, ir.Location.unknown(module.context):
-        system, site_vars, annotated = collect(module, arch, pipeline, report)
+        system, site_vars, annotated = collect(module, arch, pipeline, report, trace=trace)
         try:
             solution = solve(system, arch)
         except Unsolvable as e:
@@ -269,16 +302,17 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
         # Transactional: nothing was written until here. Like jax, the module
         # also gets its dump options (a module attribute).
         mgpu.get_or_set_dump_options(module)
-        writes = [(op, _attributes(op, site_vars, solution)) for op in annotated]
-        for entry, op in zip(report.trace, annotated, strict=True):
-            entry.summary = _summary(op, site_vars, solution)
-        for op, attributes in writes:
-            for name, attr in attributes.items():
-                op.attributes[name] = attr
+        cache = _AttributeCache()
+        chosen = [(op, _grouped(sites, site_vars, solution)) for op, sites in annotated]
+        for op, groups in chosen:
+            for name, values in groups.items():
+                op.attributes[name] = cache.array(values)
     report.ops = len(annotated)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints)
     report.seconds = time.perf_counter() - start
-    for entry, (_, attributes) in zip(report.trace, writes, strict=True):
-        entry.layouts = {name: str(attr) for name, attr in attributes.items()}
+    for entry, (op, groups) in zip(report.trace, chosen):
+        entry.layouts = {name: str(op.attributes[name]) for name in groups}
+        entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"
+                         for name, values in groups.items()}
     return report

@@ -35,8 +35,10 @@ class ConstraintBuilder:
     """
 
     def __init__(self, system: ConstraintSystem, site_vars: dict[ValueSite, Variable],
-                 op: ir.OpView, arch: tuple[int, int], origin: Origin) -> None:
+                 op: ir.OpView, arch: tuple[int, int], origin: Origin,
+                 sites: list[ValueSite] | None = None) -> None:
         self._system = system
+        self._sites = sites
         self._site_vars = site_vars
         self.op = op
         self.arch = arch
@@ -57,7 +59,9 @@ class ConstraintBuilder:
 
     def layout_sites(self) -> list[ValueSite]:
         """Every operand and result needing a layout, operands first."""
-        return layout_sites(self.op.operation)
+        if self._sites is None:
+            self._sites = layout_sites(self.op.operation)
+        return list(self._sites)
 
     def vector_sites(self) -> list[ValueSite]:
         return [s for s in self.layout_sites() if memory_space_of(s.value) is MemorySpace.REG]
@@ -95,6 +99,13 @@ class ConstraintBuilder:
     def fallback(self, variable: Variable, value: Constant) -> None:
         """Try ``value`` for ``variable`` if nothing else determines it."""
         self._system.fallbacks.setdefault(variable, []).append(value)
+
+    @property
+    def shared(self) -> dict[Any, Any]:
+        """Storage shared by every rule during one inference run, e.g. to make
+        ops that alias each other (SMEM slices with one ``alias_id``) share a
+        variable. Prefix keys with your plugin's name."""
+        return self._system.shared
 
     def opaque_regions(self) -> None:
         """The op's regions are already at Lane level: inference skips them."""

@@ -9,8 +9,8 @@ operand), because core may insert a relayout in between. So layouts belong to
 from __future__ import annotations
 
 import enum
+import functools
 
-import attrs
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -25,15 +25,31 @@ class SiteKind(enum.IntEnum):
     ARGUMENT = 2
 
 
-@attrs.frozen(repr=False)
 class ValueSite:
     """Operand ``index``, result ``index``, or argument ``index`` of the entry
-    block of region ``region`` of ``op``."""
+    block of region ``region`` of ``op``.
 
-    op: ir.Operation = attrs.field(converter=lambda op: op.operation)
-    kind: SiteKind
-    index: int
-    region: int | None = None
+    Immutable and hashable; hand-written rather than an attrs class because
+    inference creates one per operand and result of a kernel.
+    """
+
+    __slots__ = ("op", "kind", "index", "region", "_hash")
+
+    def __init__(self, op: ir.Operation | ir.OpView, kind: SiteKind, index: int,
+                 region: int | None = None) -> None:
+        self.op: ir.Operation = op.operation
+        self.kind = kind
+        self.index = index
+        self.region = region
+        self._hash = hash((self.op, int(kind), index, region))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ValueSite) and self._hash == other._hash
+                and self.index == other.index and self.kind == other.kind
+                and self.region == other.region and self.op == other.op)
 
     @property
     def value(self) -> ir.Value:
@@ -56,7 +72,12 @@ class ValueSite:
 
 def memory_space_of(value: ir.Value) -> MemorySpace | None:
     """The memory space whose layout a value needs, or ``None`` if it needs none."""
-    ty = value.type
+    return _memory_space_of_type(value.type)
+
+
+# Small: cached types keep their MLIR context alive.
+@functools.lru_cache(maxsize=256)
+def _memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
     if isinstance(ty, ir.VectorType):
         return MemorySpace.REG
     if isinstance(ty, ir.MemRefType):

@@ -18,7 +18,8 @@ sees the genuinely ambiguous parts and is bounded per part.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import attrs
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -45,15 +46,20 @@ DEFAULT_SEARCH_BUDGET = 20_000
 
 @attrs.frozen
 class Origin:
-    """Where a constraint or assignment came from, for error messages."""
+    """Where a constraint or assignment came from, for error messages.
 
-    what: str  # e.g. "layout cast at kernel.py:12"
+    ``what`` may be a function producing the text: origins are made for every
+    constraint but read only when something fails.
+    """
+
+    what: str | Callable[[], str]  # e.g. "mosaic_gpu.layout_cast at kernel.py:12"
     plugin: str | None = None
     rule: str | None = None
 
     def __str__(self) -> str:
+        what = self.what if isinstance(self.what, str) else self.what()
         by = f" (rule {self.rule} of plugin {self.plugin})" if self.plugin else ""
-        return f"{self.what}{by}"
+        return f"{what}{by}"
 
 
 @attrs.define
@@ -65,6 +71,8 @@ class ConstraintSystem:
     origins: list[Origin] = attrs.Factory(list)
     assignments: list[tuple[Variable, Constant, Origin]] = attrs.Factory(list)
     fallbacks: dict[Variable, list[Constant]] = attrs.Factory(dict)
+    #: Per-run storage for rules (see ConstraintBuilder.shared).
+    shared: dict[Any, Any] = attrs.Factory(dict)
 
     def require(self, constraint: Constraint, origin: Origin) -> None:
         self.constraints.append(constraint)

@@ -124,7 +124,7 @@ def test_the_custom_constraint_plugin_overrides_math_exp(guide_modules):
     assert (winner.plugin, loser.plugin) == ("strided_exp", "smalti.plugins")
     assert winner.key == "math.exp"
     kernel = example_kernel(cast_to=None)
-    report = smalti.infer_layouts(kernel.module, pipeline=pipeline)
+    report = smalti.infer_layouts(kernel.module, pipeline=pipeline, trace=True)
     [exp] = [e for e in report.trace if e.op == "math.exp"]
     assert exp.plugin == "strided_exp"
     assert "WGStridedFragLayout" in exp.layouts["out_layouts"]
