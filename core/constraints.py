@@ -109,11 +109,11 @@ def evaluate(expr: Expression, value_of: ValueOf) -> Constant | Unsupported | No
     return expr.apply(inner)
 
 
-def variables_of(expr: Expression) -> Iterator[Variable]:
+def variables_of(expr: Expression) -> tuple[Variable, ...]:
+    """The variable an expression depends on (at most one), as a tuple."""
     while isinstance(expr, Derived):
         expr = expr.expression
-    if isinstance(expr, Variable):
-        yield expr
+    return (expr,) if isinstance(expr, Variable) else ()
 
 
 def describe(expr: Expression) -> str:

@@ -9,6 +9,8 @@ only then writes the attributes jax uses (``in_layouts``, ``out_layouts``,
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -115,6 +117,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     system = ConstraintSystem()
     site_vars: dict[ValueSite, Variable] = {}
     annotated: Annotated = []
+    described_by_parent: Annotated = []
     opaque: set[ir.Operation] = set()
     for top in module.body.operations:
         for op in walk(top.operation, opaque):
@@ -127,7 +130,10 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     opaque.add(op)
                 continue
             if all(s in site_vars for s in sites):
-                continue  # a terminator: its parent's rule described it
+                # A terminator (scf.yield...): its parent's rule described it.
+                # Like jax, it still gets its attributes.
+                described_by_parent.append((op, sites))
+                continue
             record = table.get(op.name)
             if record is None:
                 raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
@@ -171,6 +177,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     report.trace.append(TraceEntry(op.name, format_location(op.location),
                                                    record.plugin, record.function.__qualname__))
     _connect_uses(system, site_vars)
+    # After the ops whose rules ran, so that they line up with report.trace.
+    annotated.extend(described_by_parent)
     return system, site_vars, annotated
 
 
@@ -255,6 +263,17 @@ class _AttributeCache:
         return attr
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
                   pipeline: Pipeline | None = None, trace: bool | None = None
                   ) -> InferenceReport:
@@ -277,7 +296,8 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     if trace is None:
         trace = os.environ.get(TRACE_ENV, "").strip().lower() not in ("", "0", "false", "no")
     report = InferenceReport()
-    with module.context, ir.Location.unknown(module.context):
+    # Inference makes many small acyclic objects: collecting them mid-pass is waste.
+    with _gc_paused(), module.context, ir.Location.unknown(module.context):
         system, site_vars, annotated = collect(module, arch, pipeline, report, trace=trace)
         try:
             solution = solve(system, arch)

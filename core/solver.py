@@ -209,8 +209,13 @@ class Solver:
     def _index(self) -> None:
         self.cvars: list[tuple[int, ...]] = []
         for ci, c in enumerate(self.constraints):
-            roots = tuple(dict.fromkeys(
-                self.find(v.id) for e in c.expressions() for v in variables_of(e)))
+            roots = []
+            for e in c.expressions():
+                for v in variables_of(e):
+                    root = self.find(v.id)
+                    if root not in roots:
+                        roots.append(root)
+            roots = tuple(roots)
             self.cvars.append(roots)
             if self.active[ci]:
                 for r in roots:
