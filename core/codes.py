@@ -206,6 +206,128 @@ layouts, which removes the ambiguity.
 """,
     ),
     Code(
+        "SM105",
+        "Unsupported access to or view of a shared memory ref",
+        """
+The op reads, writes or re-views an SMEM ref in a way layout inference does
+not support: `memref.load` / `memref.store` of a ref that is not a scalar
+(shape `[]` or `[1]`), a `memref.subview` with non-unit strides, a
+`memref.expand_shape` of a transposed ref, a `memref.collapse_shape` of a
+non-contiguous ref or with an empty reassociation, a `memref.cast` that
+changes the shape, or a `mosaic_gpu.with_transforms` whose transforms are not
+a tiling and/or a swizzle, in that order. Index down to a scalar ref with a
+`memref.subview` before loading or storing a single element, move whole tiles
+with `mosaic_gpu.vector_load` / `mosaic_gpu.vector_store`, or take the view
+on a contiguous ref.
+""",
+        before="""
+%x = memref.load %smem[%i] : memref<64xf32, #gpu.address_space<workgroup>>
+""",
+        after="""
+%s = memref.subview %smem[%i] [1] [1] : memref<64xf32, #gpu.address_space<workgroup>>
+       to memref<1xf32, strided<[1], offset: ?>, #gpu.address_space<workgroup>>
+%x = memref.load %s[%c0] : memref<1xf32, strided<[1], offset: ?>, #gpu.address_space<workgroup>>
+""",
+    ),
+    Code(
+        "SM106",
+        "SMEM slices with one alias id disagree",
+        """
+`mosaic_gpu.slice_smem` ops that carry the same `alias_id` are one ref for
+layout inference: they share their transforms, so they must have the same
+shape. Give slices of different shapes different alias ids, or make them
+the same shape.
+""",
+        before="""
+%a = "mosaic_gpu.slice_smem"() <{alias_id = 0 : i64, offset = 0 : i32}> : () -> memref<128x64xf16, ...>
+%b = "mosaic_gpu.slice_smem"() <{alias_id = 0 : i64, offset = 0 : i32}> : () -> memref<64x64xf16, ...>
+""",
+        after="""
+%a = "mosaic_gpu.slice_smem"() <{alias_id = 0 : i64, offset = 0 : i32}> : () -> memref<128x64xf16, ...>
+%b = "mosaic_gpu.slice_smem"() <{alias_id = 1 : i64, offset = 0 : i32}> : () -> memref<64x64xf16, ...>
+""",
+    ),
+    Code(
+        "SM107",
+        "An op's declared layouts or operands do not fit the op",
+        """
+Some ops declare the layouts of their values themselves, or accept only some
+kinds of operands, and layout inference checks them: a
+`mosaic_gpu.custom_primitive` needs one `in_layouts` entry per vector
+operand, one `in_transforms` entry (a tiling, then a swizzle) per SMEM ref
+operand and one `out_layouts` entry per vector result, and cannot take TMEM
+refs; a `mosaic_gpu.warp_map` body runs per warp and can only capture
+scalars and refs, not vectors. Fix the attributes so that they match the
+operands, or pass the values differently (e.g. store a vector to SMEM and
+capture the ref).
+""",
+        before="""
+%r = mosaic_gpu.custom_primitive (%x, %y) {in_layouts = [#WGMMA], in_transforms = [],
+       out_layouts = [#WGMMA]} : (vector<128x128xf32>, vector<128x128xf32>) -> ...
+""",
+        after="""
+%r = mosaic_gpu.custom_primitive (%x, %y) {in_layouts = [#WGMMA, #WGMMA], in_transforms = [],
+       out_layouts = [#WGMMA]} : (vector<128x128xf32>, vector<128x128xf32>) -> ...
+""",
+    ),
+    Code(
+        "SM120",
+        "A TMA gather or scatter cannot be expressed",
+        """
+TMA gathers and scatters take a vector of row indices for the leading
+dimension of a 2-D global ref, in a vector of a multiple of 4 rows, and move
+rows that are 256-bit aligned in shared memory. This copy breaks one of
+those rules: a vector index on another dimension, a GMEM ref of another
+rank, an index vector of an odd length, or a minor slice length that is not
+a multiple of 256 bits. Reshape the GMEM ref to 2-D with the gathered rows
+first, pad the index vector, or widen the copied rows.
+""",
+        before="""
+mosaic_gpu.async_load %gmem[%rows_vector, %c0] ... slice_lengths = [8, 12] : f32
+""",
+        after="""
+mosaic_gpu.async_load %gmem[%rows_vector, %c0] ... slice_lengths = [8, 64] : f32
+""",
+    ),
+    Code(
+        "SM121",
+        "An MMA operand's shape does not fit the instruction",
+        """
+WGMMA (and tcgen05 MMA) read SMEM operands tiled in (8, swizzle-wide) tiles
+and keep register operands in the WGMMA layout, which needs 64-row multiples.
+An operand's shape is not a multiple of the narrowest tile. Pad the operand,
+or choose block sizes that are multiples of the tile (e.g. 64 x 64 for f16).
+""",
+        before="""
+mosaic_gpu.wgmma %acc, %a, %b : memref<64x24xf16, smem> ...
+""",
+        after="""
+mosaic_gpu.wgmma %acc, %a, %b : memref<64x64xf16, smem> ...
+""",
+    ),
+    Code(
+        "SM130",
+        "A vector op's form is not supported",
+        """
+The op changes the shape of a vector in a way no rule supports, or its
+attributes do not describe a valid shape change: a strided slice
+(`vector.extract_strided_slice`, `vector.insert_strided_slice`) with strides
+other than 1, a `vector.extract` of a sub-vector at a dynamic position, or a
+`mosaic_gpu.broadcast_in_dim` whose `broadcast_dimensions` are not one
+increasing result dim per source dim (each source dim of size 1 or of the
+size of its result dim). Slice with unit strides, index with constants, or
+fix the broadcast dimensions.
+""",
+        before="""
+%s = vector.extract_strided_slice %x {offsets = [0, 0], sizes = [64, 64], strides = [2, 1]}
+       : vector<128x128xf32> to vector<64x64xf32>
+""",
+        after="""
+%s = vector.extract_strided_slice %x {offsets = [0, 0], sizes = [64, 64], strides = [1, 1]}
+       : vector<128x128xf32> to vector<64x64xf32>
+""",
+    ),
+    Code(
         "SM201",
         "An op reached lowering without its layouts",
         """
@@ -241,6 +363,31 @@ does not support for this op, mismatched operand and result layouts, or an
 unsupported attribute value. The message names the layouts involved. Change
 the layouts (for example with a `mosaic_gpu.layout_cast`) or let layout
 inference choose them.
+""",
+    ),
+    Code(
+        "SM204",
+        "An op inside a warp_map cannot be lowered with warp semantics",
+        """
+The body of a `mosaic_gpu.warp_map` runs once per warp, not once per
+warpgroup ("warp semantics"), and only some lowering rules know how to
+lower their op there: barriers, async copies, SMEM/TMEM ref manipulation,
+control flow, custom primitives. Ops that work on whole-warpgroup vectors
+(vector loads and stores, arithmetic on vectors, MMAs) do not. Move the op
+out of the warp_map body, or, if you wrote the rule, handle
+`ctx.thread_semantics == WARP` and register it with `warp_semantics=True`.
+""",
+        before="""
+mosaic_gpu.warp_map {
+  %x = mosaic_gpu.vector_load %ref : vector<128xf32>
+  ...
+}
+""",
+        after="""
+%x = mosaic_gpu.vector_load %ref : vector<128xf32>
+mosaic_gpu.warp_map {
+  mosaic_gpu.arrive %barrier {orders_tensor_core = false}
+}
 """,
     ),
     Code(

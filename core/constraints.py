@@ -161,10 +161,12 @@ class Reduced(Derived):
                 shape = _reduce_shape(layout.shape, self.axes, self.keep_dims)
                 return RegisterLayout(fa.WGStridedFragLayout(shape, layout.vec_size))
             case fa.TiledLayout():
-                if self.keep_dims:
-                    return UNSUPPORTED
                 axes = self._tiled_axes(layout)
-                return RegisterLayout(layout.reduce(axes) if axes else layout)
+                if not axes:
+                    return value
+                if self.keep_dims:
+                    return _keep_reduced(layout, axes)
+                return RegisterLayout(layout.reduce(axes))
         return UNSUPPORTED
 
     def preimages(self, result: Constant, variable: Variable) -> Iterator[Constant]:
@@ -178,8 +180,6 @@ class Reduced(Derived):
         if isinstance(small, fa.WGStridedFragLayout):
             yield RegisterLayout(fa.WGStridedFragLayout(shape, small.vec_size))
             return
-        if self.keep_dims:
-            return
         candidates = [
             fa.WGMMA_LAYOUT,
             fa.WGMMA_TRANSPOSED_LAYOUT,
@@ -192,14 +192,55 @@ class Reduced(Derived):
         # Reducing only untiled dims keeps the layout: try it last, it is
         # always valid then and trying it first lengthens backtracking.
         candidates.append(small)
+        if self.keep_dims:
+            # Beyond jax (which cannot reduce tiled layouts with keep_dims).
+            for large in candidates:
+                if len(large.base_tile_shape) <= len(shape):
+                    if self.apply(RegisterLayout(large)) == result:
+                        yield RegisterLayout(large)
+            return
         for large in candidates:
             if len(large.base_tile_shape) > len(shape):
                 continue
             if large.reduce(self._tiled_axes(large)) == small:
                 yield RegisterLayout(large)
+        # Beyond jax: dropping size-1 dims from the tiling (e.g. (128, 1) -> (128,)).
+        expanded = self._with_unit_dims(small, shape)
+        if expanded is not None:
+            yield RegisterLayout(expanded)
+
+    def _with_unit_dims(self, small: fa.TiledLayout,
+                        shape: tuple[int, ...]) -> fa.TiledLayout | None:
+        """``small`` with the reduced dims put back into its tiling as size-1
+        dims, when they all have size 1 in ``shape`` and fall in the tiled part."""
+        if any(shape[a] != 1 for a in self.axes):
+            return None
+        kept = [i for i in range(len(shape)) if i not in self.axes]
+        tile_rank = len(small.base_tile_shape)
+        if tile_rank > len(kept):
+            return None
+        tiled = kept[len(kept) - tile_rank:]
+        inserted = tuple(a - tiled[0] for a in self.axes if a > tiled[0])
+        if not inserted:
+            return None  # only untiled dims are dropped: `small` itself fits
+        try:
+            return layouts.insert_unit_dims(small, inserted)
+        except ValueError:
+            return None
 
     def __str__(self) -> str:
         return f"reduce({describe(self.expression)}, axes={self.axes})"
+
+
+def _keep_reduced(layout: fa.TiledLayout, axes: tuple[int, ...]) -> Constant | Unsupported:
+    """A tiled layout reduced along tiled ``axes`` with the dims kept as size 1
+    (beyond jax, which leaves such reductions unsolved)."""
+    if len(axes) == len(layout.base_tile_shape):
+        return UNSUPPORTED  # nothing tiled would remain
+    try:
+        return RegisterLayout(layouts.insert_unit_dims(layout.reduce(axes), axes))
+    except ValueError:
+        return UNSUPPORTED
 
 
 @attrs.frozen
@@ -220,8 +261,43 @@ class Reshaped(Derived):
             case fa.WGStridedFragLayout():
                 return RegisterLayout(fa.WGStridedFragLayout(self.target_shape, layout.vec_size))
             case fa.TiledLayout():
-                return RegisterLayout(layout) if self._keeps_tiles(layout) else UNSUPPORTED
+                if self._keeps_tiles(layout):
+                    return RegisterLayout(layout)
+                return self._unit_dims_changed(layout)
         return UNSUPPORTED
+
+    def _unit_dims_changed(self, layout: fa.TiledLayout) -> Constant | Unsupported:
+        """Beyond jax: a reshape that only adds or drops size-1 dims. Those in
+        the tiled part of either shape go in or out of the tiling; leading
+        ones stay untiled."""
+        src, dst = self.source_shape, self.target_shape
+        if [d for d in src if d != 1] != [d for d in dst if d != 1]:
+            return UNSUPPORTED
+        tile_rank = len(layout.base_tile_shape)
+        if len(src) < tile_rank:
+            return UNSUPPORTED
+        lead = len(src) - tile_rank
+        drop = tuple(i - lead for i in range(lead, len(src)) if src[i] == 1)
+        if len(drop) == tile_rank:
+            return UNSUPPORTED  # no tiled dim would remain
+        try:
+            squeezed = layouts.remove_unit_dims(layout, drop)
+        except ValueError:
+            return UNSUPPORTED
+        # The tiled part of the target starts at its first non-unit dim
+        # that comes from the tiled part of the source.
+        first = next(i for i in range(lead, len(src)) if src[i] != 1)
+        rank_in_target = sum(1 for d in src[:first] if d != 1)
+        nonunit_dst = [i for i, d in enumerate(dst) if d != 1]
+        start = nonunit_dst[rank_in_target]
+        insert = tuple(i - start for i in range(start, len(dst)) if dst[i] == 1)
+        try:
+            expanded = layouts.insert_unit_dims(squeezed, insert)
+        except ValueError:
+            return UNSUPPORTED
+        if not layouts.register_layout_fits(dst, expanded):
+            return UNSUPPORTED
+        return RegisterLayout(expanded)
 
     def _keeps_tiles(self, layout: fa.TiledLayout) -> bool:
         # A reshape is free when it only touches untiled dims and the major

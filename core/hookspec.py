@@ -79,7 +79,11 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
             return [ctx.to_ir(lhs + rhs, op.result.type)]
 
     :param registry: add rules with ``registry.lowering_rule(*op_names,
-        archs=..., overrides=...)``; declare with
+        archs=..., overrides=..., warp_semantics=..., opaque_regions=...)``
+        (``warp_semantics=True``: the rule also lowers the op inside a
+        ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP;
+        ``opaque_regions=True``: the op's regions are Lane-level code that
+        smalti does not check); declare with
         ``registry.require_lowering(prefix)`` that every op whose name starts
         with ``prefix`` (e.g. ``"mosaic_gpu."``) must be lowered by some rule.
     """

@@ -229,6 +229,55 @@ def smem_transforms_fit(ref_type: ir.MemRefType, transforms: SmemTransforms) -> 
     return tiling[minor] % swizzle_elems == 0
 
 
+# --- size-1 dimensions in tiled layouts ------------------------------------------
+
+
+def _insert_unit_dim(layout: fa.TiledLayout, axis: int) -> fa.TiledLayout:
+    tiles = layout.tiling.tiles
+    rank = len(tiles[0])
+    new_tiles = []
+    for tile in tiles:
+        covered_from = rank - len(tile)  # tiles cover the trailing dims of the base tile
+        if axis >= covered_from:
+            at = axis - covered_from
+            tile = (*tile[:at], 1, *tile[at:])
+        new_tiles.append(tile)
+    tiling = fa.Tiling(tuple(new_tiles))
+    # The new tiled dims are the old ones, in order, plus those from `axis`.
+    from_axis = tiling.tile_dimension(axis)
+    old_positions = [i for i, new in enumerate(from_axis) if not new]
+    old_len, new_len = len(old_positions), len(from_axis)
+
+    def moved(dim: int | fa.Replicated) -> int | fa.Replicated:
+        if isinstance(dim, fa.Replicated):
+            return dim
+        return old_positions[old_len + dim] - new_len
+
+    return fa.TiledLayout(
+        tiling,
+        tuple(map(moved, layout.warp_dims)),
+        tuple(map(moved, layout.lane_dims)),
+        moved(layout.vector_dim),
+        _check_canonical=False,
+    ).canonicalize()
+
+
+def insert_unit_dims(layout: fa.TiledLayout, axes: tuple[int, ...]) -> fa.TiledLayout:
+    """``layout`` with size-1 dims inserted into its tiling at ``axes`` (sorted
+    positions in the new base tile). A size-1 dim moves no element, so the
+    registers keep their order: only unit axes are added to their array."""
+    for axis in sorted(axes):
+        layout = _insert_unit_dim(layout, axis)
+    return layout
+
+
+def remove_unit_dims(layout: fa.TiledLayout, axes: tuple[int, ...]) -> fa.TiledLayout:
+    """The inverse of :func:`insert_unit_dims`: drops tiled size-1 dims ``axes``."""
+    for axis in sorted(axes, reverse=True):
+        layout = layout.remove_dimension(axis)
+    return layout
+
+
 # --- relayouts ----------------------------------------------------------------
 
 

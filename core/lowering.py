@@ -106,24 +106,32 @@ class _Lowerer:
 
     # --- validation ---------------------------------------------------------------
 
-    def ops_to_check(self) -> Iterator[ir.Operation]:
-        def visit(op: ir.Operation) -> Iterator[ir.Operation]:
-            yield op
+    def ops_to_check(self) -> Iterator[tuple[ir.Operation, bool]]:
+        """Every op with whether it runs under warp semantics, not entering
+        the regions of ops whose rule declares them opaque (Lane level)."""
+        def visit(op: ir.Operation, warp: bool) -> Iterator[tuple[ir.Operation, bool]]:
+            yield op, warp
+            record = self.table.get(op.name) if len(op.regions) else None
+            if record is not None and record.opaque_regions:
+                return
+            warp = warp or (record is not None and record.warp_regions)
             for region in op.regions:
                 for block in region.blocks:
                     for child in block.operations:
-                        yield from visit(child.operation)
+                        yield from visit(child.operation, warp)
 
         for op in self.module.body.operations:
-            yield from visit(op.operation)
+            yield from visit(op.operation, False)
 
     def validate(self) -> None:
-        for op in self.ops_to_check():
+        for op, warp in self.ops_to_check():
             if not self.needs_lowering(op):
                 continue
             record = self.rule_for(op)
             if record is None:
                 continue
+            if warp and not record.warp_semantics:
+                raise _no_warp_semantics(record, op)
             _check_layout_attributes(op)
 
     # --- rewriting ----------------------------------------------------------------
@@ -136,6 +144,9 @@ class _Lowerer:
         if record is None:
             self.traverse(operation)
             return
+        if (self.ctx.thread_semantics == mgpu_utils.ThreadSubset.WARP
+                and not record.warp_semantics):
+            raise _no_warp_semantics(record, operation)
         with operation.location:
             try:
                 results = record.function(self.ctx, op.operation.opview)
@@ -182,6 +193,18 @@ class _Lowerer:
         with ir.InsertionPoint(self.module.body):
             for op in list(self.module.body.operations):
                 self.lower_op(op)
+
+
+def _no_warp_semantics(record: RuleRecord, op: ir.Operation) -> SmaltiError:
+    return SmaltiNotImplementedError(
+        "SM204",
+        f"Op {op.name} does not support warp semantics",
+        op=op,
+        values={"rule": f"{record.name} ({record.plugin})"},
+        fix=[f"move the {op.name} out of the mosaic_gpu.warp_map body",
+             f"or have {record.plugin!r} register its lowering rule with "
+             "warp_semantics=True if it handles ctx.thread_semantics == WARP"],
+    )
 
 
 def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Exception) -> SmaltiError:

@@ -79,6 +79,15 @@ class RuleRecord:
     archs: Architectures = ANY_ARCH
     overrides: str | None = None
     target: Any = None  # the Pallas primitive object, for PALLAS rules
+    #: The op's regions are already at Lane level: inference and lowering's
+    #: checks do not enter them (e.g. ``mosaic_gpu.custom_primitive``).
+    opaque_regions: bool = False
+    #: A lowering rule that may run under warp semantics (inside a
+    #: ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP).
+    warp_semantics: bool = False
+    #: A lowering rule that lowers the op's regions under warp semantics
+    #: (``mosaic_gpu.warp_map``): every op inside needs ``warp_semantics``.
+    warp_regions: bool = False
 
     @property
     def name(self) -> str:
@@ -112,10 +121,11 @@ class _Registry:
             )
 
     def _add(self, key: str, function: Callable[..., Any], archs: Architectures,
-             overrides: str | None, target: Any = None) -> None:
+             overrides: str | None, target: Any = None, **flags: bool) -> None:
         self._check(key, function, archs, overrides)
         self.records.append(
-            RuleRecord(self.kind, key, function, self.plugin, archs, overrides, target)
+            RuleRecord(self.kind, key, function, self.plugin, archs, overrides, target,
+                       **{name: bool(value) for name, value in flags.items()})
         )
 
 
@@ -127,16 +137,21 @@ class _OpRuleRegistry(_Registry):
         *,
         archs: Architectures = ANY_ARCH,
         overrides: str | None = None,
+        opaque_regions: bool = False,
     ) -> None:
-        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``)."""
-        self._add(op_name, rule, archs, overrides)
+        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
+
+        ``opaque_regions=True`` says the op's regions hold Lane-level code that
+        smalti must not look into (no inference inside, no lowering checks)."""
+        self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions)
 
     def __call__(
-        self, *op_names: str, archs: Architectures = ANY_ARCH, overrides: str | None = None
+        self, *op_names: str, archs: Architectures = ANY_ARCH, overrides: str | None = None,
+        **flags: bool,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def decorate(rule: Callable[..., Any]) -> Callable[..., Any]:
             for name in op_names:
-                self.add(name, rule, archs=archs, overrides=overrides)
+                self.add(name, rule, archs=archs, overrides=overrides, **flags)
             return rule
 
         return decorate
@@ -148,9 +163,10 @@ class ConstraintRegistry(_OpRuleRegistry):
     kind = RuleKind.CONSTRAINT
 
     def constraint_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
-                        overrides: str | None = None):
+                        overrides: str | None = None, opaque_regions: bool = False):
         """Decorator: registers the decorated function for each op name."""
-        return self(*op_names, archs=archs, overrides=overrides)
+        return self(*op_names, archs=archs, overrides=overrides,
+                    opaque_regions=opaque_regions)
 
 
 class LoweringRegistry(_OpRuleRegistry):
@@ -162,10 +178,34 @@ class LoweringRegistry(_OpRuleRegistry):
         super().__init__(plugin)
         self.required_prefixes: list[str] = []
 
+    def add(
+        self,
+        op_name: str,
+        rule: Callable[..., Any],
+        *,
+        archs: Architectures = ANY_ARCH,
+        overrides: str | None = None,
+        opaque_regions: bool = False,
+        warp_semantics: bool = False,
+        warp_regions: bool = False,
+    ) -> None:
+        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
+
+        ``warp_semantics=True`` says the rule also lowers the op under warp
+        semantics (inside ``mosaic_gpu.warp_map``, ``ctx.thread_semantics`` is
+        WARP); ``warp_regions=True`` that it lowers the op's regions under warp
+        semantics; ``opaque_regions=True`` that the op's regions are Lane-level
+        code, not checked before lowering."""
+        self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions,
+                  warp_semantics=warp_semantics, warp_regions=warp_regions)
+
     def lowering_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
-                      overrides: str | None = None):
+                      overrides: str | None = None, opaque_regions: bool = False,
+                      warp_semantics: bool = False, warp_regions: bool = False):
         """Decorator: registers the decorated function for each op name."""
-        return self(*op_names, archs=archs, overrides=overrides)
+        return self(*op_names, archs=archs, overrides=overrides,
+                    opaque_regions=opaque_regions, warp_semantics=warp_semantics,
+                    warp_regions=warp_regions)
 
     def require_lowering(self, prefix: str) -> None:
         """Every op whose name starts with ``prefix`` must be lowered by a rule:

@@ -64,10 +64,24 @@ class ValueSite:
         where = format_location(self.op.location)
         loc = f" at {where}" if where else ""
         region = f" of region {self.region}" if self.kind is SiteKind.ARGUMENT else ""
-        return f"{self.op.name} {kind[self.kind]} #{self.index}{region}{loc}"
+        # A terminator's operand is a value its parent op passes on: name the parent.
+        parent = _terminated_op(self.op) if self.kind is SiteKind.OPERAND else None
+        passed = f" (ending a region of {parent.name})" if parent is not None else ""
+        return f"{self.op.name} {kind[self.kind]} #{self.index}{region}{loc}{passed}"
 
     def __repr__(self) -> str:
         return self.describe()
+
+
+def _terminated_op(op: ir.Operation) -> ir.Operation | None:
+    """The op whose region ``op`` terminates (the last op of a block, with no
+    results, nested in another op), else ``None``."""
+    if len(op.results) or op.parent is None:
+        return None
+    operations = op.block.operations
+    if operations[len(operations) - 1] != op:
+        return None
+    return op.parent
 
 
 def memory_space_of(value: ir.Value) -> MemorySpace | None:

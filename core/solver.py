@@ -243,7 +243,11 @@ class Solver:
         current = self.value[root]
         if current is not None:
             if current != value:
-                raise Conflict(f"needs {value}, but is already {current}", _ci(reason), [root])
+                message = f"needs {value}, but is already {current}"
+                if _is_origin(reason):  # only before the search: naming it costs nothing
+                    message = (f"{reason[1]} requires {value}, but "
+                               f"{self.variables[root].site.describe()} is already {current}")
+                raise Conflict(message, _ci(reason), [root])
             return
         if not self.valid(root, value):
             raise Conflict(f"{value} does not fit {self.variables[root].site.describe()}",
@@ -463,7 +467,17 @@ class Solver:
             ci = self.nonsplat[root]
             lines.append(f"{self.origins[ci]} produces a value that is never splat, and it "
                          f"flows to {var.site.describe()}")
+        lines += self._same_layout(root)
         return lines
+
+    def _same_layout(self, root: int, shown: int = 6) -> list[str]:
+        """Which other values were merged with class ``root`` (one layout for all)."""
+        members = [v for v in self.variables if v.id != root and self.find(v.id) == root]
+        if not members:
+            return []
+        names = ", ".join(m.site.describe() for m in members[:shown])
+        more = f" and {len(members) - shown} more" if len(members) > shown else ""
+        return [f"{self.variables[root].site.describe()} has one layout with {names}{more}"]
 
     def _explain(self, conflict: Conflict) -> list[str]:
         lines = []
@@ -495,6 +509,10 @@ class Solver:
                 lines.append(f"  {self.origins[ci]} requires {self.constraints[ci]}")
         return Unsolvable("no layout assignment satisfies the kernel", lines,
                           [self.variables[r] for r in roots])
+
+
+def _is_origin(reason: object) -> bool:
+    return isinstance(reason, tuple) and reason[0] == "o"
 
 
 def _ci(reason: object) -> int | None:

@@ -1,9 +1,42 @@
-"""smalti's Hopper (sm_90a) plugin: TMA and WGMMA.
+"""smalti's Hopper (sm_90a) plugin: TMA copies, expect-tx barriers,
+``async_store_smem`` and WGMMA.
 
 Registered through the ``smalti`` entry-point group like any other plugin.
-Its rules (TMA copies, expect-tx barriers, ``async_store_smem``, WGMMA)
-are not written yet: see the project's Hopper issue. Until then it registers
-nothing, and kernels using those ops fail with SM003/SM004 naming the op.
+TMA rules hold from sm_90 on (Blackwell has TMA too); WGMMA exists on sm_90a
+only.
 """
 
+from __future__ import annotations
+
+from smalti.hookspec import hookimpl
+from smalti.registry import HOPPER_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry
+
+from smalti.hopper import smem_stores, tma, wgmma
+
 SMALTI_HOOK_VERSION = 1
+SM90_ONLY = Architectures(minimum=(9, 0), maximum=(9, 0))
+
+
+@hookimpl
+def smalti_register_constraint_rules(registry: ConstraintRegistry) -> None:
+    tma_rule = registry.constraint_rule
+    tma_rule("mosaic_gpu.async_load", "mosaic_gpu.async_store", archs=HOPPER_AND_LATER)(
+        tma.async_copy)
+    tma_rule("mosaic_gpu.async_prefetch", archs=HOPPER_AND_LATER)(tma.prefetch)
+    tma_rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER)(
+        smem_stores.async_store_smem)
+    tma_rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(wgmma.wgmma)
+
+
+@hookimpl
+def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    # TMA copies and expect-tx arrivals may also be issued by a single warp.
+    warp = dict(archs=HOPPER_AND_LATER, warp_semantics=True)
+    rule("mosaic_gpu.async_load", **warp)(tma.lower_async_load)
+    rule("mosaic_gpu.async_store", **warp)(tma.lower_async_store)
+    rule("mosaic_gpu.async_prefetch", **warp)(tma.lower_async_prefetch)
+    rule("mosaic_gpu.arrive_expect_tx", **warp)(tma.lower_arrive_expect_tx)
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER)(
+        smem_stores.lower_async_store_smem)
+    rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(wgmma.lower_wgmma)

@@ -100,5 +100,6 @@ def lower_broadcasted_iota(ctx: LoweringContext, op: mgpu.BroadcastedIotaOp) -> 
 
 def register_lowerings(registry: LoweringRegistry) -> None:
     registry.lowering_rule("mosaic_gpu.layout_cast")(lower_layout_cast)
-    registry.lowering_rule("mosaic_gpu.optimization_barrier")(lower_optimization_barrier)
+    registry.lowering_rule("mosaic_gpu.optimization_barrier", warp_semantics=True)(
+        lower_optimization_barrier)
     registry.lowering_rule("mosaic_gpu.broadcasted_iota")(lower_broadcasted_iota)

@@ -25,7 +25,7 @@ def _is_smem(value: ir.Value) -> bool:
     return memory_space_of(value) is MemorySpace.SMEM
 
 
-def _transferable(registers, smem, ref: ir.Value, kind: str) -> TransferableSmem:
+def transferable(registers, smem, ref: ir.Value, kind: str) -> TransferableSmem:
     ref_type = ir.MemRefType(ref.type)
     strides, _ = ref_type.get_strides_and_offset()
     return TransferableSmem(registers, smem, tuple(ref_type.shape), tuple(strides),
@@ -38,7 +38,7 @@ def vector_load(op: mgpu.VectorLoadOp, b: ConstraintBuilder) -> None:
     if _is_smem(op.source):
         kind = TransferKind.UNOPTIMIZED if (op.optimized is not None and not op.optimized.value) \
             else TransferKind.OPTIMIZED
-        b.require(_transferable(result, b.variable(b.operand(0)), op.source, kind))
+        b.require(transferable(result, b.variable(b.operand(0)), op.source, kind))
 
 
 def vector_store(op: mgpu.VectorStoreOp, b: ConstraintBuilder) -> None:
@@ -48,7 +48,7 @@ def vector_store(op: mgpu.VectorStoreOp, b: ConstraintBuilder) -> None:
             kind = TransferKind.DOWNGRADABLE
         else:
             kind = TransferKind.OPTIMIZED if op.optimized.value else TransferKind.UNOPTIMIZED
-        b.require(_transferable(value, b.variable(b.operand(1)), op.destination, kind))
+        b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind))
 
 
 def register_constraints(registry: ConstraintRegistry) -> None:
@@ -71,7 +71,7 @@ def _optimized(op) -> bool | None:
     return op.optimized.value if op.optimized is not None else None
 
 
-def _retry_unoptimized(transfer, optimized: bool | None):
+def retry_unoptimized(transfer, optimized: bool | None):
     """Runs ``transfer(optimized)``; when optimization was only preferred
     (``None``), falls back to an unoptimized transfer if no plan exists. The
     abandoned attempt's IR is dead code, removed by later canonicalization."""
@@ -122,7 +122,7 @@ def lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Va
         def load(optimized: bool) -> fa.FragmentedArray:
             return fa.FragmentedArray.load_untiled(ref, layout=layout, swizzle=swizzle,
                                                    is_signed=signed, optimized=optimized)
-    return [ctx.to_ir(_retry_unoptimized(load, optimized), op.result.type)]
+    return [ctx.to_ir(retry_unoptimized(load, optimized), op.result.type)]
 
 
 def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.Value]:
@@ -150,7 +150,7 @@ def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.
         else:
             def store(optimized: bool) -> None:
                 array.store_untiled(ref, optimized=optimized, swizzle=swizzle, atomic=atomic)
-        _retry_unoptimized(store, optimized)
+        retry_unoptimized(store, optimized)
     else:
         raise ctx.fail(op, f"unsupported memory space {memory_space}",
                        fix="store to global or shared memory")

@@ -7,7 +7,7 @@ are what smalti must agree with.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 from jax._src.lib.mlir import ir
@@ -42,6 +42,33 @@ def smalti_lower(kernel: kernels.Kernel) -> None:
     smalti.lower(kernel.module, kernel.launch_context)
 
 
+def build_twice(body: Callable[..., None], in_shapes: Sequence[jax.ShapeDtypeStruct],
+                out_shapes: Sequence[jax.ShapeDtypeStruct], smem_scratch=()
+                ) -> tuple[kernels.Kernel, kernels.Kernel]:
+    """The same kernel twice: one for jax, one for smalti."""
+    reference = kernels.build_kernel(body, in_shapes, out_shapes, smem_scratch=smem_scratch)
+    candidate = kernels.build_kernel(body, in_shapes, out_shapes, smem_scratch=smem_scratch)
+    assert normalized(reference.module) == normalized(candidate.module)
+    return reference, candidate
+
+
+def walk_ops(module: ir.Module) -> Iterator[ir.Operation]:
+    """Every op of ``module``, in pre-order."""
+    def visit(op: ir.Operation) -> Iterator[ir.Operation]:
+        yield op
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    yield from visit(child.operation)
+
+    for op in module.body.operations:
+        yield from visit(op.operation)
+
+
+def ops_named(module: ir.Module, name: str) -> list[ir.Operation]:
+    return [op for op in walk_ops(module) if op.name == name]
+
+
 def assert_same_as_jax(
     body: Callable[..., None],
     in_shapes: Sequence[jax.ShapeDtypeStruct],
@@ -49,12 +76,11 @@ def assert_same_as_jax(
     *,
     lower: bool = True,
     arch=(9, 0),
+    smem_scratch=(),
 ) -> tuple[kernels.Kernel, kernels.Kernel]:
     """Builds the kernel twice; checks smalti's inferred attributes and lowered
     module equal jax's. Returns (jax's kernel, smalti's kernel)."""
-    reference = kernels.build_kernel(body, in_shapes, out_shapes)
-    candidate = kernels.build_kernel(body, in_shapes, out_shapes)
-    assert normalized(reference.module) == normalized(candidate.module)
+    reference, candidate = build_twice(body, in_shapes, out_shapes, smem_scratch)
     jax_infer(reference, arch)
     smalti_infer(candidate, arch)
     assert normalized(candidate.module) == normalized(reference.module), "inferred layouts differ"

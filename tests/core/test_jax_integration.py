@@ -13,26 +13,7 @@ from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 import smalti
 import smalti.jax
 from smalti.registry import PallasRegistry
-from tests.differential import normalized
-
-
-def lower_capturing_modules(fn, *args) -> list[str]:
-    """Lowers ``fn`` for CUDA on the CPU; returns every Mosaic GPU module it produced,
-    as they are after layout inference and dialect lowering."""
-    captured: list[str] = []
-    current = mgpu_core.lower_mgpu_module
-
-    def spy(module, *a, **k):
-        current(module, *a, **k)
-        captured.append(normalized(module))
-
-    mgpu_core.lower_mgpu_module = spy
-    jax.clear_caches()  # jax caches lowerings: make it lower again
-    try:
-        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    finally:
-        mgpu_core.lower_mgpu_module = current
-    return captured
+from tests.official import capture_modules as lower_capturing_modules
 
 
 WARPGROUP = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)

@@ -1,0 +1,63 @@
+"""``async_store_smem``: registers to local or remote (cluster) SMEM, tracked
+by an expect-tx barrier (sm_90a)."""
+
+from __future__ import annotations
+
+import math
+
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, gpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.constraints import Excludes, TransferKind
+from smalti.layouts import smem_transforms_from_attribute
+from smalti.plugins.transfers import retry_unoptimized, transferable, unwrap_ref
+from smalti.rules import ConstraintBuilder, LoweringContext
+
+
+def async_store_smem(op: mgpu.AsyncStoreSmemOp, b: ConstraintBuilder) -> None:
+    """Like vector_store to SMEM, but only from tiled register layouts."""
+    value = b.variable(b.operand(0))
+    if op.optimized is None:
+        kind = TransferKind.DOWNGRADABLE
+    else:
+        kind = TransferKind.OPTIMIZED if op.optimized.value else TransferKind.UNOPTIMIZED
+    b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind))
+    b.require(Excludes(value, fa.WGStridedFragLayout), Excludes(value, fa.WGSplatFragLayout))
+
+
+def lower_async_store_smem(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp) -> list[ir.Value]:
+    index = ir.IndexType.get()
+    [layout_attr] = ctx.in_layouts(op)
+    value = ctx.from_ir(op.valueToStore, layout_attr)
+    if not isinstance(mgpu_layouts.from_layout_attr(layout_attr), fa.TiledLayout):
+        raise ctx.fail(op, f"async_store_smem needs a tiled layout, got {layout_attr}",
+                       fix="re-run layout inference")
+    [transforms] = ctx.in_transforms(op)
+    smem = smem_transforms_from_attribute(transforms)
+    ref = unwrap_ref(op.destination, transforms)
+    if smem.tiling is None:
+        raise ctx.fail(op, "async_store_smem needs a tiled SMEM ref", transforms=str(transforms),
+                       fix="re-run layout inference")
+    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier).barrier_ref
+    cluster_dim = gpu.Dimension(op.cluster_dim.value)
+    cluster_idx = arith.index_cast(index, op.cluster_idx)
+    remote_barrier = barrier.remap_to_cluster(cluster_dim, cluster_idx)
+    bits = math.prod(value.shape) * mgpu_utils.bitwidth(value.mlir_dtype)
+    if bits % (8 * mgpu_utils.WARPGROUP_SIZE):
+        raise ctx.fail(op, f"Transfer of {bits} bits is not divisible by "
+                       f"{8 * mgpu_utils.WARPGROUP_SIZE}",
+                       fix="store a value whose size is a multiple of 128 bytes")
+    remote_barrier.arrive_expect_tx(bits // 8 // mgpu_utils.WARPGROUP_SIZE)
+    atomic = str(mgpu.AtomicOpType(op.atomic_type.value)) if op.atomic_type is not None else None
+
+    def store(optimized: bool) -> None:
+        value.store_tiled_async(ref, barrier, cluster_dim=cluster_dim, cluster_idx=cluster_idx,
+                                swizzle=smem.swizzle, optimized=optimized,
+                                tiling_rank=len(smem.tiling), atomic=atomic)
+
+    retry_unoptimized(store, op.optimized.value if op.optimized is not None else None)
+    return []

@@ -1,0 +1,240 @@
+"""TMA copies between global and shared memory, and expect-tx barriers.
+
+``async_load`` / ``async_store`` / ``async_prefetch`` move tiles with the
+Tensor Memory Accelerator (or ``cp.async`` for loads without a barrier). The
+SMEM side's tiling must divide the copied slice where the slice starts at a
+dynamic offset; gathers and scatters take a vector of row indices along the
+leading dimension, in one of the TMA index layouts.
+"""
+
+from __future__ import annotations
+
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, gpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.constraints import Divides, MinorDimDivisibleBy, OneOf
+from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
+from smalti.divisibility import known_gcd
+from smalti.layouts import RegisterLayout, smem_transforms_from_attribute
+from smalti.plugins.transfers import unwrap_ref
+from smalti.rules import ConstraintBuilder, LoweringContext
+
+# Operand index of the first GMEM index, per op.
+_FIRST_INDEX = {"mosaic_gpu.async_load": 3, "mosaic_gpu.async_store": 2,
+                "mosaic_gpu.async_prefetch": 1}
+
+
+def _gmem_ref(op) -> ir.Value:
+    return op.destination if op.operation.name == "mosaic_gpu.async_store" else op.source
+
+
+def index_layouts(op, b: ConstraintBuilder) -> None:
+    """Each vector of gather/scatter row indices is in a TMA index layout."""
+    first = _FIRST_INDEX[op.operation.name]
+    for i, index in enumerate(op.indices):
+        if not isinstance(index.type, ir.VectorType):
+            continue
+        rows = ir.VectorType(index.type).shape[0]
+        allowed = []
+        if rows % 16 == 0:
+            allowed.append(RegisterLayout(fa.TMA_INDICES_LAYOUT))
+        if rows % 4 == 0:
+            allowed.append(RegisterLayout(fa.TMA_INDICES_4_LAYOUT))
+        if not allowed:
+            raise SmaltiValueError(
+                "SM120", f"Unsupported TMA index shape ({rows},): gathers and scatters "
+                "take index vectors of a multiple of 4 rows", op=op,
+                fix="pad the index vector to a multiple of 4 (16 for the fastest layout)")
+        b.require(OneOf(b.variable(b.operand(first + i)), tuple(allowed)))
+
+
+def async_copy(op, b: ConstraintBuilder) -> None:
+    """The SMEM tile of a TMA copy: its tiling divides the copied slice."""
+    multiple = []
+    for dim, (size, index) in enumerate(zip(op.slice_lengths, op.indices, strict=True)):
+        if size == -1:
+            continue  # a squeezed dimension: not in the SMEM ref
+        if isinstance(index.type, ir.VectorType):
+            _check_gather(op, dim)
+            multiple.append(size)
+        else:
+            multiple.append(known_gcd(size, index))
+    smem_operand = 1 if op.operation.name == "mosaic_gpu.async_load" else 0
+    smem = b.variable(b.operand(smem_operand))
+    b.require(Divides(smem, tuple(multiple)))
+    if any(isinstance(i.type, ir.VectorType) for i in op.indices):
+        # Gathered rows are moved 4 at a time in 1024-bit chunks: each row
+        # must be 256-bit aligned in SMEM.
+        bitwidth = mgpu_utils.bitwidth(ir.MemRefType(op.source.type).element_type)
+        divisor = 256 // bitwidth
+        lengths = [s for s in op.slice_lengths if s != -1]
+        if lengths and lengths[-1] % divisor:
+            raise SmaltiValueError(
+                "SM120",
+                f"Cannot assign layout to async load with gather indices since minor "
+                f"dim={lengths[-1]} is not divisible by divisor={divisor} elements "
+                "(rows must be 256-bit aligned)",
+                op=op, values={"slice_lengths": list(op.slice_lengths)},
+                fix=f"make the minor slice length a multiple of {divisor}")
+        b.require(MinorDimDivisibleBy(smem, divisor))
+    index_layouts(op, b)
+
+
+def _check_gather(op, dim: int) -> None:
+    if dim != 0:
+        raise SmaltiNotImplementedError(
+            "SM120", "Only leading gather dimensions allowed: vector indices must index "
+            f"the first GMEM dimension, not dimension {dim}", op=op,
+            fix="transpose the GMEM ref so that gathered rows are its leading dimension")
+    shape = list(ir.MemRefType(_gmem_ref(op).type).shape)
+    if len(shape) != 2:
+        raise SmaltiNotImplementedError(
+            "SM120", f"Only 2D gathers/scatters for async load/store are supported, the "
+            f"GMEM ref has shape {shape}", op=op, values={"GMEM shape": shape},
+            fix="reshape the GMEM ref to 2-D (rows x row length) before gathering")
+
+
+def prefetch(op, b: ConstraintBuilder) -> None:
+    index_layouts(op, b)
+
+
+# --- lowering -------------------------------------------------------------------------
+
+
+def _gmem_slice(ctx: LoweringContext, op) -> tuple[tuple, dict]:
+    """The GMEM slice of a copy, and the predicate arguments for async_copy."""
+    predicate = ctx.single_lane_predicate
+    if op.predicate is not None:
+        predicate = arith.andi(predicate, op.predicate)
+    kwargs = {"predicate": predicate}
+    slices = []
+    index_type = ir.IndexType.get()
+    for index, size in zip(op.indices, op.slice_lengths, strict=True):
+        if isinstance(index.type, ir.IntegerType):
+            start = arith.index_cast(index_type, index)
+            slices.append(start if size < 0 else mgpu_utils.DynamicSlice(start, size))
+        elif isinstance(index.type, ir.VectorType):
+            [layout] = ctx.in_layouts(op)
+            slices.append(ctx.from_ir(index, layout))
+            kwargs = {}  # gathers are issued by every thread
+        else:
+            raise ctx.fail(op, f"unsupported GMEM index type {index.type}",
+                           fix="index GMEM with i32 scalars or a vector of i32 rows")
+    return tuple(slices), kwargs
+
+
+def _physical_smem(ctx: LoweringContext, op, ref: ir.Value):
+    """The tiled SMEM ref, swizzle and GMEM-side transforms of a copy."""
+    [transforms] = ctx.in_transforms(op)
+    smem = smem_transforms_from_attribute(transforms)
+    physical = unwrap_ref(ref, transforms)
+    gmem_transforms: tuple = ()
+    if smem.tiling is not None:
+        gmem_transforms = (lc.TileTransform(smem.tiling),)
+    if mgpu_utils.is_memref_transposed(ir.MemRefType(physical.type)):
+        # Copy untransposed and let the TMA apply the transpose.
+        strides, _ = ir.MemRefType(physical.type).get_strides_and_offset()
+        permutation = tuple(sorted(range(len(strides)), key=lambda i: strides[i], reverse=True))
+        physical = mgpu_utils.memref_transpose(physical, permutation)
+        gmem_transforms = (*gmem_transforms, lc.TransposeTransform(permutation))
+    return physical, mgpu.SwizzlingMode(smem.swizzle or 16), gmem_transforms
+
+
+def lower_async_load(ctx: LoweringContext, op: mgpu.AsyncLoadOp) -> list[ir.Value]:
+    cp_async = op.barrier is None
+    barrier = None if cp_async else mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
+    destination, swizzle, gmem_transforms = _physical_smem(ctx, op, op.destination)
+    slices, predicate = _gmem_slice(ctx, op)
+    collective = [gpu.Dimension(ir.IntegerAttr(axis).value) for axis in op.collective or []]
+    match op.leader_tracked:
+        case mgpu.CopyReplicatedAttr():
+            leader_tracked = lc.CopyPartition.REPLICATED
+        case mgpu.CopyPartitionedAttr() as attr:
+            leader_tracked = lc.CopyPartition.PARTITIONED(attr.axis)
+        case _:
+            leader_tracked = None
+    if ctx.auto_barriers and ctx.thread_semantics == mgpu_utils.ThreadSubset.WARPGROUP:
+        mgpu_utils.warpgroup_barrier()  # earlier accesses to the destination are done
+    ctx.launch_context.async_copy(
+        src_ref=op.source,
+        dst_ref=destination,
+        gmem_slice=slices,
+        barrier=barrier.barrier_ref if barrier is not None else None,
+        collective=collective,
+        arrive=False,
+        swizzle=swizzle,
+        gmem_transform=gmem_transforms,
+        leader_tracked=leader_tracked,
+        oob_mode=lc.OOBFillMode(ir.IntegerAttr(op.oob_fill_mode).value),
+        implementation=(lc.AsyncCopyImplementation.CP_ASYNC if cp_async
+                        else lc.AsyncCopyImplementation.TMA),
+        gmem_peer_id=getattr(op, "gmem_peer_id", None),
+        **({} if cp_async else predicate),
+    )
+    return []
+
+
+def lower_async_prefetch(ctx: LoweringContext, op: mgpu.AsyncPrefetchOp) -> list[ir.Value]:
+    if op.collective:
+        raise ctx.fail(op, "Collective prefetches are not supported yet",
+                       fix="prefetch without the collective attribute")
+    slices, predicate = _gmem_slice(ctx, op)
+    ctx.launch_context.async_prefetch(gmem_ref=op.source, gmem_slice=slices, swizzle=None,
+                                      gmem_transform=(), **predicate)
+    return []
+
+
+def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Value]:
+    source, swizzle, gmem_transforms = _physical_smem(ctx, op, op.source)
+    slices, predicate = _gmem_slice(ctx, op)
+    reduction = (mgpu.TMAReduction(op.reduction_op.value).name.lower()
+                 if op.reduction_op is not None else None)
+    peer = None
+    if op.is_global_broadcast.value:
+        peer = lc.GLOBAL_BROADCAST
+    elif op.gmem_peer_id is not None:
+        peer = op.gmem_peer_id
+    ctx.launch_context.async_copy(
+        src_ref=source,
+        dst_ref=op.destination,
+        gmem_slice=slices,
+        swizzle=swizzle,
+        gmem_transform=gmem_transforms,
+        **predicate,
+        arrive=None if op.commit_group is None else bool(op.commit_group),
+        reduction_op=reduction,
+        gmem_peer_id=peer,
+        oob_mode=lc.OOBFillMode.UNDEFINED,
+    )
+    return []
+
+
+def lower_arrive_expect_tx(ctx: LoweringContext, op: mgpu.ArriveExpectTxOp) -> list[ir.Value]:
+    i32 = ir.IntegerType.get_signless(32)
+    warp = ctx.thread_semantics == mgpu_utils.ThreadSubset.WARP
+    lanes = mgpu_utils.WARP_SIZE if warp else mgpu_utils.WARPGROUP_SIZE
+    expected = op.expect_tx
+    if isinstance(expected, ir.Value):
+        owner = expected.owner
+        constant = (int(owner.opview.value) if not isinstance(owner, ir.Block)
+                    and isinstance(owner.opview, arith.ConstantOp) else None)
+        dynamic = expected
+    else:
+        constant = int(expected)
+        dynamic = None
+    if constant is not None and constant % lanes == 0:
+        # Every lane arrives with its share: cheaper than a single arrival.
+        tx_bytes = mgpu_utils.c(constant // lanes, i32)
+    else:
+        total = dynamic if dynamic is not None else mgpu_utils.c(constant, i32)
+        tx_bytes = arith.select(ctx.single_lane_predicate, total, mgpu_utils.c(0, i32))
+    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
+    if warp:
+        # The barrier expects 128 arrivals; a warp's 32 threads arrive 4 times.
+        barrier.barrier_ref.arrive(arrival_count=3, can_complete=False)
+    barrier.barrier_ref.arrive_expect_tx(tx_bytes)
+    return []

@@ -1,0 +1,112 @@
+"""WGMMA: warpgroup matrix multiply-accumulate (sm_90a).
+
+The accumulator lives in registers in the WGMMA layout; ``b`` (and ``a``
+when it is not in registers) is read from SMEM, tiled ``(8, swizzle)`` — or
+``(swizzle, 8)`` for a transposed ref — with a matching swizzle.
+"""
+
+from __future__ import annotations
+
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+# The package re-exports these under the name of their module, which it shadows.
+from jax.experimental.mosaic.gpu import WGMMAAccumulator
+from jax.experimental.mosaic.gpu import wgmma as wgmma_instruction
+
+from smalti.constraints import Equal, OneOf, Transposed
+from smalti.diagnostics import SmaltiValueError
+from smalti.layouts import RegisterLayout, SmemTransforms, register_layout_fits
+from smalti.layouts import smem_transforms_from_attribute
+from smalti.plugins.transfers import unwrap_ref
+from smalti.rules import ConstraintBuilder, LoweringContext
+
+
+def mma_smem_tilings(ref: ir.Value, op, *, allow_unswizzled: bool = False) -> OneOf:
+    """The SMEM transforms an MMA operand ref may have: ``(8, swizzle-wide)``
+    tiles (transposed for a transposed ref), widest swizzle first."""
+    ref_type = ir.MemRefType(ref.type)
+    shape = tuple(ref_type.shape)
+    bitwidth = mgpu_utils.bitwidth(ref_type.element_type)
+    transposed = mgpu_utils.is_memref_transposed(ref_type)
+    allowed, tiling = [], ()
+    for swizzle in (128, 64, 32, None) if allow_unswizzled else (128, 64, 32):
+        width = (swizzle or 16) * 8 // bitwidth
+        tiling = (width, 8) if transposed else (8, width)
+        if all(s % t == 0 for s, t in zip(shape, tiling)):
+            allowed.append(SmemTransforms(tiling, swizzle))
+    if not allowed:
+        raise SmaltiValueError(
+            "SM121",
+            f"No valid tiling found for SMEM reference. {shape} not divisible by candidate "
+            f"tiling {tiling}",
+            op=op, values={"ref": str(ref_type)},
+            fix=f"make the operand's dims multiples of {tiling} (the narrowest MMA tile)")
+    return allowed
+
+
+def _pinned(b: ConstraintBuilder, op, sites, layout, what: str):
+    var = b.variable(*sites)
+    shape = tuple(ir.ShapedType(sites[0].value.type).shape)
+    if not register_layout_fits(shape, layout):
+        raise SmaltiValueError(
+            "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
+            f"is not compatible with the shape {shape}", op=op,
+            fix="WGMMA operands in registers must have 64-row multiples of the WGMMA tile")
+    b.assign(var, RegisterLayout(layout))
+    return var
+
+
+def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
+    _pinned(b, op, (b.operand(0), b.result(0)), fa.WGMMA_LAYOUT, "accumulator")
+    rhs = b.variable(b.operand(2))
+    b.require(OneOf(rhs, tuple(mma_smem_tilings(op.b, op))))
+    if isinstance(op.a.type, ir.VectorType):
+        eight_bit = mgpu_utils.bitwidth(ir.VectorType(op.a.type).element_type) == 8
+        _pinned(b, op, (b.operand(1),), fa.WGMMA_LAYOUT_8BIT if eight_bit else fa.WGMMA_LAYOUT,
+                "'a' operand")
+        return
+    lhs = b.variable(b.operand(1))
+    # Tilings are stated on logical shapes: if exactly one operand is
+    # transposed in memory, its tiling is the other's, transposed.
+    a_t = mgpu_utils.is_memref_transposed(ir.MemRefType(op.a.type))
+    b_t = mgpu_utils.is_memref_transposed(ir.MemRefType(op.b.type))
+    b.require(Equal(lhs, Transposed(rhs, (1, 0)) if a_t != b_t else rhs))
+
+
+def lower_wgmma(ctx: LoweringContext, op: mgpu.WGMMAOp) -> list[ir.Value]:
+    wgmma_attr = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
+    in_layouts = ctx.in_layouts(op)
+    [out_layout] = ctx.out_layouts(op)
+    if in_layouts[0] != wgmma_attr or out_layout != wgmma_attr:
+        raise ctx.fail(op, "the wgmma accumulator must be in the WGMMA layout",
+                       fix="re-run layout inference")
+    element = ir.ShapedType(op.a.type).element_type
+    # s8 WGMMA accumulates into signed integers.
+    signed = True if isinstance(element, ir.IntegerType) else None
+    accumulator = WGMMAAccumulator.from_registers(
+        ctx.from_ir(op.accumulator, in_layouts[0], signed), sync=False)
+    a_in_registers = isinstance(op.a.type, ir.VectorType)
+    transforms = ctx.in_transforms(op)
+    if a_in_registers:
+        [b_transforms] = transforms
+        b_ref = unwrap_ref(op.b, b_transforms)
+    else:
+        a_transforms, b_transforms = transforms
+        a_ref = unwrap_ref(op.a, a_transforms)
+        b_ref = unwrap_ref(op.b, b_transforms)
+    b_swizzle = mgpu.SwizzlingMode(smem_transforms_from_attribute(b_transforms).swizzle or 16)
+    if a_in_registers:
+        a = ctx.from_ir(op.a, in_layouts[1], signed)
+    else:
+        a_swizzle = mgpu.SwizzlingMode(
+            smem_transforms_from_attribute(a_transforms).swizzle or 16)
+        if a_swizzle != b_swizzle:
+            raise ctx.fail(op, f"Non-matching swizzles of operands a and b in WGMMA: "
+                           f"{a_swizzle} != {b_swizzle}",
+                           fix="give both SMEM operands the same swizzle")
+        a = a_ref
+    result = wgmma_instruction(accumulator, a, b_ref, swizzle=b_swizzle)
+    return [ctx.to_ir(result.value.to_layout(fa.WGMMA_LAYOUT), op.accumulator.type)]
