@@ -237,7 +237,7 @@ def _grouped(sites: list[ValueSite], site_vars: dict[ValueSite, Variable],
     grouped: dict[str, list[Constant]] = {}
     for site in sites:
         side = "in" if site.kind is SiteKind.OPERAND else "out"
-        name = f"{side}_{_ATTRIBUTE_SUFFIX[memory_space_of(site.value)]}"
+        name = f"{side}_{_ATTRIBUTE_SUFFIX[site.memory_space]}"
         grouped.setdefault(name, []).append(solution[site_vars[site]])
     return {name: tuple(values) for name, values in grouped.items()}
 

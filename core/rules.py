@@ -64,7 +64,7 @@ class ConstraintBuilder:
         return list(self._sites)
 
     def vector_sites(self) -> list[ValueSite]:
-        return [s for s in self.layout_sites() if memory_space_of(s.value) is MemorySpace.REG]
+        return [s for s in self.layout_sites() if s.memory_space is MemorySpace.REG]
 
     # --- statements --------------------------------------------------------------
 
@@ -72,8 +72,8 @@ class ConstraintBuilder:
         """A new variable: all ``sites`` share its layout."""
         if not sites:
             self._malformed("variable() needs at least one site")
-        spaces = {memory_space_of(s.value) for s in sites}
-        shapes = {tuple(ir.ShapedType(s.value.type).shape) for s in sites}
+        spaces = {s.memory_space for s in sites}
+        shapes = {tuple(s.value.type.shape) for s in sites}
         if len(spaces) != 1 or None in spaces or len(shapes) != 1:
             self._malformed(
                 "variable() joins sites of different shapes or memory spaces, or sites "

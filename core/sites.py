@@ -33,15 +33,17 @@ class ValueSite:
     inference creates one per operand and result of a kernel.
     """
 
-    __slots__ = ("op", "kind", "index", "region", "_hash")
+    __slots__ = ("op", "kind", "index", "region", "_hash", "_value", "_space")
 
     def __init__(self, op: ir.Operation | ir.OpView, kind: SiteKind, index: int,
-                 region: int | None = None) -> None:
+                 region: int | None = None, *, value: ir.Value | None = None) -> None:
         self.op: ir.Operation = op.operation
         self.kind = kind
         self.index = index
         self.region = region
         self._hash = hash((self.op, int(kind), index, region))
+        self._value = value  # cached: reading it through the bindings is slow
+        self._space: MemorySpace | None | bool = False  # False: not computed yet
 
     def __hash__(self) -> int:
         return self._hash
@@ -53,11 +55,21 @@ class ValueSite:
 
     @property
     def value(self) -> ir.Value:
-        if self.kind is SiteKind.OPERAND:
-            return self.op.operands[self.index]
-        if self.kind is SiteKind.RESULT:
-            return self.op.results[self.index]
-        return self.op.regions[self.region].blocks[0].arguments[self.index]
+        if self._value is None:
+            if self.kind is SiteKind.OPERAND:
+                self._value = self.op.operands[self.index]
+            elif self.kind is SiteKind.RESULT:
+                self._value = self.op.results[self.index]
+            else:
+                self._value = self.op.regions[self.region].blocks[0].arguments[self.index]
+        return self._value
+
+    @property
+    def memory_space(self) -> MemorySpace | None:
+        """The memory space of the site's value (``None``: it needs no layout)."""
+        if self._space is False:
+            self._space = memory_space_of(self.value)
+        return self._space  # type: ignore[return-value]
 
     def describe(self) -> str:
         kind = {SiteKind.OPERAND: "operand", SiteKind.RESULT: "result", SiteKind.ARGUMENT: "arg"}
@@ -106,16 +118,14 @@ def _memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
 
 def layout_sites(op: ir.Operation) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first."""
-    sites = [
-        ValueSite(op, SiteKind.OPERAND, i)
-        for i, v in enumerate(op.operands)
-        if memory_space_of(v) is not None
-    ]
-    sites += [
-        ValueSite(op, SiteKind.RESULT, i)
-        for i, v in enumerate(op.results)
-        if memory_space_of(v) is not None
-    ]
+    sites = []
+    for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results)):
+        for i, value in enumerate(values):
+            space = memory_space_of(value)
+            if space is not None:
+                site = ValueSite(op, kind, i, value=value)
+                site._space = space
+                sites.append(site)
     return sites
 
 
@@ -128,6 +138,6 @@ def producer_site(value: ir.Value) -> ValueSite:
         for region_index, region in enumerate(parent.regions):
             if region.blocks and region.blocks[0] == block:
                 index = ir.BlockArgument(value).arg_number
-                return ValueSite(parent, SiteKind.ARGUMENT, index, region_index)
+                return ValueSite(parent, SiteKind.ARGUMENT, index, region_index, value=value)
         raise ValueError(f"{value} is an argument of a non-entry block")
-    return ValueSite(owner, SiteKind.RESULT, ir.OpResult(value).result_number)
+    return ValueSite(owner, SiteKind.RESULT, ir.OpResult(value).result_number, value=value)

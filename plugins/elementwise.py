@@ -153,16 +153,11 @@ def lower_binary(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
     return [ctx.to_ir(impl(lhs, rhs), op.result.type)]
 
 
-_AFN = None
-
-
 def _is_approx(op: ir.OpView) -> bool:
-    if "fastmath" not in op.operation.attributes:
-        return False
-    global _AFN
-    if _AFN is None:
-        _AFN = ir.Attribute.parse("#arith.fastmath<afn>")
-    return op.operation.attributes["fastmath"] == _AFN
+    """Whether the op asks for approximate math (fastmath flags exactly ``afn``)."""
+    attributes = op.operation.attributes
+    # Compared as text: attributes of different MLIR contexts never compare equal.
+    return "fastmath" in attributes and str(attributes["fastmath"]) == "#arith.fastmath<afn>"
 
 
 def lower_unary(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import types
 from collections.abc import Callable, Iterator
 
@@ -54,5 +55,8 @@ def assert_same_modules(fn: Callable, *args) -> str:
     assert len(by_jax) == len(by_smalti) >= 1
     for ours, theirs in zip(by_smalti, by_jax):
         assert "mosaic_gpu.wgmma" not in ours and "mosaic_gpu.vector_load" not in ours
-        assert ours == theirs
+        if ours != theirs:
+            diff = difflib.unified_diff(theirs.splitlines(), ours.splitlines(), "jax",
+                                        "smalti", lineterm="", n=1)
+            raise AssertionError("modules differ:\n" + "\n".join(list(diff)[:60]))
     return by_smalti[0]

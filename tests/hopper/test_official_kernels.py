@@ -71,3 +71,15 @@ def test_hopper_mixed_type_matmul(monkeypatch, name, dtypes):
         a, b = sds((256, 256), a_dtype), sds((256, 512), b_dtype)
         assert_same_modules(
             lambda a, b: mixed.mixed_matmul_kernel(a, b, out_dtype=b_dtype, config=config), a, b)
+
+
+@pytest.mark.parametrize("block_kv", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_with_pipeline_emitter(monkeypatch, block_kv, head_dim):
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as attention
+
+    config = attention.TuningConfig(block_q=64, block_kv=block_kv, max_concurrent_steps=2)
+    q = sds((1, 256, 2, head_dim), jnp.float16)
+    with gpu_facts(monkeypatch):
+        assert_same_modules(
+            lambda q, k, v: attention.attention_with_pipeline_emitter(q, k, v, config), q, q, q)
