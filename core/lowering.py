@@ -40,6 +40,9 @@ _CODEGEN_REJECTIONS = (
     fa.TransferPlanDerivationError,
 )
 
+_SKIP = object()  # the op needs no lowering
+_UNDECIDED = object()
+
 _ATTRIBUTE_NAMES = {
     MemorySpace.REG: ("in_layouts", "out_layouts"),
     MemorySpace.SMEM: ("in_transforms", "out_transforms"),
@@ -76,6 +79,9 @@ class _Lowerer:
         self.required = pipeline.required_prefixes
         self.report = LoweringReport()
         self.ctx: LoweringContext | None = None
+        # What validation decided for each op, reused while rewriting:
+        # a rule, None (only traverse its regions) or _SKIP.
+        self.plan: dict[ir.Operation, RuleRecord | None | object] = {}
 
     def needs_lowering(self, op: ir.Operation) -> bool:
         return (
@@ -123,12 +129,17 @@ class _Lowerer:
         for op in self.module.body.operations:
             yield from visit(op.operation, False)
 
+    def decide(self, op: ir.Operation) -> RuleRecord | None | object:
+        decision = self.plan.get(op, _UNDECIDED)
+        if decision is _UNDECIDED:
+            decision = self.rule_for(op) if self.needs_lowering(op) else _SKIP
+            self.plan[op] = decision
+        return decision
+
     def validate(self) -> None:
         for op, warp in self.ops_to_check():
-            if not self.needs_lowering(op):
-                continue
-            record = self.rule_for(op)
-            if record is None:
+            record = self.decide(op)
+            if record is None or record is _SKIP:
                 continue
             if warp and not record.warp_semantics:
                 raise _no_warp_semantics(record, op)
@@ -138,9 +149,9 @@ class _Lowerer:
 
     def lower_op(self, op: ir.OpView) -> None:
         operation = op.operation
-        if not self.needs_lowering(operation):
+        record = self.decide(operation)
+        if record is _SKIP:
             return
-        record = self.rule_for(operation)
         if record is None:
             self.traverse(operation)
             return
@@ -168,13 +179,7 @@ class _Lowerer:
         self.report.ops_per_plugin[record.plugin] = self.report.ops_per_plugin.get(record.plugin, 0) + 1
         if results is RECURSED:
             return
-        results = list(results)
-        if len(results) != len(operation.results):
-            raise PluginError(
-                "SM006",
-                f"lowering rule {record.name} of plugin {record.plugin!r} returned "
-                f"{len(results)} values for {len(operation.results)} results",
-                op=operation, fix=f"fix the plugin {record.plugin!r}")
+        results = _checked_results(results, record, operation)
         for old, new in zip(operation.results, results):
             old.replace_all_uses_with(new)
         operation.erase()
@@ -193,6 +198,28 @@ class _Lowerer:
         with ir.InsertionPoint(self.module.body):
             for op in list(self.module.body.operations):
                 self.lower_op(op)
+
+
+def _checked_results(results: object, record: RuleRecord,
+                     operation: ir.Operation) -> list[ir.Value]:
+    """A rule's return value as one IR value per result of its op, or SM006."""
+    problem = None
+    try:
+        values = list(results)  # type: ignore[call-overload]
+    except TypeError:
+        values, problem = [], f"returned {results!r}, not a sequence of values or RECURSED"
+    if problem is None and len(values) != len(operation.results):
+        problem = f"returned {len(values)} values for {len(operation.results)} results"
+    if problem is None:
+        wrong = [f"#{i}: {v!r}" for i, v in enumerate(values) if not isinstance(v, ir.Value)]
+        if wrong:
+            problem = "returned something that is not an IR value: " + ", ".join(wrong)
+    if problem is not None:
+        raise PluginError(
+            "SM006", f"lowering rule {record.name} of plugin {record.plugin!r} {problem}",
+            op=operation, fix=f"fix the plugin {record.plugin!r}: return one ir.Value per "
+            "result of the op (a list), or RECURSED")
+    return values
 
 
 def _no_warp_semantics(record: RuleRecord, op: ir.Operation) -> SmaltiError:
