@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, math as mlir_math
+from jax._src.lib.mlir.dialects import arith, scf, vector
+from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic import gpu as jax_mgpu  # the reference
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
@@ -75,10 +76,49 @@ def wgmma_layout_chain(n: int) -> Body:
     return body
 
 
+def _wgmma(x: ir.Value) -> ir.Value:
+    return mgpu.layout_cast(x, mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT))
+
+
+def reductions(n: int) -> Body:
+    """Row sums broadcast back and subtracted (5 ops per step), WGMMA layout."""
+    def body(ctx, x_ref, out_ref, smem):
+        x = _wgmma(mgpu.vector_load(x_ref))
+        f32 = ir.F32Type.get()
+        rows = ir.VectorType.get([128], f32)
+        for _ in range(max(1, n // 5)):
+            zero = vector.broadcast(rows, arith.constant(f32, 0.0))
+            total = vector.MultiDimReductionOp(vector.CombiningKind.ADD, x, zero, [1]).result
+            back = mgpu.broadcast_in_dim(x.type, total, [0])
+            x = arith.subf(x, back)
+        mgpu.vector_store(x, out_ref)
+    return body
+
+
+def loops(n: int) -> Body:
+    """scf.for loops carrying a vector, 8 elementwise ops per loop body."""
+    def body(ctx, x_ref, out_ref, smem):
+        x = mgpu.vector_load(x_ref)
+        index = ir.IndexType.get()
+        for _ in range(max(1, n // 10)):
+            loop = scf.ForOp(arith.constant(index, 0), arith.constant(index, 4),
+                             arith.constant(index, 1), [x])
+            with ir.InsertionPoint(loop.body):
+                [y] = loop.inner_iter_args
+                for i in range(8):
+                    y = arith.addf(y, _splat(y, 1.0)) if i % 2 else mlir_math.exp(y)
+                scf.yield_([y])
+            x = loop.results[0]
+        mgpu.vector_store(x, out_ref)
+    return body
+
+
 SYNTHETIC: dict[str, Callable[[int], Body]] = {
     "elementwise chain": chain,
     "diamonds": diamonds,
     "WGMMA-cast chain": wgmma_layout_chain,
+    "reductions+broadcast": reductions,
+    "scf.for loops": loops,
 }
 
 

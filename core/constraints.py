@@ -23,6 +23,7 @@ the search, :meth:`Constraint.candidates`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
@@ -166,7 +167,7 @@ class Reduced(Derived):
                     return value
                 if self.keep_dims:
                     return _keep_reduced(layout, axes)
-                return RegisterLayout(layout.reduce(axes))
+                return RegisterLayout(reduce_tiled(layout, axes))
         return UNSUPPORTED
 
     def preimages(self, result: Constant, variable: Variable) -> Iterator[Constant]:
@@ -202,7 +203,7 @@ class Reduced(Derived):
         for large in candidates:
             if len(large.base_tile_shape) > len(shape):
                 continue
-            if large.reduce(self._tiled_axes(large)) == small:
+            if reduce_tiled(large, self._tiled_axes(large)) == small:
                 yield RegisterLayout(large)
         # Beyond jax: dropping size-1 dims from the tiling (e.g. (128, 1) -> (128,)).
         expanded = self._with_unit_dims(small, shape)
@@ -232,13 +233,20 @@ class Reduced(Derived):
         return f"reduce({describe(self.expression)}, axes={self.axes})"
 
 
+@functools.lru_cache(maxsize=1024)
+def reduce_tiled(layout: fa.TiledLayout, axes: tuple[int, ...]) -> fa.TiledLayout:
+    """``layout.reduce(axes)``, memoized: it is costly and kernels reduce the
+    same few layouts along the same axes over and over."""
+    return layout.reduce(axes)
+
+
 def _keep_reduced(layout: fa.TiledLayout, axes: tuple[int, ...]) -> Constant | Unsupported:
     """A tiled layout reduced along tiled ``axes`` with the dims kept as size 1
     (beyond jax, which leaves such reductions unsolved)."""
     if len(axes) == len(layout.base_tile_shape):
         return UNSUPPORTED  # nothing tiled would remain
     try:
-        return RegisterLayout(layouts.insert_unit_dims(layout.reduce(axes), axes))
+        return RegisterLayout(layouts.insert_unit_dims(reduce_tiled(layout, axes), axes))
     except ValueError:
         return UNSUPPORTED
 

@@ -16,6 +16,7 @@ as the MLIR attributes jax uses.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Literal
 
 import attrs
@@ -135,6 +136,7 @@ def describe_register_layout(layout: fa.FragmentedLayout) -> str:
 # --- validity: which constants fit which values ---------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def register_layout_fits(shape: tuple[int, ...], layout: fa.FragmentedLayout) -> bool:
     """Whether a vector of ``shape`` can be held in registers with ``layout``."""
     match layout:
