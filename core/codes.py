@@ -122,10 +122,20 @@ This is a bug in the plugin named in the message.
         "SM007",
         "A plugin could not be loaded",
         """
-An entry point in the `smalti` group could not be imported, or its
-registration hooks raised. The other plugins keep working; block the broken
-one with `SMALTI_BLOCK_PLUGINS=name` to silence the error, or fix its
-installation.
+An entry point in the `smalti` group could not be imported, its
+registration hooks raised, or it implements a hook this smalti does not
+define or with parameters smalti does not pass (a typo, or a plugin written
+for another version of the hook specification; the message names the hook).
+The other plugins keep working; block the broken one with
+`SMALTI_BLOCK_PLUGINS=name` to silence the error, or fix its installation.
+""",
+        before="""
+@smalti.hookimpl
+def smalti_register_lowering_rule(registry): ...   # no such hook
+""",
+        after="""
+@smalti.hookimpl
+def smalti_register_lowering_rules(registry): ...
 """,
     ),
     Code(
@@ -145,6 +155,57 @@ or point it at the right plugin.
 The plugin declares `SMALTI_HOOK_VERSION` for a version of smalti's hook
 specification that this smalti does not support. Upgrade the plugin (or
 smalti) so that the two agree.
+""",
+    ),
+    Code(
+        "SM010",
+        "A rule supports no target architecture",
+        """
+`smalti plugins --check` found a rule whose architecture range contains no
+GPU architecture Mosaic GPU targets: an empty range (`minimum` above
+`maximum`) or one outside every known target. Such a rule can never be used,
+which is almost always a mistake in its `archs=` argument.
+""",
+        before="""
+registry.lowering_rule("my_ops.mma", archs=Architectures(minimum=(10, 0), maximum=(9, 0)))
+""",
+        after="""
+registry.lowering_rule("my_ops.mma", archs=Architectures(minimum=(9, 0), maximum=(10, 0)))
+""",
+    ),
+    Code(
+        "SM011",
+        "A rule names an op its dialect does not define",
+        """
+`smalti plugins --check` found a rule for an op whose dialect is registered
+with MLIR (for example `arith` or `mosaic_gpu`) but which that dialect does
+not define, so no kernel can contain it: a misspelt op name, or an op the
+installed jax does not have. Ops of dialects MLIR does not know (a plugin's
+own dialect) are not checked.
+""",
+        before="""
+registry.constraint_rule("arith.add_f")(same_layout)
+""",
+        after="""
+registry.constraint_rule("arith.addf")(same_layout)
+""",
+    ),
+    Code(
+        "SM012",
+        "No installed plugin has that name",
+        """
+A plugin was asked for by name — for example `smalti_pipeline("my_plugin")`
+in a test using smalti's test kit (`smalti.testing`) — but no entry point of
+the `smalti` group has that name. The name of an installed plugin is its
+entry-point name (`smalti plugins` lists them). Install the distribution
+that provides it, or pass the plugin module itself.
+""",
+        before="""
+pipeline = smalti_pipeline("smalti.plugins", "my_plugin")   # my_plugin not installed
+""",
+        after="""
+import my_plugin
+pipeline = smalti_pipeline("smalti.plugins", my_plugin)
 """,
     ),
     Code(
@@ -194,6 +255,14 @@ Layout inference cannot tell which transforms or TMEM layout the ref has.
 Produce the ref with an op smalti understands (e.g. `mosaic_gpu.slice_smem`,
 `mosaic_gpu.tmem_alloc`), or install a plugin with a rule for its producer.
 """,
+        before="""
+func.func @f(%ref: memref<128xf32, #gpu.address_space<workgroup>>) {
+  %x = mosaic_gpu.vector_load %ref   # who decided %ref's transforms?
+""",
+        after="""
+%ref = "mosaic_gpu.slice_smem"() <{offset = 0 : i32}> : () -> memref<128xf32, #gpu.address_space<workgroup>>
+%x = mosaic_gpu.vector_load %ref
+""",
     ),
     Code(
         "SM104",
@@ -203,6 +272,13 @@ The layouts of part of the kernel are ambiguous and the search for a
 consistent assignment tried more candidates than its budget allows. Add
 `mosaic_gpu.layout_cast` ops on the values named in the message to pin their
 layouts, which removes the ambiguity.
+""",
+        before="""
+%y = arith.addf %x, %x : vector<128x128xf32>   # thousands of values, no layout pinned
+""",
+        after="""
+%x1 = mosaic_gpu.layout_cast %x {new_layout = #mosaic_gpu.WGStridedFragLayout<[128, 128], 1>}
+%y = arith.addf %x1, %x1 : vector<128x128xf32>
 """,
     ),
     Code(
@@ -306,6 +382,25 @@ mosaic_gpu.wgmma %acc, %a, %b : memref<64x64xf16, smem> ...
 """,
     ),
     Code(
+        "SM122",
+        "A scalar async_store_smem that st.async cannot do",
+        """
+`plgpu.async_store_smem` of a scalar (jax refuses every scalar: "Scalars are
+not supported in async_store_smem") works with smalti installed: one thread
+stores the element into the peer's SMEM with `st.async`, and the peer's
+barrier expects its bytes. `st.async` stores single 32- or 64-bit values and
+cannot reduce, so a scalar of another width (e.g. f16, int8) or an atomic
+scalar store cannot be done this way. Store the scalar with a plain SMEM
+store and synchronize with a barrier, or store a 1-D value instead.
+""",
+        before="""
+plgpu.async_store_smem(x_f16_scalar, ref.at[0], barrier, cluster_idx=peer, cluster_dim="x")
+""",
+        after="""
+plgpu.async_store_smem(x_f32_scalar, ref.at[0], barrier, cluster_idx=peer, cluster_dim="x")
+""",
+    ),
+    Code(
         "SM130",
         "A vector op's form is not supported",
         """
@@ -328,12 +423,147 @@ fix the broadcast dimensions.
 """,
     ),
     Code(
+        "SM140",
+        "A TMEM ref is required, but the value is not a memref",
+        """
+A tcgen05 or TMEM op (`tcgen05_mma`'s accumulator, TMEM `a`, scales or
+sparse metadata; `async_load_tmem`, `async_store_tmem`, the SMEM-to-TMEM
+copies, `slice_tmem`, `tmem_layout_cast`, `tmem_dealloc`) takes a value that
+is not a memref at all: a vector, a scalar, a pointer. Those operands must be
+refs in tensor memory. Allocate the TMEM with `mosaic_gpu.tmem_alloc` (in
+Pallas: a `plgpu.TMEM(...)` scratch buffer) and pass that ref, or a
+`mosaic_gpu.slice_tmem` of the allocation; move a vector into TMEM with
+`async_store_tmem` first.
+""",
+        before="""
+%acc = mosaic_gpu.vector_load %smem : vector<128x128xf32>
+mosaic_gpu.tcgen05_mma %acc, %a, %b, %accumulate ...
+""",
+        after="""
+%acc = mosaic_gpu.tmem_alloc smem_ptr(%addr) -> memref<128x128xf32, #mosaic_gpu.tmem>
+mosaic_gpu.tcgen05_mma %acc, %a, %b, %accumulate ...
+""",
+    ),
+    Code(
+        "SM141",
+        "A TMEM ref is required, but the ref is in another memory space",
+        """
+A tcgen05 or TMEM op takes a memref in global or shared memory where it needs
+one in tensor memory (`#mosaic_gpu.tmem`). The tcgen05 instructions read
+their accumulator, scales and sparse metadata (and optionally `a`) from TMEM
+only. Allocate the buffer in TMEM (`mosaic_gpu.tmem_alloc`; in Pallas a
+`plgpu.TMEM(...)` scratch buffer instead of `plgpu.SMEM(...)`), or copy SMEM
+data into TMEM with `async_store_smem_to_tmem` first.
+""",
+        before="""
+mosaic_gpu.tcgen05_mma %acc_smem, %a, %b ... : memref<128x128xf32, #gpu.address_space<workgroup>>, ...
+""",
+        after="""
+mosaic_gpu.tcgen05_mma %acc_tmem, %a, %b ... : memref<128x128xf32, #mosaic_gpu.tmem>, ...
+""",
+    ),
+    Code(
+        "SM142",
+        "A TMEM ref's layout does not match the layout its user expects",
+        """
+During lowering, a TMEM ref arrives with a layout (recorded by the op that
+produced it: `tmem_alloc`, `slice_tmem`, a view) different from the layout
+written in its user's `in_tmem_layouts`. TMEM cannot be relaid out, so
+producer and user must agree. This happens when the attributes were edited
+by hand or inference ran on part of the module only: re-run layout inference
+on the whole module, or pin the layout once with `mosaic_gpu.tmem_layout_cast`
+right after the allocation.
+""",
+        before="""
+%t = mosaic_gpu.tmem_alloc ... {out_tmem_layouts = [#TMEM_DEFAULT]}
+mosaic_gpu.async_load_tmem %t {in_tmem_layouts = [#TMEM_HALF_LANE]} ...
+""",
+        after="""
+smalti.infer_layouts(module)   # producer and users get one layout
+""",
+    ),
+    Code(
+        "SM143",
+        "A TMEM layout does not fit the TMEM ref",
+        """
+A TMEM ref's shape cannot hold the layout an op requires: tcgen05 MMA
+accumulators and TMEM `a` operands have 128 rows (64 for M=64 MMAs), scales
+and sparse metadata have the shapes tcgen05 defines for them, a
+`tmem_layout_cast` asks for a layout whose tile does not divide the ref, or
+an SMEM-to-TMEM copy targets a ref the default TMEM layout does not fit.
+Allocate TMEM of 128 (or 64) rows with a column count that is a multiple of
+the layout's tile, or cast to a layout that fits.
+""",
+        before="""
+%acc = mosaic_gpu.tmem_alloc ... -> memref<96x128xf32, #mosaic_gpu.tmem>
+""",
+        after="""
+%acc = mosaic_gpu.tmem_alloc ... -> memref<128x128xf32, #mosaic_gpu.tmem>
+""",
+    ),
+    Code(
+        "SM144",
+        "Collective and non-collective tcgen05 ops in one kernel",
+        """
+tcgen05 ops (`tmem_alloc`, `tmem_relinquish_alloc_permit`, `tcgen05_mma`,
+`tcgen05_commit_arrive`, the SMEM-to-TMEM copies) have a `collective`
+attribute: collective ops work on a pair of CTAs (2-CTA MMA). A kernel runs
+either collective tcgen05 ops or single-CTA ones, never both. Make every
+tcgen05 op of the kernel agree (in Pallas: pass `collective_axis=` to all of
+them and `collective=True` to the `plgpu.TMEM` scratch, or to none).
+""",
+        before="""
+%acc = mosaic_gpu.tmem_alloc ... {collective = true}
+mosaic_gpu.tcgen05_mma %acc, %a, %b ... {collective = false}
+""",
+        after="""
+%acc = mosaic_gpu.tmem_alloc ... {collective = true}
+mosaic_gpu.tcgen05_mma %acc, %a, %b ... {collective = true}
+""",
+    ),
+    Code(
+        "SM145",
+        "A block-scaled tcgen05 MMA needs both scales",
+        """
+A block-scaled `tcgen05_mma` takes a scale ref for `a` and one for `b`, both
+in TMEM. Only one of them was given. Pass both (`a_scale` and `b_scale`,
+copied to TMEM with `async_store_scales_smem_to_tmem`), or neither for an
+unscaled MMA.
+""",
+        before="""
+mosaic_gpu.tcgen05_mma %acc, %a, %b, %accumulate a_scale(%sa) ...
+""",
+        after="""
+mosaic_gpu.tcgen05_mma %acc, %a, %b, %accumulate a_scale(%sa) b_scale(%sb) ...
+""",
+    ),
+    Code(
+        "SM146",
+        "tmem_dealloc of something other than a TMEM allocation",
+        """
+`mosaic_gpu.tmem_dealloc` frees the TMEM columns of an allocation, and reads
+how many from what `mosaic_gpu.tmem_alloc` returned. It was given a view of
+the allocation instead (a `slice_tmem`, a `tmem_layout_cast`, a subview).
+Pass the allocation itself.
+""",
+        before="""
+%t = mosaic_gpu.tmem_alloc smem_ptr(%addr) -> memref<128x256xi32, #mosaic_gpu.tmem>
+%s = mosaic_gpu.slice_tmem %t offset 0 -> memref<128x256xf32, #mosaic_gpu.tmem>
+mosaic_gpu.tmem_dealloc tmem_ref(%s)
+""",
+        after="""
+mosaic_gpu.tmem_dealloc tmem_ref(%t)
+""",
+    ),
+    Code(
         "SM201",
         "An op reached lowering without its layouts",
         """
 An op that carries vector values, SMEM refs or TMEM refs has no `in_layouts`
-/ `out_layouts` (or transforms, or TMEM layouts) attribute, or has the wrong
-number of them. Run layout inference first (`smalti.infer_layouts(module)`),
+/ `out_layouts` (or transforms, or TMEM layouts) attribute, has the wrong
+number of them, or has a register layout made for another shape (a strided
+or splat layout of another shape, a tiled layout whose tile does not divide
+the vector). Run layout inference first (`smalti.infer_layouts(module)`),
 or fix the hand-written attributes so that there is one entry per vector
 operand and result.
 """,
@@ -353,6 +583,15 @@ Lowering works on a Mosaic GPU kernel module: a module whose functions
 contain a `gpu.launch` op. Build the module with
 `jax.experimental.mosaic.gpu` (e.g. `as_gpu_kernel`) or Pallas.
 """,
+        before="""
+module { func.func @f() { return } }   # a module without gpu.launch
+smalti.lower(module, launch_ctx)
+""",
+        after="""
+kernel = smalti.kernels.build_kernel(body, in_shapes, out_shapes)
+smalti.infer_layouts(kernel.module)
+smalti.lower(kernel.module, kernel.launch_context)
+""",
     ),
     Code(
         "SM203",
@@ -363,6 +602,12 @@ does not support for this op, mismatched operand and result layouts, or an
 unsupported attribute value. The message names the layouts involved. Change
 the layouts (for example with a `mosaic_gpu.layout_cast`) or let layout
 inference choose them.
+""",
+        before="""
+%y = arith.addf %a, %b {in_layouts = [#WGMMA, #WGMMA_ROW], out_layouts = [#WGMMA]}
+""",
+        after="""
+%y = arith.addf %a, %b {in_layouts = [#WGMMA, #WGMMA], out_layouts = [#WGMMA]}
 """,
     ),
     Code(

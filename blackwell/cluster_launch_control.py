@@ -1,0 +1,38 @@
+"""Cluster launch control: cancel a cluster not yet launched and take over
+its work (``clusterlaunchcontrol.try_cancel`` / ``query_cancel``).
+
+The 16-byte response lives in a plain (untiled, unswizzled) SMEM ref.
+"""
+
+from __future__ import annotations
+
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.layouts import SmemTransforms
+from smalti.rules import ConstraintBuilder, LoweringContext
+
+
+def cancellation_result(op: mgpu.TryClusterCancelOp | mgpu.QueryClusterCancelOp,
+                        b: ConstraintBuilder) -> None:
+    b.assign(b.variable(b.operand(0)), SmemTransforms(None, None))
+
+
+def lower_try_cluster_cancel(ctx: LoweringContext, op: mgpu.TryClusterCancelOp
+                             ) -> list[ir.Value]:
+    """One lane asks; the barrier completes when the response has arrived."""
+    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
+    predicate = ctx.single_lane_predicate
+    if op.predicate is not None:
+        predicate = arith.andi(predicate, op.predicate)
+    # Like jax, the logical ref: untransformed, it has the physical ref's type.
+    mgpu_utils.try_cluster_cancel(op.cancellation_result, barrier.barrier_ref, predicate)
+    return []
+
+
+def lower_query_cluster_cancel(ctx: LoweringContext, op: mgpu.QueryClusterCancelOp
+                               ) -> list[ir.Value]:
+    """The first CTA id of the cancelled cluster, and whether one was cancelled."""
+    return list(mgpu_utils.query_cluster_cancel(op.cancellation_result))
