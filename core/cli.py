@@ -1,14 +1,15 @@
 """The ``smalti`` command line.
 
 - ``smalti plugins``: the plugins taking part, what they provide, overrides
-  between them, and the plugins that could not take part;
+  between them, and the plugins that could not take part; with ``--check``,
+  a validation of the installed plugins that exits 1 on any problem;
 - ``smalti infer FILE``: layout inference on a textual MLIR module;
 - ``smalti lower``: inference and lowering of the built-in example kernel;
 - ``smalti explain [CODE]``: the long form of an error code.
 
 Exit status: 0 on success, 1 when smalti reports an error in the input kernel
-or in a plugin, 2 for a usage error (bad arguments, unreadable file, unknown
-code).
+or in a plugin (or ``plugins --check`` finds a problem), 2 for a usage error
+(bad arguments, unreadable file, unknown code).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from pathlib import Path
 
 from jax._src.lib.mlir import ir
 
-from smalti import __version__, codes, hookspec
+from smalti import __version__, check, codes, hookspec
 from smalti import pipeline as pipeline_module
 from smalti.diagnostics import SmaltiError, SmaltiValueError
 from smalti.inference import InferenceReport, TraceEntry, infer_layouts
 from smalti.kernels import example_kernel, make_context
 from smalti.lowering import LoweringReport, lower, module_arch
-from smalti.pipeline import Pipeline, default_pipeline
+from smalti.pipeline import Pipeline, default_pipeline, discover
 from smalti.registry import Architectures, RuleKind, RuleRecord
 
 Arch = tuple[int, int]
@@ -163,7 +164,25 @@ def _quiet_default_pipeline() -> Pipeline:
         return default_pipeline()
 
 
+def check_report(findings: Sequence[check.Finding], plugins: int, rules: int) -> list[str]:
+    """The lines printed by ``smalti plugins --check``."""
+    checked = f"checked {plugins} plugin{'s' * (plugins != 1)} ({rules} rules)"
+    if not findings:
+        return [f"{checked}: no problems"]
+    lines = [f"{checked}: {len(findings)} problem{'s' * (len(findings) != 1)}"]
+    for finding in findings:
+        lines += ["", f"{finding.plugin or 'plugins'}:", textwrap.indent(str(finding.error), "  ")]
+    return lines
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
+    if args.check:
+        discovery = discover()
+        findings = check.check(discovery)
+        names = {p.name for p in discovery.plugins} | {p.plugin for p in discovery.problems}
+        for line in check_report(findings, len(names), len(discovery.records)):
+            print(line)
+        return EXIT_ERROR if findings else EXIT_OK
     for line in plugins_report(_quiet_default_pipeline(), verbose=args.verbose):
         print(line)
     return EXIT_OK
@@ -335,6 +354,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list the plugins, their ops, overrides and problems")
     plugins.add_argument("-v", "--verbose", action="store_true", help="list each plugin's ops")
+    plugins.add_argument("--check", action="store_true",
+                         help="validate the installed plugins (conflicts, unknown hooks and "
+                         "ops, empty architecture ranges); exit 1 on any problem")
     plugins.set_defaults(run=cmd_plugins)
 
     infer = sub.add_parser("infer", help="infer the layouts of a textual MLIR module")

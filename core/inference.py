@@ -36,7 +36,14 @@ from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import ConstraintBuilder
 from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of, producer_site
-from smalti.solver import BudgetExhausted, ConstraintSystem, Origin, Unsolvable, solve
+from smalti.solver import (
+    BudgetExhausted,
+    ConstraintFault,
+    ConstraintSystem,
+    Origin,
+    Solver,
+    Unsolvable,
+)
 
 
 TRACE_ENV = "SMALTI_TRACE"
@@ -54,6 +61,9 @@ class TraceEntry:
     layouts: dict[str, str] = attrs.Factory(dict)
     #: attribute name -> short names of the layouts (``[WGMMA, splat[128]]``)
     summary: dict[str, str] = attrs.Factory(dict)
+    #: attribute name -> per entry, why it was chosen ("forced by ...",
+    #: "implied by ...", "chosen by the search")
+    why: dict[str, list[str]] = attrs.Factory(dict)
 
 
 @attrs.define
@@ -263,6 +273,13 @@ class _AttributeCache:
         return attr
 
 
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception:  # the object is broken already: do not fail twice
+        return f"<{type(value).__name__}>"
+
+
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -300,7 +317,8 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     with _gc_paused(), module.context, ir.Location.unknown(module.context):
         system, site_vars, annotated = collect(module, arch, pipeline, report, trace=trace)
         try:
-            solution = solve(system, arch)
+            solver = Solver(system, arch)
+            solution = solver.solve()
         except Unsolvable as e:
             first = e.variables[0].site.op if e.variables else None
             raise UnsatisfiableLayoutsError(
@@ -311,6 +329,16 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
                 fix=["insert a mosaic_gpu.layout_cast to a layout all the ops above accept",
                      "or remove the layout cast that asks for an impossible layout"],
             ) from None
+        except ConstraintFault as e:
+            plugin = e.origin.plugin or "?"
+            raise PluginError(
+                "SM005",
+                f"constraint {type(e.constraint).__name__} stated by rule {e.origin.rule} of "
+                f"plugin {plugin!r} raised {e}",
+                values={"stated by": str(e.origin), "constraint": _safe_repr(e.constraint)},
+                fix=[f"report this to the authors of {plugin!r}",
+                     f"or block the plugin: SMALTI_BLOCK_PLUGINS={plugin}"],
+            ) from e.error
         except BudgetExhausted as e:
             raise SmaltiValueError(
                 "SM104",
@@ -331,6 +359,11 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     report.variables = len(system.variables)
     report.constraints = len(system.constraints)
     report.seconds = time.perf_counter() - start
+    for entry, (op, sites) in zip(report.trace, annotated):
+        for site in sites:
+            side = "in" if site.kind is SiteKind.OPERAND else "out"
+            name = f"{side}_{_ATTRIBUTE_SUFFIX[site.memory_space]}"
+            entry.why.setdefault(name, []).append(solver.why_assigned(site_vars[site]))
     for entry, (op, groups) in zip(report.trace, chosen):
         entry.layouts = {name: str(op.attributes[name]) for name in groups}
         entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"

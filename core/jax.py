@@ -8,11 +8,16 @@ are in force. :func:`uninstall` puts back exactly what was there::
 
     with smalti.jax.installed():
         jax.jit(kernel).lower(...)
+
+A plugin's Pallas lowering may emit ops of a dialect MLIR does not know (its
+own): from the call until smalti has lowered the kernel, the MLIR context
+allows unregistered dialects, then the setting is put back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -51,9 +56,12 @@ def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
         # Dead code that inference cannot type must go first, as in jax.
         kernels.canonicalize(module)
         _dump(module, options, "smalti_before_inference")
-        infer_layouts(module, arch=tuple(mgpu_utils._infer_arch()), pipeline=pipeline)
-        _dump(module, options, "smalti_after_inference")
-        lower(module, launch_ctx, auto_barriers=auto_barriers, pipeline=pipeline)
+        try:
+            infer_layouts(module, arch=tuple(mgpu_utils._infer_arch()), pipeline=pipeline)
+            _dump(module, options, "smalti_after_inference")
+            lower(module, launch_ctx, auto_barriers=auto_barriers, pipeline=pipeline)
+        finally:
+            _restore_unregistered_dialects()  # the plugins' ops are lowered (or failed)
         launch_ctx.scratch.finalize_size()
         try:
             module.operation.verify()
@@ -63,6 +71,28 @@ def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
     lower_mgpu_module.__wrapped__ = original  # type: ignore[attr-defined]
     lower_mgpu_module.__smalti__ = True  # type: ignore[attr-defined]
     return lower_mgpu_module
+
+
+def _allowing_unregistered_dialects(lowering: Any) -> Any:
+    """``lowering`` (a plugin's Pallas lowering), run in a context that accepts
+    ops of unregistered dialects until smalti has lowered the kernel."""
+
+    @functools.wraps(lowering)
+    def wrapper(ctx: Any, *args: Any, **params: Any) -> Any:
+        context = ir.Context.current
+        opened = _state.setdefault("opened", [])
+        if not any(c is context for c, _ in opened):
+            # jax reuses its contexts: remember the setting to put it back.
+            opened.append((context, context.allow_unregistered_dialects))
+        context.allow_unregistered_dialects = True
+        return lowering(ctx, *args, **params)
+
+    return wrapper
+
+
+def _restore_unregistered_dialects() -> None:
+    for context, previous in reversed(_state.pop("opened", [])):
+        context.allow_unregistered_dialects = previous
 
 
 def _pallas_rules() -> dict[Any, Any]:
@@ -87,7 +117,7 @@ def install(pipeline: Pipeline | None = None) -> None:
             for records in pipeline.rules[RuleKind.PALLAS].values():
                 for record in records:
                     saved.append((record.target, rules.get(record.target, _MISSING)))
-                    rules[record.target] = record.function
+                    rules[record.target] = _allowing_unregistered_dialects(record.function)
             mgpu_core.lower_mgpu_module = _lower_mgpu_module_with(pipeline, original)
             _state.update(original=original, saved=saved, pipeline=pipeline)
         _state["depth"] += 1
@@ -102,6 +132,7 @@ def uninstall() -> None:
         if _state["depth"]:
             return
         mgpu_core.lower_mgpu_module = _state.pop("original")
+        _restore_unregistered_dialects()
         rules = _pallas_rules()
         for primitive, previous in reversed(_state.pop("saved")):
             if previous is _MISSING:

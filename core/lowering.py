@@ -17,6 +17,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, gpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import launch_context as lc
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.diagnostics import (
@@ -27,7 +28,7 @@ from smalti.diagnostics import (
     describe_op,
 )
 from smalti.inference import _unsupported_arch
-from smalti.layouts import MemorySpace
+from smalti.layouts import MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext
@@ -269,6 +270,27 @@ def _check_layout_attributes(op: ir.Operation) -> None:
                     fix=["run smalti.infer_layouts(module) before lowering",
                          f"or set {name} by hand with {expected} entries"],
                 )
+            if space is MemorySpace.REG:
+                _check_layouts_fit(op, name, [v for v in values if memory_space_of(v) is space])
+
+
+def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value]) -> None:
+    """A register layout made for another shape would fail mid-rewrite: refuse it now."""
+    for index, (value, attr) in enumerate(zip(values, ir.ArrayAttr(op.attributes[name]))):
+        shape = tuple(ir.VectorType(value.type).shape)
+        try:
+            layout = mgpu_layouts.from_layout_attr(attr)
+        except Exception:  # not a register layout at all
+            layout = None
+        if layout is None or not register_layout_fits(shape, layout):
+            raise SmaltiValueError(
+                "SM201",
+                f"{op.name} has {name}[{index}] = {attr}, which cannot hold a "
+                f"vector of shape {shape}",
+                op=op, values={name: str(op.attributes[name])},
+                fix=["run smalti.infer_layouts(module) before lowering",
+                     f"or set {name}[{index}] to a layout for shape {shape}"],
+            )
 
 
 def _launch_op(module: ir.Module) -> gpu.LaunchOp:

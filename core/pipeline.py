@@ -13,7 +13,9 @@ explicitly (``plugins=[...]``).
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import os
 import warnings
 from collections import defaultdict
@@ -205,6 +207,36 @@ def build_pipeline(
       block: names of plugins not to load, in addition to those listed in
         ``SMALTI_BLOCK_PLUGINS`` (comma-separated).
     """
+    return discover(plugins=plugins, autoload=autoload, block=block).pipeline()
+
+
+@attrs.frozen
+class Discovery:
+    """The plugins found and the rules they registered, before any conflict
+    check: what :func:`build_pipeline` compiles, and what ``smalti plugins
+    --check`` inspects rule by rule."""
+
+    plugins: list[PluginInfo]
+    records: list[RuleRecord]
+    required_prefixes: list[str]
+    problems: list[Problem]
+    blocked: frozenset[str]
+    autoload: bool
+
+    def pipeline(self, records: Iterable[RuleRecord] | None = None) -> Pipeline:
+        """The pipeline of these plugins (of only ``records``, if given)."""
+        return Pipeline(self.plugins, self.records if records is None else records,
+                        self.required_prefixes, self.problems, blocked=self.blocked,
+                        autoload=self.autoload)
+
+
+def discover(
+    *,
+    plugins: Sequence[Any] | dict[str, Any] = (),
+    autoload: bool | None = None,
+    block: Sequence[str] = (),
+) -> Discovery:
+    """Loads the plugins and collects their rules; arguments as for :func:`build_pipeline`."""
     if autoload is None:
         autoload = not _env_flag(AUTOLOAD_ENV)
     blocked = set(block) | set(_env_list(BLOCK_ENV))
@@ -226,6 +258,7 @@ def build_pipeline(
             return
         try:
             _check_hook_version(name, plugin)
+            _check_hooks(pm, name, plugin)
             pm.register(plugin, name=name)
             try:
                 pm.check_pending()  # hook implementations no spec knows (typos)
@@ -275,7 +308,7 @@ def build_pipeline(
         records += plugin_records
         prefixes += plugin_prefixes
         loaded.append(info)
-    return Pipeline(loaded, records, prefixes, problems, blocked=blocked, autoload=autoload)
+    return Discovery(loaded, records, prefixes, problems, frozenset(blocked), autoload)
 
 
 def _check_hook_version(name: str, plugin: Any) -> None:
@@ -288,6 +321,51 @@ def _check_hook_version(name: str, plugin: Any) -> None:
             fix=f"upgrade smalti, or install a release of {name!r} for hook version "
             f"{hookspec.HOOK_VERSION}",
         )
+
+
+def _check_hooks(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
+    """Every hook the plugin implements exists here, with parameters smalti
+    passes: a plugin written for another hook version gets SM007 naming the
+    hook, rather than pluggy's generic error or a silently ignored hook."""
+    specs = {hook: list(inspect.signature(getattr(hookspec, hook)).parameters)
+             for hook, _ in _HOOKS}
+    declared = getattr(plugin, "SMALTI_HOOK_VERSION", None)
+    written_for = (f"the plugin declares SMALTI_HOOK_VERSION = {declared!r}"
+                   if declared is not None else "the plugin declares no SMALTI_HOOK_VERSION")
+    versions = {"hook version of this smalti": f"{hookspec.HOOK_VERSION} ({written_for})"}
+    for attr in dir(plugin):
+        if not attr.startswith("smalti_") or pm.parse_hookimpl_opts(plugin, attr) is None:
+            continue
+        if attr not in specs:
+            close = difflib.get_close_matches(attr, list(specs), n=1)
+            raise PluginError(
+                "SM007",
+                f"plugin {name!r} implements the hook {attr!r}, which this smalti does not "
+                "define (a typo, or a plugin written for another hook version)",
+                values={**versions, "hooks smalti defines": ", ".join(specs)},
+                fix=[*([f"rename {attr!r} to {close[0]!r}"] if close else []),
+                     f"install a release of {name!r} written for hook version "
+                     f"{hookspec.HOOK_VERSION}, or block it with {BLOCK_ENV}={name}"],
+            )
+        try:
+            params = inspect.signature(getattr(plugin, attr)).parameters.values()
+        except (TypeError, ValueError):
+            continue  # not introspectable: pluggy will judge
+        required = [p.name for p in params if p.default is p.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        unknown = [p for p in required if p not in specs[attr]]
+        if unknown:
+            expected = f"{attr}({', '.join(specs[attr])})"
+            raise PluginError(
+                "SM007",
+                f"plugin {name!r} implements the hook {attr!r} with parameter(s) "
+                f"{', '.join(map(repr, unknown))}, which smalti does not pass "
+                "(a plugin written for another hook version?)",
+                values={**versions, "smalti calls": expected,
+                        "the plugin defines": f"{attr}({', '.join(required)})"},
+                fix=[f"name the parameters as smalti passes them: {expected}",
+                     f"or block the plugin with {BLOCK_ENV}={name}"],
+            )
 
 
 def _collect(pm: pluggy.PluginManager, name: str, plugin: Any) -> tuple[list[RuleRecord], list[str]]:

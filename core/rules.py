@@ -22,7 +22,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Constraint, Variable
 from smalti.diagnostics import PluginError, SmaltiValueError
-from smalti.layouts import Constant, MemorySpace
+from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of
 from smalti.solver import ConstraintSystem, Origin
 
@@ -88,6 +88,7 @@ class ConstraintBuilder:
 
     def assign(self, variable: Variable, value: Constant) -> None:
         """``variable`` has layout ``value``."""
+        self._check_statement("assign", variable, value)
         self._system.assignments.append((variable, value, self.origin))
 
     def require(self, *constraints: Constraint) -> None:
@@ -98,7 +99,17 @@ class ConstraintBuilder:
 
     def fallback(self, variable: Variable, value: Constant) -> None:
         """Try ``value`` for ``variable`` if nothing else determines it."""
+        self._check_statement("fallback", variable, value)
         self._system.fallbacks.setdefault(variable, []).append(value)
+
+    def _check_statement(self, what: str, variable: object, value: object) -> None:
+        # Caught here, a wrong argument names the plugin; in the solver it
+        # would read as an unsatisfiable kernel or crash.
+        if not isinstance(variable, Variable):
+            self._malformed(f"{what}() got {variable!r}, not a Variable from variable()")
+        if not isinstance(value, (RegisterLayout, SmemTransforms, TmemLayout)):
+            self._malformed(f"{what}() got {value!r}, not a smalti layout constant "
+                            "(RegisterLayout, SmemTransforms or TmemLayout)")
 
     @property
     def shared(self) -> dict[Any, Any]:

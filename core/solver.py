@@ -99,6 +99,16 @@ class Unsolvable(Exception):
         self.variables = variables
 
 
+class ConstraintFault(Exception):
+    """A constraint's own code raised (a bug in the plugin that stated it)."""
+
+    def __init__(self, constraint: Constraint, origin: Origin, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.constraint = constraint
+        self.origin = origin
+        self.error = error
+
+
 class BudgetExhausted(Exception):
     def __init__(self, variables: list[Variable]) -> None:
         super().__init__("search budget exhausted")
@@ -264,6 +274,14 @@ class Solver:
                 self.queue.append(ci)
 
     def examine(self, ci: int) -> None:
+        try:
+            self._examine(ci)
+        except (Conflict, ConstraintFault):
+            raise
+        except Exception as e:  # a plugin's Constraint subclass misbehaved
+            raise ConstraintFault(self.constraints[ci], self.origins[ci], e) from e
+
+    def _examine(self, ci: int) -> None:
         c = self.constraints[ci]
         values = [evaluate(e, self.value_of) for e in c.expressions()]
         if any(v is UNSUPPORTED for v in values):
@@ -317,7 +335,7 @@ class Solver:
         for ci in constraints:
             if not self.active[ci]:
                 continue
-            for var, value in self.constraints[ci].candidates(ctx):
+            for var, value in self._offered(ci, ctx):
                 root = self.find(var.id)
                 if self.value[root] is not None:
                     continue
@@ -331,6 +349,12 @@ class Solver:
                 continue
             for value in self._defaults(root):
                 yield root, value
+
+    def _offered(self, ci: int, ctx: SearchContext) -> list[tuple[Variable, Constant]]:
+        try:
+            return list(self.constraints[ci].candidates(ctx))
+        except Exception as e:  # a plugin's Constraint subclass misbehaved
+            raise ConstraintFault(self.constraints[ci], self.origins[ci], e) from e
 
     def _defaults(self, root: int) -> Iterator[Constant]:
         yield from self.fallbacks.get(root, ())
@@ -444,6 +468,18 @@ class Solver:
 
     # --- explanations -----------------------------------------------------------
 
+    def why_assigned(self, var: Variable) -> str:
+        """How ``var`` got its layout: forced by a rule, implied through a
+        constraint (a neighbour's layout), or chosen by the search."""
+        reason = self.reason[self.find(var.id)]
+        if isinstance(reason, tuple) and reason[0] == "o":
+            return f"forced by {reason[1]}"
+        if isinstance(reason, tuple) and reason[0] == "c":
+            return f"implied by {self.origins[reason[1]]}"
+        if isinstance(reason, tuple) and reason[0] == "search":
+            return "chosen by the search"
+        return "unknown"
+
     def _why(self, root: int, seen: set[int], depth: int = 0) -> list[str]:
         """Why class ``root`` has its value (or is known non-splat)."""
         if root in seen or depth > 6:
@@ -465,8 +501,9 @@ class Solver:
             lines.append(f"{var.site.describe()} was tried as {value}")
         if self.nonsplat[root] is not None:
             ci = self.nonsplat[root]
-            lines.append(f"{self.origins[ci]} produces a value that is never splat, and it "
-                         f"flows to {var.site.describe()}")
+            lines.append(f"{self.origins[ci]} produces a value that can never be splat (so "
+                         f"it cannot be relaid out freely), and it flows to "
+                         f"{var.site.describe()}")
         lines += self._same_layout(root)
         return lines
 
@@ -477,7 +514,8 @@ class Solver:
             return []
         names = ", ".join(m.site.describe() for m in members[:shown])
         more = f" and {len(members) - shown} more" if len(members) > shown else ""
-        return [f"{self.variables[root].site.describe()} has one layout with {names}{more}"]
+        return [f"{self.variables[root].site.describe()} must have the same layout as "
+                f"{names}{more} (they are connected through these ops)"]
 
     def _explain(self, conflict: Conflict) -> list[str]:
         lines = []

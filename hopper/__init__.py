@@ -9,7 +9,8 @@ only.
 from __future__ import annotations
 
 from smalti.hookspec import hookimpl
-from smalti.registry import HOPPER_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry
+from smalti.registry import (HOPPER_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry,
+                             PallasRegistry)
 
 from smalti.hopper import smem_stores, tma, wgmma
 
@@ -40,3 +41,15 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER)(
         smem_stores.lower_async_store_smem)
     rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(wgmma.lower_wgmma)
+
+
+@hookimpl
+def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
+    # Imported here: Pallas is only needed once a Pallas kernel is lowered.
+    from jax._src.pallas.mosaic_gpu import primitives as pallas_primitives
+
+    from smalti.hopper import pallas_stores
+
+    # Scalars (which jax refuses) by st.async; everything else by jax's rule.
+    registry.pallas_lowering(pallas_primitives.async_store_smem_p)(
+        pallas_stores.lower_async_store_smem)

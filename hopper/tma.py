@@ -23,6 +23,8 @@ from smalti.layouts import RegisterLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext
 
+from smalti.hopper import gathers
+
 # Operand index of the first GMEM index, per op.
 _FIRST_INDEX = {"mosaic_gpu.async_load": 3, "mosaic_gpu.async_store": 2,
                 "mosaic_gpu.async_prefetch": 1}
@@ -71,16 +73,22 @@ def async_copy(op, b: ConstraintBuilder) -> None:
         # must be 256-bit aligned in SMEM.
         bitwidth = mgpu_utils.bitwidth(ir.MemRefType(op.source.type).element_type)
         divisor = 256 // bitwidth
+        collapse = gathers.plan(op, ir.MemRefType(_gmem_ref(op).type))
         lengths = [s for s in op.slice_lengths if s != -1]
-        if lengths and lengths[-1] % divisor:
+        row = collapse.row_length if collapse is not None else lengths[-1] if lengths else 0
+        if row % divisor:
+            what = (f"minor dim={row}" if collapse is None else
+                    f"collapsed row of {row} elements")
             raise SmaltiValueError(
                 "SM120",
-                f"Cannot assign layout to async load with gather indices since minor "
-                f"dim={lengths[-1]} is not divisible by divisor={divisor} elements "
+                f"Cannot assign layout to async load with gather indices since {what} "
+                f"is not divisible by divisor={divisor} elements "
                 "(rows must be 256-bit aligned)",
                 op=op, values={"slice_lengths": list(op.slice_lengths)},
                 fix=f"make the minor slice length a multiple of {divisor}")
         b.require(MinorDimDivisibleBy(smem, divisor))
+        if collapse is not None:
+            b.require(gathers.CollapsibleGatherTiling(smem, collapse, divisor, bitwidth))
     index_layouts(op, b)
 
 
@@ -91,11 +99,12 @@ def _check_gather(op, dim: int) -> None:
             f"the first GMEM dimension, not dimension {dim}", op=op,
             fix="transpose the GMEM ref so that gathered rows are its leading dimension")
     shape = list(ir.MemRefType(_gmem_ref(op).type).shape)
-    if len(shape) != 2:
+    if len(shape) < 2:
         raise SmaltiNotImplementedError(
             "SM120", f"Only 2D gathers/scatters for async load/store are supported, the "
             f"GMEM ref has shape {shape}", op=op, values={"GMEM shape": shape},
             fix="reshape the GMEM ref to 2-D (rows x row length) before gathering")
+    # N-D refs whose rows collapse to 2-D: checked by gathers.plan.
 
 
 def prefetch(op, b: ConstraintBuilder) -> None:
@@ -144,11 +153,49 @@ def _physical_smem(ctx: LoweringContext, op, ref: ir.Value):
     return physical, mgpu.SwizzlingMode(smem.swizzle or 16), gmem_transforms
 
 
+
+def _gather_collapse(op) -> gathers.Collapse | None:
+    """How a gather/scatter on an N-D GMEM ref collapses; ``None`` otherwise."""
+    if not any(isinstance(i.type, ir.VectorType) for i in op.indices):
+        return None
+    return gathers.plan(op, ir.MemRefType(_gmem_ref(op).type))
+
+
+def _collapsed_gather(ctx: LoweringContext, op, collapse: gathers.Collapse, gmem: ir.Value,
+                      smem_ref: ir.Value, slices: tuple):
+    """The 2-D GMEM view, folded physical SMEM ref, swizzle, GMEM transforms
+    and slice that jax's 2-D gather takes for a collapsed N-D one."""
+    [transforms] = ctx.in_transforms(op)
+    smem = smem_transforms_from_attribute(transforms)
+    physical = unwrap_ref(smem_ref, transforms)
+    if mgpu_utils.is_memref_transposed(ir.MemRefType(physical.type)):
+        raise SmaltiNotImplementedError(
+            "SM120", "Only 2D gathers/scatters for async load/store are supported, and a "
+            "transposed SMEM ref cannot be collapsed to 2-D", op=op,
+            fix="gather into an untransposed SMEM ref")
+    view = gathers.collapsed_gmem(gmem, collapse)
+    if view is None:
+        raise SmaltiNotImplementedError(
+            "SM120", "Only 2D gathers/scatters for async load/store are supported, and "
+            "this N-D GMEM ref is not a kernel argument, so smalti cannot give the TMA a "
+            "2-D view of it", op=op, values={"GMEM shape": list(collapse.gmem_shape)},
+            fix="gather directly from a kernel argument, or make the GMEM ref 2-D")
+    folded, gmem_transforms = gathers.collapsed_smem(physical, collapse, smem)
+    return (view, folded, mgpu.SwizzlingMode(smem.swizzle or 16), gmem_transforms,
+            gathers.collapsed_slice(op, collapse, slices[0]))
+
+
 def lower_async_load(ctx: LoweringContext, op: mgpu.AsyncLoadOp) -> list[ir.Value]:
     cp_async = op.barrier is None
     barrier = None if cp_async else mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
-    destination, swizzle, gmem_transforms = _physical_smem(ctx, op, op.destination)
-    slices, predicate = _gmem_slice(ctx, op)
+    source = op.source
+    if (collapse := _gather_collapse(op)) is not None:
+        slices, predicate = _gmem_slice(ctx, op)
+        source, destination, swizzle, gmem_transforms, slices = _collapsed_gather(
+            ctx, op, collapse, source, op.destination, slices)
+    else:
+        destination, swizzle, gmem_transforms = _physical_smem(ctx, op, op.destination)
+        slices, predicate = _gmem_slice(ctx, op)
     collective = [gpu.Dimension(ir.IntegerAttr(axis).value) for axis in op.collective or []]
     match op.leader_tracked:
         case mgpu.CopyReplicatedAttr():
@@ -160,7 +207,7 @@ def lower_async_load(ctx: LoweringContext, op: mgpu.AsyncLoadOp) -> list[ir.Valu
     if ctx.auto_barriers and ctx.thread_semantics == mgpu_utils.ThreadSubset.WARPGROUP:
         mgpu_utils.warpgroup_barrier()  # earlier accesses to the destination are done
     ctx.launch_context.async_copy(
-        src_ref=op.source,
+        src_ref=source,
         dst_ref=destination,
         gmem_slice=slices,
         barrier=barrier.barrier_ref if barrier is not None else None,
@@ -189,8 +236,14 @@ def lower_async_prefetch(ctx: LoweringContext, op: mgpu.AsyncPrefetchOp) -> list
 
 
 def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Value]:
-    source, swizzle, gmem_transforms = _physical_smem(ctx, op, op.source)
-    slices, predicate = _gmem_slice(ctx, op)
+    destination = op.destination
+    if (collapse := _gather_collapse(op)) is not None:
+        slices, predicate = _gmem_slice(ctx, op)
+        destination, source, swizzle, gmem_transforms, slices = _collapsed_gather(
+            ctx, op, collapse, destination, op.source, slices)
+    else:
+        source, swizzle, gmem_transforms = _physical_smem(ctx, op, op.source)
+        slices, predicate = _gmem_slice(ctx, op)
     reduction = (mgpu.TMAReduction(op.reduction_op.value).name.lower()
                  if op.reduction_op is not None else None)
     peer = None
@@ -200,7 +253,7 @@ def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Va
         peer = op.gmem_peer_id
     ctx.launch_context.async_copy(
         src_ref=source,
-        dst_ref=op.destination,
+        dst_ref=destination,
         gmem_slice=slices,
         swizzle=swizzle,
         gmem_transform=gmem_transforms,

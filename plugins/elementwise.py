@@ -17,6 +17,7 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
 from smalti.constraints import Excludes
+from smalti.diagnostics import SmaltiNotImplementedError
 from smalti.layouts import RegisterLayout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
@@ -230,8 +231,10 @@ def lower_divf(ctx: LoweringContext, op: arith.DivFOp) -> list[ir.Value]:
 def lower_constant(ctx: LoweringContext, op: arith.ConstantOp) -> list[ir.Value]:
     value = op.value
     if not (isinstance(value, ir.DenseElementsAttr) and ir.DenseElementsAttr(value).is_splat):
-        raise ctx.fail(
-            op, "only splat vector constants can be materialized in registers",
+        # jax raises NotImplementedError here: keep its class and key phrase.
+        raise SmaltiNotImplementedError(
+            "SM203", "Unsupported constant op: only splat vector constants can be "
+            "materialized in registers", op=op, values={"layout": str(ctx.out_layouts(op))},
             fix=["use a splat constant (every element equal)",
                  "or keep the non-uniform constant in memory and vector_load it"])
     vector = ir.VectorType(op.result.type)

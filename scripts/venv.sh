@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv with a Python >= 3.12 (jax 0.11.2 needs it) and installs smalti
-# into it, editable. `scripts/venv.sh test` also installs the test dependencies.
+# into it, editable. `scripts/venv.sh test` also installs the test dependencies
+# and the example third-party plugin (non-editable, so that it is found through
+# its entry point like any plugin installed from an index).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,3 +33,6 @@ fi
 extras=""
 [ "${1:-}" = "test" ] && extras="[test]"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extras}"
+if [ "${1:-}" = "test" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check ./examples/smalti-example-plugin
+fi

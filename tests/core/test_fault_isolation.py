@@ -1,0 +1,181 @@
+"""A misbehaving plugin is named with its rule and op; the others keep working.
+
+Complements tests/core/test_pipeline.py: lowering rules returning the wrong
+things, constraint rules stating malformed facts, constraints that crash in
+the solver, malformed registrations.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+import smalti
+from smalti import kernels
+from smalti.constraints import Constraint
+from smalti.layouts import RegisterLayout
+from tests.differential import normalized
+
+BUILTIN = "smalti.plugins"
+
+
+def lowering_plugin(op_name, rule, overrides=BUILTIN):
+    @smalti.hookimpl
+    def smalti_register_lowering_rules(registry):
+        registry.lowering_rule(op_name, overrides=overrides)(rule)
+
+    return SimpleNamespace(smalti_register_lowering_rules=smalti_register_lowering_rules)
+
+
+def constraint_plugin(op_name, rule):
+    @smalti.hookimpl
+    def smalti_register_constraint_rules(registry):
+        registry.constraint_rule(op_name, overrides=BUILTIN)(rule)
+
+    return SimpleNamespace(smalti_register_constraint_rules=smalti_register_constraint_rules)
+
+
+def with_plugin(name, plugin):
+    return smalti.build_pipeline(plugins={name: plugin})
+
+
+# --- lowering rules ------------------------------------------------------------------------
+
+
+def returns_none(ctx, op):
+    return None
+
+
+def returns_a_number(ctx, op):
+    return [42]
+
+
+def returns_two_values(ctx, op):
+    return [op.operation.operands[0], op.operation.operands[0]]
+
+
+def raises_runtime_error(ctx, op):
+    raise RuntimeError("lowering boom")
+
+
+@pytest.mark.parametrize("rule, code, phrase", [
+    (returns_none, "SM006", "returned None"),
+    (returns_a_number, "SM006", "not an IR value: #0: 42"),
+    (returns_two_values, "SM006", "returned 2 values for 1 results"),
+    (raises_runtime_error, "SM005", "RuntimeError: lowering boom"),
+])
+def test_misbehaving_lowering_rule_is_named(rule, code, phrase):
+    kernel = kernels.example_kernel()
+    pipeline = with_plugin("shoddy", lowering_plugin("math.exp", rule))
+    smalti.infer_layouts(kernel.module, pipeline=pipeline)
+    with pytest.raises(smalti.PluginError) as info:
+        smalti.lower(kernel.module, kernel.launch_context, pipeline=pipeline)
+    error = info.value
+    assert error.code == code
+    assert "'shoddy'" in error.message and rule.__name__ in error.message
+    assert phrase in error.message
+    assert error.op.startswith("math.exp") and error.fixes
+
+
+def test_other_plugins_keep_working_beside_a_broken_lowering_rule():
+    pipeline = with_plugin("shoddy", lowering_plugin("mydialect.unused", returns_none, None))
+    ours, theirs = kernels.example_kernel(), kernels.example_kernel()
+    for kernel, p in ((ours, pipeline), (theirs, None)):
+        smalti.infer_layouts(kernel.module, pipeline=p)
+        smalti.lower(kernel.module, kernel.launch_context, pipeline=p)
+    assert normalized(ours.module) == normalized(theirs.module)
+
+
+# --- constraint rules ----------------------------------------------------------------------
+
+
+def requires_a_string(op, b):
+    b.variable(*b.vector_sites())
+    b.require("x == WGMMA")
+
+
+def assigns_a_string(op, b):
+    b.assign(b.variable(*b.vector_sites()), "WGMMA")
+
+
+def assigns_to_a_site(op, b):
+    b.variable(*b.vector_sites())
+    b.assign(b.operand(0), RegisterLayout(fa.WGMMA_LAYOUT))
+
+
+def falls_back_to_a_layout_object(op, b):
+    b.fallback(b.variable(*b.vector_sites()), fa.WGMMA_LAYOUT)  # not wrapped
+
+
+def joins_a_site_twice(op, b):
+    b.variable(*b.vector_sites())
+    b.variable(b.result(0))
+
+
+class Exploding(Constraint):
+    def __init__(self, var):
+        self.var = var
+
+    def expressions(self):
+        return (self.var,)
+
+    def check(self, values):
+        raise ZeroDivisionError("constraint boom")
+
+    def candidates(self, ctx):
+        raise ZeroDivisionError("constraint boom")
+
+
+def states_an_exploding_constraint(op, b):
+    b.require(Exploding(b.variable(*b.vector_sites())))
+
+
+@pytest.mark.parametrize("rule, code, phrase", [
+    (requires_a_string, "SM006", "require() got 'x == WGMMA', not a smalti Constraint"),
+    (assigns_a_string, "SM006", "assign() got 'WGMMA', not a smalti layout constant"),
+    (assigns_to_a_site, "SM006", "not a Variable"),
+    (falls_back_to_a_layout_object, "SM006", "fallback() got"),
+    (joins_a_site_twice, "SM006", "was given two variables"),
+    (states_an_exploding_constraint, "SM005", "ZeroDivisionError: constraint boom"),
+])
+def test_misbehaving_constraint_rule_is_named_and_changes_nothing(rule, code, phrase):
+    kernel = kernels.example_kernel()
+    before = str(kernel.module)
+    pipeline = with_plugin("shoddy", constraint_plugin("math.exp", rule))
+    with pytest.raises(smalti.PluginError) as info:
+        smalti.infer_layouts(kernel.module, pipeline=pipeline)
+    error = info.value
+    assert error.code == code
+    assert "'shoddy'" in error.message and rule.__name__ in error.message
+    assert phrase in error.message
+    if code == "SM006":
+        assert error.op.startswith("math.exp")
+    else:
+        assert "math.exp" in error.values["stated by"]
+    assert str(kernel.module) == before
+
+
+# --- registration --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("register, phrase", [
+    (lambda r: r.add(42, lambda op, b: None), "op name 42"),
+    (lambda r: r.add("", lambda op, b: None), "op name ''"),
+    (lambda r: r.add("fake.op", lambda op, b: None, archs=(9, 0)), "archs=(9, 0)"),
+    (lambda r: r.add("fake.op", lambda op, b: None, overrides=3), "overrides=3"),
+])
+def test_malformed_registration_drops_only_that_plugin(register, phrase):
+    @smalti.hookimpl
+    def smalti_register_constraint_rules(registry):
+        register(registry)
+
+    bad = SimpleNamespace(smalti_register_constraint_rules=smalti_register_constraint_rules)
+    pipeline = smalti.build_pipeline(plugins={"bad": bad})
+    [problem] = [p for p in pipeline.problems if p.plugin == "bad"]
+    assert problem.error.code == "SM006" and phrase in problem.error.message
+    assert "'bad'" in problem.error.message
+    kernel = kernels.example_kernel()
+    smalti.infer_layouts(kernel.module, pipeline=pipeline)  # the built-ins still work
+    smalti.lower(kernel.module, kernel.launch_context, pipeline=pipeline)
