@@ -35,7 +35,7 @@ from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import ConstraintBuilder
-from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of, producer_site
+from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
     ConstraintFault,

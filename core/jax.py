@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -95,6 +96,14 @@ def _restore_unregistered_dialects() -> None:
         context.allow_unregistered_dialects = previous
 
 
+def _resolve(primitive: Any) -> Any:
+    """A primitive, given as the object or as a ``"module:attribute"`` reference."""
+    if isinstance(primitive, str):
+        module, _, attribute = primitive.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    return primitive
+
+
 def _pallas_rules() -> dict[Any, Any]:
     from jax._src.pallas.mosaic_gpu import core as gpu_core
     from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
@@ -116,8 +125,9 @@ def install(pipeline: Pipeline | None = None) -> None:
             saved = []
             for records in pipeline.rules[RuleKind.PALLAS].values():
                 for record in records:
-                    saved.append((record.target, rules.get(record.target, _MISSING)))
-                    rules[record.target] = _allowing_unregistered_dialects(record.function)
+                    primitive = _resolve(record.target)
+                    saved.append((primitive, rules.get(primitive, _MISSING)))
+                    rules[primitive] = _allowing_unregistered_dialects(record.function)
             mgpu_core.lower_mgpu_module = _lower_mgpu_module_with(pipeline, original)
             _state.update(original=original, saved=saved, pipeline=pipeline)
         _state["depth"] += 1

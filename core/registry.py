@@ -223,16 +223,25 @@ class PallasRegistry(_Registry):
     kind = RuleKind.PALLAS
 
     def pallas_lowering(self, primitive: Any, *, overrides: str | None = None):
-        """Decorator: lowers the Pallas ``primitive`` (a ``jax.extend.core.Primitive``)."""
+        """Decorator: lowers the Pallas ``primitive``.
+
+        ``primitive`` is the ``jax.extend.core.Primitive`` object, or a
+        ``"module:attribute"`` reference to it, resolved only when smalti is
+        installed into jax (so that building a pipeline does not import
+        Pallas).
+        """
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            name = getattr(primitive, "name", None)
+            if isinstance(primitive, str) and primitive.count(":") == 1:
+                name = primitive.split(":")[1]
+            else:
+                name = getattr(primitive, "name", None)
             if name is None:
                 raise PluginError(
                     "SM006",
                     f"plugin {self.plugin!r} registered a Pallas lowering for "
                     f"{primitive!r}, which is not a jax primitive",
-                    fix="pass the primitive object (e.g. my_op_p), not its name",
+                    fix="pass the primitive object (e.g. my_op_p) or 'module:my_op_p'",
                 )
             self._add(name, fn, ANY_ARCH, overrides, target=primitive)
             return fn

@@ -23,7 +23,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.constraints import Constraint, Variable
 from smalti.diagnostics import PluginError, SmaltiValueError
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
-from smalti.sites import SiteKind, ValueSite, layout_sites, memory_space_of
+from smalti.sites import SiteKind, ValueSite, layout_sites
 from smalti.solver import ConstraintSystem, Origin
 
 

@@ -45,11 +45,13 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
 
 @hookimpl
 def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
-    # Imported here: Pallas is only needed once a Pallas kernel is lowered.
-    from jax._src.pallas.mosaic_gpu import primitives as pallas_primitives
-
-    from smalti.hopper import pallas_stores
-
     # Scalars (which jax refuses) by st.async; everything else by jax's rule.
-    registry.pallas_lowering(pallas_primitives.async_store_smem_p)(
-        pallas_stores.lower_async_store_smem)
+    # Referenced by name: Pallas is only imported once smalti is installed.
+    registry.pallas_lowering("jax._src.pallas.mosaic_gpu.primitives:async_store_smem_p")(
+        _lower_async_store_smem)
+
+
+def _lower_async_store_smem(ctx, *args, **params):
+    from smalti.hopper import pallas_stores  # imports Pallas
+
+    return pallas_stores.lower_async_store_smem(ctx, *args, **params)
