@@ -22,14 +22,12 @@ from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.blackwell.collective import check_collective, is_collective
-from smalti.blackwell.tmem_layouts import fitting, mma_tmem_layout, tmem_layout_from_attribute
-from smalti.blackwell.tmem_refs import (
-    address_cast,
-    check_tmem_operand,
-    tmem_ref_from_ir,
-)
+from smalti.blackwell.tmem_layouts import fitting, mma_tmem_layout
+from smalti.blackwell.tmem_refs import check_tmem_operand, tmem_ref_from_ir
 from smalti.constraints import Equal, Excludes, Reduced, TransferableTmem
 from smalti.diagnostics import SmaltiValueError
+from smalti.refs import tmem_address_cast as address_cast
+from smalti.refs import tmem_layout_from_attribute
 from smalti.layouts import SmemTransforms, TmemLayout
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
 

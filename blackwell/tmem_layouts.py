@@ -9,19 +9,10 @@ CTAs' banks for a collective one.
 from __future__ import annotations
 
 from jax._src.lib.mlir import ir
-from jax.experimental.mosaic.gpu import fragmented_array as fa
-from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import tcgen05
 
 from smalti.diagnostics import SmaltiValueError
 from smalti.layouts import TmemLayout, tmem_layout_fits
-
-
-def tmem_layout_from_attribute(attr: ir.Attribute) -> tcgen05.TMEMLayout:
-    tiled = mgpu_layouts.from_layout_attr(attr)
-    if not isinstance(tiled, fa.TiledLayout):
-        raise ValueError(f"{attr} is not a tiled layout, so not a TMEM layout")
-    return tcgen05.TMEMLayout(tiled.tiling, tiled.warp_dims, tiled.lane_dims, tiled.vector_dim)
 
 
 def mma_tmem_layout(shape: tuple[int, ...], collective: bool,

@@ -10,12 +10,10 @@ be mixed.
 from __future__ import annotations
 
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import builtin
-from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti.blackwell.tmem_layouts import tmem_layout_from_attribute
+from smalti import refs
 from smalti.diagnostics import SmaltiValueError, describe_op, format_location
 
 ALLOCATE_FIX = (
@@ -57,43 +55,9 @@ def check_tmem_operand(op: ir.OpView, value: ir.Value, what: str) -> None:
         )
 
 
-def address_cast(ref: ir.Value) -> builtin.UnrealizedConversionCastOp:
-    """The cast its producer left around a lowered TMEM ref's address."""
-    cast = ref.owner
-    i32 = ir.IntegerType.get_signless(32)
-    if (isinstance(cast, ir.Block) or not isinstance(cast, builtin.UnrealizedConversionCastOp)
-            or len(cast.operands) != 1 or cast.operands[0].type != i32
-            or "layout" not in cast.attributes):
-        raise SmaltiValueError(
-            "SM201", f"the TMEM ref {ref.get_name()} reached lowering without its address: "
-            f"its producer {producer_of(ref)} was not lowered",
-            fix="lower the whole module with smalti.lower (or jax's pipeline), not parts of it")
-    return cast
-
-
 def tmem_ref_from_ir(op: ir.OpView, ref: ir.Value, expected: ir.Attribute,
                      what: str = "TMEM operand") -> tcgen05.TMEMRef:
-    """The TMEM ref behind lowered ``ref``, which must have layout ``expected``."""
+    """The TMEM ref behind lowered ``ref`` (operand ``what`` of ``op``), which
+    must be a TMEM memref with layout ``expected``."""
     check_tmem_operand(op, ref, what)
-    cast = address_cast(ref)
-    actual = cast.attributes["layout"]
-    if actual != expected:
-        raise SmaltiValueError(
-            "SM142",
-            f"{ref.get_name()} has a layout {actual} that does not match the expected layout "
-            f"{expected}.",
-            op=op, values={what: str(ref.type)},
-            fix=["re-run smalti.infer_layouts on the whole module so that the ref's producer "
-                 "and its users agree",
-                 "or pin the layout once with mosaic_gpu.tmem_layout_cast after the allocation"],
-        )
-    ref_type = ir.MemRefType(ref.type)
-    return tcgen05.TMEMRef(cast.operands[0], tuple(ref_type.shape), ref_type.element_type,
-                           tmem_layout_from_attribute(actual))
-
-
-def tmem_ref_to_ir(ref: tcgen05.TMEMRef, ty: ir.Type) -> ir.Value:
-    """Wraps a TMEM ref's address back into the ref type ``ty``."""
-    cast = builtin.UnrealizedConversionCastOp([ty], [ref.address])
-    cast.attributes["layout"] = mgpu_layouts.to_layout_attr(ref.layout)
-    return cast.result
+    return refs.tmem_ref_from_ir(ref, expected, op=op)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import builtin
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.diagnostics import SmaltiValueError
@@ -79,3 +82,59 @@ def unwrap_transformed_ref(ref: ir.Value, transforms: ir.Attribute) -> ir.Value:
             f"its user expects {transforms}",
             fix="re-run smalti.infer_layouts so that producer and users agree")
     return cast.operands[0]
+
+
+# --- TMEM refs ----------------------------------------------------------------------
+#
+# A lowered TMEM ref is its 32-bit TMEM address, wrapped in an unrealized cast
+# back to the ref's type; the cast records the ref's TMEM layout. This too is
+# Mosaic GPU's own protocol.
+
+
+def tmem_layout_from_attribute(attr: ir.Attribute) -> tcgen05.TMEMLayout:
+    """Decodes a TMEM layout attribute (a tiled layout attribute)."""
+    tiled = mgpu_layouts.from_layout_attr(attr)
+    if not isinstance(tiled, fa.TiledLayout):
+        raise ValueError(f"{attr} is not a tiled layout, so not a TMEM layout")
+    return tcgen05.TMEMLayout(tiled.tiling, tiled.warp_dims, tiled.lane_dims, tiled.vector_dim)
+
+
+def tmem_address_cast(ref: ir.Value) -> builtin.UnrealizedConversionCastOp:
+    """The cast its producer left around a lowered TMEM ref's address."""
+    cast = ref.owner
+    i32 = ir.IntegerType.get_signless(32)
+    if (isinstance(cast, ir.Block) or not isinstance(cast, builtin.UnrealizedConversionCastOp)
+            or len(cast.operands) != 1 or cast.operands[0].type != i32
+            or "layout" not in cast.attributes):
+        raise SmaltiValueError(
+            "SM201", f"the TMEM ref {ref.get_name()} reached lowering without its address: "
+            "its producer was not lowered",
+            fix="lower the whole module with smalti.lower (or jax's pipeline), not parts of it")
+    return cast
+
+
+def tmem_ref_from_ir(ref: ir.Value, expected: ir.Attribute, *,
+                     op: ir.OpView | None = None) -> tcgen05.TMEMRef:
+    """The TMEM ref behind lowered ``ref``, which must have layout ``expected``."""
+    cast = tmem_address_cast(ref)
+    actual = cast.attributes["layout"]
+    if actual != expected:
+        raise SmaltiValueError(
+            "SM142",
+            f"{ref.get_name()} has a layout {actual} that does not match the expected layout "
+            f"{expected}.",
+            op=op, values={"ref": str(ref.type)},
+            fix=["re-run smalti.infer_layouts on the whole module so that the ref's producer "
+                 "and its users agree",
+                 "or pin the layout once with mosaic_gpu.tmem_layout_cast after the allocation"],
+        )
+    ref_type = ir.MemRefType(ref.type)
+    return tcgen05.TMEMRef(cast.operands[0], tuple(ref_type.shape), ref_type.element_type,
+                           tmem_layout_from_attribute(actual))
+
+
+def tmem_ref_to_ir(ref: tcgen05.TMEMRef, ty: ir.Type) -> ir.Value:
+    """Wraps a TMEM ref's address back into the ref type ``ty``."""
+    cast = builtin.UnrealizedConversionCastOp([ty], [ref.address])
+    cast.attributes["layout"] = mgpu_layouts.to_layout_attr(ref.layout)
+    return cast.result

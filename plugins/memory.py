@@ -25,7 +25,6 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, builtin, gpu, memref
 from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
-from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import UNSUPPORTED, Collapsed, Divides, Equal, Transposed
@@ -37,7 +36,13 @@ from smalti.layouts import (
     smem_transforms_fit,
     smem_transforms_from_attribute,
 )
-from smalti.refs import transformed_type, unwrap_transformed_ref, wrap_transformed_ref
+from smalti.refs import (
+    tmem_ref_from_ir,
+    tmem_ref_to_ir,
+    transformed_type,
+    unwrap_transformed_ref,
+    wrap_transformed_ref,
+)
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext
 from smalti.sites import memory_space_of
@@ -298,32 +303,6 @@ def _wrap_result(ctx: LoweringContext, op: ir.OpView, physical: ir.Value) -> ir.
     return wrap_transformed_ref(physical, op.results[0].type, _only(ctx.out_transforms(op)))
 
 
-def _tmem_ref_from_ir(op: ir.OpView, ref: ir.Value, layout: ir.Attribute) -> tcgen05.TMEMRef:
-    """The TMEM ref behind a lowered TMEM value: its address, recorded with its
-    layout by the producer's unrealized cast."""
-    cast = ref.owner
-    i32 = ir.IntegerType.get_signless(32)
-    if (not isinstance(cast, builtin.UnrealizedConversionCastOp) or len(cast.operands) != 1
-            or cast.operands[0].type != i32 or "layout" not in cast.attributes):
-        raise SmaltiValueError("SM201", "a TMEM ref reached lowering without its address",
-                               op=op, fix="run inference and lowering on the whole module")
-    if cast.attributes["layout"] != layout:
-        raise _fail(op, f"{ref.get_name()} has a layout {cast.attributes['layout']} that "
-                    f"does not match the expected layout {layout}.")
-    ref_type = ir.MemRefType(ref.type)
-    tiled = mgpu_layouts.from_layout_attr(layout)
-    tmem_layout = tcgen05.TMEMLayout(tiled.tiling, tiled.warp_dims, tiled.lane_dims,
-                                     tiled.vector_dim)
-    return tcgen05.TMEMRef(cast.operands[0], tuple(ref_type.shape), ref_type.element_type,
-                           tmem_layout)
-
-
-def _tmem_ref_to_ir(ref: tcgen05.TMEMRef, ty: ir.Type) -> ir.Value:
-    cast = builtin.UnrealizedConversionCastOp([ty], [ref.address])
-    cast.attributes["layout"] = mgpu_layouts.to_layout_attr(ref.layout)
-    return cast.result
-
-
 # --- lowering: slices and transforms -------------------------------------------------
 
 
@@ -441,9 +420,9 @@ def _lower_tmem_subview(ctx: LoweringContext, op: memref.SubViewOp) -> list[ir.V
     if source_layout != result_layout:
         raise ctx.fail(op, "a TMEM subview must keep its layout",
                        source=str(source_layout), result=str(result_layout))
-    ref = _tmem_ref_from_ir(op, op.source, source_layout)
+    ref = tmem_ref_from_ir(op.source, source_layout, op=op)
     window = [mgpu_utils.DynamicSlice(o, s) for o, s in zip(_offsets(op), op.static_sizes)]
-    return [_tmem_ref_to_ir(ref.slice(*window), op.result.type)]
+    return [tmem_ref_to_ir(ref.slice(*window), op.result.type)]
 
 
 def lower_subview(ctx: LoweringContext, op: memref.SubViewOp) -> list[ir.Value]:
@@ -507,7 +486,7 @@ def _cast_tmem(ctx: LoweringContext, op: memref.CastOp) -> ir.Value:
         raise _not_implemented(op, "memref.cast tmem layouts must be identical for both input "
                                "and output", fix="let inference choose the layouts of both",
                                in_layout=str(source_layout), out_layout=str(result_layout))
-    return _tmem_ref_to_ir(_tmem_ref_from_ir(op, op.source, source_layout), op.result.type)
+    return tmem_ref_to_ir(tmem_ref_from_ir(op.source, source_layout, op=op), op.result.type)
 
 
 def lower_cast(ctx: LoweringContext, op: memref.CastOp) -> list[ir.Value]:
