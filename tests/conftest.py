@@ -40,16 +40,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _whole_suite_selected(config: pytest.Config) -> bool:
-    if config.option.keyword or config.option.markexpr:
+    """Whether the run covers all of tests/ (other test paths may come along)."""
+    if config.option.keyword or config.option.markexpr or config.option.collectonly:
         return False
+    covered = False
     for arg in config.args:
         if "::" in arg:
             return False
         path = Path(config.invocation_params.dir, arg).resolve()
         # The tests folder itself, or a folder above it (the repository root).
-        if path != _TESTS and path not in _TESTS.parents:
-            return False
-    return True
+        covered = covered or path == _TESTS or path in _TESTS.parents
+    return covered
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
