@@ -405,9 +405,19 @@ class Solver:
         return ordered
 
     def _search(self, roots: list[int], constraints: list[int]) -> None:
+        """Depth-first search over the candidates of one component.
+
+        Propagation reaches the same fixpoint whatever order decisions are
+        made in, so a set of decisions whose subtree failed once fails again:
+        it is remembered and skipped (the search would otherwise retry every
+        ordering of the same dead end). Skipping dead ends does not change
+        which solution is found first.
+        """
         budget = self.budget
         conflicts: list[Conflict] = []
         stack: list[tuple[int, Iterator[tuple[int, Constant]], set]] = []
+        decisions: list[tuple[int, Constant]] = []
+        dead_ends: set[frozenset[tuple[int, Constant]]] = set()
         depth_mark = len(self.trail)
         iterator = self._candidates(roots, constraints)
         tried: set = set()
@@ -417,7 +427,8 @@ class Solver:
                 if self.value[root] is not None or (root, value) in tried:
                     continue
                 tried.add((root, value))
-                if not self.valid(root, value):
+                choice = frozenset((*decisions, (root, value)))
+                if choice in dead_ends or not self.valid(root, value):
                     continue
                 budget -= 1
                 if budget < 0:
@@ -429,11 +440,13 @@ class Solver:
                 except Conflict as conflict:
                     if not stack:
                         conflicts.append(conflict)
+                    dead_ends.add(choice)
                     self.undo(mark)
                     continue
                 if all(self.value[r] is not None for r in roots):
                     return
                 stack.append((mark, iterator, tried))
+                decisions.append((root, value))
                 iterator = self._candidates(roots, constraints)
                 tried = set()
                 advanced = True
@@ -443,6 +456,8 @@ class Solver:
             if not stack:
                 self.undo(depth_mark)
                 raise self._unsolvable_component(roots, constraints, conflicts)
+            dead_ends.add(frozenset(decisions))
+            decisions.pop()
             mark, iterator, tried = stack.pop()
             self.undo(mark)
 
