@@ -7,6 +7,8 @@ misbehaves, and otherwise returns an outcome label to count (e.g.
 
 from __future__ import annotations
 
+import math
+
 import random
 
 from jax._src.lib.mlir import ir
@@ -164,7 +166,11 @@ def check_ill_formed(seed: int) -> str:
             if not name.endswith("layouts"):
                 return f"{mutation}: nothing to swap"
             shape = rnd.choice([(64,), (256,), (64, 64), (256, 128)])
-            wrong = rnd.choice([fa.WGSplatFragLayout(shape), fa.WGStridedFragLayout(shape, 1)])
+            # A strided layout needs at least one element per thread.
+            kinds = [fa.WGSplatFragLayout(shape)]
+            if math.prod(shape) % fa.WARPGROUP_SIZE == 0:
+                kinds.append(fa.WGStridedFragLayout(shape, 1))
+            wrong = rnd.choice(kinds)
             index = rnd.randrange(len(entries))
             entries[index] = mgpu_layouts.to_layout_attr(wrong)
             op.attributes[name] = ir.ArrayAttr.get(entries)
