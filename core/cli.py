@@ -31,7 +31,7 @@ from smalti import pipeline as pipeline_module
 from smalti.diagnostics import SmaltiError, SmaltiValueError
 from smalti.inference import InferenceReport, TraceEntry, infer_layouts
 from smalti.kernels import example_kernel, make_context
-from smalti.lowering import LoweringReport, lower, module_arch
+from smalti.lowering import LoweringReport, lower, module_arch, recorded_arch
 from smalti.pipeline import Pipeline, default_pipeline, discover
 from smalti.registry import Architectures, RuleKind, RuleRecord
 
@@ -225,15 +225,6 @@ def read_module(file: str, context: ir.Context) -> ir.Module:
                                values={"parser": shown}, fix=fixes) from None
     except (OSError, UnicodeDecodeError) as e:
         raise SmaltiValueError("SM301", f"cannot read {file}: {e}", fix=fixes[0]) from None
-
-
-def recorded_arch(module: ir.Module) -> Arch | None:
-    """The architecture recorded in the module's ``mosaic_gpu.arch_*`` attributes."""
-    attributes = module.operation.attributes
-    if "mosaic_gpu.arch_major" not in attributes or "mosaic_gpu.arch_minor" not in attributes:
-        return None
-    return (ir.IntegerAttr(attributes["mosaic_gpu.arch_major"]).value,
-            ir.IntegerAttr(attributes["mosaic_gpu.arch_minor"]).value)
 
 
 def _layouts(entry: TraceEntry) -> str:

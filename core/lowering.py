@@ -60,15 +60,19 @@ class LoweringReport:
     ops_per_plugin: dict[str, int] = attrs.Factory(dict)
 
 
+def recorded_arch(module: ir.Module) -> tuple[int, int] | None:
+    """The architecture recorded in the module's ``mosaic_gpu.arch_*`` attributes."""
+    attributes = module.operation.attributes
+    if "mosaic_gpu.arch_major" not in attributes or "mosaic_gpu.arch_minor" not in attributes:
+        return None
+    return (ir.IntegerAttr(attributes["mosaic_gpu.arch_major"]).value,
+            ir.IntegerAttr(attributes["mosaic_gpu.arch_minor"]).value)
+
+
 def module_arch(module: ir.Module) -> tuple[int, int]:
     """The architecture a module was built for (its ``mosaic_gpu.arch_*``
     attributes), else the one jax infers for the current device."""
-    attributes = module.operation.attributes
-    if "mosaic_gpu.arch_major" in attributes and "mosaic_gpu.arch_minor" in attributes:
-        major = ir.IntegerAttr(attributes["mosaic_gpu.arch_major"]).value
-        minor = ir.IntegerAttr(attributes["mosaic_gpu.arch_minor"]).value
-        return (major, minor)
-    return tuple(mgpu_utils._infer_arch())  # type: ignore[return-value]
+    return recorded_arch(module) or tuple(mgpu_utils._infer_arch())  # type: ignore[return-value]
 
 
 class _Lowerer:
