@@ -237,7 +237,11 @@ def trace_lines(report: InferenceReport, arch: Arch) -> list[str]:
                f"variables, {report.constraints} constraints, {_ms(report.seconds)}")
     rows = [[e.op, e.location or "?", e.plugin, e.rule, _layouts(e)] for e in report.trace]
     table = _table(["op", "location", "plugin", "rule", "layouts"], rows)
-    return [f"// {line}" for line in [summary, *table]]
+    reasons = ["", "why each layout was chosen:"]
+    for e in report.trace:
+        for name, whys in sorted(e.why.items()):
+            reasons.append(f"  {e.op} {name}: " + "; ".join(dict.fromkeys(whys)))
+    return [f"// {line}" for line in [summary, *table, *reasons]]
 
 
 def cmd_infer(args: argparse.Namespace) -> int:

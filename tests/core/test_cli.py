@@ -164,6 +164,7 @@ def test_infer_explain_prints_the_trace(capsys, example_file):
     code, out, _ = run(capsys, "infer", str(example_file), "--explain")
     assert code == 0
     trace = [line for line in out.splitlines() if line.startswith("// ")]
+    trace = trace[:trace.index("// ")]  # the table, before the reasons
     assert trace[0].startswith("// inference on sm_90:")
     assert trace[1].split() == ["//", "op", "location", "plugin", "rule", "layouts"]
     [exp] = [line for line in trace if " math.exp " in line]
@@ -313,3 +314,14 @@ def test_console_script(tmp_path):
                             env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 2
     assert "[SM302]" in result.stderr
+
+
+def test_infer_explain_says_why_each_layout_was_chosen(capsys, tmp_path):
+    from smalti import kernels
+
+    path = tmp_path / "kernel.mlir"
+    path.write_text(str(kernels.example_kernel().module))
+    code, out, _ = run(capsys, "infer", str(path), "--explain")
+    assert code == 0
+    assert "// why each layout was chosen:" in out
+    assert "forced by mosaic_gpu.layout_cast" in out
