@@ -192,21 +192,43 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     return system, site_vars, annotated
 
 
+class _UseOrigin:
+    """The origin of an edge between a value's producer and a consumer
+    (a cheap stand-in for :class:`Origin`: there is one per use)."""
+
+    __slots__ = ("producer", "consumer")
+    plugin = None
+    rule = None
+
+    def __init__(self, producer: Variable, consumer: Variable) -> None:
+        self.producer, self.consumer = producer, consumer
+
+    def __str__(self) -> str:
+        return (f"the use of {self.producer.site.describe()} by "
+                f"{self.consumer.site.describe()}")
+
+
 def _connect_uses(system: ConstraintSystem, site_vars: dict[ValueSite, Variable]) -> None:
     """Links each operand's variable to its producer's: registers may be
     relaid out on the way (strictly: only splat values change layout), refs
     keep their layout. Each edge is stated once, when the first of its two
     variables is visited, in variable order."""
     sites_of: dict[Variable, list[ValueSite]] = {}
+    produced_by: dict[ir.Value, Variable] = {}  # result or argument -> its variable
     for site, var in site_vars.items():
         sites_of.setdefault(var, []).append(site)
+        if site.kind is not SiteKind.OPERAND:
+            produced_by[site.value] = var
     visited: set[Variable] = set()
+    bitwidths: dict[ir.Type, int] = {}
 
     def link(producer: Variable, consumer: Variable, value: ir.Value) -> None:
-        origin = Origin(lambda: f"the use of {producer.site.describe()} by "
-                        f"{consumer.site.describe()}")
+        origin = _UseOrigin(producer, consumer)
         if consumer.memory_space is MemorySpace.REG:
-            bitwidth = mgpu_utils.bitwidth(ir.VectorType(value.type).element_type)
+            element = value.type.element_type
+            bitwidth = bitwidths.get(element)
+            if bitwidth is None:
+                bitwidth = bitwidths[element] = mgpu_utils.bitwidth(element)
             system.require(Relayout(producer, consumer, bitwidth, strict=True), origin)
         else:
             system.require(Equal(producer, consumer), origin)
@@ -215,9 +237,9 @@ def _connect_uses(system: ConstraintSystem, site_vars: dict[ValueSite, Variable]
         for site in sites_of.get(var, ()):
             value = site.value
             if site.kind is SiteKind.OPERAND:
-                source = producer_site(value)
-                producer = site_vars.get(source)
+                producer = produced_by.get(value)
                 if producer is None:
+                    source = producer_site(value)
                     raise SmaltiValueError(
                         "SM103",
                         f"{site.describe()} is produced by {source.describe()}, which has "
