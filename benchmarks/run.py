@@ -179,6 +179,74 @@ def synthetic(sizes: list[int], jax_max: int) -> None:
               f"{by_ops[large] / by_ops[small]:.1f}x smalti time")
 
 
+def _unrolled_wgmma_text(steps: int) -> str:
+    """A Pallas kernel issuing ``steps`` WGMMAs on double-buffered SMEM, as
+    the module smalti receives before inference (textual)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    import smalti.jax
+
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, barrier):
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, barrier)
+        plgpu.barrier_wait(barrier)
+        plgpu.copy_gmem_to_smem(b_gmem, b_smem, barrier)
+        plgpu.barrier_wait(barrier)
+
+        def scope(acc):
+            for i in range(steps):
+                plgpu.wgmma(acc, a_smem.at[i % 2], b_smem.at[i % 2])
+                plgpu.wgmma_wait(1)
+            plgpu.wgmma_wait(0)
+            return acc[...]
+
+        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 128), jnp.float32))
+
+    f16 = jnp.float16
+    call = plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+        scratch_types=[plgpu.SMEM((2, 64, 64), f16), plgpu.SMEM((2, 64, 128), f16),
+                       plgpu.Barrier()],
+        compiler_params=plgpu.CompilerParams(
+            lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+    texts: list[str] = []
+    original = smalti.jax.infer_layouts
+
+    def grab(module, **kw):
+        texts.append(module.operation.get_asm(enable_debug_info=False))
+        return original(module, **kw)
+
+    smalti.jax.infer_layouts = grab
+    try:
+        with smalti.jax.installed():
+            jax.clear_caches()
+            jax.jit(call).trace(jax.ShapeDtypeStruct((2, 64, 64), f16),
+                                jax.ShapeDtypeStruct((2, 64, 128), f16)
+                                ).lower(lowering_platforms=("cuda",))
+    finally:
+        smalti.jax.infer_layouts = original
+    return texts[0]
+
+
+def unrolled_wgmma(sizes: list[int], jax_max: int) -> None:
+    """Inference only, on the text of an unrolled WGMMA pipeline."""
+    widths = [20, 6, 9, 10, 10, 9, 11]
+    for n in sizes:
+        text = _unrolled_wgmma_text(max(1, n // 3))
+        ours_module = ir.Module.parse(text, kernels.make_context())
+        ops = count_ops(ours_module)
+        walk = timed(lambda: count_ops(ours_module), repeat=3)
+        ours = timed(lambda: smalti.infer_layouts(ours_module))
+        jax_cells = ["-", "-"]
+        if n <= jax_max:
+            context = kernels.make_context()
+            theirs_module = ir.Module.parse(text, context)
+            with context, ir.Location.unknown(context):
+                theirs = timed(lambda: jax_mgpu.infer_layout(theirs_module))
+            jax_cells = [f"{theirs:.3f}", f"{theirs / ours:.0f}x"]
+        print(row(["unrolled WGMMA", str(ops), f"{walk:.4f}", f"{ours:.4f}", *jax_cells,
+                   f"{ours / walk:.1f}x"], widths))
+
+
 def lowering(n: int) -> None:
     print("\nlowering (after inference), elementwise chain:")
     body = chain(n)
@@ -326,6 +394,7 @@ def main() -> None:
     sizes = [250, 500, 1000] if args.quick else [250, 500, 1000, 2000, 4000, 8000]
     print(f"smalti {smalti.__version__} vs jax {jax.__version__}\n")
     synthetic(sizes, args.jax_max)
+    unrolled_wgmma(sizes, args.jax_max)
     lowering(250 if args.quick else 1000)
     official_kernels(3 if args.quick else 7)
     pipeline_cost()
