@@ -699,12 +699,6 @@ class SupportedBroadcast(Constraint):
         return f"{describe(self.source)} broadcasts along {self.dims} into {describe(self.target)}"
 
 
-def _smem_and_register(
-    a: Expression, b: Expression, value_of: ValueOf
-) -> tuple[Variable, Constant] | None:
-    return _one_variable_one_constant(a, b, value_of)
-
-
 @attrs.frozen
 class TransferableTmem(Constraint):
     """A TMEM ref in ``tmem`` and registers in ``registers`` can be copied

@@ -70,7 +70,6 @@ def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
             raise mgpu_core.error.mlir_error_to_verification_error(e) from e
 
     lower_mgpu_module.__wrapped__ = original  # type: ignore[attr-defined]
-    lower_mgpu_module.__smalti__ = True  # type: ignore[attr-defined]
     return lower_mgpu_module
 
 

@@ -345,10 +345,6 @@ def to_attribute(constant: Constant) -> ir.Attribute:
     raise TypeError(f"not a layout constant: {constant!r}")
 
 
-def register_layout_from_attribute(attr: ir.Attribute) -> RegisterLayout:
-    return RegisterLayout(mgpu_layouts.from_layout_attr(attr))
-
-
 def smem_transforms_from_attribute(attr: ir.Attribute) -> SmemTransforms:
     tiling, swizzle = None, None
     for transform in ir.ArrayAttr(attr):

@@ -141,7 +141,6 @@ class Solver:
         self.queue: deque[int] = deque()
         self.queued = [False] * len(self.constraints)
         self._valid_cache: dict[tuple[int, Constant], bool] = {}
-        self.explanations: list[str] = []
 
     # --- union-find -------------------------------------------------------------
 
