@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
+from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 
 from smalti import layouts
@@ -38,6 +39,7 @@ from smalti.constraints import (
     merge_multiples,
     variables_of,
 )
+from smalti.diagnostics import format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
 
 #: Candidates tried per independent part of a kernel before giving up.
@@ -544,10 +546,48 @@ class Solver:
             lines += self._why(self.find(root), seen)
         return list(dict.fromkeys(lines))
 
+    def _headline(self, conflict: Conflict) -> str | None:
+        """One sentence: which ops ask for which layouts, and which ops
+        connect them ("X asks for A; Y asks for B; they are connected
+        through Z")."""
+        demands: list[str] = []
+        asking: set[str] = set()
+        members: list[Variable] = []
+        seen: set[int] = set()
+
+        def visit(root: int, depth: int) -> None:
+            if root in seen or depth > 6:
+                return
+            seen.add(root)
+            reason = self.reason[root]
+            if _is_origin(reason):
+                demands.append(f"{_where(reason[1])} asks for {self.value[root]}")
+                asking.add(_where(reason[1]))
+            elif _ci(reason) is not None:
+                for other in self.cvars[_ci(reason)]:
+                    visit(self.find(other), depth + 1)
+            members.extend(v for v in self.variables if self.find(v.id) == root)
+
+        for root in conflict.roots:
+            visit(self.find(root), 0)
+        if conflict.constraint is not None:
+            for other in self.cvars[conflict.constraint]:
+                visit(self.find(other), 0)
+        if not demands:
+            return None
+        through = [op for op in dict.fromkeys(_where_op(v.site.op) for v in members)
+                   if op not in asking]
+        sentence = "; ".join(dict.fromkeys(demands))
+        if through:
+            shown = ", ".join(through[:3]) + (" and others" if len(through) > 3 else "")
+            sentence += f"; they are connected through {shown}"
+        return sentence
+
     def _unsolvable(self, conflict: Conflict) -> Unsolvable:
         roots = [self.find(r) for r in conflict.roots]
-        return Unsolvable("the kernel's layout requirements conflict", self._explain(conflict),
-                          [self.variables[r] for r in roots])
+        headline = self._headline(conflict)
+        summary = headline or "the kernel's layout requirements conflict"
+        return Unsolvable(summary, self._explain(conflict), [self.variables[r] for r in roots])
 
     def _unsolvable_component(self, roots: list[int], constraints: list[int],
                               conflicts: list[Conflict]) -> Unsolvable:
@@ -561,6 +601,18 @@ class Solver:
                 lines.append(f"  {self.origins[ci]} requires {self.constraints[ci]}")
         return Unsolvable("no layout assignment satisfies the kernel", lines,
                           [self.variables[r] for r in roots])
+
+
+def _where(origin: object) -> str:
+    """An origin without its rule and plugin: ``op at file:line``."""
+    if isinstance(origin, Origin):
+        return origin.what if isinstance(origin.what, str) else origin.what()
+    return str(origin)
+
+
+def _where_op(op: ir.Operation) -> str:
+    location = format_location(op.location)
+    return op.name + (f" at {location}" if location else "")
 
 
 def _is_origin(reason: object) -> bool:

@@ -98,3 +98,27 @@ def test_every_error_code_has_an_explanation_with_examples_where_it_matters():
         assert code.startswith("SM") and entry.title and len(entry.explanation) > 80
         assert code in entry.long_form()
     assert codes.CATALOGUE["SM101"].before and codes.CATALOGUE["SM101"].after
+
+
+def test_conflict_is_summed_up_in_one_sentence():
+    """'X asks for A; Y asks for B; they are connected through Z'."""
+    def body(ctx, x_ref, y_ref, out_ref, smem):
+        with ir.Location.file("kernel.py", 7, 5):
+            x = mgpu.vector_load(x_ref)
+        with ir.Location.file("kernel.py", 8, 5):
+            strided = mgpu_layouts.to_layout_attr(fa.WGStridedFragLayout((128, 128), 2))
+            y = mgpu.layout_cast(mgpu.vector_load(y_ref), strided)
+        with ir.Location.file("kernel.py", 9, 5):
+            z = arith.addf(x, y)
+        with ir.Location.file("kernel.py", 12, 5):
+            w = mgpu.layout_cast(z, mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT))
+        mgpu.vector_store(w, out_ref)
+
+    kernel = kernels.build_kernel(body, [SHAPE, SHAPE], [SHAPE])
+    with pytest.raises(smalti.UnsatisfiableLayoutsError) as error:
+        smalti.infer_layouts(kernel.module)
+    headline = str(error.value).splitlines()[0]
+    assert "mosaic_gpu.layout_cast at kernel.py:8:5 asks for strided[128, 128]x2" in headline
+    assert "mosaic_gpu.layout_cast at kernel.py:12:5 asks for WGMMA" in headline
+    assert "they are connected through mosaic_gpu.vector_load at kernel.py:7:5" in headline
+    assert "arith.addf at kernel.py:9:5" in headline
