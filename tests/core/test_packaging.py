@@ -1,0 +1,37 @@
+"""smalti works installed normally (not only editable): the folder-to-package
+mapping of pyproject.toml and the entry points are right in a built wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_normal_install_provides_every_package_and_plugin(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+         "--target", str(target), str(ROOT)],
+        check=True, capture_output=True, text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    check = (
+        "import smalti, smalti.plugins, smalti.hopper, smalti.blackwell\n"
+        f"assert smalti.__file__.startswith({str(target)!r}), smalti.__file__\n"
+        "pipeline = smalti.build_pipeline()\n"
+        "names = {p.name for p in pipeline.plugins}\n"
+        "assert {'smalti.plugins', 'smalti.hopper', 'smalti.blackwell'} <= names, names\n"
+        "from smalti import kernels\n"
+        "kernel = kernels.example_kernel()\n"
+        "smalti.infer_layouts(kernel.module, pipeline=pipeline)\n"
+        "smalti.lower(kernel.module, kernel.launch_context, pipeline=pipeline)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("ok")
