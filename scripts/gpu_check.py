@@ -27,9 +27,10 @@ import smalti.jax
 Dim = matmul.MatmulDimension
 
 
-def cases() -> list[tuple[str, Callable, tuple]]:
+def cases(size: int = 4096) -> list[tuple[str, Callable, tuple]]:
+    """(name, function, inputs) for each kernel configuration checked."""
     key_a, key_b = jax.random.split(jax.random.key(0))
-    m, k, n = 4096, 4096, 8192
+    m, k, n = size, size, 2 * size
     a16 = jax.random.uniform(key_a, (m, k), jnp.float16)
     b16 = jax.random.uniform(key_b, (k, n), jnp.float16)
     a8 = jax.random.randint(key_a, (m, k), -128, 127, jnp.int8)
@@ -38,7 +39,8 @@ def cases() -> list[tuple[str, Callable, tuple]]:
     for tile_m, tile_n, wg, cluster in [(128, 128, Dim.N, None), (256, 128, Dim.M, None),
                                         (128, 256, Dim.N, Dim.M), (128, 128, Dim.N, Dim.N)]:
         config = matmul.TuningConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64,
-                                     max_concurrent_steps=4, grid_tile_width=8,
+                                     max_concurrent_steps=2 if tile_m * tile_n > 128 * 128 else 4,
+                                     grid_tile_width=8,
                                      wg_dimension=wg, cluster_dimension=cluster)
         name = f"hopper_matmul f16 {tile_m}x{tile_n} wg={wg} cluster={cluster}"
         found.append((name, lambda a, b, c=config: matmul.matmul(a, b, None, c), (a16, b16)))
@@ -64,10 +66,11 @@ def run(fn: Callable, args: tuple, iterations: int) -> tuple[np.ndarray, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--size", type=int, default=4096, help="M = K = size, N = 2 * size")
     args = parser.parse_args()
     print(f"device: {jax.devices()[0].device_kind}")
     print(f"{'kernel':58} {'max |diff|':>10} {'jax ms':>8} {'smalti ms':>10}")
-    for name, fn, inputs in cases():
+    for name, fn, inputs in cases(args.size):
         by_jax, jax_time = run(fn, inputs, args.iterations)
         with smalti.jax.installed():
             by_smalti, smalti_time = run(fn, inputs, args.iterations)
