@@ -350,13 +350,16 @@ capture the ref).
         "SM120",
         "A TMA gather or scatter cannot be expressed",
         """
-TMA gathers and scatters take a vector of row indices for the leading
-dimension of a 2-D global ref, in a vector of a multiple of 4 rows, and move
-rows that are 256-bit aligned in shared memory. This copy breaks one of
-those rules: a vector index on another dimension, a GMEM ref of another
-rank, an index vector of an odd length, or a minor slice length that is not
-a multiple of 256 bits. Reshape the GMEM ref to 2-D with the gathered rows
-first, pad the index vector, or widen the copied rows.
+TMA gathers and scatters move whole rows, chosen by a vector of row indices
+for the leading dimension of a global ref, 4 rows at a time, each row 256-bit
+aligned in shared memory. A GMEM ref of rank above 2 works when every
+gathered row is one contiguous run of memory (full trailing dimensions):
+smalti folds it to 2-D. This copy breaks one of those rules: a vector index
+on another dimension, rows that are not contiguous, a GMEM ref that is not a
+kernel argument (needed to fold it), an index vector whose length is not a
+multiple of 4, or a minor slice length that is not a multiple of 256 bits.
+Reshape the GMEM ref so that the gathered rows come first and are
+contiguous, pad the index vector, or widen the copied rows.
 """,
         before="""
 mosaic_gpu.async_load %gmem[%rows_vector, %c0] ... slice_lengths = [8, 12] : f32
