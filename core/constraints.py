@@ -785,7 +785,12 @@ class TransferKind:
 class TransferableSmem(Constraint):
     """Registers in ``registers`` and an SMEM ref with transforms ``smem`` can
     be copied between each other for a ref of ``shape``/``strides`` holding
-    ``bitwidth``-bit elements, with a transfer of kind ``kind``."""
+    ``bitwidth``-bit elements, with a transfer of kind ``kind``.
+
+    ``tiled_candidates`` are the register layouts the search tries for the
+    registers once the ref is known to be tiled, best first (which ones are
+    best depends on the architecture: the rule stating the constraint knows).
+    """
 
     registers: Expression
     smem: Expression
@@ -793,6 +798,8 @@ class TransferableSmem(Constraint):
     strides: tuple[int, ...] = attrs.field(converter=tuple)
     bitwidth: int
     kind: str = TransferKind.OPTIMIZED
+    tiled_candidates: tuple[fa.FragmentedLayout, ...] = attrs.field(default=(),
+                                                                    converter=tuple)
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.registers, self.smem)
@@ -827,8 +834,14 @@ class TransferableSmem(Constraint):
                     yield variable, transforms
             return
         if isinstance(known, SmemTransforms):
-            for layout in transfers.register_candidates_for_smem(variable, known, ctx.arch):
-                yield variable, RegisterLayout(layout)
+            if known.tiling is not None:
+                for layout in self.tiled_candidates:
+                    yield variable, RegisterLayout(layout)
+                return
+            # An untiled ref takes a strided value, if the shape has one.
+            strided = fa.WGStridedFragLayout.from_shaped_type(variable.type)
+            if strided is not None:
+                yield variable, RegisterLayout(strided)
 
     def __str__(self) -> str:
         return f"{describe(self.registers)} <-> SMEM {describe(self.smem)} ({self.kind})"

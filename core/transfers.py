@@ -129,20 +129,3 @@ def smem_transforms_candidates(
         if candidate not in seen:
             seen.add(candidate)
             yield candidate
-
-
-def register_candidates_for_smem(
-    variable, smem: SmemTransforms, arch: tuple[int, int]
-) -> Iterator[fa.FragmentedLayout]:
-    """Register layouts worth trying for a value copied to or from an SMEM ref."""
-    if smem.tiling is None:
-        strided = fa.WGStridedFragLayout.from_shaped_type(variable.type)
-        if strided is not None:
-            yield strided
-        return
-    if arch >= (10, 0):
-        # Larger tcgen05 tiles first; WGMMA tiles fit smaller shapes.
-        yield fa.TCGEN05_LAYOUT
-        yield fa.TCGEN05_TRANSPOSED_LAYOUT
-    yield fa.WGMMA_LAYOUT
-    yield fa.WGMMA_TRANSPOSED_LAYOUT

@@ -25,7 +25,7 @@ def async_store_smem(op: mgpu.AsyncStoreSmemOp, b: ConstraintBuilder) -> None:
         kind = TransferKind.DOWNGRADABLE
     else:
         kind = TransferKind.OPTIMIZED if op.optimized.value else TransferKind.UNOPTIMIZED
-    b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind))
+    b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind, b.arch))
     b.require(Excludes(value, fa.WGStridedFragLayout), Excludes(value, fa.WGSplatFragLayout))
 
 

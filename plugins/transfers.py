@@ -25,11 +25,22 @@ def _is_smem(value: ir.Value) -> bool:
     return memory_space_of(value) is MemorySpace.SMEM
 
 
-def transferable(registers, smem, ref: ir.Value, kind: str) -> TransferableSmem:
+def tiled_register_layouts(arch: tuple[int, int]) -> tuple[fa.FragmentedLayout, ...]:
+    """Register layouts to try for a value moved to or from a tiled SMEM ref."""
+    wgmma = (fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT)
+    if arch >= (10, 0):
+        # Larger tcgen05 tiles first; WGMMA tiles also fit smaller shapes.
+        return (fa.TCGEN05_LAYOUT, fa.TCGEN05_TRANSPOSED_LAYOUT, *wgmma)
+    return wgmma
+
+
+def transferable(registers, smem, ref: ir.Value, kind: str,
+                 arch: tuple[int, int]) -> TransferableSmem:
     ref_type = ir.MemRefType(ref.type)
     strides, _ = ref_type.get_strides_and_offset()
     return TransferableSmem(registers, smem, tuple(ref_type.shape), tuple(strides),
-                            mgpu_utils.bitwidth(ref_type.element_type), kind)
+                            mgpu_utils.bitwidth(ref_type.element_type), kind,
+                            tiled_register_layouts(arch))
 
 
 def vector_load(op: mgpu.VectorLoadOp, b: ConstraintBuilder) -> None:
@@ -38,7 +49,7 @@ def vector_load(op: mgpu.VectorLoadOp, b: ConstraintBuilder) -> None:
     if _is_smem(op.source):
         kind = TransferKind.UNOPTIMIZED if (op.optimized is not None and not op.optimized.value) \
             else TransferKind.OPTIMIZED
-        b.require(transferable(result, b.variable(b.operand(0)), op.source, kind))
+        b.require(transferable(result, b.variable(b.operand(0)), op.source, kind, b.arch))
 
 
 def vector_store(op: mgpu.VectorStoreOp, b: ConstraintBuilder) -> None:
@@ -48,7 +59,7 @@ def vector_store(op: mgpu.VectorStoreOp, b: ConstraintBuilder) -> None:
             kind = TransferKind.DOWNGRADABLE
         else:
             kind = TransferKind.OPTIMIZED if op.optimized.value else TransferKind.UNOPTIMIZED
-        b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind))
+        b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind, b.arch))
 
 
 def register_constraints(registry: ConstraintRegistry) -> None:
