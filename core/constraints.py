@@ -53,13 +53,19 @@ class Variable:
         self.id = id
         self.site = site
         self.memory_space = memory_space
-        self.type: ir.Type = site.value.type
-        self.shape: tuple[int, ...] = tuple(ir.ShapedType(self.type).shape)
+        self.type: ir.Type = site.type
+        self.shape: tuple[int, ...] = _shape_of(self.type)
 
     def __repr__(self) -> str:
         return f"V{self.id}({self.site})"
 
     __str__ = __repr__
+
+
+def _shape_of(ty: ir.Type) -> tuple[int, ...]:
+    # Types read from values are concrete (VectorType, MemRefType): no cast needed.
+    shape = getattr(ty, "shape", None)
+    return tuple(ir.ShapedType(ty).shape if shape is None else shape)
 
 
 class Unsupported:

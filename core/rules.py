@@ -36,9 +36,10 @@ class ConstraintBuilder:
 
     def __init__(self, system: ConstraintSystem, site_vars: dict[ValueSite, Variable],
                  op: ir.OpView, arch: tuple[int, int], origin: Origin,
-                 sites: list[ValueSite] | None = None) -> None:
+                 sites: list[ValueSite] | None = None, op_hash: int | None = None) -> None:
         self._system = system
         self._sites = sites
+        self._op_hash = hash(op.operation) if op_hash is None else op_hash
         self._site_vars = site_vars
         self.op = op
         self.arch = arch
@@ -48,19 +49,26 @@ class ConstraintBuilder:
     # --- sites -------------------------------------------------------------------
 
     def operand(self, index: int) -> ValueSite:
-        return ValueSite(self.op, SiteKind.OPERAND, index)
+        return self._site(SiteKind.OPERAND, index)
 
     def result(self, index: int) -> ValueSite:
-        return ValueSite(self.op, SiteKind.RESULT, index)
+        return self._site(SiteKind.RESULT, index)
 
     def argument(self, region: int, index: int) -> ValueSite:
         """Argument ``index`` of the entry block of region ``region``."""
-        return ValueSite(self.op, SiteKind.ARGUMENT, index, region)
+        return ValueSite(self.op, SiteKind.ARGUMENT, index, region, op_hash=self._op_hash)
+
+    def _site(self, kind: SiteKind, index: int) -> ValueSite:
+        # The site core already made knows its value and type: hand out that one.
+        for site in self._sites or ():
+            if site.kind is kind and site.index == index:
+                return site
+        return ValueSite(self.op, kind, index, op_hash=self._op_hash)
 
     def layout_sites(self) -> list[ValueSite]:
         """Every operand and result needing a layout, operands first."""
         if self._sites is None:
-            self._sites = layout_sites(self.op.operation)
+            self._sites = layout_sites(self.op.operation, self._op_hash)
         return list(self._sites)
 
     def vector_sites(self) -> list[ValueSite]:
@@ -72,13 +80,15 @@ class ConstraintBuilder:
         """A new variable: all ``sites`` share its layout."""
         if not sites:
             self._malformed("variable() needs at least one site")
-        spaces = {s.memory_space for s in sites}
-        shapes = {tuple(s.value.type.shape) for s in sites}
-        if len(spaces) != 1 or None in spaces or len(shapes) != 1:
+        first = sites[0]
+        space = first.memory_space
+        if space is None or any(s.memory_space is not space
+                                or (s.type != first.type and s.type.shape != first.type.shape)
+                                for s in sites[1:]):
             self._malformed(
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
-        var = Variable(len(self._system.variables), sites[-1], spaces.pop())
+        var = Variable(len(self._system.variables), sites[-1], space)
         self._system.variables.append(var)
         for site in sites:
             if site in self._site_vars:

@@ -30,19 +30,23 @@ class ValueSite:
     block of region ``region`` of ``op``.
 
     Immutable and hashable; hand-written rather than an attrs class because
-    inference creates one per operand and result of a kernel.
+    inference creates one per operand and result of a kernel. Hashing an
+    ``ir.Operation`` goes through the bindings and is slow: inference hashes
+    each op once and passes ``op_hash`` to the sites it makes.
     """
 
-    __slots__ = ("op", "kind", "index", "region", "_hash", "_value", "_space")
+    __slots__ = ("op", "kind", "index", "region", "_hash", "_value", "_type", "_space")
 
     def __init__(self, op: ir.Operation | ir.OpView, kind: SiteKind, index: int,
-                 region: int | None = None, *, value: ir.Value | None = None) -> None:
+                 region: int | None = None, *, value: ir.Value | None = None,
+                 op_hash: int | None = None) -> None:
         self.op: ir.Operation = op.operation
         self.kind = kind
         self.index = index
         self.region = region
-        self._hash = hash((self.op, int(kind), index, region))
+        self._hash = hash((hash(self.op) if op_hash is None else op_hash, kind, index, region))
         self._value = value  # cached: reading it through the bindings is slow
+        self._type: ir.Type | None = None
         self._space: MemorySpace | None | bool = False  # False: not computed yet
 
     def __hash__(self) -> int:
@@ -65,10 +69,17 @@ class ValueSite:
         return self._value
 
     @property
+    def type(self) -> ir.Type:
+        """The type of the site's value."""
+        if self._type is None:
+            self._type = self.value.type
+        return self._type
+
+    @property
     def memory_space(self) -> MemorySpace | None:
         """The memory space of the site's value (``None``: it needs no layout)."""
         if self._space is False:
-            self._space = memory_space_of(self.value)
+            self._space = memory_space_of_type(self.type)
         return self._space  # type: ignore[return-value]
 
     def describe(self) -> str:
@@ -98,14 +109,19 @@ def _terminated_op(op: ir.Operation) -> ir.Operation | None:
 
 def memory_space_of(value: ir.Value) -> MemorySpace | None:
     """The memory space whose layout a value needs, or ``None`` if it needs none."""
-    return _memory_space_of_type(value.type)
+    return memory_space_of_type(value.type)
+
+
+def memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
+    """The memory space whose layout a value of type ``ty`` needs, if any."""
+    if isinstance(ty, ir.VectorType):  # the common case, without hashing the type
+        return MemorySpace.REG
+    return _memory_space_of_other_type(ty)
 
 
 # Small: cached types keep their MLIR context alive.
 @functools.lru_cache(maxsize=256)
-def _memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
-    if isinstance(ty, ir.VectorType):
-        return MemorySpace.REG
+def _memory_space_of_other_type(ty: ir.Type) -> MemorySpace | None:
     if isinstance(ty, ir.MemRefType):
         if mgpu_utils.is_tmem_ref(ty):
             return MemorySpace.TMEM
@@ -116,14 +132,18 @@ def _memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
     return None
 
 
-def layout_sites(op: ir.Operation) -> list[ValueSite]:
+def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first."""
+    if op_hash is None:
+        op_hash = hash(op)
     sites = []
     for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results)):
         for i, value in enumerate(values):
-            space = memory_space_of(value)
+            ty = value.type
+            space = memory_space_of_type(ty)
             if space is not None:
-                site = ValueSite(op, kind, i, value=value)
+                site = ValueSite(op, kind, i, value=value, op_hash=op_hash)
+                site._type = ty
                 site._space = space
                 sites.append(site)
     return sites
