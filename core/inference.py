@@ -13,7 +13,7 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 from jax._src.lib import mosaic_gpu_dialect as mgpu
@@ -21,7 +21,7 @@ from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti import layouts
-from smalti.constraints import Equal, Relayout, Variable
+from smalti.constraints import Variable
 from smalti.diagnostics import (
     PluginError,
     SmaltiError,
@@ -34,7 +34,7 @@ from smalti.diagnostics import (
 from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
-from smalti.rules import ConstraintBuilder
+from smalti.rules import ConstraintBuilder, SiteTable
 from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
@@ -78,24 +78,23 @@ class InferenceReport:
     trace: list[TraceEntry] = attrs.Factory(list)
 
 
-def walk(op: ir.Operation, skip_regions_of: set[ir.Operation]) -> Iterator[ir.Operation]:
-    """Pre-order walk, not entering the regions of ops in ``skip_regions_of``
-    (the set may grow during the walk)."""
-    yield op
-    if op in skip_regions_of:
-        return
+def _children(op: ir.Operation) -> list[ir.OpView]:
+    """The ops nested one level in ``op``, in reverse order (for a stack)."""
+    children: list[ir.OpView] = []
     for region in op.regions:
         for block in region.blocks:
-            for child in block.operations:
-                yield from walk(child.operation, skip_regions_of)
+            children.extend(block.operations)
+    children.reverse()
+    return children
 
 
-def _origin(op: ir.Operation, record: RuleRecord) -> Origin:
+def _origin(op: ir.Operation, record: RuleRecord) -> Callable[[], Origin]:
+    """The origin of what ``record``'s rule states about ``op``, made on demand."""
     def what() -> str:
         where = format_location(op.location)
         return op.name + (f" at {where}" if where else "")
 
-    return Origin(what, record.plugin, record.function.__qualname__)
+    return lambda: Origin(what, record.plugin, record.function.__qualname__)
 
 
 def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],
@@ -114,179 +113,159 @@ def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int
     )
 
 
-Annotated = list[tuple[ir.Operation, list[ValueSite]]]
+#: The ops that get layout attributes: each with its sites and their variables.
+Annotated = list[tuple[ir.Operation, list[ValueSite], list[Variable]]]
 
 
 def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             report: InferenceReport | None = None, *, trace: bool = False
-            ) -> tuple[ConstraintSystem, dict[ValueSite, Variable], Annotated]:
-    """Asks every op's rule to describe it; returns the system, the variable
-    of each site, and the ops that carry layouts with their sites (in walk
-    order)."""
+            ) -> tuple[ConstraintSystem, SiteTable, Annotated]:
+    """Asks every op's rule to describe it and links each use of a value to
+    its definition; returns the system, the variable of each site, and the
+    ops that carry layouts (in walk order, those described by their parent's
+    rule last)."""
     table = pipeline.table(RuleKind.CONSTRAINT, arch)
     system = ConstraintSystem()
-    site_vars: dict[ValueSite, Variable] = {}
+    sites_table = SiteTable()
+    site_vars = sites_table.variables
     annotated: Annotated = []
     described_by_parent: Annotated = []
-    opaque: set[ir.Operation] = set()
-    for top in module.body.operations:
-        for op in walk(top.operation, opaque):
-            sites = layout_sites(op)
-            if not sites:
-                # Lane-level regions stay unseen even when the op itself
-                # carries no layouts (a rule registered opaque_regions=True).
-                record = table.get(op.name) if len(op.regions) else None
-                if record is not None and record.opaque_regions:
-                    opaque.add(op)
-                continue
-            if all(s in site_vars for s in sites):
-                # A terminator (scf.yield...): its parent's rule described it.
-                # Like jax, it still gets its attributes.
-                described_by_parent.append((op, sites))
-                continue
-            record = table.get(op.name)
-            if record is None:
-                raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
-                    SmaltiNotImplementedError(
-                        "SM003",
-                        f"no layout inference rule defined for {op.name}",
-                        op=op,
-                        values={"op": describe_op(op)},
-                        fix=[
-                            "install a plugin that registers a constraint rule for "
-                            f"{op.name} (see docs/writing-plugins.md)",
-                            "check `smalti plugins` for a blocked plugin that provides it",
-                        ],
-                    ))
-            origin = _origin(op, record)
-            builder = ConstraintBuilder(system, site_vars, op.opview, arch, origin, sites)
-            try:
-                record.function(op.opview, builder)
-            except SmaltiError:
-                raise
-            except Exception as e:
-                raise PluginError(
-                    "SM005",
-                    f"constraint rule {record.name} of plugin {record.plugin!r} raised "
-                    f"{type(e).__name__}: {e}",
+    # Pre-order, with a stack: an op's regions are entered after its rule
+    # ran, since the rule may declare them opaque (already at Lane level).
+    stack: list[ir.OpView] = list(module.body.operations)
+    stack.reverse()
+    while stack:
+        view = stack.pop()
+        op = view.operation
+        op_hash = hash(op)
+        sites = layout_sites(op, op_hash)
+        if not sites:
+            # Lane-level regions stay unseen even when the op itself
+            # carries no layouts (a rule registered opaque_regions=True).
+            if len(op.regions):
+                record = table.get(op.name)
+                if record is None or not record.opaque_regions:
+                    stack += _children(op)
+            continue
+        variables = [site_vars.get(s) for s in sites]
+        if None not in variables:
+            # A terminator (scf.yield...): its parent's rule described it.
+            # Like jax, it still gets its attributes.
+            described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
+            continue
+        record = table.get(op.name)
+        if record is None:
+            raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
+                SmaltiNotImplementedError(
+                    "SM003",
+                    f"no layout inference rule defined for {op.name}",
                     op=op,
-                    fix=[f"report this to the authors of {record.plugin!r}",
-                         f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
-                ) from e
-            if builder.opaque or record.opaque_regions:
-                opaque.add(op)
-            missing = [s for s in sites if s not in site_vars]
-            if missing:
-                builder._malformed(
-                    "left these sites without a variable: "
-                    + ", ".join(s.describe() for s in missing))
-            annotated.append((op, sites))
-            if report is not None:
-                report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
-                if trace:
-                    report.trace.append(TraceEntry(op.name, format_location(op.location),
-                                                   record.plugin, record.function.__qualname__))
-    _connect_uses(system, site_vars)
+                    values={"op": describe_op(op)},
+                    fix=[
+                        "install a plugin that registers a constraint rule for "
+                        f"{op.name} (see docs/writing-plugins.md)",
+                        "check `smalti plugins` for a blocked plugin that provides it",
+                    ],
+                ))
+        builder = ConstraintBuilder(system, sites_table, view, arch, _origin(op, record),
+                                    sites, op_hash)
+        try:
+            record.function(view, builder)
+        except SmaltiError:
+            raise
+        except Exception as e:
+            raise PluginError(
+                "SM005",
+                f"constraint rule {record.name} of plugin {record.plugin!r} raised "
+                f"{type(e).__name__}: {e}",
+                op=op,
+                fix=[f"report this to the authors of {record.plugin!r}",
+                     f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
+            ) from e
+        variables = [site_vars.get(s) for s in sites]
+        if None in variables:
+            builder._malformed(
+                "left these sites without a variable: "
+                + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
+        annotated.append((op, sites, variables))  # type: ignore[arg-type]
+        if report is not None:
+            report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
+            if trace:
+                report.trace.append(TraceEntry(op.name, format_location(op.location),
+                                               record.plugin, record.function.__qualname__))
+        if not (builder.opaque or record.opaque_regions) and len(op.regions):
+            stack += _children(op)
+    _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
-    return system, site_vars, annotated
+    return system, sites_table, annotated
 
 
-class _UseOrigin:
-    """The origin of an edge between a value's producer and a consumer
-    (a cheap stand-in for :class:`Origin`: there is one per use)."""
-
-    __slots__ = ("producer", "consumer")
-    plugin = None
-    rule = None
-
-    def __init__(self, producer: Variable, consumer: Variable) -> None:
-        self.producer, self.consumer = producer, consumer
-
-    def __str__(self) -> str:
-        return (f"the use of {self.producer.site.describe()} by "
-                f"{self.consumer.site.describe()}")
-
-
-def _connect_uses(system: ConstraintSystem, site_vars: dict[ValueSite, Variable]) -> None:
-    """Links each operand's variable to its producer's: registers may be
-    relaid out on the way (strictly: only splat values change layout), refs
-    keep their layout. Each edge is stated once, when the first of its two
-    variables is visited, in variable order."""
-    sites_of: dict[Variable, list[ValueSite]] = {}
-    produced_by: dict[ir.Value, Variable] = {}  # result or argument -> its variable
-    for site, var in site_vars.items():
-        sites_of.setdefault(var, []).append(site)
-        if site.kind is not SiteKind.OPERAND:
-            produced_by[site.value] = var
-    visited: set[Variable] = set()
-    bitwidths: dict[ir.Type, int] = {}
-
-    def link(producer: Variable, consumer: Variable, value: ir.Value) -> None:
-        origin = _UseOrigin(producer, consumer)
-        if consumer.memory_space is MemorySpace.REG:
-            element = value.type.element_type
-            bitwidth = bitwidths.get(element)
-            if bitwidth is None:
-                bitwidth = bitwidths[element] = mgpu_utils.bitwidth(element)
-            system.require(Relayout(producer, consumer, bitwidth, strict=True), origin)
-        else:
-            system.require(Equal(producer, consumer), origin)
-
-    for var in system.variables:
-        for site in sites_of.get(var, ()):
-            value = site.value
-            if site.kind is SiteKind.OPERAND:
-                producer = produced_by.get(value)
-                if producer is None:
-                    source = producer_site(value)
-                    raise SmaltiValueError(
-                        "SM103",
-                        f"{site.describe()} is produced by {source.describe()}, which has "
-                        "no layout",
-                        op=site.op,
-                        fix="produce the value with an op that has a constraint rule, or "
-                        "install a plugin that gives its producer one",
-                    )
-                if producer not in visited:
-                    link(producer, var, value)
-            else:
-                for use in value.uses:
-                    consumer = site_vars.get(ValueSite(use.owner, SiteKind.OPERAND,
-                                                       use.operand_number))
-                    if consumer is not None and consumer not in visited:
-                        link(var, consumer, value)
-        visited.add(var)
+def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
+    """Links each operand's variable to the variable of the value's
+    definition (in the order the operands got their variables)."""
+    definitions = sites.definitions
+    for site, var in sites.operands:
+        producer = definitions.get(site.value)
+        if producer is None:
+            source = producer_site(site.value)
+            raise SmaltiValueError(
+                "SM103",
+                f"{site.describe()} is produced by {source.describe()}, which has no layout",
+                op=site.op,
+                fix="produce the value with an op that has a constraint rule, or "
+                "install a plugin that gives its producer one",
+            )
+        system.use(producer, var, site.type)
 
 
-_ATTRIBUTE_SUFFIX = {MemorySpace.REG: "layouts", MemorySpace.SMEM: "transforms",
-                     MemorySpace.TMEM: "tmem_layouts"}
+# The attribute holding a site's layout, by site kind (operand: "in"; result
+# or argument: "out") and memory space.
+_ATTRIBUTE_NAME = [
+    {space: f"{side}_{suffix}" for space, suffix in (
+        (MemorySpace.REG, "layouts"), (MemorySpace.SMEM, "transforms"),
+        (MemorySpace.TMEM, "tmem_layouts"))}
+    for side in ("in", "out", "out")
+]
 
 
-def _grouped(sites: list[ValueSite], site_vars: dict[ValueSite, Variable],
-             solution: dict[Variable, Constant]) -> dict[str, tuple[Constant, ...]]:
+def _attribute_name(site: ValueSite) -> str:
+    return _ATTRIBUTE_NAME[site.kind][site.memory_space]
+
+
+def _grouped(sites: list[ValueSite], variables: list[Variable],
+             solution: list[Constant]) -> dict[str, tuple[Constant, ...]]:
     """The chosen constants of an op, by attribute name (``in_layouts``...)."""
     grouped: dict[str, list[Constant]] = {}
-    for site in sites:
-        side = "in" if site.kind is SiteKind.OPERAND else "out"
-        name = f"{side}_{_ATTRIBUTE_SUFFIX[site.memory_space]}"
-        grouped.setdefault(name, []).append(solution[site_vars[site]])
+    for site, var in zip(sites, variables):
+        name = _ATTRIBUTE_NAME[site.kind][site.memory_space]
+        values = grouped.get(name)
+        if values is None:
+            grouped[name] = [solution[var.id]]
+        else:
+            values.append(solution[var.id])
     return {name: tuple(values) for name, values in grouped.items()}
 
 
 class _AttributeCache:
-    """Array attributes by content: kernels repeat the same few layouts."""
+    """Array attributes by content: kernels repeat the same few layouts.
+
+    Keyed by the identity of the constants (the solver hands out the same
+    few objects), which is much cheaper than hashing them; the cache keeps
+    them alive.
+    """
 
     def __init__(self) -> None:
-        self._arrays: dict[tuple[Constant, ...], ir.Attribute] = {}
+        self._arrays: dict[tuple[int, ...], tuple[ir.Attribute, tuple[Constant, ...]]] = {}
         self._single: dict[Constant, ir.Attribute] = {}
 
     def array(self, values: tuple[Constant, ...]) -> ir.Attribute:
-        attr = self._arrays.get(values)
-        if attr is None:
-            attr = ir.ArrayAttr.get([self._one(v) for v in values])
-            self._arrays[values] = attr
-        return attr
+        key = tuple(map(id, values))
+        cached = self._arrays.get(key)
+        if cached is None:
+            cached = self._arrays[key] = (
+                ir.ArrayAttr.get([self._one(v) for v in values]), values)
+        return cached[0]
 
     def _one(self, value: Constant) -> ir.Attribute:
         attr = self._single.get(value)
@@ -337,10 +316,10 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     report = InferenceReport()
     # Inference makes many small acyclic objects: collecting them mid-pass is waste.
     with _gc_paused(), module.context, ir.Location.unknown(module.context):
-        system, site_vars, annotated = collect(module, arch, pipeline, report, trace=trace)
+        system, _, annotated = collect(module, arch, pipeline, report, trace=trace)
         try:
             solver = Solver(system, arch)
-            solution = solver.solve()
+            solution = solver.solve_in_order()
         except Unsolvable as e:
             first = e.variables[0].site.op if e.variables else None
             raise UnsatisfiableLayoutsError(
@@ -373,19 +352,18 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
         # also gets its dump options (a module attribute).
         mgpu.get_or_set_dump_options(module)
         cache = _AttributeCache()
-        chosen = [(op, _grouped(sites, site_vars, solution)) for op, sites in annotated]
+        chosen = [(op, _grouped(sites, variables, solution))
+                  for op, sites, variables in annotated]
         for op, groups in chosen:
             for name, values in groups.items():
                 op.attributes[name] = cache.array(values)
     report.ops = len(annotated)
     report.variables = len(system.variables)
-    report.constraints = len(system.constraints)
+    report.constraints = len(system.constraints) + len(system.uses)
     report.seconds = time.perf_counter() - start
-    for entry, (op, sites) in zip(report.trace, annotated):
-        for site in sites:
-            side = "in" if site.kind is SiteKind.OPERAND else "out"
-            name = f"{side}_{_ATTRIBUTE_SUFFIX[site.memory_space]}"
-            entry.why.setdefault(name, []).append(solver.why_assigned(site_vars[site]))
+    for entry, (op, sites, variables) in zip(report.trace, annotated):
+        for site, var in zip(sites, variables):
+            entry.why.setdefault(_attribute_name(site), []).append(solver.why_assigned(var))
     for entry, (op, groups) in zip(report.trace, chosen):
         entry.layouts = {name: str(op.attributes[name]) for name in groups}
         entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"

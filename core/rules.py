@@ -27,6 +27,23 @@ from smalti.sites import SiteKind, ValueSite, layout_sites
 from smalti.solver import ConstraintSystem, Origin
 
 
+class SiteTable:
+    """The variable of every site of a kernel, as rules give them out.
+
+    Besides the variable of each site, it keeps what core needs to link uses
+    to definitions afterwards without another pass over the module: the
+    operand sites in the order their variables were made, and the variable
+    of each defined value (op result or block argument).
+    """
+
+    __slots__ = ("variables", "operands", "definitions")
+
+    def __init__(self) -> None:
+        self.variables: dict[ValueSite, Variable] = {}
+        self.operands: list[tuple[ValueSite, Variable]] = []
+        self.definitions: dict[ir.Value, Variable] = {}
+
+
 class ConstraintBuilder:
     """Describes one op in the constraint language.
 
@@ -34,17 +51,26 @@ class ConstraintBuilder:
     sites*) must end up in exactly one :meth:`variable`.
     """
 
-    def __init__(self, system: ConstraintSystem, site_vars: dict[ValueSite, Variable],
-                 op: ir.OpView, arch: tuple[int, int], origin: Origin,
-                 sites: list[ValueSite] | None = None, op_hash: int | None = None) -> None:
+    def __init__(self, system: ConstraintSystem, sites: SiteTable, op: ir.OpView,
+                 arch: tuple[int, int], origin: Origin | Callable[[], Origin],
+                 op_sites: list[ValueSite] | None = None,
+                 op_hash: int | None = None) -> None:
         self._system = system
-        self._sites = sites
+        self._table = sites
+        self._sites = op_sites
         self._op_hash = hash(op.operation) if op_hash is None else op_hash
-        self._site_vars = site_vars
+        self._origin = origin
         self.op = op
         self.arch = arch
-        self.origin = origin
         self.opaque = False
+
+    @property
+    def origin(self) -> Origin:
+        """Where the statements of this rule come from (named in errors)."""
+        # Made on first use: most rules only make variables and never need it.
+        if not isinstance(self._origin, Origin):
+            self._origin = self._origin()
+        return self._origin
 
     # --- sites -------------------------------------------------------------------
 
@@ -88,12 +114,18 @@ class ConstraintBuilder:
             self._malformed(
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
-        var = Variable(len(self._system.variables), sites[-1], space)
-        self._system.variables.append(var)
+        variables = self._system.variables
+        var = Variable(len(variables), sites[-1], space)
+        variables.append(var)
+        table = self._table
         for site in sites:
-            if site in self._site_vars:
+            if site in table.variables:
                 self._malformed(f"{site.describe()} was given two variables")
-            self._site_vars[site] = var
+            table.variables[site] = var
+            if site.kind is SiteKind.OPERAND:
+                table.operands.append((site, var))
+            else:
+                table.definitions[site.value] = var
         return var
 
     def assign(self, variable: Variable, value: Constant) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti import layouts
 from smalti.constraints import (
@@ -75,10 +76,36 @@ class ConstraintSystem:
     fallbacks: dict[Variable, list[Constant]] = attrs.Factory(dict)
     #: Per-run storage for rules (see ConstraintBuilder.shared).
     shared: dict[Any, Any] = attrs.Factory(dict)
+    #: One link per use of a value (of the given type), from its producer's
+    #: variable to its consumer's: a register value may be relaid out on the
+    #: way (strictly: only splat values change layout), a ref keeps its
+    #: layout. Kept apart from ``constraints`` because the solver merges most
+    #: of them outright.
+    uses: list[tuple[Variable, Variable, ir.Type]] = attrs.Factory(list)
 
     def require(self, constraint: Constraint, origin: Origin) -> None:
         self.constraints.append(constraint)
         self.origins.append(origin)
+
+    def use(self, producer: Variable, consumer: Variable, value_type: ir.Type) -> None:
+        """``consumer`` uses the value ``producer`` defines (see :attr:`uses`)."""
+        self.uses.append((producer, consumer, value_type))
+
+
+class UseOrigin:
+    """The origin of the link between a value's producer and a consumer (a
+    cheap stand-in for :class:`Origin`: there may be one per use)."""
+
+    __slots__ = ("producer", "consumer")
+    plugin = None
+    rule = None
+
+    def __init__(self, producer: Variable, consumer: Variable) -> None:
+        self.producer, self.consumer = producer, consumer
+
+    def __str__(self) -> str:
+        return (f"the use of {self.producer.site.describe()} by "
+                f"{self.consumer.site.describe()}")
 
 
 class Conflict(Exception):
@@ -173,72 +200,95 @@ class Solver:
 
     def _merge_equalities(self) -> None:
         for ci, c in enumerate(self.constraints):
-            if isinstance(c, Equal) and isinstance(c.lhs, Variable) and isinstance(c.rhs, Variable):
-                self.union(c.lhs.id, c.rhs.id)
-                self.active[ci] = False
+            if isinstance(c, Equal):
+                if isinstance(c.lhs, Variable) and isinstance(c.rhs, Variable):
+                    self.union(c.lhs.id, c.rhs.id)
+                    self.active[ci] = False
+        for producer, consumer, _ in self.system.uses:
+            if consumer.memory_space is not MemorySpace.REG:  # a ref keeps its layout
+                self.union(producer.id, consumer.id)
 
     def _propagate_nonsplat(self) -> None:
         """Values that are never splat stay non-splat through relayouts, and a
-        strict relayout of a non-splat value is the identity: merge those."""
-        successors: dict[int, list[int]] = {}
+        strict relayout of a non-splat value is the identity: merge those.
+        Register uses still open afterwards become strict relayouts."""
+        find, nonsplat = self.find, self.nonsplat
+        successors: dict[int, list[int]] = {}  # class -> classes relaid out from it
         for ci, c in enumerate(self.constraints):
             if not self.active[ci]:
                 continue
             if isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
                 fa.WGSplatFragLayout, c.kind
             ):
-                root = self.find(c.expr.id)
-                if self.nonsplat[root] is None:
-                    self.nonsplat[root] = ci
+                root = find(c.expr.id)
+                if nonsplat[root] is None:
+                    nonsplat[root] = ci
             elif isinstance(c, Relayout) and isinstance(c.source, Variable) and isinstance(
                 c.target, Variable
             ):
-                successors.setdefault(c.source.id, []).append(c.target.id)
-        members: dict[int, list[int]] = {}
-        for v in range(len(self.variables)):
-            members.setdefault(self.find(v), []).append(v)
-        work = deque(r for r in members if self.nonsplat[r] is not None)
+                successors.setdefault(find(c.source.id), []).append(c.target.id)
+        register_uses = [use for use in self.system.uses
+                         if use[1].memory_space is MemorySpace.REG]
+        for producer, consumer, _ in register_uses:
+            successors.setdefault(find(producer.id), []).append(consumer.id)
+        work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
-            for v in members[root]:
-                for t in successors.get(v, ()):
-                    troot = self.find(t)
-                    if self.nonsplat[troot] is None:
-                        self.nonsplat[troot] = self.nonsplat[root]
-                        work.append(troot)
+            for t in successors.get(root, ()):
+                troot = find(t)
+                if nonsplat[troot] is None:
+                    nonsplat[troot] = nonsplat[root]
+                    work.append(troot)
         for ci, c in enumerate(self.constraints):
             if not (self.active[ci] and isinstance(c, Relayout) and c.strict):
                 continue
-            if not isinstance(c.source, Variable) or self.nonsplat[self.find(c.source.id)] is None:
+            if not isinstance(c.source, Variable) or nonsplat[find(c.source.id)] is None:
                 continue
             if isinstance(c.target, Variable):
                 self.union(c.source.id, c.target.id)
                 self.active[ci] = False
             else:
                 self.constraints[ci] = Equal(c.source, c.target)
+        bitwidths: dict[ir.Type, int] = {}
+        for producer, consumer, value_type in register_uses:
+            if nonsplat[find(producer.id)] is not None:
+                self.union(producer.id, consumer.id)
+                continue
+            element = ir.VectorType(value_type).element_type
+            bitwidth = bitwidths.get(element)
+            if bitwidth is None:
+                bitwidth = bitwidths[element] = mgpu_utils.bitwidth(element)
+            self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
+            self.origins.append(UseOrigin(producer, consumer))
+            self.active.append(True)
+            self.queued.append(False)
 
     def _index(self) -> None:
+        find = self.find
         self.cvars: list[tuple[int, ...]] = []
+        watchers = self.watchers
         for ci, c in enumerate(self.constraints):
             roots = []
             for e in c.expressions():
                 for v in variables_of(e):
-                    root = self.find(v.id)
+                    root = find(v.id)
                     if root not in roots:
                         roots.append(root)
             roots = tuple(roots)
             self.cvars.append(roots)
             if self.active[ci]:
                 for r in roots:
-                    self.watchers.setdefault(r, []).append(ci)
+                    watchers.setdefault(r, []).append(ci)
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
-            self.fallbacks.setdefault(self.find(var.id), []).extend(values)
-        self.shapes: dict[int, list[Variable]] = {}
+            self.fallbacks.setdefault(find(var.id), []).extend(values)
+        # Per class, one variable of each kind of value it holds: whether a
+        # layout fits depends on the shape (registers, TMEM) or on the whole
+        # type (SMEM transforms).
+        self.shapes: dict[int, dict[object, Variable]] = {}
         for v in self.variables:
-            group = self.shapes.setdefault(self.find(v.id), [])
-            if all((w.type != v.type) for w in group):
-                group.append(v)
+            key = (v.shape, v.memory_space) if v.memory_space is not MemorySpace.SMEM else v.type
+            self.shapes.setdefault(find(v.id), {}).setdefault(key, v)
 
     # --- assignment and propagation -------------------------------------------
 
@@ -246,7 +296,7 @@ class Solver:
         key = (root, value)
         cached = self._valid_cache.get(key)
         if cached is None:
-            cached = all(_fits(v, value) for v in self.shapes.get(root, ()))
+            cached = all(_fits(v, value) for v in self.shapes.get(root, {}).values())
             self._valid_cache[key] = cached
         return cached
 
@@ -465,6 +515,11 @@ class Solver:
     # --- driver -----------------------------------------------------------------
 
     def solve(self) -> dict[Variable, Constant]:
+        """The layout of every variable (raises :class:`Unsolvable` if there is none)."""
+        return dict(zip(self.variables, self.solve_in_order()))
+
+    def solve_in_order(self) -> list[Constant]:
+        """Like :meth:`solve`, as a list: the layout of each variable by id."""
         self._merge_equalities()
         self._propagate_nonsplat()
         self._index()
@@ -480,7 +535,8 @@ class Solver:
             raise self._unsolvable(conflict) from None
         for roots, constraints in self._components():
             self._search(roots, constraints)
-        return {v: self.value[self.find(v.id)] for v in self.variables}
+        find, value = self.find, self.value
+        return [value[find(i)] for i in range(len(self.variables))]
 
     # --- explanations -----------------------------------------------------------
 
