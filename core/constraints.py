@@ -47,7 +47,7 @@ class Variable:
     they compare by identity.
     """
 
-    __slots__ = ("id", "site", "memory_space", "shape", "type", "__weakref__")
+    __slots__ = ("id", "site", "memory_space", "shape", "type", "fit_key", "__weakref__")
 
     def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace) -> None:
         self.id = id
@@ -55,6 +55,10 @@ class Variable:
         self.memory_space = memory_space
         self.type: ir.Type = site.type
         self.shape: tuple[int, ...] = _shape_of(self.type)
+        #: What decides which layouts fit: the shape of a register or TMEM
+        #: value, the whole type of an SMEM ref.
+        self.fit_key: tuple[object, ...] = (memory_space, self.type if memory_space
+                                         is MemorySpace.SMEM else self.shape)
 
     def __repr__(self) -> str:
         return f"V{self.id}({self.site})"

@@ -13,12 +13,11 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import attrs
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
-from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti import layouts
 from smalti.constraints import Variable
@@ -33,14 +32,13 @@ from smalti.diagnostics import (
 )
 from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
-from smalti.registry import RuleKind, RuleRecord
+from smalti.registry import RuleKind
 from smalti.rules import ConstraintBuilder, SiteTable
-from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
+from smalti.sites import ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
     ConstraintFault,
     ConstraintSystem,
-    Origin,
     Solver,
     Unsolvable,
 )
@@ -86,15 +84,6 @@ def _children(op: ir.Operation) -> list[ir.OpView]:
             children.extend(block.operations)
     children.reverse()
     return children
-
-
-def _origin(op: ir.Operation, record: RuleRecord) -> Callable[[], Origin]:
-    """The origin of what ``record``'s rule states about ``op``, made on demand."""
-    def what() -> str:
-        where = format_location(op.location)
-        return op.name + (f" at {where}" if where else "")
-
-    return lambda: Origin(what, record.plugin, record.function.__qualname__)
 
 
 def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],
@@ -147,12 +136,13 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                 if record is None or not record.opaque_regions:
                     stack += _children(op)
             continue
-        variables = [site_vars.get(s) for s in sites]
-        if None not in variables:
-            # A terminator (scf.yield...): its parent's rule described it.
-            # Like jax, it still gets its attributes.
-            described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
-            continue
+        if sites[0] in site_vars:
+            variables = [site_vars.get(s) for s in sites]
+            if None not in variables:
+                # A terminator (scf.yield...): its parent's rule described it.
+                # Like jax, it still gets its attributes.
+                described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
+                continue
         record = table.get(op.name)
         if record is None:
             raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
@@ -167,8 +157,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         "check `smalti plugins` for a blocked plugin that provides it",
                     ],
                 ))
-        builder = ConstraintBuilder(system, sites_table, view, arch, _origin(op, record),
-                                    sites, op_hash)
+        builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
         try:
             record.function(view, builder)
         except SmaltiError:
@@ -355,8 +344,9 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
         chosen = [(op, _grouped(sites, variables, solution))
                   for op, sites, variables in annotated]
         for op, groups in chosen:
+            attributes = op.attributes
             for name, values in groups.items():
-                op.attributes[name] = cache.array(values)
+                attributes[name] = cache.array(values)
     report.ops = len(annotated)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)

@@ -21,8 +21,9 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Constraint, Variable
-from smalti.diagnostics import PluginError, SmaltiValueError
+from smalti.diagnostics import PluginError, SmaltiValueError, format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
+from smalti.registry import RuleRecord
 from smalti.sites import SiteKind, ValueSite, layout_sites
 from smalti.solver import ConstraintSystem, Origin
 
@@ -52,14 +53,15 @@ class ConstraintBuilder:
     """
 
     def __init__(self, system: ConstraintSystem, sites: SiteTable, op: ir.OpView,
-                 arch: tuple[int, int], origin: Origin | Callable[[], Origin],
+                 arch: tuple[int, int], record: RuleRecord,
                  op_sites: list[ValueSite] | None = None,
                  op_hash: int | None = None) -> None:
         self._system = system
         self._table = sites
+        self._record = record
         self._sites = op_sites
         self._op_hash = hash(op.operation) if op_hash is None else op_hash
-        self._origin = origin
+        self._origin: Origin | None = None
         self.op = op
         self.arch = arch
         self.opaque = False
@@ -68,8 +70,15 @@ class ConstraintBuilder:
     def origin(self) -> Origin:
         """Where the statements of this rule come from (named in errors)."""
         # Made on first use: most rules only make variables and never need it.
-        if not isinstance(self._origin, Origin):
-            self._origin = self._origin()
+        if self._origin is None:
+            op = self.op.operation
+
+            def what() -> str:
+                where = format_location(op.location)
+                return op.name + (f" at {where}" if where else "")
+
+            record = self._record
+            self._origin = Origin(what, record.plugin, record.function.__qualname__)
         return self._origin
 
     # --- sites -------------------------------------------------------------------
@@ -108,20 +117,20 @@ class ConstraintBuilder:
             self._malformed("variable() needs at least one site")
         first = sites[0]
         space = first.memory_space
-        if space is None or any(s.memory_space is not space
-                                or (s.type != first.type and s.type.shape != first.type.shape)
-                                for s in sites[1:]):
+        if space is None or (len(sites) > 1 and not _alike(sites)):
             self._malformed(
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
+        if len(sites) > 1 and len(set(sites)) < len(sites):
+            self._malformed(f"variable() got a site twice: {[s.describe() for s in sites]}")
         variables = self._system.variables
         var = Variable(len(variables), sites[-1], space)
         variables.append(var)
         table = self._table
+        site_vars = table.variables
         for site in sites:
-            if site in table.variables:
+            if site_vars.setdefault(site, var) is not var:
                 self._malformed(f"{site.describe()} was given two variables")
-            table.variables[site] = var
             if site.kind is SiteKind.OPERAND:
                 table.operands.append((site, var))
             else:
@@ -171,6 +180,16 @@ class ConstraintBuilder:
             op=self.op,
             fix=f"fix the plugin {self.origin.plugin!r}",
         )
+
+
+def _alike(sites: Sequence[ValueSite]) -> bool:
+    """Whether the sites hold values of one shape in one memory space."""
+    first = sites[0]
+    space, ty = first.memory_space, first.type
+    for site in sites[1:]:
+        if site.memory_space is not space or (site.type != ty and site.type.shape != ty.shape):
+            return False
+    return True
 
 
 class _Recursed:

@@ -44,7 +44,8 @@ class ValueSite:
         self.kind = kind
         self.index = index
         self.region = region
-        self._hash = hash((hash(self.op) if op_hash is None else op_hash, kind, index, region))
+        self._hash = _site_hash(hash(self.op) if op_hash is None else op_hash, kind, index,
+                                region)
         self._value = value  # cached: reading it through the bindings is slow
         self._type: ir.Type | None = None
         self._space: MemorySpace | None | bool = False  # False: not computed yet
@@ -96,6 +97,12 @@ class ValueSite:
         return self.describe()
 
 
+def _site_hash(op_hash: int, kind: SiteKind, index: int, region: int | None) -> int:
+    # Arithmetic rather than hashing a tuple: inference hashes every site.
+    spread = (index * 4 + kind) * 0x9E3779B1
+    return op_hash + spread if region is None else op_hash + spread + (region + 1) * 0x85EBCA77
+
+
 def _terminated_op(op: ir.Operation) -> ir.Operation | None:
     """The op whose region ``op`` terminates (the last op of a block, with no
     results, nested in another op), else ``None``."""
@@ -137,15 +144,22 @@ def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite
     if op_hash is None:
         op_hash = hash(op)
     sites = []
+    # Inference calls this for every op of a kernel: it is written for speed,
+    # making sites that already know their value, type and memory space.
+    new, cls, vector = object.__new__, ValueSite, ir.VectorType
     for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results)):
-        for i, value in enumerate(values):
+        index = 0
+        for value in values:
             ty = value.type
-            space = memory_space_of_type(ty)
+            space = MemorySpace.REG if isinstance(ty, vector) else (
+                _memory_space_of_other_type(ty))
             if space is not None:
-                site = ValueSite(op, kind, i, value=value, op_hash=op_hash)
-                site._type = ty
-                site._space = space
+                site = new(cls)
+                site.op, site.kind, site.index, site.region = op, kind, index, None
+                site._hash = op_hash + (index * 4 + kind) * 0x9E3779B1  # see _site_hash
+                site._value, site._type, site._space = value, ty, space
                 sites.append(site)
+            index += 1
     return sites
 
 

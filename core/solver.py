@@ -170,6 +170,8 @@ class Solver:
         self.queue: deque[int] = deque()
         self.queued = [False] * len(self.constraints)
         self._valid_cache: dict[tuple[int, Constant], bool] = {}
+        #: class -> one variable of each kind it holds, for classes of several
+        self.mixed: dict[int, dict[tuple[object, ...], Variable]] = {}
 
     # --- union-find -------------------------------------------------------------
 
@@ -184,13 +186,34 @@ class Solver:
 
     def union(self, a: int, b: int) -> int:
         ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return ra
+        return ra if ra == rb else self._join(ra, rb)
+
+    def _join(self, ra: int, rb: int) -> int:
+        """Merges two different classes, given by their roots."""
         if rb < ra:
             ra, rb = rb, ra
         self.parent[rb] = ra  # the earliest variable represents the class
-        if self.nonsplat[ra] is None:
-            self.nonsplat[ra] = self.nonsplat[rb]
+        nonsplat = self.nonsplat
+        if nonsplat[ra] is None:
+            nonsplat[ra] = nonsplat[rb]
+        # Classes mixing kinds of values (shapes, SMEM types) remember one
+        # variable of each kind, for valid(); most classes hold one kind.
+        mixed = self.mixed
+        a_kinds = mixed.get(ra) if mixed else None
+        b_kinds = mixed.pop(rb, None) if mixed else None
+        if a_kinds is None and b_kinds is None:
+            a, b = self.variables[ra], self.variables[rb]
+            if a.fit_key != b.fit_key:
+                mixed[ra] = {a.fit_key: a, b.fit_key: b}
+        else:
+            if a_kinds is None:
+                a = self.variables[ra]
+                a_kinds = mixed[ra] = {a.fit_key: a}
+            if b_kinds is None:
+                b = self.variables[rb]
+                b_kinds = {b.fit_key: b}
+            for kind, var in b_kinds.items():
+                a_kinds.setdefault(kind, var)
         return ra
 
     def value_of(self, var: Variable) -> Constant | None:
@@ -212,10 +235,12 @@ class Solver:
         """Values that are never splat stay non-splat through relayouts, and a
         strict relayout of a non-splat value is the identity: merge those.
         Register uses still open afterwards become strict relayouts."""
-        find, nonsplat = self.find, self.nonsplat
-        successors: dict[int, list[int]] = {}  # class -> classes relaid out from it
+        find, nonsplat, active = self.find, self.nonsplat, self.active
+        # Edges along which non-splat-ness flows: (source, target, constraint
+        # index or the use), rule-stated relayouts first, then uses.
+        edges: list[tuple[int, int, object]] = []
         for ci, c in enumerate(self.constraints):
-            if not self.active[ci]:
+            if not active[ci]:
                 continue
             if isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
                 fa.WGSplatFragLayout, c.kind
@@ -223,14 +248,37 @@ class Solver:
                 root = find(c.expr.id)
                 if nonsplat[root] is None:
                     nonsplat[root] = ci
-            elif isinstance(c, Relayout) and isinstance(c.source, Variable) and isinstance(
-                c.target, Variable
-            ):
-                successors.setdefault(find(c.source.id), []).append(c.target.id)
-        register_uses = [use for use in self.system.uses
-                         if use[1].memory_space is MemorySpace.REG]
-        for producer, consumer, _ in register_uses:
-            successors.setdefault(find(producer.id), []).append(consumer.id)
+            elif isinstance(c, Relayout) and isinstance(c.source, Variable):
+                target = c.target.id if isinstance(c.target, Variable) else None
+                edges.append((c.source.id, target, ci))
+        # Most sources precede their targets: one pass in order settles
+        # nearly every edge; a breadth-first walk settles the rest.
+        pending = []
+        for edge in edges:
+            if nonsplat[find(edge[0])] is None:
+                pending.append(edge)
+            else:
+                self._settle_nonsplat(edge)
+        join, register, parent = self._join, MemorySpace.REG, self.parent
+        for use in self.system.uses:
+            if use[1].memory_space is not register:
+                continue
+            # find(), inlined for the common depths of 0 and 1
+            producer = parent[use[0].id]
+            if parent[producer] != producer:
+                producer = find(producer)
+            if nonsplat[producer] is None:
+                pending.append((use[0].id, use[1].id, use))
+                continue
+            consumer = parent[use[1].id]
+            if parent[consumer] != consumer:
+                consumer = find(consumer)
+            if consumer != producer:
+                join(producer, consumer)
+        successors: dict[int, list[int]] = {}
+        for source, target, _ in pending:
+            if target is not None:
+                successors.setdefault(find(source), []).append(target)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
@@ -239,29 +287,39 @@ class Solver:
                 if nonsplat[troot] is None:
                     nonsplat[troot] = nonsplat[root]
                     work.append(troot)
-        for ci, c in enumerate(self.constraints):
-            if not (self.active[ci] and isinstance(c, Relayout) and c.strict):
-                continue
-            if not isinstance(c.source, Variable) or nonsplat[find(c.source.id)] is None:
-                continue
-            if isinstance(c.target, Variable):
-                self.union(c.source.id, c.target.id)
-                self.active[ci] = False
+        bitwidths: dict[int, int] = {}  # producer variable -> element bitwidth
+        for edge in pending:
+            source, target, why = edge
+            if nonsplat[find(source)] is not None:
+                self._settle_nonsplat(edge)
+            elif type(why) is tuple:  # an open use: a strict relayout
+                producer, consumer, value_type = why
+                bitwidth = bitwidths.get(source)  # the uses of a value share a type
+                if bitwidth is None:
+                    bitwidth = bitwidths[source] = mgpu_utils.bitwidth(value_type.element_type)
+                self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
+                self.origins.append(UseOrigin(producer, consumer))
+                active.append(True)
+                self.queued.append(False)
+
+    def _settle_nonsplat(self, edge: tuple[int, int | None, object]) -> None:
+        """Edge ``edge`` leaves a non-splat value: its target is non-splat too,
+        and a strict relayout along it is the identity."""
+        source, target, why = edge
+        if type(why) is tuple:  # a use
+            self.union(source, target)
+            return
+        c = self.constraints[why]
+        if target is not None:
+            if c.strict:
+                self.union(source, target)
+                self.active[why] = False
             else:
-                self.constraints[ci] = Equal(c.source, c.target)
-        bitwidths: dict[ir.Type, int] = {}
-        for producer, consumer, value_type in register_uses:
-            if nonsplat[find(producer.id)] is not None:
-                self.union(producer.id, consumer.id)
-                continue
-            element = ir.VectorType(value_type).element_type
-            bitwidth = bitwidths.get(element)
-            if bitwidth is None:
-                bitwidth = bitwidths[element] = mgpu_utils.bitwidth(element)
-            self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
-            self.origins.append(UseOrigin(producer, consumer))
-            self.active.append(True)
-            self.queued.append(False)
+                root = self.find(target)
+                if self.nonsplat[root] is None:
+                    self.nonsplat[root] = self.nonsplat[self.find(source)]
+        elif c.strict:
+            self.constraints[why] = Equal(c.source, c.target)
 
     def _index(self) -> None:
         find = self.find
@@ -282,13 +340,6 @@ class Solver:
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
             self.fallbacks.setdefault(find(var.id), []).extend(values)
-        # Per class, one variable of each kind of value it holds: whether a
-        # layout fits depends on the shape (registers, TMEM) or on the whole
-        # type (SMEM transforms).
-        self.shapes: dict[int, dict[object, Variable]] = {}
-        for v in self.variables:
-            key = (v.shape, v.memory_space) if v.memory_space is not MemorySpace.SMEM else v.type
-            self.shapes.setdefault(find(v.id), {}).setdefault(key, v)
 
     # --- assignment and propagation -------------------------------------------
 
@@ -296,7 +347,11 @@ class Solver:
         key = (root, value)
         cached = self._valid_cache.get(key)
         if cached is None:
-            cached = all(_fits(v, value) for v in self.shapes.get(root, {}).values())
+            kinds = self.mixed.get(root)
+            if kinds is None:
+                cached = _fits(self.variables[root], value)
+            else:
+                cached = all(_fits(v, value) for v in kinds.values())
             self._valid_cache[key] = cached
         return cached
 
@@ -334,6 +389,9 @@ class Solver:
 
     def _examine(self, ci: int) -> None:
         c = self.constraints[ci]
+        if type(c) is Relayout and type(c.source) is Variable and type(c.target) is Variable:
+            self._examine_relayout(ci, c)
+            return
         values = [evaluate(e, self.value_of) for e in c.expressions()]
         if any(v is UNSUPPORTED for v in values):
             raise Conflict("has no layout for the known operands", ci, self.cvars[ci])
@@ -346,6 +404,21 @@ class Solver:
             return
         for var, value in c.implied(self.value_of):
             self.assign(self.find(var.id), value, ("c", ci))
+
+    def _examine_relayout(self, ci: int, c: Relayout) -> None:
+        """:meth:`_examine` for the most common constraint, a relayout from
+        one variable to another (every open use of a value is one)."""
+        find, value = self.find, self.value
+        source, target = value[find(c.source.id)], value[find(c.target.id)]
+        if source is None:
+            return
+        if target is not None:
+            if not c.check((source, target)):
+                raise Conflict(f"does not hold for {source}, {target}", ci, self.cvars[ci])
+            self.active[ci] = False
+            self.trail.append(("c", ci))
+        elif c.strict and isinstance(source, RegisterLayout) and not source.is_splat:
+            self.assign(find(c.target.id), source, ("c", ci))
 
     def propagate(self) -> None:
         try:
@@ -418,8 +491,8 @@ class Solver:
             yield SmemTransforms(None, None)
 
     def _components(self) -> list[tuple[list[int], list[int]]]:
-        unknown = [r for r in range(len(self.variables))
-                   if self.find(r) == r and self.value[r] is None]
+        parent, value = self.parent, self.value
+        unknown = [r for r in range(len(self.variables)) if parent[r] == r and value[r] is None]
         comp = {r: r for r in unknown}
 
         def cfind(r: int) -> int:

@@ -114,6 +114,10 @@ def joins_a_site_twice(op, b):
     b.variable(b.result(0))
 
 
+def names_a_site_twice(op, b):
+    b.variable(*b.vector_sites(), b.result(0))
+
+
 class Exploding(Constraint):
     def __init__(self, var):
         self.var = var
@@ -138,6 +142,7 @@ def states_an_exploding_constraint(op, b):
     (assigns_to_a_site, "SM006", "not a Variable"),
     (falls_back_to_a_layout_object, "SM006", "fallback() got"),
     (joins_a_site_twice, "SM006", "was given two variables"),
+    (names_a_site_twice, "SM006", "variable() got a site twice"),
     (states_an_exploding_constraint, "SM005", "ZeroDivisionError: constraint boom"),
 ])
 def test_misbehaving_constraint_rule_is_named_and_changes_nothing(rule, code, phrase):
