@@ -153,32 +153,10 @@ class Reduced(Derived):
             raise ValueError(f"axes must be sorted, distinct and non-negative, got {self.axes}")
 
     def _tiled_axes(self, layout: fa.TiledLayout) -> tuple[int, ...]:
-        untiled = self.rank - len(layout.base_tile_shape)
-        return tuple(a - untiled for a in self.axes if a >= untiled)
+        return _tiled_axes(self.axes, self.rank, layout)
 
     def apply(self, value: Constant) -> Constant | Unsupported:
-        if not isinstance(value, RegisterLayout):
-            return UNSUPPORTED
-        layout = value.layout
-        match layout:
-            case fa.WGSplatFragLayout():
-                return RegisterLayout(
-                    fa.WGSplatFragLayout(_reduce_shape(layout.shape, self.axes, self.keep_dims))
-                )
-            case fa.WGStridedFragLayout():
-                trailing = math.prod(layout.shape[self.axes[-1] + 1 :])
-                if trailing % (layout.vec_size * fa.WARPGROUP_SIZE):
-                    return UNSUPPORTED  # would need cross-lane traffic
-                shape = _reduce_shape(layout.shape, self.axes, self.keep_dims)
-                return RegisterLayout(fa.WGStridedFragLayout(shape, layout.vec_size))
-            case fa.TiledLayout():
-                axes = self._tiled_axes(layout)
-                if not axes:
-                    return value
-                if self.keep_dims:
-                    return _keep_reduced(layout, axes)
-                return RegisterLayout(reduce_tiled(layout, axes))
-        return UNSUPPORTED
+        return _reduced(value, self.axes, self.rank, self.keep_dims)
 
     def preimages(self, result: Constant, variable: Variable) -> Iterator[Constant]:
         if not isinstance(result, RegisterLayout) or self.expression is not variable:
@@ -244,6 +222,38 @@ class Reduced(Derived):
 
 
 @functools.lru_cache(maxsize=1024)
+def _tiled_axes(axes: tuple[int, ...], rank: int, layout: fa.TiledLayout) -> tuple[int, ...]:
+    untiled = rank - len(layout.base_tile_shape)
+    return tuple(a - untiled for a in axes if a >= untiled)
+
+
+# Memoized: the solver reduces the same few layouts over and over.
+@functools.lru_cache(maxsize=1024)
+def _reduced(value: Constant, axes: tuple[int, ...], rank: int,
+             keep_dims: bool) -> Constant | Unsupported:
+    """The layout of a rank-``rank`` value in layout ``value`` after reducing ``axes``."""
+    if not isinstance(value, RegisterLayout):
+        return UNSUPPORTED
+    layout = value.layout
+    match layout:
+        case fa.WGSplatFragLayout():
+            return RegisterLayout(fa.WGSplatFragLayout(_reduce_shape(layout.shape, axes, keep_dims)))
+        case fa.WGStridedFragLayout():
+            trailing = math.prod(layout.shape[axes[-1] + 1 :])
+            if trailing % (layout.vec_size * fa.WARPGROUP_SIZE):
+                return UNSUPPORTED  # would need cross-lane traffic
+            shape = _reduce_shape(layout.shape, axes, keep_dims)
+            return RegisterLayout(fa.WGStridedFragLayout(shape, layout.vec_size))
+        case fa.TiledLayout():
+            tiled_axes = _tiled_axes(axes, rank, layout)
+            if not tiled_axes:
+                return value
+            if keep_dims:
+                return _keep_reduced(layout, tiled_axes)
+            return RegisterLayout(reduce_tiled(layout, tiled_axes))
+    return UNSUPPORTED
+
+
 def reduce_tiled(layout: fa.TiledLayout, axes: tuple[int, ...]) -> fa.TiledLayout:
     """``layout.reduce(axes)``, memoized: it is costly and kernels reduce the
     same few layouts along the same axes over and over."""

@@ -34,7 +34,7 @@ from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind
 from smalti.rules import ConstraintBuilder, SiteTable
-from smalti.sites import ValueSite, layout_sites, producer_site
+from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
     ConstraintFault,
@@ -193,7 +193,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
 def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
     """Links each operand's variable to the variable of the value's
     definition (in the order the operands got their variables)."""
-    definitions = sites.definitions
+    definitions, uses = sites.definitions, system.uses
     for site, var in sites.operands:
         producer = definitions.get(site.value)
         if producer is None:
@@ -205,7 +205,7 @@ def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
                 fix="produce the value with an op that has a constraint rule, or "
                 "install a plugin that gives its producer one",
             )
-        system.use(producer, var, site.type)
+        uses.append((producer, var, site.type))  # system.use(), inlined
 
 
 # The attribute holding a site's layout, by site kind (operand: "in"; result
@@ -226,8 +226,13 @@ def _grouped(sites: list[ValueSite], variables: list[Variable],
              solution: list[Constant]) -> dict[str, tuple[Constant, ...]]:
     """The chosen constants of an op, by attribute name (``in_layouts``...)."""
     grouped: dict[str, list[Constant]] = {}
+    register = MemorySpace.REG
     for site, var in zip(sites, variables):
-        name = _ATTRIBUTE_NAME[site.kind][site.memory_space]
+        # Vectors first, by identity: hashing an enum member runs Python code.
+        if site.memory_space is register:
+            name = "in_layouts" if site.kind is SiteKind.OPERAND else "out_layouts"
+        else:
+            name = _ATTRIBUTE_NAME[site.kind][site.memory_space]
         values = grouped.get(name)
         if values is None:
             grouped[name] = [solution[var.id]]

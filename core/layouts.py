@@ -42,7 +42,7 @@ Swizzle = Literal[32, 64, 128] | None
 SWIZZLES = (128, 64, 32)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # the solver hashes them often
 class RegisterLayout:
     """A known register layout for a vector value."""
 
@@ -60,7 +60,7 @@ class RegisterLayout:
         return describe_register_layout(self.layout)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # the solver hashes them often
 class SmemTransforms:
     """Known transforms of a ref in shared memory.
 
@@ -89,7 +89,7 @@ class SmemTransforms:
         return "transforms(" + ", ".join(parts) + ")"
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # the solver hashes them often
 class TmemLayout:
     """A known layout of a ref in tensor memory."""
 

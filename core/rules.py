@@ -52,6 +52,9 @@ class ConstraintBuilder:
     sites*) must end up in exactly one :meth:`variable`.
     """
 
+    __slots__ = ("_system", "_table", "_record", "_sites", "_op_hash", "_origin", "op", "arch",
+                 "opaque")
+
     def __init__(self, system: ConstraintSystem, sites: SiteTable, op: ir.OpView,
                  arch: tuple[int, int], record: RuleRecord,
                  op_sites: list[ValueSite] | None = None,
@@ -107,7 +110,10 @@ class ConstraintBuilder:
         return list(self._sites)
 
     def vector_sites(self) -> list[ValueSite]:
-        return [s for s in self.layout_sites() if s.memory_space is MemorySpace.REG]
+        """The layout sites holding vectors (in registers), operands first."""
+        if self._sites is None:
+            self.layout_sites()
+        return [s for s in self._sites if s.memory_space is MemorySpace.REG]
 
     # --- statements --------------------------------------------------------------
 
@@ -121,13 +127,12 @@ class ConstraintBuilder:
             self._malformed(
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
-        if len(sites) > 1 and len(set(sites)) < len(sites):
-            self._malformed(f"variable() got a site twice: {[s.describe() for s in sites]}")
         variables = self._system.variables
         var = Variable(len(variables), sites[-1], space)
         variables.append(var)
         table = self._table
         site_vars = table.variables
+        known = len(site_vars)
         for site in sites:
             if site_vars.setdefault(site, var) is not var:
                 self._malformed(f"{site.describe()} was given two variables")
@@ -135,6 +140,8 @@ class ConstraintBuilder:
                 table.operands.append((site, var))
             else:
                 table.definitions[site.value] = var
+        if len(site_vars) - known < len(sites):
+            self._malformed(f"variable() got a site twice: {[s.describe() for s in sites]}")
         return var
 
     def assign(self, variable: Variable, value: Constant) -> None:

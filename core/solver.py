@@ -288,6 +288,7 @@ class Solver:
                     nonsplat[troot] = nonsplat[root]
                     work.append(troot)
         bitwidths: dict[int, int] = {}  # producer variable -> element bitwidth
+        element_bitwidths: dict[ir.Type, int] = {}
         for edge in pending:
             source, target, why = edge
             if nonsplat[find(source)] is not None:
@@ -296,7 +297,11 @@ class Solver:
                 producer, consumer, value_type = why
                 bitwidth = bitwidths.get(source)  # the uses of a value share a type
                 if bitwidth is None:
-                    bitwidth = bitwidths[source] = mgpu_utils.bitwidth(value_type.element_type)
+                    element = value_type.element_type
+                    bitwidth = element_bitwidths.get(element)
+                    if bitwidth is None:
+                        bitwidth = element_bitwidths[element] = mgpu_utils.bitwidth(element)
+                    bitwidths[source] = bitwidth
                 self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
                 self.origins.append(UseOrigin(producer, consumer))
                 active.append(True)
@@ -325,18 +330,27 @@ class Solver:
         find = self.find
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
+        cvars, active = self.cvars, self.active
         for ci, c in enumerate(self.constraints):
-            roots = []
-            for e in c.expressions():
-                for v in variables_of(e):
-                    root = find(v.id)
-                    if root not in roots:
-                        roots.append(root)
-            roots = tuple(roots)
-            self.cvars.append(roots)
-            if self.active[ci]:
+            if type(c) is Relayout and type(c.source) is Variable and type(c.target) is Variable:
+                a, b = find(c.source.id), find(c.target.id)  # the common case, quickly
+                roots: tuple[int, ...] = (a,) if a == b else (a, b)
+            else:
+                found: list[int] = []
+                for e in c.expressions():
+                    for v in variables_of(e):
+                        root = find(v.id)
+                        if root not in found:
+                            found.append(root)
+                roots = tuple(found)
+            cvars.append(roots)
+            if active[ci]:
                 for r in roots:
-                    watchers.setdefault(r, []).append(ci)
+                    watched = watchers.get(r)
+                    if watched is None:
+                        watchers[r] = [ci]
+                    else:
+                        watched.append(ci)
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
             self.fallbacks.setdefault(find(var.id), []).extend(values)
@@ -392,10 +406,17 @@ class Solver:
         if type(c) is Relayout and type(c.source) is Variable and type(c.target) is Variable:
             self._examine_relayout(ci, c)
             return
-        values = [evaluate(e, self.value_of) for e in c.expressions()]
-        if any(v is UNSUPPORTED for v in values):
-            raise Conflict("has no layout for the known operands", ci, self.cvars[ci])
-        if all(v is not None for v in values):
+        find, value_of, known = self.find, self.value_of, self.value
+        values = []
+        complete = True
+        for e in c.expressions():
+            v = known[find(e.id)] if type(e) is Variable else evaluate(e, value_of)
+            if v is None:
+                complete = False
+            elif v is UNSUPPORTED:
+                raise Conflict("has no layout for the known operands", ci, self.cvars[ci])
+            values.append(v)
+        if complete:
             if not c.check(tuple(values)):
                 shown = ", ".join(map(str, values))
                 raise Conflict(f"does not hold for {shown}", ci, self.cvars[ci])
