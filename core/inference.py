@@ -223,7 +223,7 @@ def _attribute_name(site: ValueSite) -> str:
 
 
 def _grouped(sites: list[ValueSite], variables: list[Variable],
-             solution: list[Constant]) -> dict[str, tuple[Constant, ...]]:
+             solution: list[Constant]) -> dict[str, list[Constant]]:
     """The chosen constants of an op, by attribute name (``in_layouts``...)."""
     grouped: dict[str, list[Constant]] = {}
     register = MemorySpace.REG
@@ -238,7 +238,7 @@ def _grouped(sites: list[ValueSite], variables: list[Variable],
             grouped[name] = [solution[var.id]]
         else:
             values.append(solution[var.id])
-    return {name: tuple(values) for name, values in grouped.items()}
+    return grouped
 
 
 class _AttributeCache:
@@ -250,10 +250,10 @@ class _AttributeCache:
     """
 
     def __init__(self) -> None:
-        self._arrays: dict[tuple[int, ...], tuple[ir.Attribute, tuple[Constant, ...]]] = {}
+        self._arrays: dict[tuple[int, ...], tuple[ir.Attribute, list[Constant]]] = {}
         self._single: dict[Constant, ir.Attribute] = {}
 
-    def array(self, values: tuple[Constant, ...]) -> ir.Attribute:
+    def array(self, values: list[Constant]) -> ir.Attribute:
         key = tuple(map(id, values))
         cached = self._arrays.get(key)
         if cached is None:
@@ -308,8 +308,18 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     if trace is None:
         trace = os.environ.get(TRACE_ENV, "").strip().lower() not in ("", "0", "false", "no")
     report = InferenceReport()
-    # Inference makes many small acyclic objects: collecting them mid-pass is waste.
-    with _gc_paused(), module.context, ir.Location.unknown(module.context):
+    # Inference makes many small acyclic objects: collecting them mid-pass is
+    # waste. They die when _infer returns, before collection resumes, so the
+    # collector never scans them either.
+    with _gc_paused():
+        _infer(module, arch, pipeline, report, trace)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
+           report: InferenceReport, trace: bool) -> None:
+    with module.context, ir.Location.unknown(module.context):
         system, _, annotated = collect(module, arch, pipeline, report, trace=trace)
         try:
             solver = Solver(system, arch)
@@ -355,7 +365,6 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     report.ops = len(annotated)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)
-    report.seconds = time.perf_counter() - start
     for entry, (op, sites, variables) in zip(report.trace, annotated):
         for site, var in zip(sites, variables):
             entry.why.setdefault(_attribute_name(site), []).append(solver.why_assigned(var))
@@ -363,4 +372,3 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
         entry.layouts = {name: str(op.attributes[name]) for name in groups}
         entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"
                          for name, values in groups.items()}
-    return report
