@@ -221,7 +221,6 @@ class Reduced(Derived):
         return f"reduce({describe(self.expression)}, axes={self.axes})"
 
 
-@functools.lru_cache(maxsize=1024)
 def _tiled_axes(axes: tuple[int, ...], rank: int, layout: fa.TiledLayout) -> tuple[int, ...]:
     untiled = rank - len(layout.base_tile_shape)
     return tuple(a - untiled for a in axes if a >= untiled)
@@ -254,6 +253,7 @@ def _reduced(value: Constant, axes: tuple[int, ...], rank: int,
     return UNSUPPORTED
 
 
+@functools.lru_cache(maxsize=1024)
 def reduce_tiled(layout: fa.TiledLayout, axes: tuple[int, ...]) -> fa.TiledLayout:
     """``layout.reduce(axes)``, memoized: it is costly and kernels reduce the
     same few layouts along the same axes over and over."""

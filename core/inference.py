@@ -193,7 +193,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
 def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
     """Links each operand's variable to the variable of the value's
     definition (in the order the operands got their variables)."""
-    definitions, uses = sites.definitions, system.uses
+    definitions = sites.definitions
     for site, var in sites.operands:
         producer = definitions.get(site.value)
         if producer is None:
@@ -205,7 +205,7 @@ def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
                 fix="produce the value with an op that has a constraint rule, or "
                 "install a plugin that gives its producer one",
             )
-        uses.append((producer, var, site.type))  # system.use(), inlined
+        system.use(producer, var, site.type)
 
 
 # The attribute holding a site's layout, by site kind (operand: "in"; result
@@ -219,6 +219,9 @@ _ATTRIBUTE_NAME = [
 
 
 def _attribute_name(site: ValueSite) -> str:
+    # Vectors first, by identity: hashing an enum member runs Python code.
+    if site.memory_space is MemorySpace.REG:
+        return "in_layouts" if site.kind is SiteKind.OPERAND else "out_layouts"
     return _ATTRIBUTE_NAME[site.kind][site.memory_space]
 
 
@@ -226,13 +229,8 @@ def _grouped(sites: list[ValueSite], variables: list[Variable],
              solution: list[Constant]) -> dict[str, list[Constant]]:
     """The chosen constants of an op, by attribute name (``in_layouts``...)."""
     grouped: dict[str, list[Constant]] = {}
-    register = MemorySpace.REG
     for site, var in zip(sites, variables):
-        # Vectors first, by identity: hashing an enum member runs Python code.
-        if site.memory_space is register:
-            name = "in_layouts" if site.kind is SiteKind.OPERAND else "out_layouts"
-        else:
-            name = _ATTRIBUTE_NAME[site.kind][site.memory_space]
+        name = _attribute_name(site)
         values = grouped.get(name)
         if values is None:
             grouped[name] = [solution[var.id]]

@@ -105,15 +105,16 @@ class ConstraintBuilder:
 
     def layout_sites(self) -> list[ValueSite]:
         """Every operand and result needing a layout, operands first."""
-        if self._sites is None:
-            self._sites = layout_sites(self.op.operation, self._op_hash)
-        return list(self._sites)
+        return list(self._op_sites())
 
     def vector_sites(self) -> list[ValueSite]:
         """The layout sites holding vectors (in registers), operands first."""
+        return [s for s in self._op_sites() if s.memory_space is MemorySpace.REG]
+
+    def _op_sites(self) -> list[ValueSite]:
         if self._sites is None:
-            self.layout_sites()
-        return [s for s in self._sites if s.memory_space is MemorySpace.REG]
+            self._sites = layout_sites(self.op.operation, self._op_hash)
+        return self._sites
 
     # --- statements --------------------------------------------------------------
 

@@ -156,7 +156,7 @@ def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite
             if space is not None:
                 site = new(cls)
                 site.op, site.kind, site.index, site.region = op, kind, index, None
-                site._hash = op_hash + (index * 4 + kind) * 0x9E3779B1  # see _site_hash
+                site._hash = _site_hash(op_hash, kind, index, None)
                 site._value, site._type, site._space = value, ty, space
                 sites.append(site)
             index += 1

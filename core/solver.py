@@ -198,22 +198,13 @@ class Solver:
             nonsplat[ra] = nonsplat[rb]
         # Classes mixing kinds of values (shapes, SMEM types) remember one
         # variable of each kind, for valid(); most classes hold one kind.
-        mixed = self.mixed
-        a_kinds = mixed.get(ra) if mixed else None
-        b_kinds = mixed.pop(rb, None) if mixed else None
-        if a_kinds is None and b_kinds is None:
-            a, b = self.variables[ra], self.variables[rb]
-            if a.fit_key != b.fit_key:
-                mixed[ra] = {a.fit_key: a, b.fit_key: b}
-        else:
-            if a_kinds is None:
-                a = self.variables[ra]
-                a_kinds = mixed[ra] = {a.fit_key: a}
-            if b_kinds is None:
-                b = self.variables[rb]
-                b_kinds = {b.fit_key: b}
-            for kind, var in b_kinds.items():
-                a_kinds.setdefault(kind, var)
+        mixed, a, b = self.mixed, self.variables[ra], self.variables[rb]
+        a_kinds, b_kinds = mixed.get(ra), mixed.pop(rb, None)
+        if a_kinds is None and b_kinds is None and a.fit_key == b.fit_key:
+            return ra
+        kinds = mixed[ra] = a_kinds or {a.fit_key: a}
+        for kind, var in (b_kinds or {b.fit_key: b}).items():
+            kinds.setdefault(kind, var)
         return ra
 
     def value_of(self, var: Variable) -> Constant | None:
@@ -223,10 +214,9 @@ class Solver:
 
     def _merge_equalities(self) -> None:
         for ci, c in enumerate(self.constraints):
-            if isinstance(c, Equal):
-                if isinstance(c.lhs, Variable) and isinstance(c.rhs, Variable):
-                    self.union(c.lhs.id, c.rhs.id)
-                    self.active[ci] = False
+            if isinstance(c, Equal) and isinstance(c.lhs, Variable) and isinstance(c.rhs, Variable):
+                self.union(c.lhs.id, c.rhs.id)
+                self.active[ci] = False
         for producer, consumer, _ in self.system.uses:
             if consumer.memory_space is not MemorySpace.REG:  # a ref keeps its layout
                 self.union(producer.id, consumer.id)
@@ -236,9 +226,7 @@ class Solver:
         strict relayout of a non-splat value is the identity: merge those.
         Register uses still open afterwards become strict relayouts."""
         find, nonsplat, active = self.find, self.nonsplat, self.active
-        # Edges along which non-splat-ness flows: (source, target, constraint
-        # index or the use), rule-stated relayouts first, then uses.
-        edges: list[tuple[int, int, object]] = []
+        relayouts: list[int] = []  # rule-stated relayouts out of a variable
         for ci, c in enumerate(self.constraints):
             if not active[ci]:
                 continue
@@ -249,16 +237,16 @@ class Solver:
                 if nonsplat[root] is None:
                     nonsplat[root] = ci
             elif isinstance(c, Relayout) and isinstance(c.source, Variable):
-                target = c.target.id if isinstance(c.target, Variable) else None
-                edges.append((c.source.id, target, ci))
+                relayouts.append(ci)
         # Most sources precede their targets: one pass in order settles
         # nearly every edge; a breadth-first walk settles the rest.
-        pending = []
-        for edge in edges:
-            if nonsplat[find(edge[0])] is None:
-                pending.append(edge)
+        open_relayouts = []
+        for ci in relayouts:
+            if nonsplat[find(self.constraints[ci].source.id)] is None:
+                open_relayouts.append(ci)
             else:
-                self._settle_nonsplat(edge)
+                self._settle_relayout(ci)
+        open_uses = []
         join, register, parent = self._join, MemorySpace.REG, self.parent
         for use in self.system.uses:
             if use[1].memory_space is not register:
@@ -268,63 +256,63 @@ class Solver:
             if parent[producer] != producer:
                 producer = find(producer)
             if nonsplat[producer] is None:
-                pending.append((use[0].id, use[1].id, use))
+                open_uses.append(use)
                 continue
             consumer = parent[use[1].id]
             if parent[consumer] != consumer:
                 consumer = find(consumer)
             if consumer != producer:
                 join(producer, consumer)
-        successors: dict[int, list[int]] = {}
-        for source, target, _ in pending:
-            if target is not None:
-                successors.setdefault(find(source), []).append(target)
+        successors: dict[int, list[Variable]] = {}
+        for ci in open_relayouts:
+            c = self.constraints[ci]
+            if isinstance(c.target, Variable):
+                successors.setdefault(find(c.source.id), []).append(c.target)
+        for producer, consumer, _ in open_uses:
+            successors.setdefault(find(producer.id), []).append(consumer)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
-            for t in successors.get(root, ()):
-                troot = find(t)
+            for target in successors.get(root, ()):
+                troot = find(target.id)
                 if nonsplat[troot] is None:
                     nonsplat[troot] = nonsplat[root]
                     work.append(troot)
+        for ci in open_relayouts:
+            if nonsplat[find(self.constraints[ci].source.id)] is not None:
+                self._settle_relayout(ci)
         bitwidths: dict[int, int] = {}  # producer variable -> element bitwidth
         element_bitwidths: dict[ir.Type, int] = {}
-        for edge in pending:
-            source, target, why = edge
-            if nonsplat[find(source)] is not None:
-                self._settle_nonsplat(edge)
-            elif type(why) is tuple:  # an open use: a strict relayout
-                producer, consumer, value_type = why
-                bitwidth = bitwidths.get(source)  # the uses of a value share a type
+        for producer, consumer, value_type in open_uses:
+            if nonsplat[find(producer.id)] is not None:
+                self.union(producer.id, consumer.id)
+                continue
+            bitwidth = bitwidths.get(producer.id)  # the uses of a value share a type
+            if bitwidth is None:
+                element = value_type.element_type
+                bitwidth = element_bitwidths.get(element)
                 if bitwidth is None:
-                    element = value_type.element_type
-                    bitwidth = element_bitwidths.get(element)
-                    if bitwidth is None:
-                        bitwidth = element_bitwidths[element] = mgpu_utils.bitwidth(element)
-                    bitwidths[source] = bitwidth
-                self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
-                self.origins.append(UseOrigin(producer, consumer))
-                active.append(True)
-                self.queued.append(False)
+                    bitwidth = element_bitwidths[element] = mgpu_utils.bitwidth(element)
+                bitwidths[producer.id] = bitwidth
+            self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
+            self.origins.append(UseOrigin(producer, consumer))
+            active.append(True)
+            self.queued.append(False)
 
-    def _settle_nonsplat(self, edge: tuple[int, int | None, object]) -> None:
-        """Edge ``edge`` leaves a non-splat value: its target is non-splat too,
-        and a strict relayout along it is the identity."""
-        source, target, why = edge
-        if type(why) is tuple:  # a use
-            self.union(source, target)
-            return
-        c = self.constraints[why]
-        if target is not None:
+    def _settle_relayout(self, ci: int) -> None:
+        """Relayout ``ci`` leaves a non-splat value: its target is non-splat
+        too, and a strict relayout is the identity."""
+        c = self.constraints[ci]
+        if not isinstance(c.target, Variable):
             if c.strict:
-                self.union(source, target)
-                self.active[why] = False
-            else:
-                root = self.find(target)
-                if self.nonsplat[root] is None:
-                    self.nonsplat[root] = self.nonsplat[self.find(source)]
+                self.constraints[ci] = Equal(c.source, c.target)
         elif c.strict:
-            self.constraints[why] = Equal(c.source, c.target)
+            self.union(c.source.id, c.target.id)
+            self.active[ci] = False
+        else:
+            root = self.find(c.target.id)
+            if self.nonsplat[root] is None:
+                self.nonsplat[root] = self.nonsplat[self.find(c.source.id)]
 
     def _index(self) -> None:
         find = self.find
@@ -403,9 +391,6 @@ class Solver:
 
     def _examine(self, ci: int) -> None:
         c = self.constraints[ci]
-        if type(c) is Relayout and type(c.source) is Variable and type(c.target) is Variable:
-            self._examine_relayout(ci, c)
-            return
         find, value_of, known = self.find, self.value_of, self.value
         values = []
         complete = True
@@ -425,21 +410,6 @@ class Solver:
             return
         for var, value in c.implied(self.value_of):
             self.assign(self.find(var.id), value, ("c", ci))
-
-    def _examine_relayout(self, ci: int, c: Relayout) -> None:
-        """:meth:`_examine` for the most common constraint, a relayout from
-        one variable to another (every open use of a value is one)."""
-        find, value = self.find, self.value
-        source, target = value[find(c.source.id)], value[find(c.target.id)]
-        if source is None:
-            return
-        if target is not None:
-            if not c.check((source, target)):
-                raise Conflict(f"does not hold for {source}, {target}", ci, self.cvars[ci])
-            self.active[ci] = False
-            self.trail.append(("c", ci))
-        elif c.strict and isinstance(source, RegisterLayout) and not source.is_splat:
-            self.assign(find(c.target.id), source, ("c", ci))
 
     def propagate(self) -> None:
         try:
