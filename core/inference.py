@@ -32,8 +32,14 @@ from smalti.diagnostics import (
 )
 from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
-from smalti.registry import RuleKind
-from smalti.rules import ConstraintBuilder, SiteTable
+from smalti.registry import RuleKind, RuleRecord
+from smalti.rules import (
+    ConstraintBuilder,
+    MalformedStatement,
+    SiteTable,
+    define_variable,
+    same_layout,
+)
 from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
@@ -157,37 +163,51 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         "check `smalti plugins` for a blocked plugin that provides it",
                     ],
                 ))
-        builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
-        try:
-            record.function(view, builder)
-        except SmaltiError:
-            raise
-        except Exception as e:
-            raise PluginError(
-                "SM005",
-                f"constraint rule {record.name} of plugin {record.plugin!r} raised "
-                f"{type(e).__name__}: {e}",
-                op=op,
-                fix=[f"report this to the authors of {record.plugin!r}",
-                     f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
-            ) from e
-        variables = [site_vars.get(s) for s in sites]
-        if None in variables:
-            builder._malformed(
-                "left these sites without a variable: "
-                + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
+        builder = None
+        if record.function is same_layout:
+            # The common rule, applied without a builder or a call per op.
+            try:
+                variables = [define_variable(system, sites_table, sites)] * len(sites)
+            except MalformedStatement as e:
+                ConstraintBuilder(system, sites_table, view, arch, record)._malformed(e.message)
+        else:
+            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
+            _describe(record, view, builder)
+            variables = [site_vars.get(s) for s in sites]
+            if None in variables:
+                builder._malformed(
+                    "left these sites without a variable: "
+                    + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
         annotated.append((op, sites, variables))  # type: ignore[arg-type]
         if report is not None:
             report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
             if trace:
                 report.trace.append(TraceEntry(op.name, format_location(op.location),
                                                record.plugin, record.function.__qualname__))
-        if not (builder.opaque or record.opaque_regions) and len(op.regions):
+        if not ((builder is not None and builder.opaque) or record.opaque_regions) and len(
+                op.regions):
             stack += _children(op)
     _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
     return system, sites_table, annotated
+
+
+def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -> None:
+    """Calls ``record``'s rule; a crash in it is the plugin's error."""
+    try:
+        record.function(view, builder)
+    except SmaltiError:
+        raise
+    except Exception as e:
+        raise PluginError(
+            "SM005",
+            f"constraint rule {record.name} of plugin {record.plugin!r} raised "
+            f"{type(e).__name__}: {e}",
+            op=view.operation,
+            fix=[f"report this to the authors of {record.plugin!r}",
+                 f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
+        ) from e
 
 
 def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from jax._src.lib.mlir import ir
@@ -120,30 +120,10 @@ class ConstraintBuilder:
 
     def variable(self, *sites: ValueSite) -> Variable:
         """A new variable: all ``sites`` share its layout."""
-        if not sites:
-            self._malformed("variable() needs at least one site")
-        first = sites[0]
-        space = first.memory_space
-        if space is None or (len(sites) > 1 and not _alike(sites)):
-            self._malformed(
-                "variable() joins sites of different shapes or memory spaces, or sites "
-                f"that need no layout: {[s.describe() for s in sites]}")
-        variables = self._system.variables
-        var = Variable(len(variables), sites[-1], space)
-        variables.append(var)
-        table = self._table
-        site_vars = table.variables
-        known = len(site_vars)
-        for site in sites:
-            if site_vars.setdefault(site, var) is not var:
-                self._malformed(f"{site.describe()} was given two variables")
-            if site.kind is SiteKind.OPERAND:
-                table.operands.append((site, var))
-            else:
-                table.definitions[site.value] = var
-        if len(site_vars) - known < len(sites):
-            self._malformed(f"variable() got a site twice: {[s.describe() for s in sites]}")
-        return var
+        try:
+            return define_variable(self._system, self._table, sites)
+        except MalformedStatement as e:
+            self._malformed(e.message)
 
     def assign(self, variable: Variable, value: Constant) -> None:
         """``variable`` has layout ``value``."""
@@ -181,13 +161,62 @@ class ConstraintBuilder:
         """The op's regions are already at Lane level: inference skips them."""
         self.opaque = True
 
-    def _malformed(self, message: str) -> None:
+    def _malformed(self, message: str) -> NoReturn:
         raise PluginError(
             "SM006",
             f"constraint rule {self.origin.rule} of plugin {self.origin.plugin!r}: {message}",
             op=self.op,
             fix=f"fix the plugin {self.origin.plugin!r}",
         )
+
+
+class MalformedStatement(Exception):
+    """A rule's statement breaks the builder's contract (reported as SM006)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def define_variable(system: ConstraintSystem, table: SiteTable,
+                    sites: Sequence[ValueSite]) -> Variable:
+    """A new variable of ``system`` shared by ``sites``, recorded in ``table``
+    (what :meth:`ConstraintBuilder.variable` does, callable without a builder)."""
+    if not sites:
+        raise MalformedStatement("variable() needs at least one site")
+    first = sites[0]
+    space = first.memory_space
+    if space is None or (len(sites) > 1 and not _alike(sites)):
+        raise MalformedStatement(
+            "variable() joins sites of different shapes or memory spaces, or sites "
+            f"that need no layout: {[s.describe() for s in sites]}")
+    variables = system.variables
+    var = Variable(len(variables), sites[-1], space)
+    variables.append(var)
+    site_vars = table.variables
+    known = len(site_vars)
+    for site in sites:
+        if site_vars.setdefault(site, var) is not var:
+            raise MalformedStatement(f"{site.describe()} was given two variables")
+        if site.kind is SiteKind.OPERAND:
+            table.operands.append((site, var))
+        else:
+            table.definitions[site.value] = var
+    if len(site_vars) - known < len(sites):
+        raise MalformedStatement(
+            f"variable() got a site twice: {[s.describe() for s in sites]}")
+    return var
+
+
+def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
+    """A ready-made constraint rule: every layout site of the op (its vector
+    operands and results, for an elementwise op) shares one layout.
+
+    Register it for ops it describes, e.g.
+    ``registry.constraint_rule("my_ops.relu")(smalti.rules.same_layout)``:
+    inference recognizes it and applies it without calling it for each op.
+    """
+    b.variable(*b.layout_sites())
 
 
 def _alike(sites: Sequence[ValueSite]) -> bool:

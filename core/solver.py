@@ -283,10 +283,18 @@ class Solver:
                 self._settle_relayout(ci)
         bitwidths: dict[int, int] = {}  # producer variable -> element bitwidth
         element_bitwidths: dict[ir.Type, int] = {}
+        # A value used many times by ops of one class (a constant in a
+        # chain) needs one relayout to that class, not one per use.
+        linked: set[tuple[int, int]] = set()
         for producer, consumer, value_type in open_uses:
-            if nonsplat[find(producer.id)] is not None:
+            producer_root = find(producer.id)
+            if nonsplat[producer_root] is not None:
                 self.union(producer.id, consumer.id)
                 continue
+            link = (producer_root, find(consumer.id))
+            if link in linked:
+                continue
+            linked.add(link)
             bitwidth = bitwidths.get(producer.id)  # the uses of a value share a type
             if bitwidth is None:
                 element = value_type.element_type

@@ -20,7 +20,7 @@ from smalti.constraints import Excludes
 from smalti.diagnostics import SmaltiNotImplementedError
 from smalti.layouts import RegisterLayout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
+from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, same_layout
 
 Array = fa.FragmentedArray
 
@@ -112,11 +112,6 @@ def _ctlz(x: ir.Value) -> ir.Value:
 
 
 # --- constraint rules ---------------------------------------------------------------
-
-
-def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
-    """Every vector operand and the result share one layout."""
-    b.variable(*b.vector_sites())
 
 
 def constant(op: arith.ConstantOp, b: ConstraintBuilder) -> None:

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
 import pytest
+from jax._src.lib import mosaic_gpu_dialect as mgpu
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, vector
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 
 import smalti
 from smalti import kernels
 from smalti.constraints import Constraint
 from smalti.layouts import RegisterLayout
+from smalti.rules import same_layout
 from tests.differential import normalized
 
 BUILTIN = "smalti.plugins"
@@ -184,3 +190,39 @@ def test_malformed_registration_drops_only_that_plugin(register, phrase):
     kernel = kernels.example_kernel()
     smalti.infer_layouts(kernel.module, pipeline=pipeline)  # the built-ins still work
     smalti.lower(kernel.module, kernel.launch_context, pipeline=pipeline)
+
+
+def test_ready_made_same_layout_rule_is_checked_like_any_rule():
+    """Core applies smalti.rules.same_layout without calling it, but an op it
+    cannot describe (sites of different shapes) is still the plugin's SM006."""
+    f32 = ir.F32Type.get
+
+    def body(ctx, x_ref, out_ref, smem):
+        x = mgpu.vector_load(x_ref)
+        rows = ir.VectorType.get([128], f32())
+        zero = arith.constant(rows, ir.DenseElementsAttr.get_splat(rows, ir.FloatAttr.get(f32(), 0)))
+        total = vector.MultiDimReductionOp(vector.CombiningKind.ADD, x, zero, [1]).result
+        mgpu.vector_store(total, out_ref)
+
+    kernel = kernels.build_kernel(body, [jax.ShapeDtypeStruct((128, 128), jnp.float32)],
+                                  [jax.ShapeDtypeStruct((128,), jnp.float32)])
+    before = str(kernel.module)
+    pipeline = with_plugin("shoddy", constraint_plugin("vector.multi_reduction", same_layout))
+    with pytest.raises(smalti.PluginError) as info:
+        smalti.infer_layouts(kernel.module, pipeline=pipeline)
+    error = info.value
+    assert error.code == "SM006" and error.op.startswith("vector.multi_reduction")
+    assert "'shoddy'" in error.message and "same_layout" in error.message
+    assert "different shapes" in error.message
+    assert str(kernel.module) == before
+    # The same rule describes an elementwise op of another plugin's choosing.
+    kernel = kernels.example_kernel()
+    pipeline = with_plugin("tidy", constraint_plugin("arith.mulf", same_layout))
+    smalti.infer_layouts(kernel.module, pipeline=pipeline)
+    assert normalized(kernel.module) == normalized(_inferred_with_builtin_rules())
+
+
+def _inferred_with_builtin_rules():
+    kernel = kernels.example_kernel()
+    smalti.infer_layouts(kernel.module)
+    return kernel.module
