@@ -33,14 +33,15 @@ from smalti.diagnostics import (
 from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
-from smalti.rules import (
-    ConstraintBuilder,
-    MalformedStatement,
-    SiteTable,
-    define_variable,
-    same_layout,
+from smalti.rules import ConstraintBuilder, SiteTable, same_layout
+from smalti.sites import (
+    SiteKind,
+    ValueSite,
+    layout_sites,
+    make_site,
+    memory_space_of_type,
+    producer_site,
 )
-from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
     ConstraintFault,
@@ -110,20 +111,34 @@ def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int
 
 #: The ops that get layout attributes: each with its sites and their variables.
 Annotated = list[tuple[ir.Operation, list[ValueSite], list[Variable]]]
+#: Ops described by :func:`smalti.rules.same_layout` without a builder: each
+#: with the variable of all its sites, and how many operands and results
+#: hold vectors.
+Shared = list[tuple[ir.Operation, Variable, int, int]]
+
+
+@attrs.define
+class Collected:
+    """What the rules said about a kernel, ready for the solver."""
+
+    system: ConstraintSystem
+    sites: SiteTable
+    annotated: Annotated
+    shared: Shared
 
 
 def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
-            report: InferenceReport | None = None, *, trace: bool = False
-            ) -> tuple[ConstraintSystem, SiteTable, Annotated]:
+            report: InferenceReport | None = None, *, trace: bool = False) -> Collected:
     """Asks every op's rule to describe it and links each use of a value to
-    its definition; returns the system, the variable of each site, and the
-    ops that carry layouts (in walk order, those described by their parent's
-    rule last)."""
+    its definition. The ops that carry layouts come in walk order (those
+    described by their parent's rule last); with ``trace``, every rule runs
+    through a builder, so that they line up with ``report.trace``."""
     table = pipeline.table(RuleKind.CONSTRAINT, arch)
     system = ConstraintSystem()
     sites_table = SiteTable()
     site_vars = sites_table.variables
     annotated: Annotated = []
+    shared: Shared = []
     described_by_parent: Annotated = []
     # Pre-order, with a stack: an op's regions are entered after its rule
     # ran, since the rule may declare them opaque (already at Lane level).
@@ -132,15 +147,26 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     while stack:
         view = stack.pop()
         op = view.operation
+        record = table.get(op.name)
         op_hash = hash(op)
+        if (record is not None and record.function is same_layout and not trace
+                and not (sites_table.described_elsewhere
+                         and op in sites_table.described_elsewhere)):
+            entry = _share_layout(op, op_hash, system, sites_table)
+            if entry is not None:
+                shared.append(entry)
+                if report is not None:
+                    report.ops_per_plugin[record.plugin] = (
+                        report.ops_per_plugin.get(record.plugin, 0) + 1)
+                if not record.opaque_regions and len(op.regions):
+                    stack += _children(op)
+                continue
         sites = layout_sites(op, op_hash)
         if not sites:
             # Lane-level regions stay unseen even when the op itself
             # carries no layouts (a rule registered opaque_regions=True).
-            if len(op.regions):
-                record = table.get(op.name)
-                if record is None or not record.opaque_regions:
-                    stack += _children(op)
+            if len(op.regions) and (record is None or not record.opaque_regions):
+                stack += _children(op)
             continue
         if sites[0] in site_vars:
             variables = [site_vars.get(s) for s in sites]
@@ -149,7 +175,6 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                 # Like jax, it still gets its attributes.
                 described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
                 continue
-        record = table.get(op.name)
         if record is None:
             raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
                 SmaltiNotImplementedError(
@@ -163,34 +188,86 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         "check `smalti plugins` for a blocked plugin that provides it",
                     ],
                 ))
-        builder = None
-        if record.function is same_layout:
-            # The common rule, applied without a builder or a call per op.
-            try:
-                variables = [define_variable(system, sites_table, sites)] * len(sites)
-            except MalformedStatement as e:
-                ConstraintBuilder(system, sites_table, view, arch, record)._malformed(e.message)
-        else:
-            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
-            _describe(record, view, builder)
-            variables = [site_vars.get(s) for s in sites]
-            if None in variables:
-                builder._malformed(
-                    "left these sites without a variable: "
-                    + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
+        builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
+        _describe(record, view, builder)
+        variables = [site_vars.get(s) for s in sites]
+        if None in variables:
+            builder._malformed(
+                "left these sites without a variable: "
+                + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
         annotated.append((op, sites, variables))  # type: ignore[arg-type]
         if report is not None:
             report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
             if trace:
                 report.trace.append(TraceEntry(op.name, format_location(op.location),
                                                record.plugin, record.function.__qualname__))
-        if not ((builder is not None and builder.opaque) or record.opaque_regions) and len(
-                op.regions):
+        if not (builder.opaque or record.opaque_regions) and len(op.regions):
             stack += _children(op)
+    if sites_table.described_elsewhere and shared:
+        _check_not_described_twice(sites_table, shared)
     _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
-    return system, sites_table, annotated
+    return Collected(system, sites_table, annotated, shared)
+
+
+def _share_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
+                  sites: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
+    """Applies :func:`smalti.rules.same_layout` to ``op`` without a builder,
+    if all its layout sites are vectors of one shape; otherwise returns
+    ``None`` and leaves it (and any error) to the builder."""
+    operands, results = _vectors(op.operands), _vectors(op.results)
+    if operands is None or results is None or not (operands or results):
+        return None
+    first = (operands or results)[0][2]
+    for _, _, ty in (*operands, *results):
+        if ty != first and ty.shape != first.shape:
+            return None
+    # The variable is named after the op's last layout site, as variable() does.
+    if results:
+        kind, (index, value, ty) = SiteKind.RESULT, results[-1]
+    else:
+        kind, (index, value, ty) = SiteKind.OPERAND, operands[-1]
+    variables = system.variables
+    var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty), MemorySpace.REG)
+    variables.append(var)
+    definitions = sites.definitions
+    for index, value, ty in operands:
+        producer = definitions.get(value)
+        if producer is None:  # defined later in the walk
+            sites.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
+        else:
+            system.use(producer, var, ty)
+    for index, value, ty in results:
+        definitions[value] = var
+    return op, var, len(operands), len(results)
+
+
+def _vectors(values: ir.OpOperandList | ir.OpResultList
+             ) -> list[tuple[int, ir.Value, ir.Type]] | None:
+    """The vectors among ``values``, with their index and type; ``None`` if
+    some other value needs a layout too (an SMEM or TMEM ref)."""
+    vectors = []
+    index = 0
+    for value in values:
+        ty = value.type
+        if isinstance(ty, ir.VectorType):
+            vectors.append((index, value, ty))
+        elif memory_space_of_type(ty) is not None:
+            return None
+        index += 1
+    return vectors
+
+
+def _check_not_described_twice(sites: SiteTable, shared: Shared) -> None:
+    """A rule that described sites of an op outside its regions' terminators,
+    which that op's own rule (same_layout) also described, broke the
+    one-variable-per-site contract."""
+    ops = {op for op, *_ in shared}
+    for op, builder in sites.described_elsewhere.items():
+        if op in ops:
+            builder._malformed(f"described a site of {op.name}, which its own rule describes: "
+                               "a site was given two variables")
 
 
 def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -> None:
@@ -211,8 +288,8 @@ def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -
 
 
 def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
-    """Links each operand's variable to the variable of the value's
-    definition (in the order the operands got their variables)."""
+    """Links the operands whose value was defined later in the walk to the
+    variable of its definition (the others were linked at once)."""
     definitions = sites.definitions
     for site, var in sites.operands:
         producer = definitions.get(site.value)
@@ -270,6 +347,7 @@ class _AttributeCache:
     def __init__(self) -> None:
         self._arrays: dict[tuple[int, ...], tuple[ir.Attribute, list[Constant]]] = {}
         self._single: dict[Constant, ir.Attribute] = {}
+        self._repeated: dict[tuple[int, int], tuple[ir.Attribute, Constant]] = {}
 
     def array(self, values: list[Constant]) -> ir.Attribute:
         key = tuple(map(id, values))
@@ -277,6 +355,14 @@ class _AttributeCache:
         if cached is None:
             cached = self._arrays[key] = (
                 ir.ArrayAttr.get([self._one(v) for v in values]), values)
+        return cached[0]
+
+    def repeated(self, value: Constant, count: int) -> ir.Attribute:
+        """The array of ``count`` times ``value``."""
+        key = (id(value), count)
+        cached = self._repeated.get(key)
+        if cached is None:
+            cached = self._repeated[key] = (ir.ArrayAttr.get([self._one(value)] * count), value)
         return cached[0]
 
     def _one(self, value: Constant) -> ir.Attribute:
@@ -338,7 +424,8 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
 def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
            report: InferenceReport, trace: bool) -> None:
     with module.context, ir.Location.unknown(module.context):
-        system, _, annotated = collect(module, arch, pipeline, report, trace=trace)
+        collected = collect(module, arch, pipeline, report, trace=trace)
+        system, annotated = collected.system, collected.annotated
         try:
             solver = Solver(system, arch)
             solution = solver.solve_in_order()
@@ -380,7 +467,14 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             attributes = op.attributes
             for name, values in groups.items():
                 attributes[name] = cache.array(values)
-    report.ops = len(annotated)
+        for op, var, operands, results in collected.shared:
+            value = solution[var.id]
+            attributes = op.attributes
+            if operands:
+                attributes["in_layouts"] = cache.repeated(value, operands)
+            if results:
+                attributes["out_layouts"] = cache.repeated(value, results)
+    report.ops = len(annotated) + len(collected.shared)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)
     for entry, (op, sites, variables) in zip(report.trace, annotated):

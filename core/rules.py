@@ -37,12 +37,18 @@ class SiteTable:
     of each defined value (op result or block argument).
     """
 
-    __slots__ = ("variables", "operands", "definitions")
+    __slots__ = ("variables", "operands", "definitions", "described_elsewhere")
 
     def __init__(self) -> None:
         self.variables: dict[ValueSite, Variable] = {}
+        #: Operand sites whose value had no variable yet when they got theirs
+        #: (uses of values defined later in the walk, such as the operands
+        #: of a loop's terminator); the others are linked at once.
         self.operands: list[tuple[ValueSite, Variable]] = []
         self.definitions: dict[ir.Value, Variable] = {}
+        #: Ops some of whose sites another op's rule described (a region's
+        #: terminator, described by its parent), with that rule's builder.
+        self.described_elsewhere: dict[ir.Operation, ConstraintBuilder] = {}
 
 
 class ConstraintBuilder:
@@ -121,9 +127,14 @@ class ConstraintBuilder:
     def variable(self, *sites: ValueSite) -> Variable:
         """A new variable: all ``sites`` share its layout."""
         try:
-            return define_variable(self._system, self._table, sites)
+            var = define_variable(self._system, self._table, sites)
         except MalformedStatement as e:
             self._malformed(e.message)
+        own = self.op.operation
+        for site in sites:
+            if site.op is not own and site.op != own:  # a terminator of its regions
+                self._table.described_elsewhere.setdefault(site.op, self)
+        return var
 
     def assign(self, variable: Variable, value: Constant) -> None:
         """``variable`` has layout ``value``."""
@@ -193,15 +204,19 @@ def define_variable(system: ConstraintSystem, table: SiteTable,
     variables = system.variables
     var = Variable(len(variables), sites[-1], space)
     variables.append(var)
-    site_vars = table.variables
+    site_vars, definitions = table.variables, table.definitions
     known = len(site_vars)
     for site in sites:
         if site_vars.setdefault(site, var) is not var:
             raise MalformedStatement(f"{site.describe()} was given two variables")
         if site.kind is SiteKind.OPERAND:
-            table.operands.append((site, var))
+            producer = definitions.get(site.value)
+            if producer is None:
+                table.operands.append((site, var))
+            else:
+                system.use(producer, var, site.type)
         else:
-            table.definitions[site.value] = var
+            definitions[site.value] = var
     if len(site_vars) - known < len(sites):
         raise MalformedStatement(
             f"variable() got a site twice: {[s.describe() for s in sites]}")

@@ -139,14 +139,25 @@ def _memory_space_of_other_type(ty: ir.Type) -> MemorySpace | None:
     return None
 
 
+def make_site(op: ir.Operation, op_hash: int, kind: SiteKind, index: int, value: ir.Value,
+              ty: ir.Type, space: MemorySpace = MemorySpace.REG) -> ValueSite:
+    """The site of ``value`` (of type ``ty``, needing a layout in ``space``)
+    at ``op``, ``hash(op)`` being ``op_hash``: what the constructor makes,
+    without reading anything through the bindings again."""
+    # Inference makes one per operand and result of a kernel: no __init__ call.
+    site = object.__new__(ValueSite)
+    site.op, site.kind, site.index, site.region = op, kind, index, None
+    site._hash = _site_hash(op_hash, kind, index, None)
+    site._value, site._type, site._space = value, ty, space
+    return site
+
+
 def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first."""
     if op_hash is None:
         op_hash = hash(op)
     sites = []
-    # Inference calls this for every op of a kernel: it is written for speed,
-    # making sites that already know their value, type and memory space.
-    new, cls, vector = object.__new__, ValueSite, ir.VectorType
+    vector = ir.VectorType
     for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results)):
         index = 0
         for value in values:
@@ -154,11 +165,7 @@ def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite
             space = MemorySpace.REG if isinstance(ty, vector) else (
                 _memory_space_of_other_type(ty))
             if space is not None:
-                site = new(cls)
-                site.op, site.kind, site.index, site.region = op, kind, index, None
-                site._hash = _site_hash(op_hash, kind, index, None)
-                site._value, site._type, site._space = value, ty, space
-                sites.append(site)
+                sites.append(make_site(op, op_hash, kind, index, value, ty, space))
             index += 1
     return sites
 

@@ -7,6 +7,8 @@ when it is not in registers) is read from SMEM, tiled ``(8, swizzle)`` — or
 
 from __future__ import annotations
 
+import functools
+
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -24,10 +26,28 @@ from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 
-def mma_smem_tilings(ref: ir.Value, op, *, allow_unswizzled: bool = False) -> OneOf:
+def mma_smem_tilings(ref: ir.Value, op, *, allow_unswizzled: bool = False
+                     ) -> tuple[SmemTransforms, ...]:
     """The SMEM transforms an MMA operand ref may have: ``(8, swizzle-wide)``
     tiles (transposed for a transposed ref), widest swizzle first."""
     ref_type = ir.MemRefType(ref.type)
+    allowed, tiling = _mma_smem_tilings(ref_type, allow_unswizzled)
+    if not allowed:
+        raise SmaltiValueError(
+            "SM121",
+            f"No valid tiling found for SMEM reference. {tuple(ref_type.shape)} not divisible "
+            f"by candidate tiling {tiling}",
+            op=op, values={"ref": str(ref_type)},
+            fix=f"make the operand's dims multiples of {tiling} (the narrowest MMA tile)")
+    return allowed
+
+
+# Kernels issue many MMAs on refs of a few types. Small: cached types keep
+# their MLIR context alive.
+@functools.lru_cache(maxsize=256)
+def _mma_smem_tilings(ref_type: ir.MemRefType, allow_unswizzled: bool
+                      ) -> tuple[tuple[SmemTransforms, ...], tuple[int, ...]]:
+    """The allowed transforms, and the last tiling tried (for the error)."""
     shape = tuple(ref_type.shape)
     bitwidth = mgpu_utils.bitwidth(ref_type.element_type)
     transposed = mgpu_utils.is_memref_transposed(ref_type)
@@ -37,20 +57,23 @@ def mma_smem_tilings(ref: ir.Value, op, *, allow_unswizzled: bool = False) -> On
         tiling = (width, 8) if transposed else (8, width)
         if all(s % t == 0 for s, t in zip(shape, tiling)):
             allowed.append(SmemTransforms(tiling, swizzle))
-    if not allowed:
-        raise SmaltiValueError(
-            "SM121",
-            f"No valid tiling found for SMEM reference. {shape} not divisible by candidate "
-            f"tiling {tiling}",
-            op=op, values={"ref": str(ref_type)},
-            fix=f"make the operand's dims multiples of {tiling} (the narrowest MMA tile)")
-    return allowed
+    return tuple(allowed), tiling
+
+
+@functools.lru_cache(maxsize=256)
+def _is_transposed(ref_type: ir.Type) -> bool:
+    return mgpu_utils.is_memref_transposed(ir.MemRefType(ref_type))
+
+
+@functools.lru_cache(maxsize=64)
+def _fits(shape: tuple[int, ...], layout: fa.FragmentedLayout) -> bool:
+    return register_layout_fits(shape, layout)
 
 
 def _pinned(b: ConstraintBuilder, op, sites, layout, what: str):
     var = b.variable(*sites)
-    shape = tuple(ir.ShapedType(sites[0].value.type).shape)
-    if not register_layout_fits(shape, layout):
+    shape = var.shape
+    if not _fits(shape, layout):
         raise SmaltiValueError(
             "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
             f"is not compatible with the shape {shape}", op=op,
@@ -61,19 +84,20 @@ def _pinned(b: ConstraintBuilder, op, sites, layout, what: str):
 
 def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     _pinned(b, op, (b.operand(0), b.result(0)), fa.WGMMA_LAYOUT, "accumulator")
-    rhs = b.variable(b.operand(2))
-    b.require(OneOf(rhs, tuple(mma_smem_tilings(op.b, op))))
-    if isinstance(op.a.type, ir.VectorType):
-        eight_bit = mgpu_utils.bitwidth(ir.VectorType(op.a.type).element_type) == 8
-        _pinned(b, op, (b.operand(1),), fa.WGMMA_LAYOUT_8BIT if eight_bit else fa.WGMMA_LAYOUT,
+    rhs_site = b.operand(2)
+    rhs = b.variable(rhs_site)
+    b.require(OneOf(rhs, mma_smem_tilings(rhs_site.value, op)))
+    lhs_site = b.operand(1)
+    if isinstance(lhs_site.type, ir.VectorType):
+        eight_bit = mgpu_utils.bitwidth(lhs_site.type.element_type) == 8
+        _pinned(b, op, (lhs_site,), fa.WGMMA_LAYOUT_8BIT if eight_bit else fa.WGMMA_LAYOUT,
                 "'a' operand")
         return
-    lhs = b.variable(b.operand(1))
+    lhs = b.variable(lhs_site)
     # Tilings are stated on logical shapes: if exactly one operand is
     # transposed in memory, its tiling is the other's, transposed.
-    a_t = mgpu_utils.is_memref_transposed(ir.MemRefType(op.a.type))
-    b_t = mgpu_utils.is_memref_transposed(ir.MemRefType(op.b.type))
-    b.require(Equal(lhs, Transposed(rhs, (1, 0)) if a_t != b_t else rhs))
+    transposed = _is_transposed(lhs_site.type) != _is_transposed(rhs_site.type)
+    b.require(Equal(lhs, Transposed(rhs, (1, 0)) if transposed else rhs))
 
 
 def lower_wgmma(ctx: LoweringContext, op: mgpu.WGMMAOp) -> list[ir.Value]:

@@ -67,19 +67,28 @@ def parse(text: str) -> ir.Module:
         return ir.Module.parse(text)
 
 
-def test_sm103_ref_without_a_producer_rule_names_the_op():
-    module = parse("""
+@pytest.mark.parametrize("text, consumer", [
+    ("""
       func.func @f(%ref: memref<128xf32, #gpu.address_space<workgroup>>) {
         %x = "mosaic_gpu.vector_load"(%ref) : (memref<128xf32, #gpu.address_space<workgroup>>) -> vector<128xf32>
         return
-      }""")
+      }""", "mosaic_gpu.vector_load"),
+    # An elementwise op, described without a builder (smalti.rules.same_layout).
+    ("""
+      func.func @f(%x: vector<128xf32>) {
+        %y = arith.addf %x, %x : vector<128xf32>
+        return
+      }""", "arith.addf"),
+], ids=["ref", "vector"])
+def test_sm103_value_without_a_producer_rule_names_the_op(text, consumer):
+    module = parse(text)
     before = str(module)
     with pytest.raises(smalti.SmaltiValueError) as info:
         smalti.infer_layouts(module)
     error = info.value
     assert error.code == "SM103"
-    assert "mosaic_gpu.vector_load operand #0" in error.message and "arg #0" in error.message
-    assert error.op.startswith("mosaic_gpu.vector_load") and error.fixes
+    assert f"{consumer} operand #0" in error.message and "arg #0" in error.message
+    assert error.op.startswith(consumer) and error.fixes
     assert str(module) == before
 
 
