@@ -149,15 +149,22 @@ def read_ops(module: ir.Module) -> int:
     return count
 
 
-def smalti_infer_time(make_module: Callable[[], ir.Module], repeat: int) -> float:
-    """The fastest of ``repeat`` inferences, each on a fresh copy of the kernel."""
-    times = []
+def read_and_infer_times(make_module: Callable[[], ir.Module], repeat: int
+                         ) -> tuple[float, float]:
+    """The fastest of ``repeat`` read walks and of ``repeat`` inferences by
+    smalti, each on a fresh copy of the kernel, taken in turns so that both
+    see the same (shared, noisy) machine."""
+    reads, infers = [], []
     for _ in range(repeat):
         module = make_module()
         start = time.perf_counter()
+        read_ops(module)
+        reads.append(time.perf_counter() - start)
+        module = make_module()
+        start = time.perf_counter()
         smalti.infer_layouts(module)
-        times.append(time.perf_counter() - start)
-    return min(times)
+        infers.append(time.perf_counter() - start)
+    return min(reads), min(infers)
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:
@@ -191,16 +198,13 @@ HEADER = ["kernel", "ops", "walk s", "read s", "smalti s", "jax s", "jax/sm", "s
 def synthetic(sizes: list[int], jax_max: int, repeat: int) -> None:
     print(row(HEADER, WIDTHS))
     for name, make in SYNTHETIC.items():
-        by_ops: dict[int, float] = {}
         for n in sizes:
             body = make(n)
             kernel = kernels.build_kernel(body, [SHAPE], [SHAPE])
             ops = count_ops(kernel.module)
             walk = timed(lambda: count_ops(kernel.module), repeat=3)
-            read = min(timed(lambda: read_ops(kernel.module)) for _ in range(3))
-            ours = smalti_infer_time(
+            read, ours = read_and_infer_times(
                 lambda: kernels.build_kernel(body, [SHAPE], [SHAPE]).module, repeat)
-            by_ops[ops] = ours
             if n <= jax_max:
                 reference = kernels.build_kernel(body, [SHAPE], [SHAPE])
                 theirs = timed(lambda: jax_infer(reference))
@@ -209,11 +213,30 @@ def synthetic(sizes: list[int], jax_max: int, repeat: int) -> None:
                 jax_cells = ["-", "-"]
             print(row([name, str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}", *jax_cells,
                        f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
-        small = min(by_ops, key=lambda ops: abs(ops - 1000))
-        large = max(by_ops)
-        if large > small:
-            print(f"  growth: {large / small:.1f}x ops ({small} -> {large}) -> "
-                  f"{by_ops[large] / by_ops[small]:.1f}x smalti time")
+        small = min(sizes, key=lambda n: abs(n - 1000))
+        if max(sizes) > small:
+            growth(lambda n: kernels.build_kernel(make(n), [SHAPE], [SHAPE]).module,
+                   small, max(sizes), repeat)
+
+
+def growth(make_module: Callable[[int], ir.Module], small: int, large: int,
+           repeat: int) -> None:
+    """smalti's time on the large kernel over its time on the small one, the
+    fastest of ``repeat`` runs of each, taken in turns (a row of the table
+    above and a row below it may come from faster or slower moments of a
+    shared machine)."""
+    times: dict[int, list[float]] = {small: [], large: []}
+    ops = {}
+    for _ in range(repeat):
+        for n in (small, large):
+            module = make_module(n)
+            ops[n] = count_ops(module)
+            start = time.perf_counter()
+            smalti.infer_layouts(module)
+            times[n].append(time.perf_counter() - start)
+    ratio = min(times[large]) / min(times[small])
+    print(f"  growth: {ops[large] / ops[small]:.1f}x ops ({ops[small]} -> {ops[large]}) -> "
+          f"{ratio:.1f}x smalti time (fastest of {repeat} each, in turns)")
 
 
 def _unrolled_wgmma_text(steps: int) -> str:
@@ -266,13 +289,14 @@ def _unrolled_wgmma_text(steps: int) -> str:
 
 def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
     """Inference only, on the text of an unrolled WGMMA pipeline."""
+    texts: dict[int, str] = {}
     for n in sizes:
-        text = _unrolled_wgmma_text(max(1, n // 3))
+        text = texts[n] = _unrolled_wgmma_text(max(1, n // 3))
         ours_module = ir.Module.parse(text, kernels.make_context())
         ops = count_ops(ours_module)
         walk = timed(lambda: count_ops(ours_module), repeat=3)
-        read = min(timed(lambda: read_ops(ours_module)) for _ in range(3))
-        ours = smalti_infer_time(lambda: ir.Module.parse(text, kernels.make_context()), repeat)
+        read, ours = read_and_infer_times(
+            lambda: ir.Module.parse(text, kernels.make_context()), repeat)
         jax_cells = ["-", "-"]
         if n <= jax_max:
             context = kernels.make_context()
@@ -282,6 +306,10 @@ def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
             jax_cells = [f"{theirs:.3f}", f"{theirs / ours:.0f}x"]
         print(row(["unrolled WGMMA", str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}",
                    *jax_cells, f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
+    small = min(sizes, key=lambda n: abs(n - 1000))
+    if max(sizes) > small:
+        growth(lambda n: ir.Module.parse(texts[n], kernels.make_context()), small, max(sizes),
+               repeat)
 
 
 def lowering(n: int) -> None:
@@ -427,14 +455,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument("--jax-max", type=int, default=4000,
                         help="largest kernel to run jax's quadratic inference on")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="smalti runs per synthetic kernel (the fastest is shown)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="read walks and smalti runs per synthetic kernel, in turns "
+                        "(the fastest of each is shown)")
     args = parser.parse_args()
     sizes = [250, 500, 1000] if args.quick else [250, 500, 1000, 2000, 4000, 8000]
     print(f"smalti {smalti.__version__} vs jax {jax.__version__}\n")
     print("walk: visiting every op through the bindings; read: also reading its name and\n"
-          "operand and result types (what any inference must read); smalti: fastest of\n"
-          f"{args.repeat} runs on fresh copies of the kernel; jax: one run\n")
+          "operand and result types (what any inference must read); read and smalti:\n"
+          f"fastest of {args.repeat} runs each, in turns, on fresh copies of the kernel;\n"
+          "jax: one run\n")
     synthetic(sizes, args.jax_max, args.repeat)
     unrolled_wgmma(sizes, args.jax_max, args.repeat)
     lowering(250 if args.quick else 1000)

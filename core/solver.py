@@ -161,7 +161,8 @@ class Solver:
         self.parent = list(range(n))
         self.value: list[Constant | None] = [None] * n
         self.reason: list[object] = [None] * n
-        self.nonsplat: list[int | None] = [None] * n  # constraint index proving it
+        #: per class, where it is known never to be splat (the origin proving it)
+        self.nonsplat: list[object | None] = [None] * n
         self.trail: list[tuple[str, int]] = []
         self.constraints = list(system.constraints)
         self.origins = list(system.origins)
@@ -222,10 +223,16 @@ class Solver:
                 self.union(producer.id, consumer.id)
 
     def _propagate_nonsplat(self) -> None:
-        """Values that are never splat stay non-splat through relayouts, and a
+        """Values that are never splat (excluded from splat, or given a layout
+        that is not splat) stay non-splat through relayouts, and a
         strict relayout of a non-splat value is the identity: merge those.
         Register uses still open afterwards become strict relayouts."""
         find, nonsplat, active = self.find, self.nonsplat, self.active
+        for var, value, origin in self.system.assignments:
+            if isinstance(value, RegisterLayout) and not value.is_splat:
+                root = find(var.id)
+                if nonsplat[root] is None:
+                    nonsplat[root] = origin
         relayouts: list[int] = []  # rule-stated relayouts out of a variable
         for ci, c in enumerate(self.constraints):
             if not active[ci]:
@@ -235,7 +242,7 @@ class Solver:
             ):
                 root = find(c.expr.id)
                 if nonsplat[root] is None:
-                    nonsplat[root] = ci
+                    nonsplat[root] = self.origins[ci]
             elif isinstance(c, Relayout) and isinstance(c.source, Variable):
                 relayouts.append(ci)
         # Most sources precede their targets: one pass in order settles
@@ -644,9 +651,8 @@ class Solver:
         elif isinstance(reason, tuple) and reason[0] == "search":
             lines.append(f"{var.site.describe()} was tried as {value}")
         if self.nonsplat[root] is not None:
-            ci = self.nonsplat[root]
-            lines.append(f"{self.origins[ci]} produces a value that can never be splat (so "
-                         f"it cannot be relaid out freely), and it flows to "
+            lines.append(f"{self.nonsplat[root]} makes a value that is never splat (so it "
+                         f"cannot be relaid out freely), and it flows to "
                          f"{var.site.describe()}")
         lines += self._same_layout(root)
         return lines

@@ -16,6 +16,7 @@ shape casts that add or drop size-1 dims, splat sources of reductions and
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -29,7 +30,15 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti import layouts
-from smalti.constraints import Divides, Equal, Excludes, Reduced, Reshaped, SupportedBroadcast
+from smalti.constraints import (
+    Divides,
+    Equal,
+    Excludes,
+    Reduced,
+    Reshaped,
+    SupportedBroadcast,
+    Variable,
+)
 from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import RegisterLayout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
@@ -74,7 +83,9 @@ def broadcast(op: vector.BroadcastOp, b: ConstraintBuilder) -> None:
     """A scalar broadcast is splat; a vector broadcast is a ``broadcast_in_dim``
     to the trailing dims (beyond jax, which only broadcasts scalars)."""
     if isinstance(op.source.type, ir.VectorType):
-        _broadcast_in_dim(b, _shape(op.source), _shape(op.result), _trailing_dims(op))
+        src, dst = b.variable(b.operand(0)), b.variable(b.result(0))
+        rank = len(dst.shape)
+        _broadcast_in_dim(b, src, dst, tuple(range(rank - len(src.shape), rank)))
         return
     result = b.variable(b.result(0))
     b.assign(result, RegisterLayout(fa.WGSplatFragLayout(_shape(op.result))))
@@ -88,8 +99,9 @@ def _trailing_dims(op: vector.BroadcastOp) -> tuple[int, ...]:
 def broadcast_in_dim(op: mgpu.BroadcastInDimOp, b: ConstraintBuilder) -> None:
     """The source is the result reduced along the broadcast dims."""
     dims = _ints(op.broadcast_dimensions)
-    _check_broadcast(op, _shape(op.operand), _shape(op.result), dims)
-    _broadcast_in_dim(b, _shape(op.operand), _shape(op.result), dims)
+    src, dst = b.variable(b.operand(0)), b.variable(b.result(0))
+    _check_broadcast(op, src.shape, dst.shape, dims)
+    _broadcast_in_dim(b, src, dst, dims)
 
 
 def _check_broadcast(op: ir.OpView, source: tuple[int, ...], result: tuple[int, ...],
@@ -105,23 +117,31 @@ def _check_broadcast(op: ir.OpView, source: tuple[int, ...], result: tuple[int, 
                 "has size 1 or the size of the result dim")
 
 
-def _broadcast_in_dim(b: ConstraintBuilder, source: tuple[int, ...],
-                      result: tuple[int, ...], dims: tuple[int, ...]) -> None:
-    src, dst = b.variable(b.operand(0)), b.variable(b.result(0))
-    mapped = dict(zip(dims, source))
-    # Dims the source has with size 1 are reduced keeping them; new dims are
-    # reduced away. Keeping dims first leaves the indices of the others valid.
-    kept = tuple(d for d in range(len(result)) if mapped.get(d) == 1 and result[d] > 1)
-    dropped = tuple(d for d in range(len(result)) if d not in mapped)
+def _broadcast_in_dim(b: ConstraintBuilder, src: Variable, dst: Variable,
+                      dims: tuple[int, ...]) -> None:
+    kept, dropped = _broadcast_reductions(src.shape, dst.shape, dims)
     if not kept and not dropped:  # beyond jax: an identity broadcast
         b.require(Equal(src, dst))
         return
     expr = dst
     if kept:
-        expr = Reduced(expr, kept, len(result), keep_dims=True)
+        expr = Reduced(expr, kept, len(dst.shape), keep_dims=True)
     if dropped:
-        expr = Reduced(expr, dropped, len(result))
+        expr = Reduced(expr, dropped, len(dst.shape))
     b.require(Equal(src, expr), SupportedBroadcast(src, dst, dims))
+
+
+@functools.lru_cache(maxsize=256)
+def _broadcast_reductions(source: tuple[int, ...], result: tuple[int, ...],
+                          dims: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The result dims to reduce keeping them, then to reduce away, to get
+    the source of a broadcast back."""
+    mapped = dict(zip(dims, source))
+    # Dims the source has with size 1 are reduced keeping them; new dims are
+    # reduced away. Keeping dims first leaves the indices of the others valid.
+    kept = tuple(d for d in range(len(result)) if mapped.get(d) == 1 and result[d] > 1)
+    dropped = tuple(d for d in range(len(result)) if d not in mapped)
+    return kept, dropped
 
 
 def vector_reduction(op: vector.ReductionOp, b: ConstraintBuilder) -> None:
@@ -133,7 +153,7 @@ def multi_reduction(op: vector.MultiDimReductionOp, b: ConstraintBuilder) -> Non
     """The result (and the accumulator) has the source's layout, reduced."""
     source = b.variable(b.operand(0))
     result = b.variable(b.operand(1), b.result(0))
-    rank = len(_shape(op.source))
+    rank = len(source.shape)
     b.require(
         Excludes(source, fa.WGStridedFragLayout),
         Equal(result, Reduced(source, tuple(sorted(_ints(op.reduction_dims))), rank)),
