@@ -150,11 +150,11 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         record = table.get(op.name)
         op_hash = hash(op)
         if (record is not None and record.function is same_layout and not trace
-                and not (sites_table.described_elsewhere
-                         and op in sites_table.described_elsewhere)):
+                and op_hash not in sites_table.described_elsewhere):
             entry = _share_layout(op, op_hash, system, sites_table)
             if entry is not None:
                 shared.append(entry)
+                sites_table.shared_ops[op_hash] = op
                 if report is not None:
                     report.ops_per_plugin[record.plugin] = (
                         report.ops_per_plugin.get(record.plugin, 0) + 1)
@@ -203,8 +203,6 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                                                record.plugin, record.function.__qualname__))
         if not (builder.opaque or record.opaque_regions) and len(op.regions):
             stack += _children(op)
-    if sites_table.described_elsewhere and shared:
-        _check_not_described_twice(sites_table, shared)
     _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
@@ -257,17 +255,6 @@ def _vectors(values: ir.OpOperandList | ir.OpResultList
             return None
         index += 1
     return vectors
-
-
-def _check_not_described_twice(sites: SiteTable, shared: Shared) -> None:
-    """A rule that described sites of an op outside its regions' terminators,
-    which that op's own rule (same_layout) also described, broke the
-    one-variable-per-site contract."""
-    ops = {op for op, *_ in shared}
-    for op, builder in sites.described_elsewhere.items():
-        if op in ops:
-            builder._malformed(f"described a site of {op.name}, which its own rule describes: "
-                               "a site was given two variables")
 
 
 def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -> None:

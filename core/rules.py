@@ -37,7 +37,7 @@ class SiteTable:
     of each defined value (op result or block argument).
     """
 
-    __slots__ = ("variables", "operands", "definitions", "described_elsewhere")
+    __slots__ = ("variables", "operands", "definitions", "described_elsewhere", "shared_ops")
 
     def __init__(self) -> None:
         self.variables: dict[ValueSite, Variable] = {}
@@ -47,8 +47,11 @@ class SiteTable:
         self.operands: list[tuple[ValueSite, Variable]] = []
         self.definitions: dict[ir.Value, Variable] = {}
         #: Ops some of whose sites another op's rule described (a region's
-        #: terminator, described by its parent), with that rule's builder.
-        self.described_elsewhere: dict[ir.Operation, ConstraintBuilder] = {}
+        #: terminator, described by its parent), by their hash.
+        self.described_elsewhere: dict[int, ir.Operation] = {}
+        #: Ops that :func:`same_layout` described without a builder (their
+        #: sites are not in :attr:`variables`), by their hash.
+        self.shared_ops: dict[int, ir.Operation] = {}
 
 
 class ConstraintBuilder:
@@ -130,10 +133,15 @@ class ConstraintBuilder:
             var = define_variable(self._system, self._table, sites)
         except MalformedStatement as e:
             self._malformed(e.message)
-        own = self.op.operation
+        own, table = self.op.operation, self._table
         for site in sites:
-            if site.op is not own and site.op != own:  # a terminator of its regions
-                self._table.described_elsewhere.setdefault(site.op, self)
+            other = site.op
+            if other is not own and other != own:  # a terminator of its regions
+                key = hash(other)
+                shared = table.shared_ops.get(key)
+                if shared is not None and shared == other:
+                    self._malformed(f"{site.describe()} was given two variables")
+                table.described_elsewhere[key] = other
         return var
 
     def assign(self, variable: Variable, value: Constant) -> None:

@@ -569,7 +569,10 @@ class Solver:
                     self.propagate()
                 except Conflict as conflict:
                     if not stack:
-                        conflicts.append(conflict)
+                        # Kept for the error, without the traceback: its frames
+                        # (this one among them) would make a reference cycle
+                        # holding the whole solver until the next collection.
+                        conflicts.append(conflict.with_traceback(None))
                     dead_ends.add(choice)
                     self.undo(mark)
                     continue
