@@ -345,6 +345,9 @@ def to_attribute(constant: Constant) -> ir.Attribute:
     raise TypeError(f"not a layout constant: {constant!r}")
 
 
+# Lowering decodes the same few attributes for every SMEM op. Small: cached
+# attributes keep their MLIR context alive.
+@functools.lru_cache(maxsize=256)
 def smem_transforms_from_attribute(attr: ir.Attribute) -> SmemTransforms:
     tiling, swizzle = None, None
     for transform in ir.ArrayAttr(attr):

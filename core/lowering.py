@@ -87,14 +87,22 @@ class _Lowerer:
         # What validation decided for each op, reused while rewriting:
         # a rule, None (only traverse its regions) or _SKIP.
         self.plan: dict[ir.Operation, RuleRecord | None | object] = {}
+        # Whether a layout attribute fits a shape, by (attribute, shape): a
+        # kernel repeats a few layouts, and parsing one is slow.
+        self.fitting: dict[tuple[ir.Attribute, tuple[int, ...]], bool] = {}
 
     def needs_lowering(self, op: ir.Operation) -> bool:
-        return (
-            any(memory_space_of(v) is not None for v in op.operands)
-            or any(memory_space_of(v) is not None for v in op.results)
-            or op.name.startswith(self.required)
-            or any(len(region.blocks) for region in op.regions)
-        )
+        # Loops rather than any() over generators: validation asks this of every op.
+        if op.name.startswith(self.required):
+            return True
+        for values in (op.operands, op.results):
+            for value in values:
+                if memory_space_of(value) is not None:
+                    return True
+        for region in op.regions:
+            if len(region.blocks):
+                return True
+        return False
 
     def rule_for(self, op: ir.Operation) -> RuleRecord | None:
         """The rule lowering ``op``; ``None`` if it is only traversed."""
@@ -118,21 +126,24 @@ class _Lowerer:
     # --- validation ---------------------------------------------------------------
 
     def ops_to_check(self) -> Iterator[tuple[ir.Operation, bool]]:
-        """Every op with whether it runs under warp semantics, not entering
-        the regions of ops whose rule declares them opaque (Lane level)."""
-        def visit(op: ir.Operation, warp: bool) -> Iterator[tuple[ir.Operation, bool]]:
+        """Every op in pre-order with whether it runs under warp semantics,
+        not entering the regions of ops whose rule declares them opaque
+        (Lane level)."""
+        stack = [(view.operation, False) for view in self.module.body.operations]
+        stack.reverse()
+        while stack:
+            op, warp = stack.pop()
             yield op, warp
-            record = self.table.get(op.name) if len(op.regions) else None
+            if not len(op.regions):
+                continue
+            record = self.table.get(op.name)
             if record is not None and record.opaque_regions:
-                return
+                continue
             warp = warp or (record is not None and record.warp_regions)
-            for region in op.regions:
-                for block in region.blocks:
-                    for child in block.operations:
-                        yield from visit(child.operation, warp)
-
-        for op in self.module.body.operations:
-            yield from visit(op.operation, False)
+            children = [(child.operation, warp) for region in op.regions
+                        for block in region.blocks for child in block.operations]
+            children.reverse()
+            stack += children
 
     def decide(self, op: ir.Operation) -> RuleRecord | None | object:
         decision = self.plan.get(op, _UNDECIDED)
@@ -148,7 +159,7 @@ class _Lowerer:
                 continue
             if warp and not record.warp_semantics:
                 raise _no_warp_semantics(record, op)
-            _check_layout_attributes(op)
+            _check_layout_attributes(op, self.fitting)
 
     # --- rewriting ----------------------------------------------------------------
 
@@ -255,38 +266,42 @@ def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Excep
     )
 
 
-def _check_layout_attributes(op: ir.Operation) -> None:
-    for space, (in_name, out_name) in _ATTRIBUTE_NAMES.items():
-        for name, values in ((in_name, op.operands), (out_name, op.results)):
-            expected = sum(1 for v in values if memory_space_of(v) is space)
-            present = name in op.attributes
-            if expected == 0:
-                continue
-            found = len(ir.ArrayAttr(op.attributes[name])) if present else 0
-            if found != expected:
+def _check_layout_attributes(op: ir.Operation,
+                             fitting: dict[tuple[ir.Attribute, tuple[int, ...]], bool]) -> None:
+    attributes = op.attributes
+    for side, values in ((0, op.operands), (1, op.results)):
+        by_space: dict[MemorySpace, list[ir.Value]] = {}
+        for value in values:
+            space = memory_space_of(value)
+            if space is not None:
+                by_space.setdefault(space, []).append(value)
+        for space, spaced in by_space.items():
+            name = _ATTRIBUTE_NAMES[space][side]
+            present = name in attributes
+            found = len(ir.ArrayAttr(attributes[name])) if present else 0
+            if found != len(spaced):
                 what = "is missing" if not present else f"has {found} entries"
                 raise SmaltiValueError(
                     "SM201",
                     f"{op.name} {what} {name}: it needs one entry per "
-                    f"{space.value} {'operand' if name.startswith('in') else 'result'} "
-                    f"({expected})",
+                    f"{space.value} {'result' if side else 'operand'} ({len(spaced)})",
                     op=op,
                     fix=["run smalti.infer_layouts(module) before lowering",
-                         f"or set {name} by hand with {expected} entries"],
+                         f"or set {name} by hand with {len(spaced)} entries"],
                 )
             if space is MemorySpace.REG:
-                _check_layouts_fit(op, name, [v for v in values if memory_space_of(v) is space])
+                _check_layouts_fit(op, name, spaced, fitting)
 
 
-def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value]) -> None:
+def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value],
+                       fitting: dict[tuple[ir.Attribute, tuple[int, ...]], bool]) -> None:
     """A register layout made for another shape would fail mid-rewrite: refuse it now."""
     for index, (value, attr) in enumerate(zip(values, ir.ArrayAttr(op.attributes[name]))):
         shape = tuple(ir.VectorType(value.type).shape)
-        try:
-            layout = mgpu_layouts.from_layout_attr(attr)
-        except Exception:  # not a register layout at all
-            layout = None
-        if layout is None or not register_layout_fits(shape, layout):
+        fits = fitting.get((attr, shape))
+        if fits is None:
+            fits = fitting[attr, shape] = _fits(attr, shape)
+        if not fits:
             raise SmaltiValueError(
                 "SM201",
                 f"{op.name} has {name}[{index}] = {attr}, which cannot hold a "
@@ -295,6 +310,15 @@ def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value]) -> N
                 fix=["run smalti.infer_layouts(module) before lowering",
                      f"or set {name}[{index}] to a layout for shape {shape}"],
             )
+
+
+def _fits(attr: ir.Attribute, shape: tuple[int, ...]) -> bool:
+    """Whether ``attr`` is a register layout for vectors of ``shape``."""
+    try:
+        layout = mgpu_layouts.from_layout_attr(attr)
+    except Exception:  # not a register layout at all
+        return False
+    return layout is not None and register_layout_fits(shape, layout)
 
 
 def _launch_op(module: ir.Module) -> gpu.LaunchOp:
