@@ -70,6 +70,12 @@ def _fits(shape: tuple[int, ...], layout: fa.FragmentedLayout) -> bool:
     return register_layout_fits(shape, layout)
 
 
+@functools.lru_cache(maxsize=8)
+def _constant(layout: fa.FragmentedLayout) -> RegisterLayout:
+    # One object per layout: the solver compares the same objects quickly.
+    return RegisterLayout(layout)
+
+
 def _pinned(b: ConstraintBuilder, op, sites, layout, what: str):
     var = b.variable(*sites)
     shape = var.shape
@@ -78,7 +84,7 @@ def _pinned(b: ConstraintBuilder, op, sites, layout, what: str):
             "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
             f"is not compatible with the shape {shape}", op=op,
             fix="WGMMA operands in registers must have 64-row multiples of the WGMMA tile")
-    b.assign(var, RegisterLayout(layout))
+    b.assign(var, _constant(layout))
     return var
 
 

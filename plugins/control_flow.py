@@ -78,9 +78,12 @@ def for_loop(op: scf.ForOp, b: ConstraintBuilder) -> None:
     # producers and consumers, hence the search order: keep jax's. SMEM and
     # TMEM refs share their producer's layout (jax maps no TMEM refs here,
     # and fails on them).
-    for i, init in enumerate(op.initArgs):
-        if _has_layout(init):
-            b.variable(b.operand(_FOR_BOUNDS + i), b.argument(0, i + 1), b.result(i),
+    # Result i is carried from init i: the op's own layout sites say which
+    # carry a layout, without reading the operands again.
+    for result in b.layout_sites():
+        if result.kind is SiteKind.RESULT:
+            i = result.index
+            b.variable(b.operand(_FOR_BOUNDS + i), b.argument(0, i + 1), result,
                        _operand_site(yield_op, i))
 
 
