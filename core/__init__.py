@@ -8,7 +8,9 @@ lowers like ``lower_mgpu_dialect``. Every per-op rule comes from a plugin
 
 from __future__ import annotations
 
+import importlib
 from importlib import metadata
+from typing import TYPE_CHECKING, Any
 
 from smalti.diagnostics import (
     PluginError,
@@ -18,8 +20,6 @@ from smalti.diagnostics import (
     UnsatisfiableLayoutsError,
 )
 from smalti.hookspec import HOOK_VERSION, hookimpl
-from smalti.inference import InferenceReport, infer_layouts
-from smalti.lowering import LoweringReport, lower
 from smalti.pipeline import Pipeline, build_pipeline, default_pipeline
 from smalti.registry import (
     ANY_ARCH,
@@ -27,6 +27,29 @@ from smalti.registry import (
     HOPPER_AND_LATER,
     Architectures,
 )
+
+if TYPE_CHECKING:
+    from smalti.inference import InferenceReport, infer_layouts
+    from smalti.lowering import LoweringReport, lower
+
+# The drivers are imported on first use: building a pipeline (the plugins,
+# `smalti plugins`) does not need them.
+_DRIVERS = {
+    "InferenceReport": "smalti.inference",
+    "infer_layouts": "smalti.inference",
+    "LoweringReport": "smalti.lowering",
+    "lower": "smalti.lowering",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _DRIVERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'smalti' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 try:
     __version__ = metadata.version("smalti")

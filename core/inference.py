@@ -14,6 +14,7 @@ import gc
 import os
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import attrs
 from jax._src.lib import mosaic_gpu_dialect as mgpu
@@ -117,8 +118,7 @@ Annotated = list[tuple[ir.Operation, list[ValueSite], list[Variable]]]
 Shared = list[tuple[ir.Operation, Variable, int, int]]
 
 
-@attrs.define
-class Collected:
+class Collected(NamedTuple):
     """What the rules said about a kernel, ready for the solver."""
 
     system: ConstraintSystem

@@ -287,8 +287,11 @@ def discover(
                     f"{type(e).__name__}: {e}",
                     fix=f"reinstall the plugin, or block it with {BLOCK_ENV}={ep.name}")))
                 continue
-            dist = ep.dist.name if ep.dist is not None else ""
-            version = ep.dist.version if ep.dist is not None else "unknown"
+            # One read of the distribution's metadata (each .name and
+            # .version would parse it again).
+            about = ep.dist.metadata if ep.dist is not None else None
+            dist = about["Name"] if about is not None else ""
+            version = about["Version"] if about is not None else "unknown"
             adopt(ep.name, plugin, version, f"entry point ({dist})" if dist else "entry point")
     explicit = plugins.items() if isinstance(plugins, dict) else (
         (getattr(p, "__name__", type(p).__name__), p) for p in plugins)
