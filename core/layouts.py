@@ -37,6 +37,10 @@ class MemorySpace(enum.Enum):
     SMEM = "smem"
     TMEM = "tmem"
 
+    # Members are singletons compared by identity: hash them by identity too
+    # (Enum's own __hash__ runs Python code, and inference hashes them often).
+    __hash__ = object.__hash__
+
 
 Swizzle = Literal[32, 64, 128] | None
 SWIZZLES = (128, 64, 32)

@@ -201,10 +201,14 @@ class Solver:
         # variable of each kind, for valid(); most classes hold one kind.
         mixed, a, b = self.mixed, self.variables[ra], self.variables[rb]
         a_kinds, b_kinds = mixed.get(ra), mixed.pop(rb, None)
-        if a_kinds is None and b_kinds is None and a.fit_key == b.fit_key:
+        if b_kinds is None:  # b's class holds one kind: b's
+            if a_kinds is not None:
+                a_kinds.setdefault(b.fit_key, b)
+            elif a.fit_key != b.fit_key:
+                mixed[ra] = {a.fit_key: a, b.fit_key: b}
             return ra
         kinds = mixed[ra] = a_kinds or {a.fit_key: a}
-        for kind, var in (b_kinds or {b.fit_key: b}).items():
+        for kind, var in b_kinds.items():
             kinds.setdefault(kind, var)
         return ra
 
