@@ -34,15 +34,8 @@ from smalti.diagnostics import (
 from smalti.layouts import Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
-from smalti.rules import ConstraintBuilder, SiteTable, same_layout
-from smalti.sites import (
-    SiteKind,
-    ValueSite,
-    layout_sites,
-    make_site,
-    memory_space_of_type,
-    producer_site,
-)
+from smalti.rules import ConstraintBuilder, SiteTable, apply_same_layout, same_layout
+from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
     ConstraintFault,
@@ -151,10 +144,9 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         op_hash = hash(op)
         if (record is not None and record.function is same_layout and not trace
                 and op_hash not in sites_table.described_elsewhere):
-            entry = _share_layout(op, op_hash, system, sites_table)
+            entry = apply_same_layout(op, op_hash, system, sites_table)
             if entry is not None:
                 shared.append(entry)
-                sites_table.shared_ops[op_hash] = op
                 if report is not None:
                     report.ops_per_plugin[record.plugin] = (
                         report.ops_per_plugin.get(record.plugin, 0) + 1)
@@ -207,54 +199,6 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
     return Collected(system, sites_table, annotated, shared)
-
-
-def _share_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
-                  sites: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
-    """Applies :func:`smalti.rules.same_layout` to ``op`` without a builder,
-    if all its layout sites are vectors of one shape; otherwise returns
-    ``None`` and leaves it (and any error) to the builder."""
-    operands, results = _vectors(op.operands), _vectors(op.results)
-    if operands is None or results is None or not (operands or results):
-        return None
-    first = (operands or results)[0][2]
-    for _, _, ty in (*operands, *results):
-        if ty != first and ty.shape != first.shape:
-            return None
-    # The variable is named after the op's last layout site, as variable() does.
-    if results:
-        kind, (index, value, ty) = SiteKind.RESULT, results[-1]
-    else:
-        kind, (index, value, ty) = SiteKind.OPERAND, operands[-1]
-    variables = system.variables
-    var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty), MemorySpace.REG)
-    variables.append(var)
-    definitions = sites.definitions
-    for index, value, ty in operands:
-        producer = definitions.get(value)
-        if producer is None:  # defined later in the walk
-            sites.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
-        else:
-            system.use(producer, var, ty)
-    for index, value, ty in results:
-        definitions[value] = var
-    return op, var, len(operands), len(results)
-
-
-def _vectors(values: ir.OpOperandList | ir.OpResultList
-             ) -> list[tuple[int, ir.Value, ir.Type]] | None:
-    """The vectors among ``values``, with their index and type; ``None`` if
-    some other value needs a layout too (an SMEM or TMEM ref)."""
-    vectors = []
-    index = 0
-    for value in values:
-        ty = value.type
-        if isinstance(ty, ir.VectorType):
-            vectors.append((index, value, ty))
-        elif memory_space_of_type(ty) is not None:
-            return None
-        index += 1
-    return vectors
 
 
 def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -> None:

@@ -24,17 +24,17 @@ from smalti.constraints import Constraint, Variable
 from smalti.diagnostics import PluginError, SmaltiValueError, format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import RuleRecord
-from smalti.sites import SiteKind, ValueSite, layout_sites
+from smalti.sites import SiteKind, ValueSite, layout_sites, make_site, memory_space_of_type
 from smalti.solver import ConstraintSystem, Origin
 
 
 class SiteTable:
-    """The variable of every site of a kernel, as rules give them out.
+    """The variables of a kernel's sites, as rules give them out.
 
-    Besides the variable of each site, it keeps what core needs to link uses
-    to definitions afterwards without another pass over the module: the
-    operand sites in the order their variables were made, and the variable
-    of each defined value (op result or block argument).
+    It keeps the variable of each site a builder handed out (the sites of
+    ops described without one are only counted in :attr:`shared_ops`), the
+    variable of each defined value (op result or block argument), and the
+    operands that could not be linked to their definition yet.
     """
 
     __slots__ = ("variables", "operands", "definitions", "described_elsewhere", "shared_ops")
@@ -240,6 +240,59 @@ def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
     inference recognizes it and applies it without calling it for each op.
     """
     b.variable(*b.layout_sites())
+
+
+def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
+                      table: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
+    """Applies :func:`same_layout` to ``op`` without a builder, if all its
+    layout sites are vectors of one shape (``op_hash`` is ``hash(op)``):
+    makes their variable, records it in ``table`` like
+    :func:`define_variable` (the op in :attr:`SiteTable.shared_ops`) and
+    returns ``(op, variable, vector operands, vector results)``. Otherwise
+    returns ``None`` having changed nothing, and leaves the op (and any
+    error) to the builder."""
+    operands, results = _vectors(op.operands), _vectors(op.results)
+    if operands is None or results is None or not (operands or results):
+        return None
+    first = (operands or results)[0][2]
+    for _, _, ty in (*operands, *results):
+        if ty != first and ty.shape != first.shape:
+            return None
+    # The variable is named after the op's last layout site, as variable() does.
+    if results:
+        kind, (index, value, ty) = SiteKind.RESULT, results[-1]
+    else:
+        kind, (index, value, ty) = SiteKind.OPERAND, operands[-1]
+    variables = system.variables
+    var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty), MemorySpace.REG)
+    variables.append(var)
+    definitions = table.definitions
+    for index, value, ty in operands:
+        producer = definitions.get(value)
+        if producer is None:  # defined later in the walk
+            table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
+        else:
+            system.use(producer, var, ty)
+    for index, value, ty in results:
+        definitions[value] = var
+    table.shared_ops[op_hash] = op
+    return op, var, len(operands), len(results)
+
+
+def _vectors(values: ir.OpOperandList | ir.OpResultList
+             ) -> list[tuple[int, ir.Value, ir.Type]] | None:
+    """The vectors among ``values``, with their index and type; ``None`` if
+    some other value needs a layout too (an SMEM or TMEM ref)."""
+    vectors = []
+    index = 0
+    for value in values:
+        ty = value.type
+        if isinstance(ty, ir.VectorType):
+            vectors.append((index, value, ty))
+        elif memory_space_of_type(ty) is not None:
+            return None
+        index += 1
+    return vectors
 
 
 def _alike(sites: Sequence[ValueSite]) -> bool:
