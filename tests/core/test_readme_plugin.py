@@ -9,6 +9,7 @@ from jax._src.lib.mlir import ir
 
 import smalti
 from smalti import hookimpl, kernels
+from smalti.rules import same_layout
 
 
 class XTanhX:
@@ -16,9 +17,7 @@ class XTanhX:
 
     @hookimpl
     def smalti_register_constraint_rules(self, registry):
-        @registry.constraint_rule("mydialect.x_tanh_x")
-        def x_tanh_x(op, b):
-            b.variable(*b.vector_sites())
+        registry.constraint_rule("mydialect.x_tanh_x")(same_layout)
 
     @hookimpl
     def smalti_register_lowering_rules(self, registry):
