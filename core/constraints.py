@@ -95,6 +95,11 @@ class Derived:
     """Base of expressions that derive a layout from another expression."""
 
     expression: Any
+    #: The derived layout is splat exactly when the operand's is (or it is
+    #: unsupported). The solver then sees through an ``Equal`` between a
+    #: variable and this expression when it works out which values can never
+    #: be splat, and merges their uses instead of searching their layouts.
+    keeps_splat: ClassVar[bool] = False
 
     def apply(self, value: Constant) -> Constant | Unsupported:
         raise NotImplementedError
@@ -142,6 +147,8 @@ def _reduce_shape(shape: Sequence[int], axes: Sequence[int], keep_dims: bool) ->
 @attrs.frozen
 class Reduced(Derived):
     """The layout of ``expression`` after reducing ``axes`` of a rank-``rank`` value."""
+
+    keeps_splat: ClassVar[bool] = True
 
     expression: Expression
     axes: tuple[int, ...] = attrs.field(converter=tuple)
@@ -274,6 +281,8 @@ def _keep_reduced(layout: fa.TiledLayout, axes: tuple[int, ...]) -> Constant | U
 @attrs.frozen
 class Reshaped(Derived):
     """The layout of ``expression`` after reshaping ``source_shape`` to ``target_shape``."""
+
+    keeps_splat: ClassVar[bool] = True
 
     expression: Expression
     source_shape: tuple[int, ...] = attrs.field(converter=tuple)

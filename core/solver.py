@@ -30,9 +30,11 @@ from smalti import layouts
 from smalti.constraints import (
     UNSUPPORTED,
     Constraint,
+    Derived,
     Divides,
     Equal,
     Excludes,
+    Expression,
     Relayout,
     SearchContext,
     Variable,
@@ -238,6 +240,7 @@ class Solver:
                 if nonsplat[root] is None:
                     nonsplat[root] = origin
         relayouts: list[int] = []  # rule-stated relayouts out of a variable
+        splat_alike: list[tuple[Variable, Variable]] = []
         for ci, c in enumerate(self.constraints):
             if not active[ci]:
                 continue
@@ -249,6 +252,10 @@ class Solver:
                     nonsplat[root] = self.origins[ci]
             elif isinstance(c, Relayout) and isinstance(c.source, Variable):
                 relayouts.append(ci)
+            elif isinstance(c, Equal):
+                pair = _splat_alike(c.lhs, c.rhs) or _splat_alike(c.rhs, c.lhs)
+                if pair is not None:
+                    splat_alike.append(pair)
         # Most sources precede their targets: one pass in order settles
         # nearly every edge; a breadth-first walk settles the rest.
         open_relayouts = []
@@ -281,6 +288,11 @@ class Solver:
                 successors.setdefault(find(c.source.id), []).append(c.target)
         for producer, consumer, _ in open_uses:
             successors.setdefault(find(producer.id), []).append(consumer)
+        # A value equal to a splat-keeping expression of another (a reduction
+        # of it) is never splat exactly when the other is not: both ways.
+        for var, other in splat_alike:
+            successors.setdefault(find(var.id), []).append(other)
+            successors.setdefault(find(other.id), []).append(var)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
@@ -742,6 +754,22 @@ class Solver:
                 lines.append(f"  {self.origins[ci]} requires {self.constraints[ci]}")
         return Unsolvable("no layout assignment satisfies the kernel", lines,
                           [self.variables[r] for r in roots])
+
+
+def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable] | None:
+    """``(var, v)`` if ``var`` is a register variable and ``expr`` derives from
+    the register variable ``v`` through splat-keeping steps only."""
+    if not isinstance(var, Variable) or var.memory_space is not MemorySpace.REG:
+        return None
+    if not isinstance(expr, Derived):
+        return None
+    while isinstance(expr, Derived):
+        if not expr.keeps_splat:
+            return None
+        expr = expr.expression
+    if isinstance(expr, Variable) and expr.memory_space is MemorySpace.REG:
+        return var, expr
+    return None
 
 
 def _where(origin: object) -> str:

@@ -187,6 +187,29 @@ def test_multi_reduction(kind, dtype, init, axis, layout):
     assert_same_as_jax(body, [sds((128, 128), dtype)], [sds((128,), dtype)])
 
 
+@pytest.mark.parametrize("layout", TILED, ids=["WGMMA", "TCGEN05"])
+def test_broadcast_back_of_a_reduction_follows_from_the_reduced_value(layout):
+    """A reduction of a value that is never splat is never splat, and neither
+    is what broadcasts it back (its reduction is that value): the solver
+    links both to their users instead of searching the broadcast's layout,
+    as it did once per reduction. Same layouts as jax's."""
+    def body(ctx, x_ref, out_ref, smem):
+        x = load(x_ref, layout)
+        for _ in range(3):
+            back = bcast(reduce(KIND.ADD, x, 1, 0.0), (128, 128), (0,))
+            x = arith.subf(x, back)
+        mgpu.vector_store(x, out_ref)
+
+    assert_same_as_jax(body, [sds((128, 128))], [sds((128, 128))])
+    kernel = kernels.build_kernel(body, [sds((128, 128))], [sds((128, 128))],
+                                  smem_scratch=SCRATCH)
+    report = smalti.infer_layouts(kernel.module, trace=True)
+    why = [w for e in report.trace if e.op == "mosaic_gpu.broadcast_in_dim"
+           for w in e.why["out_layouts"]]
+    assert len(why) == 3
+    assert all(w.startswith("forced by mosaic_gpu.layout_cast") for w in why), why
+
+
 @pytest.mark.parametrize("dtype", [F32, I32])
 def test_reduction_to_scalar_of_a_strided_vector(dtype):
     def body(ctx, x_ref, out_ref, smem):
