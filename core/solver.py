@@ -230,32 +230,12 @@ class Solver:
 
     def _propagate_nonsplat(self) -> None:
         """Values that are never splat (excluded from splat, or given a layout
-        that is not splat) stay non-splat through relayouts, and a
-        strict relayout of a non-splat value is the identity: merge those.
-        Register uses still open afterwards become strict relayouts."""
-        find, nonsplat, active = self.find, self.nonsplat, self.active
-        for var, value, origin in self.system.assignments:
-            if isinstance(value, RegisterLayout) and not value.is_splat:
-                root = find(var.id)
-                if nonsplat[root] is None:
-                    nonsplat[root] = origin
-        relayouts: list[int] = []  # rule-stated relayouts out of a variable
-        splat_alike: list[tuple[Variable, Variable]] = []
-        for ci, c in enumerate(self.constraints):
-            if not active[ci]:
-                continue
-            if isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
-                fa.WGSplatFragLayout, c.kind
-            ):
-                root = find(c.expr.id)
-                if nonsplat[root] is None:
-                    nonsplat[root] = self.origins[ci]
-            elif isinstance(c, Relayout) and isinstance(c.source, Variable):
-                relayouts.append(ci)
-            elif isinstance(c, Equal):
-                pair = _splat_alike(c.lhs, c.rhs) or _splat_alike(c.rhs, c.lhs)
-                if pair is not None:
-                    splat_alike.append(pair)
+        that is not splat) stay non-splat through relayouts, uses and
+        equalities with splat-keeping expressions, and a strict relayout of
+        a non-splat value is the identity: merge those. Register uses still
+        open afterwards become strict relayouts."""
+        find, nonsplat = self.find, self.nonsplat
+        relayouts, splat_alike = self._seed_nonsplat()
         # Most sources precede their targets: one pass in order settles
         # nearly every edge; a breadth-first walk settles the rest.
         open_relayouts = []
@@ -304,10 +284,45 @@ class Solver:
         for ci in open_relayouts:
             if nonsplat[find(self.constraints[ci].source.id)] is not None:
                 self._settle_relayout(ci)
+        self._link_open_uses(open_uses)
+
+    def _seed_nonsplat(self) -> tuple[list[int], list[tuple[Variable, Variable]]]:
+        """Marks the classes known never to be splat from the start; returns
+        the rule-stated relayouts out of a variable, and the pairs of
+        register variables one of which is a splat-keeping expression of the
+        other."""
+        find, nonsplat, active = self.find, self.nonsplat, self.active
+        for var, value, origin in self.system.assignments:
+            if isinstance(value, RegisterLayout) and not value.is_splat:
+                root = find(var.id)
+                if nonsplat[root] is None:
+                    nonsplat[root] = origin
+        relayouts: list[int] = []
+        splat_alike: list[tuple[Variable, Variable]] = []
+        for ci, c in enumerate(self.constraints):
+            if not active[ci]:
+                continue
+            if isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
+                fa.WGSplatFragLayout, c.kind
+            ):
+                root = find(c.expr.id)
+                if nonsplat[root] is None:
+                    nonsplat[root] = self.origins[ci]
+            elif isinstance(c, Relayout) and isinstance(c.source, Variable):
+                relayouts.append(ci)
+            elif isinstance(c, Equal):
+                pair = _splat_alike(c.lhs, c.rhs) or _splat_alike(c.rhs, c.lhs)
+                if pair is not None:
+                    splat_alike.append(pair)
+        return relayouts, splat_alike
+
+    def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
+        """Merges the uses out of values found non-splat since; makes the
+        others strict relayouts, one per value and consumer class (a
+        constant used by every op of a chain needs one, not one per use)."""
+        find, nonsplat, active = self.find, self.nonsplat, self.active
         bitwidths: dict[int, int] = {}  # producer variable -> element bitwidth
         element_bitwidths: dict[ir.Type, int] = {}
-        # A value used many times by ops of one class (a constant in a
-        # chain) needs one relayout to that class, not one per use.
         linked: set[tuple[int, int]] = set()
         for producer, consumer, value_type in open_uses:
             producer_root = find(producer.id)
