@@ -160,8 +160,10 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             if len(op.regions) and (record is None or not record.opaque_regions):
                 stack += _children(op)
             continue
-        if sites[0] in site_vars:
-            variables = [site_vars.get(s) for s in sites]
+        first = site_vars.get(sites[0])
+        if first is not None:
+            # One lookup per site: sites hash and compare in Python.
+            variables = [first, *[site_vars.get(s) for s in sites[1:]]]
             if None not in variables:
                 # A terminator (scf.yield...): its parent's rule described it.
                 # Like jax, it still gets its attributes.

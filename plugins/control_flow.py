@@ -51,8 +51,7 @@ def _terminator(op: ir.OpView, region: int) -> ir.Operation:
     """The terminator of the entry block of ``op``'s region ``region`` (the
     verifier guarantees it is an ``scf.yield``, or ``scf.condition`` for the
     ``before`` region of ``scf.while``)."""
-    block = op.operation.regions[region].blocks[0]
-    return block.operations[len(block.operations) - 1].operation
+    return op.operation.regions[region].blocks[0].operations[-1].operation
 
 
 def _has_layout(value: ir.Value) -> bool:
