@@ -129,12 +129,32 @@ class ConstraintBuilder:
 
     def variable(self, *sites: ValueSite) -> Variable:
         """A new variable: all ``sites`` share its layout."""
-        try:
-            var = define_variable(self._system, self._table, sites)
-        except MalformedStatement as e:
-            self._malformed(e.message)
-        own, table = self.op.operation, self._table
+        if not sites:
+            self._malformed("variable() needs at least one site")
+        space = sites[0].memory_space
+        if space is None or (len(sites) > 1 and not _alike(sites)):
+            self._malformed(
+                "variable() joins sites of different shapes or memory spaces, or sites "
+                f"that need no layout: {[s.describe() for s in sites]}")
+        system, table = self._system, self._table
+        var = Variable(len(system.variables), sites[-1], space)
+        system.variables.append(var)
+        site_vars, definitions = table.variables, table.definitions
+        known = len(site_vars)
+        own = self.op.operation
         for site in sites:
+            if site_vars.setdefault(site, var) is not var:
+                self._malformed(f"{site.describe()} was given two variables")
+            if site.kind is SiteKind.OPERAND:
+                # Linked to the value's producer now if it was described
+                # already (nearly always: the walk is in program order).
+                producer = definitions.get(site.value)
+                if producer is None:
+                    table.operands.append((site, var))
+                else:
+                    system.use(producer, var, site.type)
+            else:
+                definitions[site.value] = var
             other = site.op
             if other is not own and other != own:  # a terminator of its regions
                 key = hash(other)
@@ -142,6 +162,8 @@ class ConstraintBuilder:
                 if shared is not None and shared == other:
                     self._malformed(f"{site.describe()} was given two variables")
                 table.described_elsewhere[key] = other
+        if len(site_vars) - known < len(sites):
+            self._malformed(f"variable() got a site twice: {[s.describe() for s in sites]}")
         return var
 
     def assign(self, variable: Variable, value: Constant) -> None:
@@ -189,48 +211,6 @@ class ConstraintBuilder:
         )
 
 
-class MalformedStatement(Exception):
-    """A rule's statement breaks the builder's contract (reported as SM006)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def define_variable(system: ConstraintSystem, table: SiteTable,
-                    sites: Sequence[ValueSite]) -> Variable:
-    """A new variable of ``system`` shared by ``sites``, recorded in ``table``
-    (what :meth:`ConstraintBuilder.variable` does, callable without a builder)."""
-    if not sites:
-        raise MalformedStatement("variable() needs at least one site")
-    first = sites[0]
-    space = first.memory_space
-    if space is None or (len(sites) > 1 and not _alike(sites)):
-        raise MalformedStatement(
-            "variable() joins sites of different shapes or memory spaces, or sites "
-            f"that need no layout: {[s.describe() for s in sites]}")
-    variables = system.variables
-    var = Variable(len(variables), sites[-1], space)
-    variables.append(var)
-    site_vars, definitions = table.variables, table.definitions
-    known = len(site_vars)
-    for site in sites:
-        if site_vars.setdefault(site, var) is not var:
-            raise MalformedStatement(f"{site.describe()} was given two variables")
-        if site.kind is SiteKind.OPERAND:
-            producer = definitions.get(site.value)
-            if producer is None:
-                table.operands.append((site, var))
-            else:
-                system.use(producer, var, site.type)
-        else:
-            definitions[site.value] = var
-    if len(site_vars) - known < len(sites):
-        raise MalformedStatement(
-            f"variable() got a site twice: {[s.describe() for s in sites]}")
-    return var
-
-
 def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
     """A ready-made constraint rule: every layout site of the op (its vector
     operands and results, for an elementwise op) shares one layout.
@@ -246,9 +226,9 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
                       table: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
     """Applies :func:`same_layout` to ``op`` without a builder, if all its
     layout sites are vectors of one shape (``op_hash`` is ``hash(op)``):
-    makes their variable, records it in ``table`` like
-    :func:`define_variable` (the op in :attr:`SiteTable.shared_ops`) and
-    returns ``(op, variable, vector operands, vector results)``. Otherwise
+    makes their variable, records it in ``table`` as
+    :meth:`ConstraintBuilder.variable` would (the op in
+    :attr:`SiteTable.shared_ops`) and returns ``(op, variable, vector operands, vector results)``. Otherwise
     returns ``None`` having changed nothing, and leaves the op (and any
     error) to the builder."""
     operands, results = _vectors(op.operands), _vectors(op.results)
