@@ -29,6 +29,8 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.caching import per_context
+
 
 class MemorySpace(enum.Enum):
     """Where a variable's value lives, which decides the kind of its layout."""
@@ -349,9 +351,7 @@ def to_attribute(constant: Constant) -> ir.Attribute:
     raise TypeError(f"not a layout constant: {constant!r}")
 
 
-# Lowering decodes the same few attributes for every SMEM op. Small: cached
-# attributes keep their MLIR context alive.
-@functools.lru_cache(maxsize=256)
+@per_context  # lowering decodes the same few attributes for every SMEM op
 def smem_transforms_from_attribute(attr: ir.Attribute) -> SmemTransforms:
     tiling, swizzle = None, None
     for transform in ir.ArrayAttr(attr):

@@ -9,8 +9,6 @@ protocol Mosaic GPU's own lowering uses, so the two can be mixed.
 
 from __future__ import annotations
 
-import functools
-
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import builtin
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -18,6 +16,7 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.caching import per_context
 from smalti.diagnostics import SmaltiValueError
 from smalti.layouts import smem_transforms_from_attribute, tiled_strides
 
@@ -30,8 +29,7 @@ def _tile_offset(offsets: list[int], tiling: tuple[int, ...]) -> list[int]:
     return [*head, *(o // t for o, t in zip(tail, tiling)), *([0] * n)]
 
 
-# Small: cached types keep their MLIR context alive.
-@functools.lru_cache(maxsize=256)
+@per_context
 def transformed_type(ref_type: ir.MemRefType, transforms: ir.Attribute) -> ir.MemRefType:
     """The physical type of an SMEM ref of logical type ``ref_type`` with ``transforms``."""
     if mgpu_utils.is_cluster_smem_ref(ref_type):

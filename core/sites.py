@@ -9,12 +9,12 @@ operand), because core may insert a relayout in between. So layouts belong to
 from __future__ import annotations
 
 import enum
-import functools
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.caching import per_context
 from smalti.diagnostics import format_location
 from smalti.layouts import MemorySpace
 
@@ -126,8 +126,7 @@ def memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
     return _memory_space_of_other_type(ty)
 
 
-# Small: cached types keep their MLIR context alive.
-@functools.lru_cache(maxsize=256)
+@per_context
 def _memory_space_of_other_type(ty: ir.Type) -> MemorySpace | None:
     if isinstance(ty, ir.MemRefType):
         if mgpu_utils.is_tmem_ref(ty):

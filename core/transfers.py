@@ -40,14 +40,15 @@ def smem_transfer_supported(
     tiling = shape if untiled else smem.tiling
     optimized = kind != "unoptimized" and not (untiled and kind == "downgradable")
     return _plan_exists(
-        ir.Context.current, layout, tuple(tiling), smem.swizzle, tuple(shape), tuple(strides),
-        bitwidth, optimized,
+        layout, tuple(tiling), smem.swizzle, tuple(shape), tuple(strides), bitwidth, optimized,
     )
 
 
+# Keyed by plain values only: the probe IR is built in the current context,
+# but whether a plan exists does not depend on it (and a cached context
+# would stay alive).
 @functools.lru_cache(maxsize=4096)
 def _plan_exists(
-    context: ir.Context,
     layout: fa.TiledLayout,
     tiling: tuple[int, ...],
     swizzle: int | None,
@@ -56,7 +57,6 @@ def _plan_exists(
     bitwidth: int,
     optimized: bool,
 ) -> bool:
-    del context  # part of the cache key only: IR types belong to a context
     try:
         ref_strides = layouts.tiled_strides(strides, tiling)
     except ValueError:

@@ -18,6 +18,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.mosaic.gpu import WGMMAAccumulator
 from jax.experimental.mosaic.gpu import wgmma as wgmma_instruction
 
+from smalti.caching import per_context
 from smalti.constraints import Equal, OneOf, Transposed
 from smalti.diagnostics import SmaltiValueError
 from smalti.layouts import RegisterLayout, SmemTransforms, register_layout_fits
@@ -42,9 +43,7 @@ def mma_smem_tilings(ref: ir.Value, op, *, allow_unswizzled: bool = False
     return allowed
 
 
-# Kernels issue many MMAs on refs of a few types. Small: cached types keep
-# their MLIR context alive.
-@functools.lru_cache(maxsize=256)
+@per_context  # kernels issue many MMAs on refs of a few types
 def _mma_smem_tilings(ref_type: ir.MemRefType, allow_unswizzled: bool
                       ) -> tuple[tuple[SmemTransforms, ...], tuple[int, ...]]:
     """The allowed transforms, and the last tiling tried (for the error)."""
@@ -60,7 +59,7 @@ def _mma_smem_tilings(ref_type: ir.MemRefType, allow_unswizzled: bool
     return tuple(allowed), tiling
 
 
-@functools.lru_cache(maxsize=256)
+@per_context
 def _is_transposed(ref_type: ir.Type) -> bool:
     return mgpu_utils.is_memref_transposed(ir.MemRefType(ref_type))
 
