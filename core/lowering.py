@@ -380,6 +380,11 @@ def lower(module: ir.Module, launch_context: lc.LaunchContext, *, auto_barriers:
     module.context.load_all_available_dialects()
     lowerer = _Lowerer(module, pipeline, arch)
     with module.context, ir.Location.unknown(module.context):
-        lowerer.run(launch_context, auto_barriers)
+        try:
+            lowerer.run(launch_context, auto_barriers)
+        finally:
+            # The context refers back to the lowerer (ctx.lower_op): leave no
+            # cycle holding the lowerer and its plan until a collection.
+            lowerer.ctx = None
     lowerer.report.seconds = time.perf_counter() - start
     return lowerer.report
