@@ -121,20 +121,22 @@ def memory_space_of(value: ir.Value) -> MemorySpace | None:
 
 def memory_space_of_type(ty: ir.Type) -> MemorySpace | None:
     """The memory space whose layout a value of type ``ty`` needs, if any."""
-    if isinstance(ty, ir.VectorType):  # the common case, without hashing the type
+    # By class first: only refs need the (cached) look at their memory space.
+    if isinstance(ty, ir.VectorType):
         return MemorySpace.REG
-    return _memory_space_of_other_type(ty)
+    if isinstance(ty, ir.MemRefType):
+        return _memory_space_of_ref_type(ty)
+    return None
 
 
 @per_context
-def _memory_space_of_other_type(ty: ir.Type) -> MemorySpace | None:
-    if isinstance(ty, ir.MemRefType):
-        if mgpu_utils.is_tmem_ref(ty):
-            return MemorySpace.TMEM
-        if isinstance(ty.element_type, mgpu.BarrierType):
-            return None  # barriers are never transformed
-        if mgpu_utils.is_smem_ref(ty) or mgpu_utils.is_cluster_smem_ref(ty):
-            return MemorySpace.SMEM
+def _memory_space_of_ref_type(ty: ir.MemRefType) -> MemorySpace | None:
+    if mgpu_utils.is_tmem_ref(ty):
+        return MemorySpace.TMEM
+    if isinstance(ty.element_type, mgpu.BarrierType):
+        return None  # barriers are never transformed
+    if mgpu_utils.is_smem_ref(ty) or mgpu_utils.is_cluster_smem_ref(ty):
+        return MemorySpace.SMEM
     return None
 
 
@@ -156,13 +158,11 @@ def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite
     if op_hash is None:
         op_hash = hash(op)
     sites = []
-    vector = ir.VectorType
     for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results)):
         index = 0
         for value in values:
             ty = value.type
-            space = MemorySpace.REG if isinstance(ty, vector) else (
-                _memory_space_of_other_type(ty))
+            space = memory_space_of_type(ty)
             if space is not None:
                 sites.append(make_site(op, op_hash, kind, index, value, ty, space))
             index += 1
