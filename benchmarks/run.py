@@ -213,18 +213,17 @@ def synthetic(sizes: list[int], jax_max: int, repeat: int) -> None:
                 jax_cells = ["-", "-"]
             print(row([name, str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}", *jax_cells,
                        f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
-        small = min(sizes, key=lambda n: abs(n - 1000))
-        if max(sizes) > small:
-            growth(lambda n: kernels.build_kernel(make(n), [SHAPE], [SHAPE]).module,
-                   small, max(sizes), repeat)
+        growth(lambda n: kernels.build_kernel(make(n), [SHAPE], [SHAPE]).module, sizes, repeat)
 
 
-def growth(make_module: Callable[[int], ir.Module], small: int, large: int,
-           repeat: int) -> None:
-    """smalti's time on the large kernel over its time on the small one, the
-    fastest of ``repeat`` runs of each, taken in turns (a row of the table
-    above and a row below it may come from faster or slower moments of a
-    shared machine)."""
+def growth(make_module: Callable[[int], ir.Module], sizes: list[int], repeat: int) -> None:
+    """smalti's time on the largest kernel over its time on the one nearest
+    1,000, the fastest of ``repeat`` runs of each, taken in turns (two rows
+    of the table may come from faster or slower moments of a shared
+    machine)."""
+    small, large = min(sizes, key=lambda n: abs(n - 1000)), max(sizes)
+    if large <= small:
+        return
     times: dict[int, list[float]] = {small: [], large: []}
     ops = {}
     for _ in range(repeat):
@@ -306,10 +305,7 @@ def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
             jax_cells = [f"{theirs:.3f}", f"{theirs / ours:.0f}x"]
         print(row(["unrolled WGMMA", str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}",
                    *jax_cells, f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
-    small = min(sizes, key=lambda n: abs(n - 1000))
-    if max(sizes) > small:
-        growth(lambda n: ir.Module.parse(texts[n], kernels.make_context()), small, max(sizes),
-               repeat)
+    growth(lambda n: ir.Module.parse(texts[n], kernels.make_context()), sizes, repeat)
 
 
 def lowering(n: int) -> None:
@@ -441,9 +437,9 @@ def pipeline_cost() -> None:
     code = ("import time, jax, jax.experimental.mosaic.gpu;"
             "t = time.perf_counter(); import smalti; i = time.perf_counter();"
             "smalti.build_pipeline(); print(i - t, time.perf_counter() - i)")
-    # As a user's process does: with bytecode caches (the first run writes them).
+    # As a user's process does: with bytecode caches. The first run writes
+    # them; of the others, the fastest.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    # The first run writes the bytecode caches; of the others, the fastest.
     runs = [subprocess.check_output([sys.executable, "-c", code], text=True, env=env)
             for _ in range(6)][1:]
     importing, building = min((tuple(map(float, run.split())) for run in runs), key=sum)

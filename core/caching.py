@@ -25,14 +25,15 @@ def per_context(function: Callable[..., Result]) -> Callable[..., Result]:
     ``ir.Attribute`` and ``args`` hashable, for the context of the latest
     ``key`` only (a key of another context starts the cache afresh)."""
     cache: dict[Any, Result] = {}
-    owner: list[ir.Context | None] = [None]
+    owner: ir.Context | None = None
 
     @functools.wraps(function)
     def cached(key: ir.Type | ir.Attribute, *args: Any) -> Result:
+        nonlocal owner
         context = key.context
-        if context is not owner[0]:
+        if context is not owner:
             cache.clear()
-            owner[0] = context
+            owner = context
         entry = (key, *args) if args else key
         try:
             return cache[entry]
@@ -41,8 +42,9 @@ def per_context(function: Callable[..., Result]) -> Callable[..., Result]:
             return value
 
     def cache_clear() -> None:
+        nonlocal owner
         cache.clear()
-        owner[0] = None
+        owner = None
 
     cached.cache_clear = cache_clear  # type: ignore[attr-defined]
     return cached

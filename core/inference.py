@@ -31,7 +31,7 @@ from smalti.diagnostics import (
     describe_op,
     format_location,
 )
-from smalti.layouts import Constant, MemorySpace
+from smalti.layouts import ATTRIBUTE_NAMES, Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import ConstraintBuilder, SiteTable, apply_same_layout, same_layout
@@ -115,7 +115,6 @@ class Collected(NamedTuple):
     """What the rules said about a kernel, ready for the solver."""
 
     system: ConstraintSystem
-    sites: SiteTable
     annotated: Annotated
     shared: Shared
 
@@ -142,65 +141,68 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         op = view.operation
         record = table.get(op.name)
         op_hash = hash(op)
+        entry = None
         if (record is not None and record.function is same_layout and not trace
                 and op_hash not in sites_table.described_elsewhere):
             entry = apply_same_layout(op, op_hash, system, sites_table)
-            if entry is not None:
-                shared.append(entry)
-                if report is not None:
-                    report.ops_per_plugin[record.plugin] = (
-                        report.ops_per_plugin.get(record.plugin, 0) + 1)
-                if not record.opaque_regions and len(op.regions):
+        if entry is not None:
+            shared.append(entry)
+            opaque = False
+        else:
+            sites = layout_sites(op, op_hash)
+            if not sites:
+                # Lane-level regions stay unseen even when the op itself
+                # carries no layouts (a rule registered opaque_regions=True).
+                if len(op.regions) and (record is None or not record.opaque_regions):
                     stack += _children(op)
                 continue
-        sites = layout_sites(op, op_hash)
-        if not sites:
-            # Lane-level regions stay unseen even when the op itself
-            # carries no layouts (a rule registered opaque_regions=True).
-            if len(op.regions) and (record is None or not record.opaque_regions):
-                stack += _children(op)
-            continue
-        first = site_vars.get(sites[0])
-        if first is not None:
-            # One lookup per site: sites hash and compare in Python.
-            variables = [first, *[site_vars.get(s) for s in sites[1:]]]
-            if None not in variables:
-                # A terminator (scf.yield...): its parent's rule described it.
-                # Like jax, it still gets its attributes.
-                described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
-                continue
-        if record is None:
-            raise _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
-                SmaltiNotImplementedError(
-                    "SM003",
-                    f"no layout inference rule defined for {op.name}",
-                    op=op,
-                    values={"op": describe_op(op)},
-                    fix=[
-                        "install a plugin that registers a constraint rule for "
-                        f"{op.name} (see docs/writing-plugins.md)",
-                        "check `smalti plugins` for a blocked plugin that provides it",
-                    ],
-                ))
-        builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
-        _describe(record, view, builder)
-        variables = [site_vars.get(s) for s in sites]
-        if None in variables:
-            builder._malformed(
-                "left these sites without a variable: "
-                + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
-        annotated.append((op, sites, variables))  # type: ignore[arg-type]
+            first = site_vars.get(sites[0])
+            if first is not None:
+                # One lookup per site: sites hash and compare in Python.
+                variables = [first, *[site_vars.get(s) for s in sites[1:]]]
+                if None not in variables:
+                    # A terminator (scf.yield...): its parent's rule described
+                    # it. Like jax, it still gets its attributes.
+                    described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
+                    continue
+            if record is None:
+                raise _no_rule(pipeline, op, arch)
+            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
+            _describe(record, view, builder)
+            variables = [site_vars.get(s) for s in sites]
+            if None in variables:
+                builder._malformed(
+                    "left these sites without a variable: "
+                    + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
+            annotated.append((op, sites, variables))  # type: ignore[arg-type]
+            opaque = builder.opaque
         if report is not None:
             report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
-            if trace:
+            if trace:  # every op's rule ran through a builder
                 report.trace.append(TraceEntry(op.name, format_location(op.location),
                                                record.plugin, record.function.__qualname__))
-        if not (builder.opaque or record.opaque_regions) and len(op.regions):
+        if not (opaque or record.opaque_regions) and len(op.regions):
             stack += _children(op)
     _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
-    return Collected(system, sites_table, annotated, shared)
+    return Collected(system, annotated, shared)
+
+
+def _no_rule(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int]) -> SmaltiError:
+    """The error for an op with layout sites and no constraint rule."""
+    return _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
+        SmaltiNotImplementedError(
+            "SM003",
+            f"no layout inference rule defined for {op.name}",
+            op=op,
+            values={"op": describe_op(op)},
+            fix=[
+                "install a plugin that registers a constraint rule for "
+                f"{op.name} (see docs/writing-plugins.md)",
+                "check `smalti plugins` for a blocked plugin that provides it",
+            ],
+        ))
 
 
 def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -> None:
@@ -238,21 +240,11 @@ def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
         system.use(producer, var, site.type)
 
 
-# The attribute holding a site's layout, by site kind (operand: "in"; result
-# or argument: "out") and memory space.
-_ATTRIBUTE_NAME = [
-    {space: f"{side}_{suffix}" for space, suffix in (
-        (MemorySpace.REG, "layouts"), (MemorySpace.SMEM, "transforms"),
-        (MemorySpace.TMEM, "tmem_layouts"))}
-    for side in ("in", "out", "out")
-]
+IN_LAYOUTS, OUT_LAYOUTS = ATTRIBUTE_NAMES[MemorySpace.REG]
 
 
 def _attribute_name(site: ValueSite) -> str:
-    # Vectors first, by identity: hashing an enum member runs Python code.
-    if site.memory_space is MemorySpace.REG:
-        return "in_layouts" if site.kind is SiteKind.OPERAND else "out_layouts"
-    return _ATTRIBUTE_NAME[site.kind][site.memory_space]
+    return ATTRIBUTE_NAMES[site.memory_space][site.kind is not SiteKind.OPERAND]
 
 
 def _grouped(sites: list[ValueSite], variables: list[Variable],
@@ -291,11 +283,12 @@ class _AttributeCache:
         return cached[0]
 
     def repeated(self, value: Constant, count: int) -> ir.Attribute:
-        """The array of ``count`` times ``value``."""
+        """``array([value] * count)``, by a cheaper key (ops described by
+        same_layout, most of a kernel, ask for these)."""
         key = (id(value), count)
         cached = self._repeated.get(key)
         if cached is None:
-            cached = self._repeated[key] = (ir.ArrayAttr.get([self._one(value)] * count), value)
+            cached = self._repeated[key] = (self.array([value] * count), value)
         return cached[0]
 
     def _one(self, value: Constant) -> ir.Attribute:
@@ -404,9 +397,9 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             value = solution[var.id]
             attributes = op.attributes
             if operands:
-                attributes["in_layouts"] = cache.repeated(value, operands)
+                attributes[IN_LAYOUTS] = cache.repeated(value, operands)
             if results:
-                attributes["out_layouts"] = cache.repeated(value, results)
+                attributes[OUT_LAYOUTS] = cache.repeated(value, results)
     report.ops = len(annotated) + len(collected.shared)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)

@@ -44,6 +44,14 @@ class MemorySpace(enum.Enum):
     __hash__ = object.__hash__
 
 
+#: The attributes holding the layouts of an op's operands and results, by
+#: memory space: ``(operands' attribute, results' attribute)``.
+ATTRIBUTE_NAMES: dict[MemorySpace, tuple[str, str]] = {
+    MemorySpace.REG: ("in_layouts", "out_layouts"),
+    MemorySpace.SMEM: ("in_transforms", "out_transforms"),
+    MemorySpace.TMEM: ("in_tmem_layouts", "out_tmem_layouts"),
+}
+
 Swizzle = Literal[32, 64, 128] | None
 SWIZZLES = (128, 64, 32)
 

@@ -20,6 +20,7 @@ from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.caching import per_context
 from smalti.diagnostics import (
     PluginError,
     SmaltiError,
@@ -28,7 +29,7 @@ from smalti.diagnostics import (
     describe_op,
 )
 from smalti.inference import _unsupported_arch
-from smalti.layouts import MemorySpace, register_layout_fits
+from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext
@@ -43,12 +44,6 @@ _CODEGEN_REJECTIONS = (
 
 _SKIP = object()  # the op needs no lowering
 _UNDECIDED = object()
-
-_ATTRIBUTE_NAMES = {
-    MemorySpace.REG: ("in_layouts", "out_layouts"),
-    MemorySpace.SMEM: ("in_transforms", "out_transforms"),
-    MemorySpace.TMEM: ("in_tmem_layouts", "out_tmem_layouts"),
-}
 
 
 @attrs.define
@@ -87,9 +82,6 @@ class _Lowerer:
         # What validation decided for each op, reused while rewriting:
         # a rule, None (only traverse its regions) or _SKIP.
         self.plan: dict[ir.Operation, RuleRecord | None | object] = {}
-        # Whether a layout attribute fits a shape, by (attribute, shape): a
-        # kernel repeats a few layouts, and parsing one is slow.
-        self.fitting: dict[tuple[ir.Attribute, tuple[int, ...]], bool] = {}
 
     def needs_lowering(self, op: ir.Operation) -> bool:
         # Loops rather than any() over generators: validation asks this of every op.
@@ -159,7 +151,7 @@ class _Lowerer:
                 continue
             if warp and not record.warp_semantics:
                 raise _no_warp_semantics(record, op)
-            _check_layout_attributes(op, self.fitting)
+            _check_layout_attributes(op)
 
     # --- rewriting ----------------------------------------------------------------
 
@@ -266,8 +258,7 @@ def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Excep
     )
 
 
-def _check_layout_attributes(op: ir.Operation,
-                             fitting: dict[tuple[ir.Attribute, tuple[int, ...]], bool]) -> None:
+def _check_layout_attributes(op: ir.Operation) -> None:
     attributes = op.attributes
     for side, values in ((0, op.operands), (1, op.results)):
         by_space: dict[MemorySpace, list[ir.Value]] = {}
@@ -276,7 +267,7 @@ def _check_layout_attributes(op: ir.Operation,
             if space is not None:
                 by_space.setdefault(space, []).append(value)
         for space, spaced in by_space.items():
-            name = _ATTRIBUTE_NAMES[space][side]
+            name = ATTRIBUTE_NAMES[space][side]
             present = name in attributes
             found = len(ir.ArrayAttr(attributes[name])) if present else 0
             if found != len(spaced):
@@ -290,18 +281,14 @@ def _check_layout_attributes(op: ir.Operation,
                          f"or set {name} by hand with {len(spaced)} entries"],
                 )
             if space is MemorySpace.REG:
-                _check_layouts_fit(op, name, spaced, fitting)
+                _check_layouts_fit(op, name, spaced)
 
 
-def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value],
-                       fitting: dict[tuple[ir.Attribute, tuple[int, ...]], bool]) -> None:
+def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value]) -> None:
     """A register layout made for another shape would fail mid-rewrite: refuse it now."""
     for index, (value, attr) in enumerate(zip(values, ir.ArrayAttr(op.attributes[name]))):
         shape = tuple(ir.VectorType(value.type).shape)
-        fits = fitting.get((attr, shape))
-        if fits is None:
-            fits = fitting[attr, shape] = _fits(attr, shape)
-        if not fits:
+        if not _fits(attr, shape):
             raise SmaltiValueError(
                 "SM201",
                 f"{op.name} has {name}[{index}] = {attr}, which cannot hold a "
@@ -312,6 +299,7 @@ def _check_layouts_fit(op: ir.Operation, name: str, values: list[ir.Value],
             )
 
 
+@per_context  # a kernel repeats a few layouts, and parsing one is slow
 def _fits(attr: ir.Attribute, shape: tuple[int, ...]) -> bool:
     """Whether ``attr`` is a register layout for vectors of ``shape``."""
     try:

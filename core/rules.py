@@ -24,7 +24,7 @@ from smalti.constraints import Constraint, Variable
 from smalti.diagnostics import PluginError, SmaltiValueError, format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import RuleRecord
-from smalti.sites import SiteKind, ValueSite, layout_sites, make_site, memory_space_of_type
+from smalti.sites import SiteKind, ValueSite, layout_sites, layout_values, make_site
 from smalti.solver import ConstraintSystem, Origin
 
 
@@ -225,54 +225,40 @@ def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
 def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
                       table: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
     """Applies :func:`same_layout` to ``op`` without a builder, if all its
-    layout sites are vectors of one shape (``op_hash`` is ``hash(op)``):
-    makes their variable, records it in ``table`` as
-    :meth:`ConstraintBuilder.variable` would (the op in
-    :attr:`SiteTable.shared_ops`) and returns ``(op, variable, vector operands, vector results)``. Otherwise
-    returns ``None`` having changed nothing, and leaves the op (and any
-    error) to the builder."""
-    operands, results = _vectors(op.operands), _vectors(op.results)
-    if operands is None or results is None or not (operands or results):
+    layout sites are vectors of one shape (``op_hash`` is ``hash(op)``).
+
+    Makes their variable, records it in ``table`` as
+    :meth:`ConstraintBuilder.variable` would (and the op in
+    :attr:`SiteTable.shared_ops`), and returns ``(op, variable, vector
+    operands, vector results)``. Otherwise returns ``None`` having changed
+    nothing, and leaves the op (and any error) to the builder.
+    """
+    operands, results = layout_values(op.operands), layout_values(op.results)
+    if not (operands or results):
         return None
     first = (operands or results)[0][2]
-    for _, _, ty in (*operands, *results):
-        if ty != first and ty.shape != first.shape:
+    for _, _, ty, space in (*operands, *results):
+        if space is not MemorySpace.REG or (ty != first and ty.shape != first.shape):
             return None
     # The variable is named after the op's last layout site, as variable() does.
     if results:
-        kind, (index, value, ty) = SiteKind.RESULT, results[-1]
+        kind, (index, value, ty, _) = SiteKind.RESULT, results[-1]
     else:
-        kind, (index, value, ty) = SiteKind.OPERAND, operands[-1]
+        kind, (index, value, ty, _) = SiteKind.OPERAND, operands[-1]
     variables = system.variables
     var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty), MemorySpace.REG)
     variables.append(var)
     definitions = table.definitions
-    for index, value, ty in operands:
+    for index, value, ty, _ in operands:
         producer = definitions.get(value)
         if producer is None:  # defined later in the walk
             table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
         else:
             system.use(producer, var, ty)
-    for index, value, ty in results:
+    for _, value, _, _ in results:
         definitions[value] = var
     table.shared_ops[op_hash] = op
     return op, var, len(operands), len(results)
-
-
-def _vectors(values: ir.OpOperandList | ir.OpResultList
-             ) -> list[tuple[int, ir.Value, ir.Type]] | None:
-    """The vectors among ``values``, with their index and type; ``None`` if
-    some other value needs a layout too (an SMEM or TMEM ref)."""
-    vectors = []
-    index = 0
-    for value in values:
-        ty = value.type
-        if isinstance(ty, ir.VectorType):
-            vectors.append((index, value, ty))
-        elif memory_space_of_type(ty) is not None:
-            return None
-        index += 1
-    return vectors
 
 
 def _alike(sites: Sequence[ValueSite]) -> bool:

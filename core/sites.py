@@ -153,20 +153,28 @@ def make_site(op: ir.Operation, op_hash: int, kind: SiteKind, index: int, value:
     return site
 
 
+def layout_values(values: ir.OpOperandList | ir.OpResultList
+                  ) -> list[tuple[int, ir.Value, ir.Type, MemorySpace]]:
+    """The values among an op's operands (or results) that need a layout,
+    with their index, type and memory space."""
+    found = []
+    index = 0
+    for value in values:  # enumerate() costs more on these sequences
+        ty = value.type
+        space = memory_space_of_type(ty)
+        if space is not None:
+            found.append((index, value, ty, space))
+        index += 1
+    return found
+
+
 def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first."""
     if op_hash is None:
         op_hash = hash(op)
-    sites = []
-    for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results)):
-        index = 0
-        for value in values:
-            ty = value.type
-            space = memory_space_of_type(ty)
-            if space is not None:
-                sites.append(make_site(op, op_hash, kind, index, value, ty, space))
-            index += 1
-    return sites
+    return [make_site(op, op_hash, kind, index, value, ty, space)
+            for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results))
+            for index, value, ty, space in layout_values(values)]
 
 
 def producer_site(value: ir.Value) -> ValueSite:

@@ -245,22 +245,14 @@ class Solver:
             else:
                 self._settle_relayout(ci)
         open_uses = []
-        join, register, parent = self._join, MemorySpace.REG, self.parent
         for use in self.system.uses:
-            if use[1].memory_space is not register:
+            producer, consumer, _ = use
+            if consumer.memory_space is not MemorySpace.REG:
                 continue
-            # find(), inlined for the common depths of 0 and 1
-            producer = parent[use[0].id]
-            if parent[producer] != producer:
-                producer = find(producer)
-            if nonsplat[producer] is None:
+            if nonsplat[find(producer.id)] is None:
                 open_uses.append(use)
-                continue
-            consumer = parent[use[1].id]
-            if parent[consumer] != consumer:
-                consumer = find(consumer)
-            if consumer != producer:
-                join(producer, consumer)
+            else:
+                self.union(producer.id, consumer.id)
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
             c = self.constraints[ci]
@@ -321,8 +313,7 @@ class Solver:
         others strict relayouts, one per value and consumer class (a
         constant used by every op of a chain needs one, not one per use)."""
         find, nonsplat, active = self.find, self.nonsplat, self.active
-        bitwidths: dict[int, int] = {}  # producer variable -> element bitwidth
-        element_bitwidths: dict[ir.Type, int] = {}
+        bitwidths: dict[ir.Type, int] = {}  # by element type
         linked: set[tuple[int, int]] = set()
         for producer, consumer, value_type in open_uses:
             producer_root = find(producer.id)
@@ -333,13 +324,10 @@ class Solver:
             if link in linked:
                 continue
             linked.add(link)
-            bitwidth = bitwidths.get(producer.id)  # the uses of a value share a type
+            element = value_type.element_type
+            bitwidth = bitwidths.get(element)
             if bitwidth is None:
-                element = value_type.element_type
-                bitwidth = element_bitwidths.get(element)
-                if bitwidth is None:
-                    bitwidth = element_bitwidths[element] = mgpu_utils.bitwidth(element)
-                bitwidths[producer.id] = bitwidth
+                bitwidth = bitwidths[element] = mgpu_utils.bitwidth(element)
             self.constraints.append(Relayout(producer, consumer, bitwidth, strict=True))
             self.origins.append(UseOrigin(producer, consumer))
             active.append(True)
@@ -366,17 +354,13 @@ class Solver:
         watchers = self.watchers
         cvars, active = self.cvars, self.active
         for ci, c in enumerate(self.constraints):
-            if type(c) is Relayout and type(c.source) is Variable and type(c.target) is Variable:
-                a, b = find(c.source.id), find(c.target.id)  # the common case, quickly
-                roots: tuple[int, ...] = (a,) if a == b else (a, b)
-            else:
-                found: list[int] = []
-                for e in c.expressions():
-                    for v in variables_of(e):
-                        root = find(v.id)
-                        if root not in found:
-                            found.append(root)
-                roots = tuple(found)
+            found: list[int] = []
+            for e in c.expressions():
+                for v in variables_of(e):
+                    root = find(v.id)
+                    if root not in found:
+                        found.append(root)
+            roots = tuple(found)
             cvars.append(roots)
             if active[ci]:
                 for r in roots:

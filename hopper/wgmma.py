@@ -64,11 +64,6 @@ def _is_transposed(ref_type: ir.Type) -> bool:
     return mgpu_utils.is_memref_transposed(ir.MemRefType(ref_type))
 
 
-@functools.lru_cache(maxsize=64)
-def _fits(shape: tuple[int, ...], layout: fa.FragmentedLayout) -> bool:
-    return register_layout_fits(shape, layout)
-
-
 @functools.lru_cache(maxsize=8)
 def _constant(layout: fa.FragmentedLayout) -> RegisterLayout:
     # One object per layout: the solver compares the same objects quickly.
@@ -78,7 +73,7 @@ def _constant(layout: fa.FragmentedLayout) -> RegisterLayout:
 def _pinned(b: ConstraintBuilder, op, sites, layout, what: str):
     var = b.variable(*sites)
     shape = var.shape
-    if not _fits(shape, layout):
+    if not register_layout_fits(shape, layout):  # memoized
         raise SmaltiValueError(
             "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
             f"is not compatible with the shape {shape}", op=op,

@@ -84,8 +84,7 @@ def broadcast(op: vector.BroadcastOp, b: ConstraintBuilder) -> None:
     to the trailing dims (beyond jax, which only broadcasts scalars)."""
     if isinstance(op.source.type, ir.VectorType):
         src, dst = b.variable(b.operand(0)), b.variable(b.result(0))
-        rank = len(dst.shape)
-        _broadcast_in_dim(b, src, dst, tuple(range(rank - len(src.shape), rank)))
+        _broadcast_in_dim(b, src, dst, _trailing_dims(op))
         return
     result = b.variable(b.result(0))
     b.assign(result, RegisterLayout(fa.WGSplatFragLayout(_shape(op.result))))
