@@ -72,13 +72,13 @@ def tcgen05_mma(op: mgpu.TcGen05MMAOp, b: ConstraintBuilder) -> None:
     b.assign(accumulator, required_mma_layout(op, "accumulator", op.accumulator, collective, 1))
 
     rhs = b.variable(b.operand(2))
-    b.require(OneOf(rhs, tuple(mma_smem_tilings(op.b, op))))
+    b.require(OneOf(rhs, tuple(mma_smem_tilings(op.b.type, op))))
     if _shape(op.accumulator)[0] == 64 and not collective:
         b.require(Divides(rhs, _n_split_tiling(op)))
 
     lhs = b.variable(b.operand(1))
     if memory_space_of(op.a) is MemorySpace.SMEM:
-        b.require(OneOf(lhs, tuple(mma_smem_tilings(op.a, op))))
+        b.require(OneOf(lhs, tuple(mma_smem_tilings(op.a.type, op))))
     else:
         check_tmem_operand(op, op.a, "'a' operand")
         packing = 32 // _bitwidth(op.a)

@@ -44,7 +44,7 @@ def async_store_smem_to_tmem(op: mgpu.AsyncStoreSmemToTmemOp, b: ConstraintBuild
     bitwidth = mgpu_utils.bitwidth(ir.MemRefType(op.destination.type).element_type)
     layout = tcgen05.tmem_default_layout(32 // bitwidth)
     b.assign(destination, fitting(op, "destination", _shape(op.destination), layout))
-    b.require(OneOf(source, tuple(mma_smem_tilings(op.source, op, allow_unswizzled=True))))
+    b.require(OneOf(source, tuple(mma_smem_tilings(op.source.type, op, allow_unswizzled=True))))
 
 
 def async_store_scales_smem_to_tmem(op: mgpu.AsyncStoreScalesSmemToTmemOp,

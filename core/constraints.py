@@ -595,7 +595,7 @@ class OneOf(Constraint):
     """``expr`` is one of ``allowed`` (tried in order)."""
 
     expr: Expression
-    allowed: tuple[Constant, ...] = attrs.field(converter=lambda a: tuple(dict.fromkeys(a)))
+    allowed: tuple[Constant, ...] = attrs.field(converter=lambda a: _distinct(a))
 
     def __attrs_post_init__(self) -> None:
         if not self.allowed:
@@ -619,6 +619,27 @@ class OneOf(Constraint):
 
     def __str__(self) -> str:
         return f"{describe(self.expr)} in {{{', '.join(map(str, self.allowed))}}}"
+
+
+#: id(tuple) -> (the tuple, its distinct values): rules hand the same cached
+#: tuple of allowed values to many ops, and hashing its constants again for
+#: each costs more than the rest of the constraint. Holding the tuple keeps
+#: its id from being reused.
+_distinct_tuples: dict[int, tuple[tuple[Constant, ...], tuple[Constant, ...]]] = {}
+
+
+def _distinct(values: Sequence[Constant]) -> tuple[Constant, ...]:
+    """``values`` without repeats, in order."""
+    if type(values) is tuple:
+        known = _distinct_tuples.get(id(values))
+        if known is not None and known[0] is values:
+            return known[1]
+        if len(_distinct_tuples) >= 256:
+            _distinct_tuples.clear()
+        distinct = tuple(dict.fromkeys(values))
+        _distinct_tuples[id(values)] = (values, distinct)
+        return distinct
+    return tuple(dict.fromkeys(values))
 
 
 def _tiling_of(value: Constant) -> tuple[int, ...] | None:

@@ -227,8 +227,8 @@ def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
     variable of its definition (the others were linked at once)."""
     definitions = sites.definitions
     for site, var in sites.operands:
-        producer = definitions.get(site.value)
-        if producer is None:
+        defined = definitions.get(site.value)
+        if defined is None:
             source = producer_site(site.value)
             raise SmaltiValueError(
                 "SM103",
@@ -237,7 +237,7 @@ def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
                 fix="produce the value with an op that has a constraint rule, or "
                 "install a plugin that gives its producer one",
             )
-        system.use(producer, var, site.type)
+        system.use(defined[0], var, defined[1])
 
 
 IN_LAYOUTS, OUT_LAYOUTS = ATTRIBUTE_NAMES[MemorySpace.REG]

@@ -24,7 +24,14 @@ from smalti.constraints import Constraint, Variable
 from smalti.diagnostics import PluginError, SmaltiValueError, format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import RuleRecord
-from smalti.sites import SiteKind, ValueSite, layout_sites, layout_values, make_site
+from smalti.sites import (
+    SiteKind,
+    ValueSite,
+    layout_sites,
+    layout_values,
+    make_site,
+    memory_space_of_type,
+)
 from smalti.solver import ConstraintSystem, Origin
 
 
@@ -45,7 +52,9 @@ class SiteTable:
         #: (uses of values defined later in the walk, such as the operands
         #: of a loop's terminator); the others are linked at once.
         self.operands: list[tuple[ValueSite, Variable]] = []
-        self.definitions: dict[ir.Value, Variable] = {}
+        #: The variable of each defined value, with the value's type (read
+        #: once: its uses need it, and reading it through the bindings is slow).
+        self.definitions: dict[ir.Value, tuple[Variable, ir.Type]] = {}
         #: Ops some of whose sites another op's rule described (a region's
         #: terminator, described by its parent), by their hash.
         self.described_elsewhere: dict[int, ir.Operation] = {}
@@ -139,7 +148,7 @@ class ConstraintBuilder:
         system, table = self._system, self._table
         var = Variable(len(system.variables), sites[-1], space)
         system.variables.append(var)
-        site_vars, definitions = table.variables, table.definitions
+        site_vars, definitions, uses = table.variables, table.definitions, system.uses
         known = len(site_vars)
         own = self.op.operation
         for site in sites:
@@ -148,13 +157,13 @@ class ConstraintBuilder:
             if site.kind is SiteKind.OPERAND:
                 # Linked to the value's producer now if it was described
                 # already (nearly always: the walk is in program order).
-                producer = definitions.get(site.value)
-                if producer is None:
+                defined = definitions.get(site.value)
+                if defined is None:
                     table.operands.append((site, var))
                 else:
-                    system.use(producer, var, site.type)
+                    uses.append((defined[0], var, defined[1]))
             else:
-                definitions[site.value] = var
+                definitions[site.value] = (var, site.type)
             other = site.op
             if other is not own and other != own:  # a terminator of its regions
                 key = hash(other)
@@ -233,32 +242,61 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
     operands, vector results)``. Otherwise returns ``None`` having changed
     nothing, and leaves the op (and any error) to the builder.
     """
-    operands, results = layout_values(op.operands), layout_values(op.results)
-    if not (operands or results):
+    # Most of a kernel goes through here: the type of an operand comes with
+    # its definition, and nothing is written until the op is known to fit.
+    definitions = table.definitions
+    linked: list[tuple[Variable, ir.Type]] = []
+    later: list[tuple[int, ir.Value, ir.Type]] = []
+    types: list[ir.Type] = []
+    index = 0
+    for value in op.operands:
+        defined = definitions.get(value)
+        if defined is not None:
+            if defined[0].memory_space is not MemorySpace.REG:
+                return None
+            linked.append(defined)
+            types.append(defined[1])
+        else:  # defined later in the walk, or needing no layout
+            ty = value.type
+            if type(ty) is ir.VectorType:
+                later.append((index, value, ty))
+                types.append(ty)
+            elif memory_space_of_type(ty) is not None:
+                return None
+        index += 1
+    results: list[tuple[int, ir.Value, ir.Type]] = []
+    index = 0
+    for value in op.results:
+        ty = value.type
+        if type(ty) is ir.VectorType:
+            results.append((index, value, ty))
+            types.append(ty)
+        elif memory_space_of_type(ty) is not None:
+            return None
+        index += 1
+    if not types:
         return None
-    first = (operands or results)[0][2]
-    for _, _, ty, space in (*operands, *results):
-        if space is not MemorySpace.REG or (ty != first and ty.shape != first.shape):
+    first = types[0]
+    for ty in types:
+        if ty != first and ty.shape != first.shape:
             return None
     # The variable is named after the op's last layout site, as variable() does.
     if results:
-        kind, (index, value, ty, _) = SiteKind.RESULT, results[-1]
+        kind, (index, value, ty) = SiteKind.RESULT, results[-1]
     else:
-        kind, (index, value, ty, _) = SiteKind.OPERAND, operands[-1]
+        kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
     variables = system.variables
     var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty), MemorySpace.REG)
     variables.append(var)
-    definitions = table.definitions
-    for index, value, ty, _ in operands:
-        producer = definitions.get(value)
-        if producer is None:  # defined later in the walk
-            table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
-        else:
-            system.use(producer, var, ty)
-    for _, value, _, _ in results:
-        definitions[value] = var
+    uses = system.uses
+    for producer, ty in linked:
+        uses.append((producer, var, ty))
+    for index, value, ty in later:
+        table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
+    for _, value, ty in results:
+        definitions[value] = (var, ty)
     table.shared_ops[op_hash] = op
-    return op, var, len(operands), len(results)
+    return op, var, len(linked) + len(later), len(results)
 
 
 def _alike(sites: Sequence[ValueSite]) -> bool:

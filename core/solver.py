@@ -390,7 +390,8 @@ class Solver:
     def assign(self, root: int, value: Constant, reason: object) -> None:
         current = self.value[root]
         if current is not None:
-            if current != value:
+            # Rules hand out shared constants: most repeats are the same object.
+            if current is not value and current != value:
                 message = f"needs {value}, but is already {current}"
                 if _is_origin(reason):  # only before the search: naming it costs nothing
                     message = (f"{reason[1]} requires {value}, but "

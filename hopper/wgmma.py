@@ -27,26 +27,28 @@ from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 
-def mma_smem_tilings(ref: ir.Value, op, *, allow_unswizzled: bool = False
+def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
                      ) -> tuple[SmemTransforms, ...]:
-    """The SMEM transforms an MMA operand ref may have: ``(8, swizzle-wide)``
-    tiles (transposed for a transposed ref), widest swizzle first."""
-    ref_type = ir.MemRefType(ref.type)
-    allowed, tiling = _mma_smem_tilings(ref_type, allow_unswizzled)
+    """The SMEM transforms an MMA operand ref of type ``ref_type`` may have:
+    ``(8, swizzle-wide)`` tiles (transposed for a transposed ref), widest
+    swizzle first."""
+    allowed, tiling, _ = _mma_operand(ref_type, allow_unswizzled)
     if not allowed:
         raise SmaltiValueError(
             "SM121",
-            f"No valid tiling found for SMEM reference. {tuple(ref_type.shape)} not divisible "
-            f"by candidate tiling {tiling}",
+            f"No valid tiling found for SMEM reference. {tuple(ir.MemRefType(ref_type).shape)} "
+            f"not divisible by candidate tiling {tiling}",
             op=op, values={"ref": str(ref_type)},
             fix=f"make the operand's dims multiples of {tiling} (the narrowest MMA tile)")
     return allowed
 
 
 @per_context  # kernels issue many MMAs on refs of a few types
-def _mma_smem_tilings(ref_type: ir.MemRefType, allow_unswizzled: bool
-                      ) -> tuple[tuple[SmemTransforms, ...], tuple[int, ...]]:
-    """The allowed transforms, and the last tiling tried (for the error)."""
+def _mma_operand(ref_type: ir.Type, allow_unswizzled: bool = False
+                 ) -> tuple[tuple[SmemTransforms, ...], tuple[int, ...], bool]:
+    """The allowed transforms, the last tiling tried (for the error), and
+    whether the ref is transposed in memory."""
+    ref_type = ir.MemRefType(ref_type)
     shape = tuple(ref_type.shape)
     bitwidth = mgpu_utils.bitwidth(ref_type.element_type)
     transposed = mgpu_utils.is_memref_transposed(ref_type)
@@ -56,12 +58,7 @@ def _mma_smem_tilings(ref_type: ir.MemRefType, allow_unswizzled: bool
         tiling = (width, 8) if transposed else (8, width)
         if all(s % t == 0 for s, t in zip(shape, tiling)):
             allowed.append(SmemTransforms(tiling, swizzle))
-    return tuple(allowed), tiling
-
-
-@per_context
-def _is_transposed(ref_type: ir.Type) -> bool:
-    return mgpu_utils.is_memref_transposed(ir.MemRefType(ref_type))
+    return tuple(allowed), tiling, transposed
 
 
 @functools.lru_cache(maxsize=8)
@@ -86,7 +83,7 @@ def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     _pinned(b, op, (b.operand(0), b.result(0)), fa.WGMMA_LAYOUT, "accumulator")
     rhs_site = b.operand(2)
     rhs = b.variable(rhs_site)
-    b.require(OneOf(rhs, mma_smem_tilings(rhs_site.value, op)))
+    b.require(OneOf(rhs, mma_smem_tilings(rhs_site.type, op)))
     lhs_site = b.operand(1)
     if isinstance(lhs_site.type, ir.VectorType):
         eight_bit = mgpu_utils.bitwidth(lhs_site.type.element_type) == 8
@@ -96,7 +93,7 @@ def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     lhs = b.variable(lhs_site)
     # Tilings are stated on logical shapes: if exactly one operand is
     # transposed in memory, its tiling is the other's, transposed.
-    transposed = _is_transposed(lhs_site.type) != _is_transposed(rhs_site.type)
+    transposed = _mma_operand(lhs_site.type, False)[2] != _mma_operand(rhs_site.type, False)[2]
     b.require(Equal(lhs, Transposed(rhs, (1, 0)) if transposed else rhs))
 
 
