@@ -46,6 +46,7 @@ from smalti.solver import (
 
 
 TRACE_ENV = "SMALTI_TRACE"
+ADVANCE, SKIP, INTERRUPT = ir.WalkResult.ADVANCE, ir.WalkResult.SKIP, ir.WalkResult.INTERRUPT
 
 
 @attrs.define
@@ -75,16 +76,6 @@ class InferenceReport:
     seconds: float = 0.0
     ops_per_plugin: dict[str, int] = attrs.Factory(dict)
     trace: list[TraceEntry] = attrs.Factory(list)
-
-
-def _children(op: ir.Operation) -> list[ir.OpView]:
-    """The ops nested one level in ``op``, in reverse order (for a stack)."""
-    children: list[ir.OpView] = []
-    for region in op.regions:
-        for block in region.blocks:
-            children.extend(block.operations)
-    children.reverse()
-    return children
 
 
 def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],
@@ -132,13 +123,11 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     annotated: Annotated = []
     shared: Shared = []
     described_by_parent: Annotated = []
-    # Pre-order, with a stack: an op's regions are entered after its rule
-    # ran, since the rule may declare them opaque (already at Lane level).
-    stack: list[ir.OpView] = list(module.body.operations)
-    stack.reverse()
-    while stack:
-        view = stack.pop()
-        op = view.operation
+    failures: list[BaseException] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        """Describes ``op``; whether to enter its regions (a rule may have
+        declared them opaque: already at Lane level)."""
         record = table.get(op.name)
         op_hash = hash(op)
         entry = None
@@ -153,9 +142,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             if not sites:
                 # Lane-level regions stay unseen even when the op itself
                 # carries no layouts (a rule registered opaque_regions=True).
-                if len(op.regions) and (record is None or not record.opaque_regions):
-                    stack += _children(op)
-                continue
+                return SKIP if record is not None and record.opaque_regions else ADVANCE
             first = site_vars.get(sites[0])
             if first is not None:
                 # One lookup per site: sites hash and compare in Python.
@@ -164,9 +151,10 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     # A terminator (scf.yield...): its parent's rule described
                     # it. Like jax, it still gets its attributes.
                     described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
-                    continue
+                    return ADVANCE
             if record is None:
                 raise _no_rule(pipeline, op, arch)
+            view = op.opview
             builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
             _describe(record, view, builder)
             variables = [site_vars.get(s) for s in sites]
@@ -181,8 +169,22 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             if trace:  # every op's rule ran through a builder
                 report.trace.append(TraceEntry(op.name, format_location(op.location),
                                                record.plugin, record.function.__qualname__))
-        if not (opaque or record.opaque_regions) and len(op.regions):
-            stack += _children(op)
+        return SKIP if opaque or record.opaque_regions else ADVANCE
+
+    def guarded(op: ir.Operation) -> ir.WalkResult:
+        # The bindings would turn an exception into a RuntimeError: keep it.
+        try:
+            return visit(op)
+        except BaseException as e:
+            failures.append(e)
+            return INTERRUPT
+
+    # Pre-order, driven by MLIR (cheaper than a stack of op views): an op's
+    # regions are entered after its rule ran.
+    for top in module.body.operations:
+        top.operation.walk(guarded, ir.WalkOrder.PRE_ORDER)
+        if failures:
+            raise failures.pop()  # held by no local: no cycle through its traceback
     _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
