@@ -129,11 +129,11 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         """Describes ``op``; whether to enter its regions (a rule may have
         declared them opaque: already at Lane level)."""
         record = table.get(op.name)
-        op_hash = hash(op)
-        entry = None
-        if (record is not None and record.function is same_layout and not trace
-                and op_hash not in sites_table.described_elsewhere):
-            entry = apply_same_layout(op, op_hash, system, sites_table)
+        entry = op_hash = None
+        if record is not None and record.function is same_layout and not trace:
+            op_hash = hash(op)
+            if op_hash not in sites_table.described_elsewhere:
+                entry = apply_same_layout(op, op_hash, system, sites_table)
         if entry is not None:
             shared.append(entry)
             opaque = False
@@ -155,7 +155,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             if record is None:
                 raise _no_rule(pipeline, op, arch)
             view = op.opview
-            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
+            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites)
             _describe(record, view, builder)
             variables = [site_vars.get(s) for s in sites]
             if None in variables:

@@ -170,11 +170,15 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList
 
 def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first."""
+    found = [(kind, value) for kind, values in ((SiteKind.OPERAND, op.operands),
+                                                (SiteKind.RESULT, op.results))
+             for value in layout_values(values)]
+    if not found:  # most ops of a kernel: no need to hash them
+        return []
     if op_hash is None:
         op_hash = hash(op)
     return [make_site(op, op_hash, kind, index, value, ty, space)
-            for kind, values in ((SiteKind.OPERAND, op.operands), (SiteKind.RESULT, op.results))
-            for index, value, ty, space in layout_values(values)]
+            for kind, (index, value, ty, space) in found]
 
 
 def producer_site(value: ir.Value) -> ValueSite:
