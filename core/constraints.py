@@ -47,18 +47,29 @@ class Variable:
     they compare by identity.
     """
 
-    __slots__ = ("id", "site", "memory_space", "shape", "type", "fit_key", "__weakref__")
+    __slots__ = ("id", "site", "memory_space", "type", "fit_key", "_shape", "__weakref__")
 
     def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace) -> None:
         self.id = id
         self.site = site
         self.memory_space = memory_space
         self.type: ir.Type = site.type
-        self.shape: tuple[int, ...] = _shape_of(self.type)
         #: What decides which layouts fit: the shape of a register or TMEM
-        #: value, the whole type of an SMEM ref.
-        self.fit_key: tuple[object, ...] = (memory_space, self.type if memory_space
-                                         is MemorySpace.SMEM else self.shape)
+        #: value, the whole type of an SMEM ref (whose shape is read only if
+        #: asked for: kernels have many refs, and reading it is slow).
+        if memory_space is MemorySpace.SMEM:
+            self._shape: tuple[int, ...] | None = None
+            self.fit_key: tuple[object, ...] = (memory_space, self.type)
+        else:
+            self._shape = _shape_of(self.type)
+            self.fit_key = (memory_space, self._shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the values of the variable's sites."""
+        if self._shape is None:
+            self._shape = _shape_of(self.type)
+        return self._shape
 
     def __repr__(self) -> str:
         return f"V{self.id}({self.site})"

@@ -62,6 +62,14 @@ class RegisterLayout:
 
     layout: fa.FragmentedLayout
 
+    @classmethod
+    def of(cls, layout: fa.FragmentedLayout) -> RegisterLayout:
+        """The one ``RegisterLayout`` of ``layout`` in this process. Rules that
+        pin layouts should use it: the solver and its caches compare
+        constants by identity first, and equal but distinct layouts cost a
+        deep comparison each time they meet."""
+        return _shared_register_layout(layout)
+
     @property
     def is_splat(self) -> bool:
         return isinstance(self.layout, fa.WGSplatFragLayout)
@@ -72,6 +80,11 @@ class RegisterLayout:
 
     def __str__(self) -> str:
         return describe_register_layout(self.layout)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_register_layout(layout: fa.FragmentedLayout) -> RegisterLayout:
+    return RegisterLayout(layout)
 
 
 @attrs.frozen(cache_hash=True)  # the solver hashes them often

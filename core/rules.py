@@ -248,8 +248,9 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
     linked: list[tuple[Variable, ir.Type]] = []
     later: list[tuple[int, ir.Value, ir.Type]] = []
     types: list[ir.Type] = []
-    index = 0
-    for value in op.operands:
+    operands = op.operands
+    for index in range(len(operands)):  # see layout_values
+        value = operands[index]
         defined = definitions.get(value)
         if defined is not None:
             if defined[0].memory_space is not MemorySpace.REG:
@@ -263,17 +264,16 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
                 types.append(ty)
             elif memory_space_of_type(ty) is not None:
                 return None
-        index += 1
     results: list[tuple[int, ir.Value, ir.Type]] = []
-    index = 0
-    for value in op.results:
+    op_results = op.results
+    for index in range(len(op_results)):
+        value = op_results[index]
         ty = value.type
         if type(ty) is ir.VectorType:
             results.append((index, value, ty))
             types.append(ty)
         elif memory_space_of_type(ty) is not None:
             return None
-        index += 1
     if not types:
         return None
     first = types[0]

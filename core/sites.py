@@ -158,13 +158,14 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList
     """The values among an op's operands (or results) that need a layout,
     with their index, type and memory space."""
     found = []
-    index = 0
-    for value in values:  # enumerate() costs more on these sequences
+    # By index: these sequences have no __iter__, and iterating them ends
+    # by raising (and catching) an IndexError.
+    for index in range(len(values)):
+        value = values[index]
         ty = value.type
         space = memory_space_of_type(ty)
         if space is not None:
             found.append((index, value, ty, space))
-        index += 1
     return found
 
 

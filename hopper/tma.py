@@ -43,9 +43,9 @@ def index_layouts(op, b: ConstraintBuilder) -> None:
         rows = ir.VectorType(index.type).shape[0]
         allowed = []
         if rows % 16 == 0:
-            allowed.append(RegisterLayout(fa.TMA_INDICES_LAYOUT))
+            allowed.append(RegisterLayout.of(fa.TMA_INDICES_LAYOUT))
         if rows % 4 == 0:
-            allowed.append(RegisterLayout(fa.TMA_INDICES_4_LAYOUT))
+            allowed.append(RegisterLayout.of(fa.TMA_INDICES_4_LAYOUT))
         if not allowed:
             raise SmaltiValueError(
                 "SM120", f"Unsupported TMA index shape ({rows},): gathers and scatters "

@@ -120,7 +120,7 @@ def constant(op: arith.ConstantOp, b: ConstraintBuilder) -> None:
     value = op.value
     if isinstance(value, ir.DenseElementsAttr) and ir.DenseElementsAttr(value).is_splat:
         shape = tuple(ir.ShapedType(op.result.type).shape)
-        b.assign(result, RegisterLayout(fa.WGSplatFragLayout(shape)))
+        b.assign(result, RegisterLayout.of(fa.WGSplatFragLayout(shape)))
     else:
         b.require(Excludes(result, fa.WGSplatFragLayout))
 

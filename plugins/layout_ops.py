@@ -31,7 +31,7 @@ def layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
             fix=[f"cast to a splat or strided layout of shape {list(shape)}",
                  "or to a tiled layout whose tile divides the shape"],
         )
-    b.assign(result, RegisterLayout(layout))
+    b.assign(result, RegisterLayout.of(layout))
     bitwidth = mgpu_utils.bitwidth(ir.VectorType(op.x.type).element_type)
     b.require(Relayout(source, result, bitwidth, strict=False))
 

@@ -83,7 +83,7 @@ def _pin(b: ConstraintBuilder, op: ir.OpView, what: str, layout: fa.FragmentedLa
             f"of {op.operation.name}: the layout is not compatible with its shape {shape}",
             op=op, values={"layout": str(layout), "shape": shape},
             fix=f"give {what} a shape the layout tiles evenly")
-    b.assign(b.variable(*sites), RegisterLayout(layout))
+    b.assign(b.variable(*sites), RegisterLayout.of(layout))
 
 
 def mma(op: mgpu.MMAOp, b: ConstraintBuilder) -> None:

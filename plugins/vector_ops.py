@@ -87,7 +87,7 @@ def broadcast(op: vector.BroadcastOp, b: ConstraintBuilder) -> None:
         _broadcast_in_dim(b, src, dst, _trailing_dims(op))
         return
     result = b.variable(b.result(0))
-    b.assign(result, RegisterLayout(fa.WGSplatFragLayout(_shape(op.result))))
+    b.assign(result, RegisterLayout.of(fa.WGSplatFragLayout(_shape(op.result))))
 
 
 def _trailing_dims(op: vector.BroadcastOp) -> tuple[int, ...]:
@@ -188,7 +188,7 @@ def extract(op: vector.ExtractOp, b: ConstraintBuilder) -> None:
     """A scalar is read from a splat vector; a sub-vector from a tiled one."""
     source = b.variable(b.operand(0))
     if not isinstance(op.result.type, ir.VectorType):
-        b.assign(source, RegisterLayout(fa.WGSplatFragLayout(_shape(op.source))))
+        b.assign(source, RegisterLayout.of(fa.WGSplatFragLayout(_shape(op.source))))
         return
     if len(op.dynamic_position):
         raise _unsupported(op, "Only slicing with static indices allowed.",
