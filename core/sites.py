@@ -171,15 +171,16 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList
 
 def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first."""
-    found = [(kind, value) for kind, values in ((SiteKind.OPERAND, op.operands),
-                                                (SiteKind.RESULT, op.results))
-             for value in layout_values(values)]
-    if not found:  # most ops of a kernel: no need to hash them
+    operands, results = layout_values(op.operands), layout_values(op.results)
+    if not (operands or results):  # most ops of a kernel: no need to hash them
         return []
     if op_hash is None:
         op_hash = hash(op)
-    return [make_site(op, op_hash, kind, index, value, ty, space)
-            for kind, (index, value, ty, space) in found]
+    sites = [make_site(op, op_hash, SiteKind.OPERAND, index, value, ty, space)
+             for index, value, ty, space in operands]
+    sites += [make_site(op, op_hash, SiteKind.RESULT, index, value, ty, space)
+              for index, value, ty, space in results]
+    return sites
 
 
 def producer_site(value: ir.Value) -> ValueSite:
