@@ -219,23 +219,52 @@ class Solver:
 
     # --- preprocessing ----------------------------------------------------------
 
-    def _merge_equalities(self) -> None:
+    def _scan_constraints(self) -> tuple[list[int], dict[int, list[Variable]]]:
+        """One pass over the rules' statements: merges the variables an
+        ``Equal`` between two variables joins, and marks the classes known
+        never to be splat from the start (given a layout that is not splat,
+        or excluded from splat). Returns the relayouts out of a variable, and
+        the register variables one of which is a splat-keeping expression of
+        the other (by variable id, both ways)."""
+        find, nonsplat, active = self.find, self.nonsplat, self.active
+        for var, value, origin in self.system.assignments:
+            if isinstance(value, RegisterLayout) and not value.is_splat:
+                root = find(var.id)
+                if nonsplat[root] is None:
+                    nonsplat[root] = origin
+        relayouts: list[int] = []
+        splat_alike: dict[int, list[Variable]] = {}
         for ci, c in enumerate(self.constraints):
-            if isinstance(c, Equal) and isinstance(c.lhs, Variable) and isinstance(c.rhs, Variable):
-                self.union(c.lhs.id, c.rhs.id)
-                self.active[ci] = False
-        for producer, consumer, _ in self.system.uses:
-            if consumer.memory_space is not MemorySpace.REG:  # a ref keeps its layout
-                self.union(producer.id, consumer.id)
+            if isinstance(c, Equal):
+                lhs, rhs = c.lhs, c.rhs
+                if isinstance(lhs, Variable) and isinstance(rhs, Variable):
+                    self.union(lhs.id, rhs.id)
+                    active[ci] = False
+                    continue
+                pair = _splat_alike(lhs, rhs) or _splat_alike(rhs, lhs)
+                if pair is not None:
+                    var, other = pair
+                    splat_alike.setdefault(var.id, []).append(other)
+                    splat_alike.setdefault(other.id, []).append(var)
+            elif isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
+                fa.WGSplatFragLayout, c.kind
+            ):
+                root = find(c.expr.id)
+                if nonsplat[root] is None:
+                    nonsplat[root] = self.origins[ci]
+            elif isinstance(c, Relayout) and isinstance(c.source, Variable):
+                relayouts.append(ci)
+        return relayouts, splat_alike
 
-    def _propagate_nonsplat(self) -> None:
-        """Values that are never splat (excluded from splat, or given a layout
-        that is not splat) stay non-splat through relayouts, uses and
-        equalities with splat-keeping expressions, and a strict relayout of
-        a non-splat value is the identity: merge those. Register uses still
-        open afterwards become strict relayouts."""
+    def _propagate_nonsplat(self, relayouts: list[int],
+                            splat_alike: dict[int, list[Variable]]) -> None:
+        """Values that are never splat (see :meth:`_scan_constraints`) stay
+        non-splat through relayouts, uses and equalities with splat-keeping
+        expressions, and a strict relayout of a non-splat value is the
+        identity: merge those. Uses of refs are merged outright (a ref keeps
+        its layout). Register uses still open afterwards become strict
+        relayouts."""
         find, nonsplat = self.find, self.nonsplat
-        relayouts, splat_alike = self._seed_nonsplat()
         # Most sources precede their targets: one pass in order settles
         # nearly every edge; a breadth-first walk settles the rest.
         open_relayouts = []
@@ -248,11 +277,20 @@ class Solver:
         for use in self.system.uses:
             producer, consumer, _ = use
             if consumer.memory_space is not MemorySpace.REG:
-                continue
-            if nonsplat[find(producer.id)] is None:
-                open_uses.append(use)
-            else:
                 self.union(producer.id, consumer.id)
+                continue
+            root = find(producer.id)
+            if nonsplat[root] is None:
+                # The producer may be a reduction of a value found non-splat
+                # earlier in this pass.
+                for other in splat_alike.get(producer.id, ()):
+                    if nonsplat[find(other.id)] is not None:
+                        nonsplat[root] = nonsplat[find(other.id)]
+                        break
+                else:
+                    open_uses.append(use)
+                    continue
+            self.union(producer.id, consumer.id)
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
             c = self.constraints[ci]
@@ -262,9 +300,8 @@ class Solver:
             successors.setdefault(find(producer.id), []).append(consumer)
         # A value equal to a splat-keeping expression of another (a reduction
         # of it) is never splat exactly when the other is not: both ways.
-        for var, other in splat_alike:
-            successors.setdefault(find(var.id), []).append(other)
-            successors.setdefault(find(other.id), []).append(var)
+        for var_id, others in splat_alike.items():
+            successors.setdefault(find(var_id), []).extend(others)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
@@ -277,36 +314,6 @@ class Solver:
             if nonsplat[find(self.constraints[ci].source.id)] is not None:
                 self._settle_relayout(ci)
         self._link_open_uses(open_uses)
-
-    def _seed_nonsplat(self) -> tuple[list[int], list[tuple[Variable, Variable]]]:
-        """Marks the classes known never to be splat from the start; returns
-        the rule-stated relayouts out of a variable, and the pairs of
-        register variables one of which is a splat-keeping expression of the
-        other."""
-        find, nonsplat, active = self.find, self.nonsplat, self.active
-        for var, value, origin in self.system.assignments:
-            if isinstance(value, RegisterLayout) and not value.is_splat:
-                root = find(var.id)
-                if nonsplat[root] is None:
-                    nonsplat[root] = origin
-        relayouts: list[int] = []
-        splat_alike: list[tuple[Variable, Variable]] = []
-        for ci, c in enumerate(self.constraints):
-            if not active[ci]:
-                continue
-            if isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
-                fa.WGSplatFragLayout, c.kind
-            ):
-                root = find(c.expr.id)
-                if nonsplat[root] is None:
-                    nonsplat[root] = self.origins[ci]
-            elif isinstance(c, Relayout) and isinstance(c.source, Variable):
-                relayouts.append(ci)
-            elif isinstance(c, Equal):
-                pair = _splat_alike(c.lhs, c.rhs) or _splat_alike(c.rhs, c.lhs)
-                if pair is not None:
-                    splat_alike.append(pair)
-        return relayouts, splat_alike
 
     def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
         """Merges the uses out of values found non-splat since; makes the
@@ -618,8 +625,7 @@ class Solver:
 
     def solve_in_order(self) -> list[Constant]:
         """Like :meth:`solve`, as a list: the layout of each variable by id."""
-        self._merge_equalities()
-        self._propagate_nonsplat()
+        self._propagate_nonsplat(*self._scan_constraints())
         self._index()
         try:
             for var, value, origin in self.system.assignments:
