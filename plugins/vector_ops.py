@@ -30,6 +30,7 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti import layouts
+from smalti.caching import per_context
 from smalti.constraints import (
     Divides,
     Equal,
@@ -51,6 +52,7 @@ def _shape(value: ir.Value) -> tuple[int, ...]:
     return tuple(ir.ShapedType(value.type).shape)
 
 
+@per_context  # kernels repeat the same few dims, offsets and strides
 def _ints(attr: ir.Attribute) -> tuple[int, ...]:
     """The values of an ``ArrayAttr`` of integers or of a dense i64 array."""
     return tuple(ir.IntegerAttr(a).value for a in attr) if isinstance(attr, ir.ArrayAttr) \
@@ -105,15 +107,20 @@ def broadcast_in_dim(op: mgpu.BroadcastInDimOp, b: ConstraintBuilder) -> None:
 
 def _check_broadcast(op: ir.OpView, source: tuple[int, ...], result: tuple[int, ...],
                      dims: tuple[int, ...]) -> None:
-    ok = (len(dims) == len(source) and list(dims) == sorted(set(dims))
-          and all(0 <= d < len(result) for d in dims)
-          and all(s in (1, result[d]) for s, d in zip(source, dims)))
-    if not ok:
+    if not _broadcastable(source, result, dims):
         raise SmaltiValueError(
             "SM130", f"cannot broadcast a vector of shape {source} to {result} along "
             f"dims {dims}", op=op, values={"broadcast_dimensions": dims},
             fix="give one increasing result dim per source dim, where the source dim "
                 "has size 1 or the size of the result dim")
+
+
+@functools.lru_cache(maxsize=256)
+def _broadcastable(source: tuple[int, ...], result: tuple[int, ...], dims: tuple[int, ...]
+                   ) -> bool:
+    return (len(dims) == len(source) and list(dims) == sorted(set(dims))
+            and all(0 <= d < len(result) for d in dims)
+            and all(s in (1, result[d]) for s, d in zip(source, dims)))
 
 
 def _broadcast_in_dim(b: ConstraintBuilder, src: Variable, dst: Variable,
