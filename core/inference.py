@@ -124,6 +124,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     shared: Shared = []
     described_by_parent: Annotated = []
     failures: list[BaseException] = []
+    ops_per_plugin = report.ops_per_plugin if report is not None else {}
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         """Describes ``op``; whether to enter its regions (a rule may have
@@ -138,6 +139,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             shared.append(entry)
             opaque = False
         else:
+            if record is not None and op_hash is None:
+                op_hash = hash(op)  # for the sites and the builder
             sites = layout_sites(op, op_hash)
             if not sites:
                 # Lane-level regions stay unseen even when the op itself
@@ -155,7 +158,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             if record is None:
                 raise _no_rule(pipeline, op, arch)
             view = op.opview
-            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites)
+            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
             _describe(record, view, builder)
             variables = [site_vars.get(s) for s in sites]
             if None in variables:
@@ -164,11 +167,11 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
             annotated.append((op, sites, variables))  # type: ignore[arg-type]
             opaque = builder.opaque
-        if report is not None:
-            report.ops_per_plugin[record.plugin] = report.ops_per_plugin.get(record.plugin, 0) + 1
-            if trace:  # every op's rule ran through a builder
-                report.trace.append(TraceEntry(op.name, format_location(op.location),
-                                               record.plugin, record.function.__qualname__))
+        plugin = record.plugin
+        ops_per_plugin[plugin] = ops_per_plugin.get(plugin, 0) + 1
+        if trace and report is not None:  # every op's rule ran through a builder
+            report.trace.append(TraceEntry(op.name, format_location(op.location), plugin,
+                                           record.function.__qualname__))
         return SKIP if opaque or record.opaque_regions else ADVANCE
 
     def guarded(op: ir.Operation) -> ir.WalkResult:
