@@ -49,19 +49,22 @@ class Variable:
 
     __slots__ = ("id", "site", "memory_space", "type", "fit_key", "_shape", "__weakref__")
 
-    def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace) -> None:
+    def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace,
+                 shape: tuple[int, ...] | None = None) -> None:
+        """``shape``, if given, is the shape of the site's type (known to the
+        caller: reading it again through the bindings is slow)."""
         self.id = id
         self.site = site
         self.memory_space = memory_space
         self.type: ir.Type = site.type
         #: What decides which layouts fit: the shape of a register or TMEM
         #: value, the whole type of an SMEM ref (whose shape is read only if
-        #: asked for: kernels have many refs, and reading it is slow).
+        #: asked for: kernels have many refs).
         if memory_space is MemorySpace.SMEM:
-            self._shape: tuple[int, ...] | None = None
+            self._shape = shape
             self.fit_key: tuple[object, ...] = (memory_space, self.type)
         else:
-            self._shape = _shape_of(self.type)
+            self._shape = _shape_of(self.type) if shape is None else shape
             self.fit_key = (memory_space, self._shape)
 
     @property

@@ -285,8 +285,11 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
         kind, (index, value, ty) = SiteKind.RESULT, results[-1]
     else:
         kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
+    # All sites have one shape: a producer's variable knows it already.
+    shape = linked[0][0].shape if linked else None
     variables = system.variables
-    var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty), MemorySpace.REG)
+    var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
+                   MemorySpace.REG, shape)
     variables.append(var)
     uses = system.uses
     for producer, ty in linked:
