@@ -70,8 +70,8 @@ class ConstraintBuilder:
     sites*) must end up in exactly one :meth:`variable`.
     """
 
-    __slots__ = ("_system", "_table", "_record", "_sites", "_op_hash", "_origin", "op", "arch",
-                 "opaque")
+    __slots__ = ("_system", "_table", "_record", "_sites", "_operation", "_op_hash", "_origin",
+                 "op", "arch", "opaque")
 
     def __init__(self, system: ConstraintSystem, sites: SiteTable, op: ir.OpView,
                  arch: tuple[int, int], record: RuleRecord,
@@ -81,7 +81,8 @@ class ConstraintBuilder:
         self._table = sites
         self._record = record
         self._sites = op_sites
-        self._op_hash = hash(op.operation) if op_hash is None else op_hash
+        self._operation = op.operation
+        self._op_hash = hash(self._operation) if op_hash is None else op_hash
         self._origin: Origin | None = None
         self.op = op
         self.arch = arch
@@ -92,7 +93,7 @@ class ConstraintBuilder:
         """Where the statements of this rule come from (named in errors)."""
         # Made on first use: most rules only make variables and never need it.
         if self._origin is None:
-            op = self.op.operation
+            op = self._operation
 
             def what() -> str:
                 where = format_location(op.location)
@@ -131,7 +132,7 @@ class ConstraintBuilder:
 
     def _op_sites(self) -> list[ValueSite]:
         if self._sites is None:
-            self._sites = layout_sites(self.op.operation, self._op_hash)
+            self._sites = layout_sites(self._operation, self._op_hash)
         return self._sites
 
     # --- statements --------------------------------------------------------------
@@ -150,7 +151,7 @@ class ConstraintBuilder:
         system.variables.append(var)
         site_vars, definitions, uses = table.variables, table.definitions, system.uses
         known = len(site_vars)
-        own = self.op.operation
+        own = self._operation
         for site in sites:
             if site_vars.setdefault(site, var) is not var:
                 self._malformed(f"{site.describe()} was given two variables")
