@@ -166,8 +166,23 @@ def test_divides_merge_and_check():
 def test_one_of_dedupes_and_rejects_empty():
     wgmma = RegisterLayout(fa.WGMMA_LAYOUT)
     assert OneOf(None, (wgmma, wgmma)).allowed == (wgmma,)
+    assert OneOf(None, [wgmma, RegisterLayout(fa.WGMMA_LAYOUT)]).allowed == (wgmma,)
+    # A tuple handed again (rules pass cached ones) is deduped the same way.
+    repeated = (wgmma, RegisterLayout(fa.WGMMA_LAYOUT), SmemTransforms(None, None))
+    assert OneOf(None, repeated).allowed == OneOf(None, repeated).allowed == (
+        wgmma, SmemTransforms(None, None))
     with pytest.raises(ValueError):
         OneOf(None, ())
+
+
+def test_register_layout_of_is_one_shared_constant_per_layout():
+    shared = RegisterLayout.of(fa.WGMMA_LAYOUT)
+    # Equal layouts built apart give the same object, equal to a plain one.
+    assert RegisterLayout.of(fa.TiledLayout(
+        fa.WGMMA_LAYOUT.tiling, fa.WGMMA_LAYOUT.warp_dims, fa.WGMMA_LAYOUT.lane_dims,
+        fa.WGMMA_LAYOUT.vector_dim)) is shared
+    assert shared == RegisterLayout(fa.WGMMA_LAYOUT)
+    assert RegisterLayout.of(fa.WGSplatFragLayout((128,))) is not shared
 
 
 def test_reduced_preimages_include_every_layout_that_reduces_to_the_result():
