@@ -149,7 +149,7 @@ class ConstraintBuilder:
         system, table = self._system, self._table
         var = Variable(len(system.variables), sites[-1], space)
         system.variables.append(var)
-        site_vars, definitions, uses = table.variables, table.definitions, system.uses
+        site_vars, definitions = table.variables, table.definitions
         known = len(site_vars)
         own = self._operation
         for site in sites:
@@ -162,7 +162,7 @@ class ConstraintBuilder:
                 if defined is None:
                     table.operands.append((site, var))
                 else:
-                    uses.append((defined[0], var, defined[1]))
+                    system.use(defined[0], var, defined[1])
             else:
                 definitions[site.value] = (var, site.type)
             other = site.op
