@@ -33,7 +33,7 @@ from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext
-from smalti.sites import memory_space_of
+from smalti.sites import layout_values
 
 _CODEGEN_REJECTIONS = (
     ValueError,
@@ -85,12 +85,9 @@ class _Lowerer:
 
     def needs_lowering(self, op: ir.Operation) -> bool:
         # Loops rather than any() over generators: validation asks this of every op.
-        if op.name.startswith(self.required):
+        if (op.name.startswith(self.required) or layout_values(op.operands)
+                or layout_values(op.results)):
             return True
-        for values in (op.operands, op.results):
-            for value in values:
-                if memory_space_of(value) is not None:
-                    return True
         for region in op.regions:
             if len(region.blocks):
                 return True
@@ -101,8 +98,7 @@ class _Lowerer:
         record = self.table.get(op.name)
         if record is not None:
             return record
-        carries_layouts = any(memory_space_of(v) is not None
-                              for v in [*op.operands, *op.results])
+        carries_layouts = layout_values(op.operands) or layout_values(op.results)
         if carries_layouts or op.name.startswith(self.required):
             raise _unsupported_arch(self.pipeline, op, self.arch, RuleKind.LOWERING) or (
                 SmaltiNotImplementedError(
@@ -262,10 +258,8 @@ def _check_layout_attributes(op: ir.Operation) -> None:
     attributes = op.attributes
     for side, values in ((0, op.operands), (1, op.results)):
         by_space: dict[MemorySpace, list[ir.Value]] = {}
-        for value in values:
-            space = memory_space_of(value)
-            if space is not None:
-                by_space.setdefault(space, []).append(value)
+        for _, value, _, space in layout_values(values):
+            by_space.setdefault(space, []).append(value)
         for space, spaced in by_space.items():
             name = ATTRIBUTE_NAMES[space][side]
             present = name in attributes

@@ -258,23 +258,19 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
                 return None
             linked.append(defined)
             types.append(defined[1])
-        else:  # defined later in the walk, or needing no layout
-            ty = value.type
-            if type(ty) is ir.VectorType:
-                later.append((index, value, ty))
-                types.append(ty)
-            elif memory_space_of_type(ty) is not None:
-                return None
-    results: list[tuple[int, ir.Value, ir.Type]] = []
-    op_results = op.results
-    for index in range(len(op_results)):
-        value = op_results[index]
-        ty = value.type
-        if type(ty) is ir.VectorType:
-            results.append((index, value, ty))
+            continue
+        ty = value.type  # defined later in the walk, or needing no layout
+        space = memory_space_of_type(ty)
+        if space is MemorySpace.REG:
+            later.append((index, value, ty))
             types.append(ty)
-        elif memory_space_of_type(ty) is not None:
+        elif space is not None:
             return None
+    results = layout_values(op.results)
+    for _, _, ty, space in results:
+        if space is not MemorySpace.REG:
+            return None
+        types.append(ty)
     if not types:
         return None
     first = types[0]
@@ -283,7 +279,7 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
             return None
     # The variable is named after the op's last layout site, as variable() does.
     if results:
-        kind, (index, value, ty) = SiteKind.RESULT, results[-1]
+        kind, (index, value, ty, _) = SiteKind.RESULT, results[-1]
     else:
         kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
     # All sites have one shape: a producer's variable knows it already.
@@ -292,12 +288,11 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
     var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
                    MemorySpace.REG, shape)
     variables.append(var)
-    uses = system.uses
     for producer, ty in linked:
-        uses.append((producer, var, ty))
+        system.use(producer, var, ty)
     for index, value, ty in later:
         table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
-    for _, value, ty in results:
+    for _, value, ty, _ in results:
         definitions[value] = (var, ty)
     table.shared_ops[op_hash] = op
     return op, var, len(linked) + len(later), len(results)

@@ -7,8 +7,6 @@ when it is not in registers) is read from SMEM, tiled ``(8, swizzle)`` — or
 
 from __future__ import annotations
 
-import functools
-
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -32,13 +30,7 @@ def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
     """The SMEM transforms an MMA operand ref of type ``ref_type`` may have:
     ``(8, swizzle-wide)`` tiles (transposed for a transposed ref), widest
     swizzle first."""
-    return _mma_operand_tilings(ref_type, op, allow_unswizzled)[0]
-
-
-def _mma_operand_tilings(ref_type: ir.Type, op, allow_unswizzled: bool = False
-                         ) -> tuple[tuple[SmemTransforms, ...], bool]:
-    """:func:`mma_smem_tilings`, and whether the ref is transposed in memory."""
-    allowed, tiling, transposed = _mma_operand(ref_type, allow_unswizzled)
+    allowed, tiling, _ = _mma_operand(ref_type, allow_unswizzled)
     if not allowed:
         raise SmaltiValueError(
             "SM121",
@@ -46,7 +38,7 @@ def _mma_operand_tilings(ref_type: ir.Type, op, allow_unswizzled: bool = False
             f"not divisible by candidate tiling {tiling}",
             op=op, values={"ref": str(ref_type)},
             fix=f"make the operand's dims multiples of {tiling} (the narrowest MMA tile)")
-    return allowed, transposed
+    return allowed
 
 
 @per_context  # kernels issue many MMAs on refs of a few types
@@ -67,16 +59,10 @@ def _mma_operand(ref_type: ir.Type, allow_unswizzled: bool = False
     return tuple(allowed), tiling, transposed
 
 
-@functools.lru_cache(maxsize=64)
-def _fits(shape: tuple[int, ...], eight_bit: bool) -> bool:
-    # Keyed by the shape alone: hashing a layout costs more than the rest of the rule.
-    return register_layout_fits(shape, fa.WGMMA_LAYOUT_8BIT if eight_bit else fa.WGMMA_LAYOUT)
-
-
 def _pinned(b: ConstraintBuilder, op, sites, eight_bit: bool, what: str) -> None:
     var = b.variable(*sites)
     layout = fa.WGMMA_LAYOUT_8BIT if eight_bit else fa.WGMMA_LAYOUT
-    if not _fits(var.shape, eight_bit):
+    if not register_layout_fits(var.shape, layout):  # memoized
         raise SmaltiValueError(
             "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
             f"is not compatible with the shape {var.shape}", op=op,
@@ -88,8 +74,7 @@ def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     _pinned(b, op, (b.operand(0), b.result(0)), False, "accumulator")
     rhs_site = b.operand(2)
     rhs = b.variable(rhs_site)
-    rhs_tilings, rhs_transposed = _mma_operand_tilings(rhs_site.type, op)
-    b.require(OneOf(rhs, rhs_tilings))
+    b.require(OneOf(rhs, mma_smem_tilings(rhs_site.type, op)))
     lhs_site = b.operand(1)
     if isinstance(lhs_site.type, ir.VectorType):
         eight_bit = mgpu_utils.bitwidth(lhs_site.type.element_type) == 8
@@ -98,7 +83,7 @@ def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     lhs = b.variable(lhs_site)
     # Tilings are stated on logical shapes: if exactly one operand is
     # transposed in memory, its tiling is the other's, transposed.
-    transposed = _mma_operand(lhs_site.type, False)[2] != rhs_transposed
+    transposed = _mma_operand(lhs_site.type, False)[2] != _mma_operand(rhs_site.type, False)[2]
     b.require(Equal(lhs, Transposed(rhs, (1, 0)) if transposed else rhs))
 
 
