@@ -35,6 +35,7 @@ from smalti.constraints import (
     Equal,
     Excludes,
     Expression,
+    OneOf,
     Relayout,
     SearchContext,
     Variable,
@@ -356,11 +357,32 @@ class Solver:
                 self.nonsplat[root] = self.nonsplat[self.find(c.source.id)]
 
     def _index(self) -> None:
+        """Records the classes each constraint is over, and which active
+        constraints watch each class. A constraint that restates an earlier
+        one on the same class (see :func:`_restatement`) is dropped: a
+        pipeline of MMAs on a few refs states one ``OneOf`` per MMA, all
+        about one class."""
         find = self.find
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
         cvars, active = self.cvars, self.active
+        stated: set[tuple[object, ...]] = set()
         for ci, c in enumerate(self.constraints):
+            restated = _restatement(c)
+            if restated is not None and active[ci]:
+                root = find(restated[0].id)
+                cvars.append((root,))
+                key = (root, *restated[1:])
+                if key in stated:
+                    active[ci] = False
+                else:
+                    stated.add(key)
+                    watched = watchers.get(root)
+                    if watched is None:
+                        watchers[root] = [ci]
+                    else:
+                        watched.append(ci)
+                continue
             found: list[int] = []
             for e in c.expressions():
                 for v in variables_of(e):
@@ -760,6 +782,22 @@ class Solver:
                 lines.append(f"  {self.origins[ci]} requires {self.constraints[ci]}")
         return Unsolvable("no layout assignment satisfies the kernel", lines,
                           [self.variables[r] for r in roots])
+
+
+def _restatement(c: Constraint) -> tuple[Variable, type, object] | None:
+    """For a constraint on one variable that is equal to any other of its
+    kind on a variable of the same class whose key is equal: the variable,
+    and the key. Keys compare cheaply (by identity), so that spotting a
+    repeat costs less than examining it."""
+    kind = type(c)
+    if kind is OneOf:
+        if type(c.expr) is Variable:
+            # Rules hand out cached tuples (OneOf keeps one distinct tuple per tuple).
+            return c.expr, kind, id(c.allowed)
+    elif kind is Excludes:
+        if type(c.expr) is Variable:
+            return c.expr, kind, c.kind
+    return None
 
 
 def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable] | None:

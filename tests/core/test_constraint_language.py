@@ -17,14 +17,19 @@ from smalti.constraints import (
     Collapsed,
     Constraint,
     Divides,
+    Equal,
+    Excludes,
     MinorDimDivisibleBy,
     OneOf,
     Reduced,
     Reshaped,
     Transposed,
+    Variable,
     merge_multiples,
 )
 from smalti.layouts import RegisterLayout, SmemTransforms
+from smalti.sites import SiteKind, ValueSite
+from smalti.solver import ConstraintSystem, Origin, Unsolvable, solve
 
 REGISTER_LAYOUTS = [
     fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT, fa.WGMMA_ROW_LAYOUT, fa.TCGEN05_LAYOUT,
@@ -237,3 +242,46 @@ def test_constraint_language_is_open_to_new_constraints():
         with pytest.raises(Unsolvable) as error:
             solve(system, (9, 0))
         assert any("a custom rule" in line for line in error.value.lines)
+
+
+def test_constraints_restated_on_one_class_are_solved_as_one():
+    """Kernels state the same OneOf / Excludes about one class many times (an
+    MMA per step on the same refs); the solver keeps one of each, but every
+    different statement still counts, and a conflict still names a rule."""
+    wgmma, tcgen05 = RegisterLayout.of(fa.WGMMA_LAYOUT), RegisterLayout.of(fa.TCGEN05_LAYOUT)
+    strided = RegisterLayout(fa.WGStridedFragLayout((128, 128), 4))
+    options = (wgmma, tcgen05, strided)
+    with kernels.make_context(), ir.Location.unknown():
+        module = ir.Module.parse(
+            "func.func @f() { %0 = arith.constant dense<1.0> : vector<128x128xf32> return }")
+        op = module.body.operations[0].regions[0].blocks[0].operations[0]
+
+        def system_of(statements, assigned=None):
+            variables = [Variable(i, ValueSite(op, SiteKind.RESULT, 0),
+                                  layouts.MemorySpace.REG) for i in range(4)]
+            system = ConstraintSystem(variables=variables)
+            for a, b in itertools.pairwise(variables):
+                system.require(Equal(a, b), Origin("a join"))
+            for i, make in enumerate(statements):
+                system.require(make(variables[i % 4]), Origin(f"rule {i}"))
+            if assigned is not None:
+                system.assignments.append((variables[3], assigned, Origin("a cast")))
+            return variables, system
+
+        restated = [lambda v: OneOf(v, options)] * 3
+        variables, system = system_of(restated)
+        assert set(solve(system, (9, 0)).values()) == {wgmma}  # the first tiled option
+        # Other statements on the class each still count.
+        variables, system = system_of(
+            [*restated, lambda v: Excludes(v, fa.WGStridedFragLayout),
+             lambda v: Excludes(v, fa.WGStridedFragLayout),
+             lambda v: OneOf(v, (strided, tcgen05))])
+        assert set(solve(system, (9, 0)).values()) == {tcgen05}
+        variables, system = system_of([*restated, lambda v: OneOf(v, (strided,))])
+        assert set(solve(system, (9, 0)).values()) == {strided}
+        # A value outside the restated options is rejected, naming a rule.
+        variables, system = system_of(
+            restated, assigned=RegisterLayout.of(fa.WGMMA_TRANSPOSED_LAYOUT))
+        with pytest.raises(Unsolvable) as error:
+            solve(system, (9, 0))
+        assert any("rule " in line for line in error.value.lines)
