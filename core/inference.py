@@ -119,7 +119,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     table = pipeline.table(RuleKind.CONSTRAINT, arch)
     system = ConstraintSystem()
     sites_table = SiteTable()
-    site_vars = sites_table.variables
+    site_vars, described_elsewhere = sites_table.variables, sites_table.described_elsewhere
     annotated: Annotated = []
     shared: Shared = []
     described_by_parent: Annotated = []
@@ -132,35 +132,39 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         record = table.get(op.name)
         entry = op_hash = None
         if record is not None and record.function is same_layout and not trace:
-            op_hash = hash(op)
-            if op_hash not in sites_table.described_elsewhere:
+            # Not a terminator whose sites its parent described (most kernels
+            # have none: then no op is hashed).
+            if described_elsewhere:
+                op_hash = hash(op)
+            if op_hash is None or op_hash not in described_elsewhere:
                 entry = apply_same_layout(op, op_hash, system, sites_table)
         if entry is not None:
             shared.append(entry)
             opaque = False
         else:
-            if record is not None and op_hash is None:
-                op_hash = hash(op)  # for the sites and the builder
             sites = layout_sites(op, op_hash)
             if not sites:
                 # Lane-level regions stay unseen even when the op itself
                 # carries no layouts (a rule registered opaque_regions=True).
                 return SKIP if record is not None and record.opaque_regions else ADVANCE
-            first = site_vars.get(sites[0])
-            if first is not None:
-                # One lookup per site: sites hash and compare in Python.
-                variables = [first, *[site_vars.get(s) for s in sites[1:]]]
-                if None not in variables:
-                    # A terminator (scf.yield...): its parent's rule described
-                    # it. Like jax, it still gets its attributes.
-                    described_by_parent.append((op, sites, variables))  # type: ignore[arg-type]
-                    return ADVANCE
+            described = None
+            if described_elsewhere:
+                if op_hash is None:
+                    op_hash = hash(op)
+                if op_hash in described_elsewhere:
+                    described = [site_vars.get(s) for s in sites]
+                    if None not in described:
+                        # A terminator (scf.yield...): its parent's rule
+                        # described it. Like jax, it still gets its attributes.
+                        described_by_parent.append((op, sites, described))  # type: ignore[arg-type]
+                        return ADVANCE
             if record is None:
                 raise _no_rule(pipeline, op, arch)
             view = op.opview
-            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash)
+            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash,
+                                        described)
             _describe(record, view, builder)
-            variables = [site_vars.get(s) for s in sites]
+            variables = builder.site_variables
             if None in variables:
                 builder._malformed(
                     "left these sites without a variable: "

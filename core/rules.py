@@ -36,17 +36,20 @@ from smalti.solver import ConstraintSystem, Origin
 
 
 class SiteTable:
-    """The variables of a kernel's sites, as rules give them out.
+    """The variables of a kernel's values, as rules give them out.
 
-    It keeps the variable of each site a builder handed out (the sites of
-    ops described without one are only counted in :attr:`shared_ops`), the
-    variable of each defined value (op result or block argument), and the
-    operands that could not be linked to their definition yet.
+    It keeps the variable of each defined value (op result or block
+    argument), the operands that could not be linked to their definition
+    yet, and the variable of each site a rule described other than its own
+    op's operands and results (its regions' block arguments and terminators'
+    operands). The variables of an op's own layout sites stay with the op
+    (see :attr:`ConstraintBuilder.site_variables`).
     """
 
-    __slots__ = ("variables", "operands", "definitions", "described_elsewhere", "shared_ops")
+    __slots__ = ("variables", "operands", "definitions", "described_elsewhere")
 
     def __init__(self) -> None:
+        #: Sites described by a rule other than their op's, and block arguments.
         self.variables: dict[ValueSite, Variable] = {}
         #: Operand sites whose value had no variable yet when they got theirs
         #: (uses of values defined later in the walk, such as the operands
@@ -58,9 +61,6 @@ class SiteTable:
         #: Ops some of whose sites another op's rule described (a region's
         #: terminator, described by its parent), by their hash.
         self.described_elsewhere: dict[int, ir.Operation] = {}
-        #: Ops that :func:`same_layout` described without a builder (their
-        #: sites are not in :attr:`variables`), by their hash.
-        self.shared_ops: dict[int, ir.Operation] = {}
 
 
 class ConstraintBuilder:
@@ -70,19 +70,24 @@ class ConstraintBuilder:
     sites*) must end up in exactly one :meth:`variable`.
     """
 
-    __slots__ = ("_system", "_table", "_record", "_sites", "_operation", "_op_hash", "_origin",
-                 "op", "arch", "opaque")
+    __slots__ = ("_system", "_table", "_record", "_sites", "_variables", "_operation",
+                 "_op_hash", "_origin", "op", "arch", "opaque")
 
     def __init__(self, system: ConstraintSystem, sites: SiteTable, op: ir.OpView,
                  arch: tuple[int, int], record: RuleRecord,
                  op_sites: list[ValueSite] | None = None,
-                 op_hash: int | None = None) -> None:
+                 op_hash: int | None = None,
+                 site_variables: list[Variable | None] | None = None) -> None:
+        """``op_sites`` are ``layout_sites(op)`` if core made them already,
+        ``op_hash`` is ``hash(op)`` if known, and ``site_variables`` the
+        variables another op's rule gave some of ``op_sites``."""
         self._system = system
         self._table = sites
         self._record = record
         self._sites = op_sites
+        self._variables = site_variables
         self._operation = op.operation
-        self._op_hash = hash(self._operation) if op_hash is None else op_hash
+        self._op_hash = op_hash
         self._origin: Origin | None = None
         self.op = op
         self.arch = arch
@@ -135,6 +140,14 @@ class ConstraintBuilder:
             self._sites = layout_sites(self._operation, self._op_hash)
         return self._sites
 
+    @property
+    def site_variables(self) -> list[Variable | None]:
+        """The variable of each of the op's layout sites so far (``None``:
+        none yet), in the order of :meth:`layout_sites`."""
+        if self._variables is None:
+            self._variables = [None] * len(self._op_sites())
+        return self._variables
+
     # --- statements --------------------------------------------------------------
 
     def variable(self, *sites: ValueSite) -> Variable:
@@ -149,12 +162,9 @@ class ConstraintBuilder:
         system, table = self._system, self._table
         var = Variable(len(system.variables), sites[-1], space)
         system.variables.append(var)
-        site_vars, definitions = table.variables, table.definitions
-        known = len(site_vars)
-        own = self._operation
+        definitions = table.definitions
         for site in sites:
-            if site_vars.setdefault(site, var) is not var:
-                self._malformed(f"{site.describe()} was given two variables")
+            self._claim(site, var)
             if site.kind is SiteKind.OPERAND:
                 # Linked to the value's producer now if it was described
                 # already (nearly always: the walk is in program order).
@@ -165,16 +175,48 @@ class ConstraintBuilder:
                     system.use(defined[0], var, defined[1])
             else:
                 definitions[site.value] = (var, site.type)
+        return var
+
+    def _claim(self, site: ValueSite, var: Variable) -> None:
+        """Records that ``site`` has ``var`` (a site gets one variable)."""
+        own = self._operation
+        position = site._position
+        if position < 0 or site.op is not own:
+            position = self._position_of(site)
+        if position >= 0:
+            # One of the op's operands and results: it stays with the op.
+            variables = self.site_variables
+            claimed = variables[position]
+            if claimed is None:
+                variables[position] = var
+                return
+        else:
+            table = self._table
             other = site.op
             if other is not own and other != own:  # a terminator of its regions
-                key = hash(other)
-                shared = table.shared_ops.get(key)
-                if shared is not None and shared == other:
-                    self._malformed(f"{site.describe()} was given two variables")
-                table.described_elsewhere[key] = other
-        if len(site_vars) - known < len(sites):
-            self._malformed(f"variable() got a site twice: {[s.describe() for s in sites]}")
-        return var
+                if not _within(other, own):
+                    # Described already, or never to get its attributes.
+                    self._malformed(
+                        f"{site.describe()} is not a site of {own.name} or of an op in its "
+                        "regions: a rule describes its op's operands and results, its "
+                        "regions' block arguments and the ops inside them")
+                table.described_elsewhere[hash(other)] = other
+            claimed = table.variables.get(site)
+            if claimed is None:
+                table.variables[site] = var
+                return
+        if claimed is var:
+            self._malformed(f"variable() got a site twice: {site.describe()}")
+        self._malformed(f"{site.describe()} was given two variables")
+
+    def _position_of(self, site: ValueSite) -> int:
+        """The index of ``site`` among the op's layout sites, -1 if it is not
+        one (a block argument, another op's site)."""
+        if site.op is self._operation or site.op == self._operation:
+            for position, own in enumerate(self._op_sites()):
+                if own == site:
+                    return position
+        return -1
 
     def assign(self, variable: Variable, value: Constant) -> None:
         """``variable`` has layout ``value``."""
@@ -232,15 +274,14 @@ def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
     b.variable(*b.layout_sites())
 
 
-def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
+def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintSystem,
                       table: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
     """Applies :func:`same_layout` to ``op`` without a builder, if all its
-    layout sites are vectors of one shape (``op_hash`` is ``hash(op)``).
+    layout sites are vectors of one shape (``op_hash``: ``hash(op)``, if known).
 
     Makes their variable, records it in ``table`` as
-    :meth:`ConstraintBuilder.variable` would (and the op in
-    :attr:`SiteTable.shared_ops`), and returns ``(op, variable, vector
-    operands, vector results)``. Otherwise returns ``None`` having changed
+    :meth:`ConstraintBuilder.variable` would, and returns ``(op, variable,
+    vector operands, vector results)``. Otherwise returns ``None`` having changed
     nothing, and leaves the op (and any error) to the builder.
     """
     # Most of a kernel goes through here: the type of an operand comes with
@@ -294,8 +335,17 @@ def apply_same_layout(op: ir.Operation, op_hash: int, system: ConstraintSystem,
         table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
     for _, value, ty, _ in results:
         definitions[value] = (var, ty)
-    table.shared_ops[op_hash] = op
     return op, var, len(linked) + len(later), len(results)
+
+
+def _within(op: ir.Operation, ancestor: ir.Operation) -> bool:
+    """Whether ``op`` is nested in a region of ``ancestor``."""
+    parent = op.parent
+    while parent is not None:
+        if parent == ancestor:
+            return True
+        parent = parent.parent
+    return False
 
 
 def _alike(sites: Sequence[ValueSite]) -> bool:

@@ -31,11 +31,13 @@ class ValueSite:
 
     Immutable and hashable; hand-written rather than an attrs class because
     inference creates one per operand and result of a kernel. Hashing an
-    ``ir.Operation`` goes through the bindings and is slow: inference hashes
-    each op once and passes ``op_hash`` to the sites it makes.
+    ``ir.Operation`` goes through the bindings and is slow: a site is hashed
+    only when first asked (inference mostly is not), from ``op_hash`` if its
+    maker knew the op's hash.
     """
 
-    __slots__ = ("op", "kind", "index", "region", "_hash", "_value", "_type", "_space")
+    __slots__ = ("op", "kind", "index", "region", "_op_hash", "_hash", "_value", "_type",
+                 "_space", "_position")
 
     def __init__(self, op: ir.Operation | ir.OpView, kind: SiteKind, index: int,
                  region: int | None = None, *, value: ir.Value | None = None,
@@ -44,19 +46,25 @@ class ValueSite:
         self.kind = kind
         self.index = index
         self.region = region
-        self._hash = _site_hash(hash(self.op) if op_hash is None else op_hash, kind, index,
-                                region)
+        self._op_hash = op_hash
+        self._hash: int | None = None
         self._value = value  # cached: reading it through the bindings is slow
         self._type: ir.Type | None = None
         self._space: MemorySpace | None | bool = False  # False: not computed yet
+        #: Its index among the op's layout sites when inference made it with
+        #: them (see layout_sites), else -1.
+        self._position = -1
 
     def __hash__(self) -> int:
+        if self._hash is None:
+            op_hash = hash(self.op) if self._op_hash is None else self._op_hash
+            self._hash = _site_hash(op_hash, self.kind, self.index, self.region)
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, ValueSite) and self._hash == other._hash
-                and self.index == other.index and self.kind == other.kind
-                and self.region == other.region and self.op == other.op)
+        return (isinstance(other, ValueSite) and self.index == other.index
+                and self.kind == other.kind and self.region == other.region
+                and hash(self) == hash(other) and self.op == other.op)
 
     @property
     def value(self) -> ir.Value:
@@ -140,15 +148,17 @@ def _memory_space_of_ref_type(ty: ir.MemRefType) -> MemorySpace | None:
     return None
 
 
-def make_site(op: ir.Operation, op_hash: int, kind: SiteKind, index: int, value: ir.Value,
-              ty: ir.Type, space: MemorySpace = MemorySpace.REG) -> ValueSite:
+def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
+              value: ir.Value, ty: ir.Type, space: MemorySpace = MemorySpace.REG,
+              position: int = -1) -> ValueSite:
     """The site of ``value`` (of type ``ty``, needing a layout in ``space``)
-    at ``op``, ``hash(op)`` being ``op_hash``: what the constructor makes,
-    without reading anything through the bindings again."""
+    at ``op``: what the constructor makes, without reading anything through
+    the bindings again. ``op_hash`` is ``hash(op)`` if known, ``position``
+    the site's index among the op's layout sites."""
     # Inference makes one per operand and result of a kernel: no __init__ call.
     site = object.__new__(ValueSite)
     site.op, site.kind, site.index, site.region = op, kind, index, None
-    site._hash = _site_hash(op_hash, kind, index, None)
+    site._op_hash, site._hash, site._position = op_hash, None, position
     site._value, site._type, site._space = value, ty, space
     return site
 
@@ -170,16 +180,16 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList
 
 
 def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
-    """Every operand and result of ``op`` that needs a layout, operands first."""
+    """Every operand and result of ``op`` that needs a layout, operands first
+    (``op_hash``: ``hash(op)``, if known)."""
     operands, results = layout_values(op.operands), layout_values(op.results)
-    if not (operands or results):  # most ops of a kernel: no need to hash them
+    if not (operands or results):  # most ops of a kernel
         return []
-    if op_hash is None:
-        op_hash = hash(op)
-    sites = [make_site(op, op_hash, SiteKind.OPERAND, index, value, ty, space)
-             for index, value, ty, space in operands]
-    sites += [make_site(op, op_hash, SiteKind.RESULT, index, value, ty, space)
-              for index, value, ty, space in results]
+    sites = [make_site(op, op_hash, SiteKind.OPERAND, index, value, ty, space, position)
+             for position, (index, value, ty, space) in enumerate(operands)]
+    first = len(sites)
+    sites += [make_site(op, op_hash, SiteKind.RESULT, index, value, ty, space, position)
+              for position, (index, value, ty, space) in enumerate(results, first)]
     return sites
 
 

@@ -22,6 +22,7 @@ from smalti import kernels
 from smalti.constraints import Constraint
 from smalti.layouts import RegisterLayout
 from smalti.rules import same_layout
+from smalti.sites import SiteKind, ValueSite
 from tests.differential import normalized
 
 BUILTIN = "smalti.plugins"
@@ -124,6 +125,12 @@ def names_a_site_twice(op, b):
     b.variable(*b.vector_sites(), b.result(0))
 
 
+def describes_its_producer(op, b):
+    b.variable(*b.vector_sites())
+    producer = op.operation.operands[0].owner
+    b.variable(ValueSite(producer, SiteKind.RESULT, 0))
+
+
 class Exploding(Constraint):
     def __init__(self, var):
         self.var = var
@@ -149,6 +156,7 @@ def states_an_exploding_constraint(op, b):
     (falls_back_to_a_layout_object, "SM006", "fallback() got"),
     (joins_a_site_twice, "SM006", "was given two variables"),
     (names_a_site_twice, "SM006", "variable() got a site twice"),
+    (describes_its_producer, "SM006", "is not a site of math.exp or of an op in its regions"),
     (states_an_exploding_constraint, "SM005", "ZeroDivisionError: constraint boom"),
 ])
 def test_misbehaving_constraint_rule_is_named_and_changes_nothing(rule, code, phrase):
@@ -166,6 +174,18 @@ def test_misbehaving_constraint_rule_is_named_and_changes_nothing(rule, code, ph
     else:
         assert "math.exp" in error.values["stated by"]
     assert str(kernel.module) == before
+
+
+def test_rule_may_name_its_sites_itself():
+    """A rule may make its op's sites rather than ask the builder for them."""
+    def own_sites(op, b):
+        b.variable(ValueSite(op, SiteKind.OPERAND, 0), ValueSite(op, SiteKind.RESULT, 0))
+
+    ours, theirs = kernels.example_kernel(), kernels.example_kernel()
+    smalti.infer_layouts(ours.module, pipeline=with_plugin("own", constraint_plugin(
+        "math.exp", own_sites)))
+    smalti.infer_layouts(theirs.module)
+    assert normalized(ours.module) == normalized(theirs.module)
 
 
 # --- registration --------------------------------------------------------------------------
