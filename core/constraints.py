@@ -158,6 +158,11 @@ def _reduce_shape(shape: Sequence[int], axes: Sequence[int], keep_dims: bool) ->
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
+@functools.lru_cache(maxsize=256)  # a kernel reduces along a few sets of axes
+def _ascending_axes(axes: tuple[int, ...]) -> bool:
+    return bool(axes) and list(axes) == sorted(set(axes)) and axes[0] >= 0
+
+
 @attrs.frozen
 class Reduced(Derived):
     """The layout of ``expression`` after reducing ``axes`` of a rank-``rank`` value."""
@@ -170,7 +175,7 @@ class Reduced(Derived):
     keep_dims: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if not self.axes or list(self.axes) != sorted(set(self.axes)) or self.axes[0] < 0:
+        if not _ascending_axes(self.axes):
             raise ValueError(f"axes must be sorted, distinct and non-negative, got {self.axes}")
 
     def _tiled_axes(self, layout: fa.TiledLayout) -> tuple[int, ...]:

@@ -50,22 +50,29 @@ from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
 DEFAULT_SEARCH_BUDGET = 20_000
 
 
-@attrs.frozen
 class Origin:
     """Where a constraint or assignment came from, for error messages.
 
     ``what`` may be a function producing the text: origins are made for every
-    constraint but read only when something fails.
+    rule that states something but read only when something fails.
+    Hand-written rather than an attrs class for that reason.
     """
 
-    what: str | Callable[[], str]  # e.g. "mosaic_gpu.layout_cast at kernel.py:12"
-    plugin: str | None = None
-    rule: str | None = None
+    __slots__ = ("what", "plugin", "rule")
+
+    def __init__(self, what: str | Callable[[], str], plugin: str | None = None,
+                 rule: str | None = None) -> None:
+        self.what = what  # e.g. "mosaic_gpu.layout_cast at kernel.py:12"
+        self.plugin = plugin
+        self.rule = rule
 
     def __str__(self) -> str:
         what = self.what if isinstance(self.what, str) else self.what()
         by = f" (rule {self.rule} of plugin {self.plugin})" if self.plugin else ""
         return f"{what}{by}"
+
+    def __repr__(self) -> str:
+        return f"Origin({str(self)!r})"
 
 
 @attrs.define

@@ -7,6 +7,8 @@ when it is not in registers) is read from SMEM, tiled ``(8, swizzle)`` — or
 
 from __future__ import annotations
 
+import functools
+
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -59,15 +61,25 @@ def _mma_operand(ref_type: ir.Type, allow_unswizzled: bool = False
     return tuple(allowed), tiling, transposed
 
 
+#: The layout of the accumulator (and of an 'a' operand in registers), by
+#: whether 'a' has 8-bit elements: made once, not hashed again for each MMA.
+_PINNED = {False: RegisterLayout.of(fa.WGMMA_LAYOUT), True: RegisterLayout.of(fa.WGMMA_LAYOUT_8BIT)}
+
+
+@functools.lru_cache(maxsize=64)
+def _pinned_fits(shape: tuple[int, ...], eight_bit: bool) -> bool:
+    return register_layout_fits(shape, _PINNED[eight_bit].layout)
+
+
 def _pinned(b: ConstraintBuilder, op, sites, eight_bit: bool, what: str) -> None:
     var = b.variable(*sites)
-    layout = fa.WGMMA_LAYOUT_8BIT if eight_bit else fa.WGMMA_LAYOUT
-    if not register_layout_fits(var.shape, layout):  # memoized
+    if not _pinned_fits(var.shape, eight_bit):
+        layout = _PINNED[eight_bit].layout
         raise SmaltiValueError(
             "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
             f"is not compatible with the shape {var.shape}", op=op,
             fix="WGMMA operands in registers must have 64-row multiples of the WGMMA tile")
-    b.assign(var, RegisterLayout.of(layout))
+    b.assign(var, _PINNED[eight_bit])
 
 
 def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
