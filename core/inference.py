@@ -142,7 +142,9 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             shared.append(entry)
             opaque = False
         else:
-            sites = layout_sites(op, op_hash)
+            # An op with a rule usually uses values described already.
+            sites = (layout_sites(op, op_hash) if record is None
+                     else sites_table.layout_sites(op, op_hash))
             if not sites:
                 # Lane-level regions stay unseen even when the op itself
                 # carries no layouts (a rule registered opaque_regions=True).

@@ -63,6 +63,32 @@ class SiteTable:
         self.described_elsewhere: dict[int, ir.Operation] = {}
 
 
+    def layout_sites(self, op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
+        """``layout_sites(op, op_hash)``, where an operand whose value has a
+        definition here takes its type and memory space from it, and keeps
+        it (:meth:`ConstraintBuilder.variable` links it without a second
+        lookup)."""
+        definitions = self.definitions
+        sites: list[ValueSite] = []
+        operands = op.operands
+        for index in range(len(operands)):  # see layout_values
+            value = operands[index]
+            defined = definitions.get(value)
+            if defined is None:
+                ty = value.type
+                space = memory_space_of_type(ty)
+                if space is None:
+                    continue
+            else:
+                ty, space = defined[1], defined[0].memory_space
+            sites.append(make_site(op, op_hash, SiteKind.OPERAND, index, value, ty, space,
+                                   len(sites), defined))
+        for index, value, ty, space in layout_values(op.results):
+            sites.append(make_site(op, op_hash, SiteKind.RESULT, index, value, ty, space,
+                                   len(sites)))
+        return sites
+
+
 class ConstraintBuilder:
     """Describes one op in the constraint language.
 
@@ -168,7 +194,7 @@ class ConstraintBuilder:
             if site.kind is SiteKind.OPERAND:
                 # Linked to the value's producer now if it was described
                 # already (nearly always: the walk is in program order).
-                defined = definitions.get(site.value)
+                defined = site._definition or definitions.get(site.value)
                 if defined is None:
                     table.operands.append((site, var))
                 else:

@@ -37,7 +37,7 @@ class ValueSite:
     """
 
     __slots__ = ("op", "kind", "index", "region", "_op_hash", "_hash", "_value", "_type",
-                 "_space", "_position")
+                 "_space", "_position", "_definition")
 
     def __init__(self, op: ir.Operation | ir.OpView, kind: SiteKind, index: int,
                  region: int | None = None, *, value: ir.Value | None = None,
@@ -54,6 +54,9 @@ class ValueSite:
         #: Its index among the op's layout sites when inference made it with
         #: them (see layout_sites), else -1.
         self._position = -1
+        #: For an operand, what inference knew of its value's definition when
+        #: it made the site (see SiteTable.layout_sites), else None.
+        self._definition: object = None
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -150,7 +153,7 @@ def _memory_space_of_ref_type(ty: ir.MemRefType) -> MemorySpace | None:
 
 def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
               value: ir.Value, ty: ir.Type, space: MemorySpace = MemorySpace.REG,
-              position: int = -1) -> ValueSite:
+              position: int = -1, definition: object = None) -> ValueSite:
     """The site of ``value`` (of type ``ty``, needing a layout in ``space``)
     at ``op``: what the constructor makes, without reading anything through
     the bindings again. ``op_hash`` is ``hash(op)`` if known, ``position``
@@ -160,6 +163,7 @@ def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
     site.op, site.kind, site.index, site.region = op, kind, index, None
     site._op_hash, site._hash, site._position = op_hash, None, position
     site._value, site._type, site._space = value, ty, space
+    site._definition = definition
     return site
 
 
