@@ -62,7 +62,6 @@ class SiteTable:
         #: terminator, described by its parent), by their hash.
         self.described_elsewhere: dict[int, ir.Operation] = {}
 
-
     def layout_sites(self, op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
         """``layout_sites(op, op_hash)``, where an operand whose value has a
         definition here takes its type and memory space from it, and keeps
