@@ -398,11 +398,9 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         # also gets its dump options (a module attribute).
         mgpu.get_or_set_dump_options(module)
         cache = _AttributeCache()
-        chosen = [(op, _grouped(sites, variables, solution))
-                  for op, sites, variables in annotated]
-        for op, groups in chosen:
+        for op, sites, variables in annotated:
             attributes = op.attributes
-            for name, values in groups.items():
+            for name, values in _grouped(sites, variables, solution).items():
                 attributes[name] = cache.array(values)
         for op, var, operands, results in collected.shared:
             value = solution[var.id]
@@ -417,7 +415,7 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     for entry, (op, sites, variables) in zip(report.trace, annotated):
         for site, var in zip(sites, variables):
             entry.why.setdefault(_attribute_name(site), []).append(solver.why_assigned(var))
-    for entry, (op, groups) in zip(report.trace, chosen):
+        groups = _grouped(sites, variables, solution)
         entry.layouts = {name: str(op.attributes[name]) for name in groups}
         entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"
                          for name, values in groups.items()}

@@ -27,7 +27,8 @@ class SiteKind(enum.IntEnum):
 
 class ValueSite:
     """Operand ``index``, result ``index``, or argument ``index`` of the entry
-    block of region ``region`` of ``op``.
+    block of region ``region`` of ``op``, with its value, the value's type
+    and the memory space whose layout it needs (``None``: it needs none).
 
     Immutable and hashable; hand-written rather than an attrs class because
     inference creates one per operand and result of a kernel. Hashing an
@@ -36,8 +37,8 @@ class ValueSite:
     maker knew the op's hash.
     """
 
-    __slots__ = ("op", "kind", "index", "region", "_op_hash", "_hash", "_value", "_type",
-                 "_space", "_position", "_definition")
+    __slots__ = ("op", "kind", "index", "region", "value", "type", "memory_space", "_op_hash",
+                 "_hash", "_position", "_definition")
 
     def __init__(self, op: ir.Operation | ir.OpView, kind: SiteKind, index: int,
                  region: int | None = None, *, value: ir.Value | None = None,
@@ -46,11 +47,18 @@ class ValueSite:
         self.kind = kind
         self.index = index
         self.region = region
+        if value is None:
+            if kind is SiteKind.OPERAND:
+                value = self.op.operands[index]
+            elif kind is SiteKind.RESULT:
+                value = self.op.results[index]
+            else:
+                value = self.op.regions[region].blocks[0].arguments[index]
+        self.value: ir.Value = value
+        self.type: ir.Type = value.type
+        self.memory_space: MemorySpace | None = memory_space_of_type(self.type)
         self._op_hash = op_hash
         self._hash: int | None = None
-        self._value = value  # cached: reading it through the bindings is slow
-        self._type: ir.Type | None = None
-        self._space: MemorySpace | None | bool = False  # False: not computed yet
         #: Its index among the op's layout sites when inference made it with
         #: them (see layout_sites), else -1.
         self._position = -1
@@ -68,31 +76,6 @@ class ValueSite:
         return (isinstance(other, ValueSite) and self.index == other.index
                 and self.kind == other.kind and self.region == other.region
                 and hash(self) == hash(other) and self.op == other.op)
-
-    @property
-    def value(self) -> ir.Value:
-        if self._value is None:
-            if self.kind is SiteKind.OPERAND:
-                self._value = self.op.operands[self.index]
-            elif self.kind is SiteKind.RESULT:
-                self._value = self.op.results[self.index]
-            else:
-                self._value = self.op.regions[self.region].blocks[0].arguments[self.index]
-        return self._value
-
-    @property
-    def type(self) -> ir.Type:
-        """The type of the site's value."""
-        if self._type is None:
-            self._type = self.value.type
-        return self._type
-
-    @property
-    def memory_space(self) -> MemorySpace | None:
-        """The memory space of the site's value (``None``: it needs no layout)."""
-        if self._space is False:
-            self._space = memory_space_of_type(self.type)
-        return self._space  # type: ignore[return-value]
 
     def describe(self) -> str:
         kind = {SiteKind.OPERAND: "operand", SiteKind.RESULT: "result", SiteKind.ARGUMENT: "arg"}
@@ -162,7 +145,7 @@ def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
     site = object.__new__(ValueSite)
     site.op, site.kind, site.index, site.region = op, kind, index, None
     site._op_hash, site._hash, site._position = op_hash, None, position
-    site._value, site._type, site._space = value, ty, space
+    site.value, site.type, site.memory_space = value, ty, space
     site._definition = definition
     return site
 
