@@ -32,7 +32,13 @@ def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
     """The SMEM transforms an MMA operand ref of type ``ref_type`` may have:
     ``(8, swizzle-wide)`` tiles (transposed for a transposed ref), widest
     swizzle first."""
-    allowed, tiling, _ = _mma_operand(ref_type, allow_unswizzled)
+    return _mma_smem_operand(ref_type, op, allow_unswizzled)[0]
+
+
+def _mma_smem_operand(ref_type: ir.Type, op, allow_unswizzled: bool = False
+                      ) -> tuple[tuple[SmemTransforms, ...], bool]:
+    """:func:`mma_smem_tilings`, and whether the ref is transposed in memory."""
+    allowed, tiling, transposed = _mma_operand(ref_type, allow_unswizzled)
     if not allowed:
         raise SmaltiValueError(
             "SM121",
@@ -40,7 +46,7 @@ def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
             f"not divisible by candidate tiling {tiling}",
             op=op, values={"ref": str(ref_type)},
             fix=f"make the operand's dims multiples of {tiling} (the narrowest MMA tile)")
-    return allowed
+    return allowed, transposed
 
 
 @per_context  # kernels issue many MMAs on refs of a few types
@@ -86,7 +92,8 @@ def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     _pinned(b, op, (b.operand(0), b.result(0)), False, "accumulator")
     rhs_site = b.operand(2)
     rhs = b.variable(rhs_site)
-    b.require(OneOf(rhs, mma_smem_tilings(rhs_site.type, op)))
+    rhs_tilings, rhs_transposed = _mma_smem_operand(rhs_site.type, op)
+    b.require(OneOf(rhs, rhs_tilings))
     lhs_site = b.operand(1)
     if isinstance(lhs_site.type, ir.VectorType):
         eight_bit = mgpu_utils.bitwidth(lhs_site.type.element_type) == 8
@@ -95,7 +102,7 @@ def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
     lhs = b.variable(lhs_site)
     # Tilings are stated on logical shapes: if exactly one operand is
     # transposed in memory, its tiling is the other's, transposed.
-    transposed = _mma_operand(lhs_site.type, False)[2] != _mma_operand(rhs_site.type, False)[2]
+    transposed = _mma_operand(lhs_site.type, False)[2] != rhs_transposed
     b.require(Equal(lhs, Transposed(rhs, (1, 0)) if transposed else rhs))
 
 
