@@ -178,6 +178,9 @@ class Solver:
         self.origins = list(system.origins)
         self.active = [True] * len(self.constraints)
         self.watchers: dict[int, list[int]] = {}
+        #: Strict relayouts between two variables, watched at their source
+        #: only until it is known to be splat (see _index): ci -> target class.
+        self.splat_watched: dict[int, int] = {}
         self.queue: deque[int] = deque()
         self.queued = [False] * len(self.constraints)
         self._valid_cache: dict[tuple[int, Constant], bool] = {}
@@ -390,6 +393,24 @@ class Solver:
                     else:
                         watched.append(ci)
                 continue
+            if type(c) is Relayout and c.strict and type(c.source) is Variable and type(
+                    c.target) is Variable and active[ci]:
+                # The source decides: a non-splat source implies the target
+                # (the identity), a splat one fits any target that fits its
+                # shape, which is checked once the target is known. So the
+                # target is watched only once the source is known splat: a
+                # constant used by every step of a kernel is examined once
+                # per use, when its layout is chosen, not once more before.
+                source, target = find(c.source.id), find(c.target.id)
+                cvars.append((source,) if source == target else (source, target))
+                if source != target:
+                    self.splat_watched[ci] = target
+                watched = watchers.get(source)
+                if watched is None:
+                    watchers[source] = [ci]
+                else:
+                    watched.append(ci)
+                continue
             found: list[int] = []
             for e in c.expressions():
                 for v in variables_of(e):
@@ -475,6 +496,10 @@ class Solver:
             self.active[ci] = False
             self.trail.append(("c", ci))
             return
+        if ci in self.splat_watched and values[0] is not None:
+            # The source is known (splat, or the target would be implied):
+            # from now on the target's layout is checked against it.
+            self.watchers.setdefault(self.splat_watched.pop(ci), []).append(ci)
         for var, value in c.implied(self.value_of):
             self.assign(self.find(var.id), value, ("c", ci))
 
@@ -659,10 +684,28 @@ class Solver:
         try:
             for var, value, origin in self.system.assignments:
                 self.assign(self.find(var.id), value, ("o", origin))
+            # Every active constraint is examined now, in order (among them
+            # those the assignments woke up), but for strict relayouts that
+            # cannot say anything yet (see _index).
+            for ci in self.queue:
+                self.queued[ci] = False
+            self.queue.clear()
+            value, splat_watched, cvars = self.value, self.splat_watched, self.cvars
             for ci in range(len(self.constraints)):
-                if self.active[ci] and not self.queued[ci]:
-                    self.queued[ci] = True
-                    self.queue.append(ci)
+                if not self.active[ci]:
+                    continue
+                target = splat_watched.get(ci)
+                if target is not None:
+                    source = value[cvars[ci][0]]
+                    if source is None:
+                        continue  # examined once its source has a layout
+                    splat = isinstance(source, RegisterLayout) and source.is_splat
+                    if splat and value[target] is None:
+                        # Checked once the target has a layout.
+                        self.watchers.setdefault(splat_watched.pop(ci), []).append(ci)
+                        continue
+                self.queued[ci] = True
+                self.queue.append(ci)
             self.propagate()
         except Conflict as conflict:
             raise self._unsolvable(conflict) from None

@@ -22,6 +22,7 @@ from smalti.constraints import (
     MinorDimDivisibleBy,
     OneOf,
     Reduced,
+    Relayout,
     Reshaped,
     Transposed,
     Variable,
@@ -285,3 +286,42 @@ def test_constraints_restated_on_one_class_are_solved_as_one():
         with pytest.raises(Unsolvable) as error:
             solve(system, (9, 0))
         assert any("rule " in line for line in error.value.lines)
+
+
+def test_strict_relayout_is_decided_by_its_source_whichever_is_known_first():
+    """The solver watches a strict relayout at its source (and at its target
+    only once the source is known splat): a layout reached either way must
+    still be checked, and a non-splat source still implies its target."""
+    wgmma, tcgen05 = RegisterLayout.of(fa.WGMMA_LAYOUT), RegisterLayout.of(fa.TCGEN05_LAYOUT)
+    splat = RegisterLayout.of(fa.WGSplatFragLayout((128, 128)))
+    with kernels.make_context(), ir.Location.unknown():
+        module = ir.Module.parse(
+            "func.func @f() { %0 = arith.constant dense<1.0> : vector<128x128xf32> return }")
+        op = module.body.operations[0].regions[0].blocks[0].operations[0]
+
+        def solved(source_value, target_value, *, target_first):
+            source, target, pinned = (
+                Variable(i, ValueSite(op, SiteKind.RESULT, 0), layouts.MemorySpace.REG)
+                for i in range(3))
+            system = ConstraintSystem(variables=[source, target, pinned])
+            system.require(Relayout(source, target, 32, strict=True), Origin("a use"))
+            # One side is known from the start, the other only through a
+            # chain of equalities the propagation walks later.
+            first, later = (target, source) if target_first else (source, target)
+            first_value, later_value = ((target_value, source_value) if target_first
+                                        else (source_value, target_value))
+            if first_value is not None:
+                system.assignments.append((first, first_value, Origin("a cast")))
+            if later_value is not None:
+                system.require(Equal(pinned, later_value), Origin("a pin"))
+                system.require(Equal(later, pinned), Origin("a join"))
+            solution = solve(system, (9, 0))
+            return solution[source], solution[target]
+
+        for target_first in (False, True):
+            assert solved(wgmma, wgmma, target_first=target_first) == (wgmma, wgmma)
+            assert solved(splat, tcgen05, target_first=target_first) == (splat, tcgen05)
+            with pytest.raises(Unsolvable):
+                solved(wgmma, tcgen05, target_first=target_first)
+        assert solved(wgmma, None, target_first=False) == (wgmma, wgmma)  # implied
+        assert solved(None, tcgen05, target_first=True)[1] == tcgen05
