@@ -17,7 +17,7 @@ sees the genuinely ambiguous parts and is bounded per part.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -177,7 +177,7 @@ class Solver:
         self.constraints = list(system.constraints)
         self.origins = list(system.origins)
         self.active = [True] * len(self.constraints)
-        self.watchers: dict[int, list[int]] = {}
+        self.watchers: defaultdict[int, list[int]] = defaultdict(list)
         #: Strict relayouts between two variables, watched at their source
         #: only until it is known to be splat (see _index): ci -> target class.
         self.splat_watched: dict[int, int] = {}
@@ -387,29 +387,20 @@ class Solver:
                     active[ci] = False
                 else:
                     stated.add(key)
-                    watched = watchers.get(root)
-                    if watched is None:
-                        watchers[root] = [ci]
-                    else:
-                        watched.append(ci)
+                    watchers[root].append(ci)
                 continue
             if type(c) is Relayout and c.strict and type(c.source) is Variable and type(
                     c.target) is Variable and active[ci]:
                 # The source decides: a non-splat source implies the target
-                # (the identity), a splat one fits any target that fits its
-                # shape, which is checked once the target is known. So the
-                # target is watched only once the source is known splat: a
-                # constant used by every step of a kernel is examined once
-                # per use, when its layout is chosen, not once more before.
+                # (the identity); against a splat one the target is checked
+                # once known. So the target is watched only once the source
+                # is known splat, and a splat constant used by every step of
+                # a kernel is examined once per use, not also before.
                 source, target = find(c.source.id), find(c.target.id)
                 cvars.append((source,) if source == target else (source, target))
                 if source != target:
                     self.splat_watched[ci] = target
-                watched = watchers.get(source)
-                if watched is None:
-                    watchers[source] = [ci]
-                else:
-                    watched.append(ci)
+                watchers[source].append(ci)
                 continue
             found: list[int] = []
             for e in c.expressions():
@@ -421,11 +412,7 @@ class Solver:
             cvars.append(roots)
             if active[ci]:
                 for r in roots:
-                    watched = watchers.get(r)
-                    if watched is None:
-                        watchers[r] = [ci]
-                    else:
-                        watched.append(ci)
+                    watchers[r].append(ci)
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
             self.fallbacks.setdefault(find(var.id), []).extend(values)
@@ -499,7 +486,7 @@ class Solver:
         if ci in self.splat_watched and values[0] is not None:
             # The source is known (splat, or the target would be implied):
             # from now on the target's layout is checked against it.
-            self.watchers.setdefault(self.splat_watched.pop(ci), []).append(ci)
+            self.watchers[self.splat_watched.pop(ci)].append(ci)
         for var, value in c.implied(self.value_of):
             self.assign(self.find(var.id), value, ("c", ci))
 
@@ -702,7 +689,7 @@ class Solver:
                     splat = isinstance(source, RegisterLayout) and source.is_splat
                     if splat and value[target] is None:
                         # Checked once the target has a layout.
-                        self.watchers.setdefault(splat_watched.pop(ci), []).append(ci)
+                        self.watchers[splat_watched.pop(ci)].append(ci)
                         continue
                 self.queued[ci] = True
                 self.queue.append(ci)
