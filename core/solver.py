@@ -487,8 +487,14 @@ class Solver:
             # The source is known (splat, or the target would be implied):
             # from now on the target's layout is checked against it.
             self.watchers[self.splat_watched.pop(ci)].append(ci)
+        implied = False
         for var, value in c.implied(self.value_of):
             self.assign(self.find(var.id), value, ("c", ci))
+            implied = True
+        if implied and type(c) is Equal:
+            # It holds now: one side was given the other's value.
+            self.active[ci] = False
+            self.trail.append(("c", ci))
 
     def propagate(self) -> None:
         try:
