@@ -570,9 +570,7 @@ class Relayout(Constraint):
         src, dst = values
         if not isinstance(src, RegisterLayout) or not isinstance(dst, RegisterLayout):
             return src == dst
-        return layouts.can_relayout(
-            src.layout, dst.layout, bitwidth=self.bitwidth, strict=self.strict
-        )
+        return _can_relayout(src, dst, self.bitwidth, self.strict)
 
     def implied(self, value_of: ValueOf) -> Iterator[tuple[Variable, Constant]]:
         # A strict relayout out of a non-splat layout is the identity.
@@ -589,6 +587,11 @@ class Relayout(Constraint):
     def __str__(self) -> str:
         arrow = "->" if self.strict else "=>"
         return f"{describe(self.source)} {arrow} {describe(self.target)}"
+
+
+@functools.lru_cache(maxsize=1024)  # keyed by constants, which hash once
+def _can_relayout(src: RegisterLayout, dst: RegisterLayout, bitwidth: int, strict: bool) -> bool:
+    return layouts.can_relayout(src.layout, dst.layout, bitwidth=bitwidth, strict=strict)
 
 
 @attrs.frozen
