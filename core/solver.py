@@ -285,13 +285,11 @@ class Solver:
             else:
                 self._settle_relayout(ci)
         open_uses = []
+        join, REG = self._join, MemorySpace.REG
         for use in self.system.uses:
             producer, consumer, _ = use
-            if consumer.memory_space is not MemorySpace.REG:
-                self.union(producer.id, consumer.id)
-                continue
             root = find(producer.id)
-            if nonsplat[root] is None:
+            if nonsplat[root] is None and consumer.memory_space is REG:
                 # The producer may be a reduction of a value found non-splat
                 # earlier in this pass.
                 for other in splat_alike.get(producer.id, ()):
@@ -301,7 +299,10 @@ class Solver:
                 else:
                     open_uses.append(use)
                     continue
-            self.union(producer.id, consumer.id)
+            # A ref keeps its layout; a non-splat value too.
+            consumer_root = find(consumer.id)
+            if consumer_root != root:
+                join(root, consumer_root)
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
             c = self.constraints[ci]
