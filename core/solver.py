@@ -41,7 +41,6 @@ from smalti.constraints import (
     Variable,
     evaluate,
     merge_multiples,
-    variables_of,
 )
 from smalti.diagnostics import format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
@@ -405,8 +404,10 @@ class Solver:
                 continue
             found: list[int] = []
             for e in c.expressions():
-                for v in variables_of(e):
-                    root = find(v.id)
+                while isinstance(e, Derived):  # its variable, as variables_of finds it
+                    e = e.expression
+                if isinstance(e, Variable):
+                    root = find(e.id)
                     if root not in found:
                         found.append(root)
             roots = tuple(found)
