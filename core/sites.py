@@ -140,7 +140,8 @@ def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
     """The site of ``value`` (of type ``ty``, needing a layout in ``space``)
     at ``op``: what the constructor makes, without reading anything through
     the bindings again. ``op_hash`` is ``hash(op)`` if known, ``position``
-    the site's index among the op's layout sites."""
+    the site's index among the op's layout sites, ``definition`` what
+    inference knows of an operand's definition."""
     # Inference makes one per operand and result of a kernel: no __init__ call.
     site = object.__new__(ValueSite)
     site.op, site.kind, site.index, site.region = op, kind, index, None
