@@ -146,8 +146,15 @@ class ConstraintBuilder:
         return ValueSite(self.op, SiteKind.ARGUMENT, index, region, op_hash=self._op_hash)
 
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
-        # The site core already made knows its value and type: hand out that one.
-        for site in self._sites or ():
+        # The site core already made knows its value and type: hand out that
+        # one. Operand i is usually at position i (when every operand before
+        # it holds a vector or ref).
+        sites = self._sites or ()
+        if kind is SiteKind.OPERAND and index < len(sites):
+            site = sites[index]
+            if site.kind is kind and site.index == index:
+                return site
+        for site in sites:
             if site.kind is kind and site.index == index:
                 return site
         return ValueSite(self.op, kind, index, op_hash=self._op_hash)
