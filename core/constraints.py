@@ -483,6 +483,9 @@ class Constraint:
 
     #: Constraints with a lower priority offer their candidates first.
     search_priority: ClassVar[int] = 1
+    #: Whether the constraint holds once the solver made the assignments
+    #: :meth:`implied` returned (then it is not examined again for them).
+    holds_once_implied: ClassVar[bool] = False
 
     def expressions(self) -> tuple[Expression, ...]:
         raise NotImplementedError
@@ -518,6 +521,8 @@ def _one_variable_one_constant(
 @attrs.frozen
 class Equal(Constraint):
     """``lhs`` and ``rhs`` have the same layout."""
+
+    holds_once_implied: ClassVar[bool] = True  # one side was given the other's value
 
     lhs: Expression
     rhs: Expression

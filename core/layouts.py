@@ -70,6 +70,11 @@ class RegisterLayout:
         deep comparison each time they meet."""
         return _shared_register_layout(layout)
 
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        """Whether a vector of ``shape`` can be held in this layout (memoized
+        by the constant, which hashes once; see :func:`register_layout_fits`)."""
+        return _constant_fits(self, shape)
+
     @property
     def is_splat(self) -> bool:
         return isinstance(self.layout, fa.WGSplatFragLayout)
@@ -176,6 +181,11 @@ def register_layout_fits(shape: tuple[int, ...], layout: fa.FragmentedLayout) ->
                 return False
             return True
     return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _constant_fits(constant: RegisterLayout, shape: tuple[int, ...]) -> bool:
+    return register_layout_fits(tuple(shape), constant.layout)
 
 
 def tmem_layout_fits(shape: tuple[int, ...], layout: tcgen05.TMEMLayout) -> bool:

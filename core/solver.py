@@ -41,6 +41,7 @@ from smalti.constraints import (
     Variable,
     evaluate,
     merge_multiples,
+    variables_of,
 )
 from smalti.diagnostics import format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
@@ -404,10 +405,8 @@ class Solver:
                 continue
             found: list[int] = []
             for e in c.expressions():
-                while isinstance(e, Derived):  # its variable, as variables_of finds it
-                    e = e.expression
-                if isinstance(e, Variable):
-                    root = find(e.id)
+                for v in variables_of(e):
+                    root = find(v.id)
                     if root not in found:
                         found.append(root)
             roots = tuple(found)
@@ -486,17 +485,20 @@ class Solver:
             self.trail.append(("c", ci))
             return
         if ci in self.splat_watched and values[0] is not None:
-            # The source is known (splat, or the target would be implied):
-            # from now on the target's layout is checked against it.
-            self.watchers[self.splat_watched.pop(ci)].append(ci)
+            # The source is known (splat, or the target would be implied).
+            self._watch_target(ci)
         implied = False
         for var, value in c.implied(self.value_of):
             self.assign(self.find(var.id), value, ("c", ci))
             implied = True
-        if implied and type(c) is Equal:
-            # It holds now: one side was given the other's value.
+        if implied and c.holds_once_implied:
             self.active[ci] = False
             self.trail.append(("c", ci))
+
+    def _watch_target(self, ci: int) -> None:
+        """From now on strict relayout ``ci`` is also examined when its
+        target gets a layout (see :meth:`_index`)."""
+        self.watchers[self.splat_watched.pop(ci)].append(ci)
 
     def propagate(self) -> None:
         try:
@@ -675,29 +677,24 @@ class Solver:
     def solve_in_order(self) -> list[Constant]:
         """Like :meth:`solve`, as a list: the layout of each variable by id."""
         self._propagate_nonsplat(*self._scan_constraints())
-        self._index()
         try:
+            # Before any constraint watches a class: the pass below examines
+            # every active one once, in order.
             for var, value, origin in self.system.assignments:
                 self.assign(self.find(var.id), value, ("o", origin))
-            # Every active constraint is examined now, in order (among them
-            # those the assignments woke up), but for strict relayouts that
-            # cannot say anything yet (see _index).
-            for ci in self.queue:
-                self.queued[ci] = False
-            self.queue.clear()
+            self._index()
             value, splat_watched, cvars = self.value, self.splat_watched, self.cvars
             for ci in range(len(self.constraints)):
                 if not self.active[ci]:
                     continue
                 target = splat_watched.get(ci)
-                if target is not None:
+                if target is not None:  # a strict relayout that may say nothing yet
                     source = value[cvars[ci][0]]
                     if source is None:
                         continue  # examined once its source has a layout
-                    splat = isinstance(source, RegisterLayout) and source.is_splat
-                    if splat and value[target] is None:
-                        # Checked once the target has a layout.
-                        self.watchers[splat_watched.pop(ci)].append(ci)
+                    if value[target] is None and isinstance(source, RegisterLayout) and (
+                            source.is_splat):
+                        self._watch_target(ci)  # examined once its target has one
                         continue
                 self.queued[ci] = True
                 self.queue.append(ci)
@@ -885,9 +882,8 @@ def _ci(reason: object) -> int | None:
 
 def _fits(var: Variable, value: Constant) -> bool:
     match value:
-        case layouts.RegisterLayout(layout=layout):
-            return var.memory_space is MemorySpace.REG and layouts.register_layout_fits(
-                var.shape, layout)
+        case layouts.RegisterLayout():
+            return var.memory_space is MemorySpace.REG and value.fits(var.shape)
         case layouts.SmemTransforms():
             return var.memory_space is MemorySpace.SMEM and layouts.smem_transforms_fit(
                 var.type, value)

@@ -7,8 +7,6 @@ when it is not in registers) is read from SMEM, tiled ``(8, swizzle)`` — or
 
 from __future__ import annotations
 
-import functools
-
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -21,7 +19,7 @@ from jax.experimental.mosaic.gpu import wgmma as wgmma_instruction
 from smalti.caching import per_context
 from smalti.constraints import Equal, OneOf, Transposed
 from smalti.diagnostics import SmaltiValueError
-from smalti.layouts import RegisterLayout, SmemTransforms, register_layout_fits
+from smalti.layouts import RegisterLayout, SmemTransforms
 from smalti.layouts import smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext
@@ -72,20 +70,15 @@ def _mma_operand(ref_type: ir.Type, allow_unswizzled: bool = False
 _PINNED = {False: RegisterLayout.of(fa.WGMMA_LAYOUT), True: RegisterLayout.of(fa.WGMMA_LAYOUT_8BIT)}
 
 
-@functools.lru_cache(maxsize=64)
-def _pinned_fits(shape: tuple[int, ...], eight_bit: bool) -> bool:
-    return register_layout_fits(shape, _PINNED[eight_bit].layout)
-
-
 def _pinned(b: ConstraintBuilder, op, sites, eight_bit: bool, what: str) -> None:
     var = b.variable(*sites)
-    if not _pinned_fits(var.shape, eight_bit):
-        layout = _PINNED[eight_bit].layout
+    pinned = _PINNED[eight_bit]
+    if not pinned.fits(var.shape):
         raise SmaltiValueError(
-            "SM121", f"Cannot assign layout {layout} to the {what} of a wgmma op: the layout "
-            f"is not compatible with the shape {var.shape}", op=op,
+            "SM121", f"Cannot assign layout {pinned.layout} to the {what} of a wgmma op: the "
+            f"layout is not compatible with the shape {var.shape}", op=op,
             fix="WGMMA operands in registers must have 64-row multiples of the WGMMA tile")
-    b.assign(var, _PINNED[eight_bit])
+    b.assign(var, pinned)
 
 
 def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
