@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
@@ -123,6 +123,14 @@ class Derived:
         would make the expression evaluate to ``result``. Used by the search."""
         return iter(())
 
+    def congruence_key(self) -> Hashable | None:
+        """What, besides its operand, decides the derived layout: a hashable
+        key such that two derivations with equal keys of one layout give one
+        layout. The solver then merges the variables that are ``Equal`` to
+        such derivations of one class (a row sum broadcast back at every step
+        of a kernel is one class, solved once). ``None`` (the default) opts out."""
+        return None
+
 
 Expression = Any  # Variable | Constant | Derived
 
@@ -183,6 +191,9 @@ class Reduced(Derived):
 
     def apply(self, value: Constant) -> Constant | Unsupported:
         return _reduced(value, self.axes, self.rank, self.keep_dims)
+
+    def congruence_key(self) -> Hashable:
+        return (Reduced, self.axes, self.rank, self.keep_dims)
 
     def preimages(self, result: Constant, variable: Variable) -> Iterator[Constant]:
         if not isinstance(result, RegisterLayout) or self.expression is not variable:
@@ -307,6 +318,9 @@ class Reshaped(Derived):
     source_shape: tuple[int, ...] = attrs.field(converter=tuple)
     target_shape: tuple[int, ...] = attrs.field(converter=tuple)
 
+    def congruence_key(self) -> Hashable:
+        return (Reshaped, self.source_shape, self.target_shape)
+
     def apply(self, value: Constant) -> Constant | Unsupported:
         if not isinstance(value, RegisterLayout):
             return UNSUPPORTED
@@ -385,6 +399,9 @@ class Transposed(Derived):
         if sorted(self.permutation) != list(range(len(self.permutation))):
             raise ValueError(f"not a permutation: {self.permutation}")
 
+    def congruence_key(self) -> Hashable:
+        return (Transposed, self.permutation)
+
     def apply(self, value: Constant) -> Constant | Unsupported:
         if not isinstance(value, SmemTransforms):
             return UNSUPPORTED
@@ -420,6 +437,9 @@ class Collapsed(Derived):
             raise ValueError(
                 f"reassociation {self.reassociation} does not partition {self.source_shape}"
             )
+
+    def congruence_key(self) -> Hashable:
+        return (Collapsed, self.source_shape, self.reassociation)
 
     def apply(self, value: Constant) -> Constant | Unsupported:
         if not isinstance(value, SmemTransforms):

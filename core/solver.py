@@ -18,7 +18,7 @@ sees the genuinely ambiguous parts and is bounded per part.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -38,6 +38,7 @@ from smalti.constraints import (
     OneOf,
     Relayout,
     SearchContext,
+    SupportedBroadcast,
     Variable,
     evaluate,
     merge_multiples,
@@ -230,13 +231,14 @@ class Solver:
 
     # --- preprocessing ----------------------------------------------------------
 
-    def _scan_constraints(self) -> tuple[list[int], dict[int, list[Variable]]]:
+    def _scan_constraints(self) -> tuple[list[int], dict[int, list[Variable]], list[int]]:
         """One pass over the rules' statements: merges the variables an
         ``Equal`` between two variables joins, and marks the classes known
         never to be splat from the start (given a layout that is not splat,
-        or excluded from splat). Returns the relayouts out of a variable, and
-        the register variables one of which is a splat-keeping expression of
-        the other (by variable id, both ways)."""
+        or excluded from splat). Returns the relayouts out of a variable, the
+        register variables one of which is a splat-keeping expression of the
+        other (by variable id, both ways), and the ``Equal`` constraints
+        between a variable and a derived expression."""
         find, nonsplat, active = self.find, self.nonsplat, self.active
         for var, value, origin in self.system.assignments:
             if isinstance(value, RegisterLayout) and not value.is_splat:
@@ -245,6 +247,7 @@ class Solver:
                     nonsplat[root] = origin
         relayouts: list[int] = []
         splat_alike: dict[int, list[Variable]] = {}
+        derived_equals: list[int] = []
         for ci, c in enumerate(self.constraints):
             if isinstance(c, Equal):
                 lhs, rhs = c.lhs, c.rhs
@@ -252,6 +255,8 @@ class Solver:
                     self.union(lhs.id, rhs.id)
                     active[ci] = False
                     continue
+                if isinstance(lhs, Derived) or isinstance(rhs, Derived):
+                    derived_equals.append(ci)
                 pair = _splat_alike(lhs, rhs) or _splat_alike(rhs, lhs)
                 if pair is not None:
                     var, other = pair
@@ -265,16 +270,17 @@ class Solver:
                     nonsplat[root] = self.origins[ci]
             elif isinstance(c, Relayout) and isinstance(c.source, Variable):
                 relayouts.append(ci)
-        return relayouts, splat_alike
+        return relayouts, splat_alike, derived_equals
 
-    def _propagate_nonsplat(self, relayouts: list[int],
-                            splat_alike: dict[int, list[Variable]]) -> None:
+    def _propagate_nonsplat(self, relayouts: list[int], splat_alike: dict[int, list[Variable]],
+                            derived_equals: list[int]) -> None:
         """Values that are never splat (see :meth:`_scan_constraints`) stay
         non-splat through relayouts, uses and equalities with splat-keeping
         expressions, and a strict relayout of a non-splat value is the
         identity: merge those. Uses of refs are merged outright (a ref keeps
-        its layout). Register uses still open afterwards become strict
-        relayouts."""
+        its layout). Variables equal to one derivation of one class are
+        merged (see :meth:`_merge_congruent`). Register uses still open
+        afterwards become strict relayouts."""
         find, nonsplat = self.find, self.nonsplat
         # Most sources precede their targets: one pass in order settles
         # nearly every edge; a breadth-first walk settles the rest.
@@ -322,10 +328,34 @@ class Solver:
                 if nonsplat[troot] is None:
                     nonsplat[troot] = nonsplat[root]
                     work.append(troot)
+        # Once the uses are merged: a reduction's source is its producer's class.
+        self._merge_congruent(derived_equals)
         for ci in open_relayouts:
             if nonsplat[find(self.constraints[ci].source.id)] is not None:
                 self._settle_relayout(ci)
         self._link_open_uses(open_uses)
+
+    def _merge_congruent(self, derived_equals: list[int]) -> None:
+        """Merges the variables that are ``Equal`` to one derivation (equal
+        :meth:`~smalti.constraints.Derived.congruence_key`) of one class: they
+        have one layout. The first such ``Equal`` stays; the others would
+        only restate it. A kernel that sums rows and broadcasts them back at
+        every step then has one class of row sums, and the uses of one splat
+        accumulator by every step are one relayout."""
+        find, constraints, active = self.find, self.constraints, self.active
+        first_of: dict[tuple[Hashable, ...], int] = {}
+        for ci in derived_equals:
+            c = constraints[ci]
+            var, derived = (c.lhs, c.rhs) if type(c.lhs) is Variable else (c.rhs, c.lhs)
+            if type(var) is not Variable:
+                continue
+            key = _congruence_key(derived, find)
+            if key is None:
+                continue
+            first = first_of.setdefault(key, var.id)
+            if first != var.id:
+                self.union(first, var.id)
+                active[ci] = False
 
     def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
         """Merges the uses out of values found non-splat since; makes the
@@ -381,14 +411,16 @@ class Solver:
         for ci, c in enumerate(self.constraints):
             restated = _restatement(c)
             if restated is not None and active[ci]:
-                root = find(restated[0].id)
-                cvars.append((root,))
-                key = (root, *restated[1:])
+                over, what = restated
+                roots = tuple(dict.fromkeys([find(v.id) for v in over]))
+                cvars.append(roots)
+                key = (roots, what)
                 if key in stated:
                     active[ci] = False
                 else:
                     stated.add(key)
-                    watchers[root].append(ci)
+                    for root in roots:
+                        watchers[root].append(ci)
                 continue
             if type(c) is Relayout and c.strict and type(c.source) is Variable and type(
                     c.target) is Variable and active[ci]:
@@ -826,20 +858,38 @@ class Solver:
                           [self.variables[r] for r in roots])
 
 
-def _restatement(c: Constraint) -> tuple[Variable, type, object] | None:
-    """For a constraint on one variable that is equal to any other of its
-    kind on a variable of the same class whose key is equal: the variable,
-    and the key. Keys compare cheaply (by identity), so that spotting a
-    repeat costs less than examining it."""
+def _restatement(c: Constraint) -> tuple[tuple[Variable, ...], tuple[object, ...]] | None:
+    """For a constraint between variables that is equal to any other of its
+    kind between variables of the same classes whose key is equal: the
+    variables, and the key. Keys compare cheaply (by identity, or small
+    tuples of ints), so that spotting a repeat costs less than examining it."""
     kind = type(c)
     if kind is OneOf:
         if type(c.expr) is Variable:
             # Rules hand out cached tuples (OneOf keeps one distinct tuple per tuple).
-            return c.expr, kind, id(c.allowed)
+            return (c.expr,), (kind, id(c.allowed))
     elif kind is Excludes:
         if type(c.expr) is Variable:
-            return c.expr, kind, c.kind
+            return (c.expr,), (kind, c.kind)
+    elif kind is SupportedBroadcast:
+        if type(c.source) is Variable and type(c.target) is Variable:
+            return (c.source, c.target), (kind, c.dims)
     return None
+
+
+def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
+    """The class ``expr`` derives from and the keys of its derivation steps,
+    ``None`` if some step opts out or it derives from no variable."""
+    keys: list[Hashable] = []
+    while isinstance(expr, Derived):
+        key = expr.congruence_key()
+        if key is None:
+            return None
+        keys.append(key)
+        expr = expr.expression
+    if type(expr) is not Variable:
+        return None
+    return (find(expr.id), *keys)
 
 
 def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable] | None:

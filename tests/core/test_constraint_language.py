@@ -16,6 +16,7 @@ from smalti.constraints import (
     UNSUPPORTED,
     Collapsed,
     Constraint,
+    Derived,
     Divides,
     Equal,
     Excludes,
@@ -30,7 +31,7 @@ from smalti.constraints import (
 )
 from smalti.layouts import RegisterLayout, SmemTransforms
 from smalti.sites import SiteKind, ValueSite
-from smalti.solver import ConstraintSystem, Origin, Unsolvable, solve
+from smalti.solver import ConstraintSystem, Origin, Solver, Unsolvable, solve
 
 REGISTER_LAYOUTS = [
     fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT, fa.WGMMA_ROW_LAYOUT, fa.TCGEN05_LAYOUT,
@@ -211,10 +212,6 @@ def test_reduced_preimages_include_every_layout_that_reduces_to_the_result():
 
 def test_constraint_language_is_open_to_new_constraints():
     """A plugin-defined constraint takes part in solving like a built-in one."""
-    from smalti.solver import ConstraintSystem, Origin, Unsolvable, solve
-    from smalti.constraints import Variable
-    from smalti.sites import SiteKind, ValueSite
-
     class NotWgmma(Constraint):
         def __init__(self, expr):
             self.expr = expr
@@ -325,3 +322,57 @@ def test_strict_relayout_is_decided_by_its_source_whichever_is_known_first():
                 solved(wgmma, tcgen05, target_first=target_first)
         assert solved(wgmma, None, target_first=False) == (wgmma, wgmma)  # implied
         assert solved(None, tcgen05, target_first=True)[1] == tcgen05
+
+
+class _Unkeyed(Derived):
+    """A plugin's derivation that does not say what decides it (the default)."""
+
+    def __init__(self, expression):
+        self.expression = expression
+
+    def apply(self, value):
+        return value
+
+
+def test_variables_equal_to_one_derivation_of_one_class_are_one_class():
+    """Row sums of one value taken at every step of a kernel have one layout:
+    the solver merges the variables equal to derivations with equal
+    congruence keys of one class, and still checks what each was required."""
+    wgmma = RegisterLayout.of(fa.WGMMA_LAYOUT)
+    with kernels.make_context(), ir.Location.unknown():
+        module = ir.Module.parse(
+            "func.func @f() { %0 = arith.constant dense<1.0> : vector<128x128xf32>\n"
+            "%1 = arith.constant dense<1.0> : vector<128xf32> return }")
+        block = module.body.operations[0].regions[0].blocks[0]
+        big, row = block.operations[0], block.operations[1]
+
+        def solved(*, pinned=None):
+            x, y = (Variable(i, ValueSite(big, SiteKind.RESULT, 0), layouts.MemorySpace.REG)
+                    for i in range(2))
+            r1, r2, r3, u1, u2 = (
+                Variable(i, ValueSite(row, SiteKind.RESULT, 0), layouts.MemorySpace.REG)
+                for i in range(2, 7))
+            system = ConstraintSystem(variables=[x, y, r1, r2, r3, u1, u2])
+            system.require(Equal(x, y), Origin("a join"))
+            system.require(Equal(r1, Reduced(x, (1,), 2)), Origin("a row sum"))
+            system.require(Equal(Reduced(y, (1,), 2), r2), Origin("another row sum"))
+            system.require(Equal(r3, Reduced(x, (0,), 2)), Origin("a column sum"))
+            system.require(Equal(u1, _Unkeyed(r1)), Origin("a plugin's"))
+            system.require(Equal(u2, _Unkeyed(r1)), Origin("a plugin's"))
+            system.assignments.append((x, wgmma, Origin("a cast")))
+            if pinned is not None:
+                system.assignments.append((r2, pinned, Origin("a pin")))
+            solver = Solver(system, (9, 0))
+            return solver, (r1, r2, r3, u1, u2), solver.solve()
+
+        solver, (r1, r2, r3, u1, u2), solution = solved()
+        x = solver.variables[0]
+        rows = Reduced(x, (1,), 2).apply(wgmma)
+        assert solution[r1] == solution[r2] == solution[u1] == solution[u2] == rows
+        assert solution[r3] == Reduced(x, (0,), 2).apply(wgmma) != rows
+        assert solver.find(r1.id) == solver.find(r2.id) != solver.find(r3.id)
+        assert solver.find(u1.id) != solver.find(u2.id)  # no key: solved, not merged
+        # What the merged Equal required is still checked.
+        with pytest.raises(Unsolvable) as error:
+            solved(pinned=Reduced(x, (0,), 2).apply(wgmma))
+        assert any("row sum" in line for line in error.value.lines)
