@@ -252,6 +252,7 @@ def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
 
 
 IN_LAYOUTS, OUT_LAYOUTS = ATTRIBUTE_NAMES[MemorySpace.REG]
+REG, OPERAND = MemorySpace.REG, SiteKind.OPERAND
 
 
 def _attribute_name(site: ValueSite) -> str:
@@ -270,6 +271,28 @@ def _grouped(sites: list[ValueSite], variables: list[Variable],
         else:
             values.append(solution[var.id])
     return grouped
+
+
+def _write(op: ir.Operation, sites: list[ValueSite], variables: list[Variable],
+           solution: list[Constant], cache: _AttributeCache) -> None:
+    """Writes the chosen constants of an op's sites as its attributes."""
+    # Most ops hold only vectors: their two lists are made without grouping.
+    ins: list[Constant] = []
+    outs: list[Constant] = []
+    for site, var in zip(sites, variables):
+        if site.memory_space is not REG:
+            break
+        (ins if site.kind is OPERAND else outs).append(solution[var.id])
+    else:
+        attributes = op.attributes
+        if ins:
+            attributes[IN_LAYOUTS] = cache.array(ins)
+        if outs:
+            attributes[OUT_LAYOUTS] = cache.array(outs)
+        return
+    attributes = op.attributes
+    for name, values in _grouped(sites, variables, solution).items():
+        attributes[name] = cache.array(values)
 
 
 class _AttributeCache:
@@ -399,9 +422,7 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         mgpu.get_or_set_dump_options(module)
         cache = _AttributeCache()
         for op, sites, variables in annotated:
-            attributes = op.attributes
-            for name, values in _grouped(sites, variables, solution).items():
-                attributes[name] = cache.array(values)
+            _write(op, sites, variables, solution, cache)
         for op, var, operands, results in collected.shared:
             value = solution[var.id]
             attributes = op.attributes

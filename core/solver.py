@@ -291,10 +291,12 @@ class Solver:
             else:
                 self._settle_relayout(ci)
         open_uses = []
-        join, REG = self._join, MemorySpace.REG
+        join, parent, REG = self._join, self.parent, MemorySpace.REG
         for use in self.system.uses:
             producer, consumer, _ = use
-            root = find(producer.id)
+            root = producer.id
+            if parent[root] != root:  # find(), for the few not their own root
+                root = find(root)
             if nonsplat[root] is None and consumer.memory_space is REG:
                 # The producer may be a reduction of a value found non-splat
                 # earlier in this pass.
@@ -306,7 +308,9 @@ class Solver:
                     open_uses.append(use)
                     continue
             # A ref keeps its layout; a non-splat value too.
-            consumer_root = find(consumer.id)
+            consumer_root = consumer.id
+            if parent[consumer_root] != consumer_root:
+                consumer_root = find(consumer_root)
             if consumer_root != root:
                 join(root, consumer_root)
         successors: dict[int, list[Variable]] = {}
@@ -349,7 +353,12 @@ class Solver:
             var, derived = (c.lhs, c.rhs) if type(c.lhs) is Variable else (c.rhs, c.lhs)
             if type(var) is not Variable:
                 continue
-            key = _congruence_key(derived, find)
+            inner = derived.expression if isinstance(derived, Derived) else None
+            if type(inner) is Variable:  # most are one step from a variable
+                step = derived.congruence_key()
+                key = None if step is None else (find(inner.id), step)
+            else:
+                key = _congruence_key(derived, find)
             if key is None:
                 continue
             first = first_of.setdefault(key, var.id)
@@ -409,8 +418,12 @@ class Solver:
         cvars, active = self.cvars, self.active
         stated: set[tuple[object, ...]] = set()
         for ci, c in enumerate(self.constraints):
+            if not active[ci]:
+                # Merged or settled before: never examined (nor restored by undo).
+                cvars.append(())
+                continue
             restated = _restatement(c)
-            if restated is not None and active[ci]:
+            if restated is not None:
                 over, what = restated
                 roots = tuple(dict.fromkeys([find(v.id) for v in over]))
                 cvars.append(roots)
@@ -423,7 +436,7 @@ class Solver:
                         watchers[root].append(ci)
                 continue
             if type(c) is Relayout and c.strict and type(c.source) is Variable and type(
-                    c.target) is Variable and active[ci]:
+                    c.target) is Variable:
                 # The source decides: a non-splat source implies the target
                 # (the identity); against a splat one the target is checked
                 # once known. So the target is watched only once the source
@@ -443,9 +456,8 @@ class Solver:
                         found.append(root)
             roots = tuple(found)
             cvars.append(roots)
-            if active[ci]:
-                for r in roots:
-                    watchers[r].append(ci)
+            for r in roots:
+                watchers[r].append(ci)
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
             self.fallbacks.setdefault(find(var.id), []).extend(values)
@@ -889,7 +901,7 @@ def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable
         expr = expr.expression
     if type(expr) is not Variable:
         return None
-    return (find(expr.id), *keys)
+    return (find(expr.id), *keys) if len(keys) > 1 else (find(expr.id), keys[0])
 
 
 def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable] | None:
