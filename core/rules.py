@@ -21,7 +21,7 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Constraint, Variable
-from smalti.diagnostics import PluginError, SmaltiValueError, format_location
+from smalti.diagnostics import PluginError, SmaltiValueError
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import RuleRecord
 from smalti.sites import (
@@ -127,14 +127,8 @@ class ConstraintBuilder:
         """Where the statements of this rule come from (named in errors)."""
         # Made on first use: most rules only make variables and never need it.
         if self._origin is None:
-            op = self._operation
-
-            def what() -> str:
-                where = format_location(op.location)
-                return op.name + (f" at {where}" if where else "")
-
             record = self._record
-            self._origin = Origin(what, record.plugin, record.function.__qualname__)
+            self._origin = Origin(self._operation, record.plugin, record.function.__qualname__)
         return self._origin
 
     # --- sites -------------------------------------------------------------------
@@ -205,9 +199,16 @@ class ConstraintBuilder:
                 break
         var = Variable(len(system.variables), sites[-1], space, shape)
         system.variables.append(var)
-        definitions = table.definitions
+        definitions, own = table.definitions, self._operation
+        variables = self._variables
+        if variables is None:
+            variables = self.site_variables
         for site in sites:
-            self._claim(site, var)
+            position = site._position
+            if position >= 0 and site.op is own and variables[position] is None:
+                variables[position] = var  # one of the op's own sites: see _claim
+            else:
+                self._claim(site, var)
             if site.kind is SiteKind.OPERAND:
                 # Linked to the value's producer now if it was described
                 # already (nearly always: the walk is in program order).

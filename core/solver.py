@@ -54,23 +54,23 @@ DEFAULT_SEARCH_BUDGET = 20_000
 class Origin:
     """Where a constraint or assignment came from, for error messages.
 
-    ``what`` may be a function producing the text: origins are made for every
-    rule that states something but read only when something fails.
-    Hand-written rather than an attrs class for that reason.
+    ``what`` may be the op a rule described (read as ``op at file:line``)
+    or a function producing the text: origins are made for every rule that
+    states something but read only when something fails. Hand-written
+    rather than an attrs class for that reason.
     """
 
     __slots__ = ("what", "plugin", "rule")
 
-    def __init__(self, what: str | Callable[[], str], plugin: str | None = None,
-                 rule: str | None = None) -> None:
+    def __init__(self, what: str | ir.Operation | Callable[[], str],
+                 plugin: str | None = None, rule: str | None = None) -> None:
         self.what = what  # e.g. "mosaic_gpu.layout_cast at kernel.py:12"
         self.plugin = plugin
         self.rule = rule
 
     def __str__(self) -> str:
-        what = self.what if isinstance(self.what, str) else self.what()
         by = f" (rule {self.rule} of plugin {self.plugin})" if self.plugin else ""
-        return f"{what}{by}"
+        return f"{_where(self)}{by}"
 
     def __repr__(self) -> str:
         return f"Origin({str(self)!r})"
@@ -922,9 +922,12 @@ def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable]
 
 def _where(origin: object) -> str:
     """An origin without its rule and plugin: ``op at file:line``."""
-    if isinstance(origin, Origin):
-        return origin.what if isinstance(origin.what, str) else origin.what()
-    return str(origin)
+    if not isinstance(origin, Origin):
+        return str(origin)
+    what = origin.what
+    if isinstance(what, str):
+        return what
+    return _where_op(what) if isinstance(what, ir.Operation) else what()
 
 
 def _where_op(op: ir.Operation) -> str:

@@ -162,8 +162,13 @@ def multi_reduction(op: vector.MultiDimReductionOp, b: ConstraintBuilder) -> Non
     rank = len(source.shape)
     b.require(
         Excludes(source, fa.WGStridedFragLayout),
-        Equal(result, Reduced(source, tuple(sorted(_ints(op.reduction_dims))), rank)),
+        Equal(result, Reduced(source, _sorted_ints(op.reduction_dims), rank)),
     )
+
+
+@per_context
+def _sorted_ints(attr: ir.Attribute) -> tuple[int, ...]:
+    return tuple(sorted(_ints(attr)))
 
 
 def vector_concat(op: mgpu.VectorConcatOp, b: ConstraintBuilder) -> None:
