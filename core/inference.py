@@ -129,14 +129,15 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     def visit(op: ir.Operation) -> ir.WalkResult:
         """Describes ``op``; whether to enter its regions (a rule may have
         declared them opaque: already at Lane level)."""
-        record = table.get(op.name)
-        entry = op_hash = None
+        name = op.name
+        record = table.get(name)
+        # A terminator some of whose sites its parent's rule described? Most
+        # kernels have none, and only ops of those terminators' names are hashed.
+        elsewhere = described_elsewhere.get(name) if described_elsewhere else None
+        op_hash = hash(op) if elsewhere else None
+        entry = None
         if record is not None and record.function is same_layout and not trace:
-            # Not a terminator whose sites its parent described (most kernels
-            # have none: then no op is hashed).
-            if described_elsewhere:
-                op_hash = hash(op)
-            if op_hash is None or op_hash not in described_elsewhere:
+            if op_hash is None or op_hash not in elsewhere:  # type: ignore[operator]
                 entry = apply_same_layout(op, op_hash, system, sites_table)
         if entry is not None:
             shared.append(entry)
@@ -150,16 +151,13 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                 # carries no layouts (a rule registered opaque_regions=True).
                 return SKIP if record is not None and record.opaque_regions else ADVANCE
             described = None
-            if described_elsewhere:
-                if op_hash is None:
-                    op_hash = hash(op)
-                if op_hash in described_elsewhere:
-                    described = [site_vars.get(s) for s in sites]
-                    if None not in described:
-                        # A terminator (scf.yield...): its parent's rule
-                        # described it. Like jax, it still gets its attributes.
-                        described_by_parent.append((op, sites, described))  # type: ignore[arg-type]
-                        return ADVANCE
+            if op_hash is not None and op_hash in elsewhere:  # type: ignore[operator]
+                described = [site_vars.get(s) for s in sites]
+                if None not in described:
+                    # A terminator (scf.yield...): its parent's rule
+                    # described it. Like jax, it still gets its attributes.
+                    described_by_parent.append((op, sites, described))  # type: ignore[arg-type]
+                    return ADVANCE
             if record is None:
                 raise _no_rule(pipeline, op, arch)
             view = op.opview

@@ -59,8 +59,8 @@ class SiteTable:
         #: once: its uses need it, and reading it through the bindings is slow).
         self.definitions: dict[ir.Value, tuple[Variable, ir.Type]] = {}
         #: Ops some of whose sites another op's rule described (a region's
-        #: terminator, described by its parent), by their hash.
-        self.described_elsewhere: dict[int, ir.Operation] = {}
+        #: terminator, described by its parent), by their name and hash.
+        self.described_elsewhere: dict[str, dict[int, ir.Operation]] = {}
 
     def layout_sites(self, op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
         """``layout_sites(op, op_hash)``, where an operand whose value was
@@ -246,7 +246,7 @@ class ConstraintBuilder:
                         f"{site.describe()} is not a site of {own.name} or of an op in its "
                         "regions: a rule describes its op's operands and results, its "
                         "regions' block arguments and the ops inside them")
-                table.described_elsewhere[hash(other)] = other
+                table.described_elsewhere.setdefault(other.name, {})[hash(other)] = other
             claimed = table.variables.get(site)
             if claimed is None:
                 table.variables[site] = var
@@ -258,7 +258,8 @@ class ConstraintBuilder:
     def _position_of(self, site: ValueSite) -> int:
         """The index of ``site`` among the op's layout sites, -1 if it is not
         one (a block argument, another op's site)."""
-        if site.op is self._operation or site.op == self._operation:
+        if site.kind is not SiteKind.ARGUMENT and (
+                site.op is self._operation or site.op == self._operation):
             for position, own in enumerate(self._op_sites()):
                 if own == site:
                     return position
