@@ -617,6 +617,8 @@ class Solver:
     def _components(self) -> list[tuple[list[int], list[int]]]:
         parent, value = self.parent, self.value
         unknown = [r for r in range(len(self.variables)) if parent[r] == r and value[r] is None]
+        if not unknown:  # propagation decided everything (most kernels)
+            return []
         comp = {r: r for r in unknown}
 
         def cfind(r: int) -> int:
@@ -748,7 +750,9 @@ class Solver:
         for roots, constraints in self._components():
             self._search(roots, constraints)
         find, value = self.find, self.value
-        return [value[find(i)] for i in range(len(self.variables))]
+        parent = self.parent
+        # Most variables hang right below their root by now.
+        return [value[p] if parent[p] == p else value[find(i)] for i, p in enumerate(parent)]
 
     # --- explanations -----------------------------------------------------------
 
