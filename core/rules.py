@@ -146,10 +146,10 @@ class ConstraintBuilder:
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
         # The site core already made knows its value and type: hand out that
         # one. Operand i is usually at position i (when every operand before
-        # it holds a vector or ref).
+        # it holds a vector or ref), and results come last.
         sites = self._sites or ()
-        if kind is SiteKind.OPERAND and index < len(sites):
-            site = sites[index]
+        if sites:
+            site = sites[index if kind is SiteKind.OPERAND and index < len(sites) else -1]
             if site.kind is kind and site.index == index:
                 return site
         for site in sites:
