@@ -292,23 +292,27 @@ class Solver:
                 self._settle_relayout(ci)
         open_uses = []
         join, parent, REG = self._join, self.parent, MemorySpace.REG
+        # find(), inlined in the loops below for variables that are their
+        # class's root or right below it (nearly all): parent[parent[i]] is
+        # then the root.
         for use in self.system.uses:
             producer, consumer, _ = use
-            root = producer.id
-            if parent[root] != root:  # find(), for the few not their own root
+            root = parent[producer.id]
+            if parent[root] != root:
                 root = find(root)
             if nonsplat[root] is None and consumer.memory_space is REG:
                 # The producer may be a reduction of a value found non-splat
                 # earlier in this pass.
                 for other in splat_alike.get(producer.id, ()):
-                    if nonsplat[find(other.id)] is not None:
-                        nonsplat[root] = nonsplat[find(other.id)]
+                    proof = nonsplat[find(other.id)]
+                    if proof is not None:
+                        nonsplat[root] = proof
                         break
                 else:
                     open_uses.append(use)
                     continue
             # A ref keeps its layout; a non-splat value too.
-            consumer_root = consumer.id
+            consumer_root = parent[consumer.id]
             if parent[consumer_root] != consumer_root:
                 consumer_root = find(consumer_root)
             if consumer_root != root:
@@ -323,12 +327,17 @@ class Solver:
         # A value equal to a splat-keeping expression of another (a reduction
         # of it) is never splat exactly when the other is not: both ways.
         for var_id, others in splat_alike.items():
-            successors.setdefault(find(var_id), []).extend(others)
+            root = parent[var_id]
+            if parent[root] != root:
+                root = find(root)
+            successors.setdefault(root, []).extend(others)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
             for target in successors.get(root, ()):
-                troot = find(target.id)
+                troot = parent[target.id]
+                if parent[troot] != troot:
+                    troot = find(troot)
                 if nonsplat[troot] is None:
                     nonsplat[troot] = nonsplat[root]
                     work.append(troot)
