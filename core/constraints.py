@@ -510,6 +510,15 @@ class Constraint:
     def expressions(self) -> tuple[Expression, ...]:
         raise NotImplementedError
 
+    def restatement_key(self) -> tuple[tuple[Variable, ...], Hashable] | None:
+        """The variables the constraint is between and a key such that it is
+        equal to any other constraint with an equal key between variables of
+        the same classes: the solver keeps one of them (a pipeline of MMAs on
+        a few refs states one ``OneOf`` per MMA about one class). The key
+        should compare cheaply (by identity, or small tuples of ints).
+        ``None`` (the default) keeps every statement."""
+        return None
+
     def check(self, values: tuple[Constant, ...]) -> bool:
         """Whether the constraint holds for these values of :meth:`expressions`."""
         raise NotImplementedError
@@ -633,6 +642,9 @@ class Excludes(Constraint):
         (value,) = values
         return not (isinstance(value, RegisterLayout) and isinstance(value.layout, self.kind))
 
+    def restatement_key(self) -> tuple[tuple[Variable, ...], Hashable] | None:
+        return ((self.expr,), (Excludes, self.kind)) if type(self.expr) is Variable else None
+
     def __str__(self) -> str:
         return f"{describe(self.expr)} is not {self.kind.__name__}"
 
@@ -653,6 +665,10 @@ class OneOf(Constraint):
 
     def check(self, values: tuple[Constant, ...]) -> bool:
         return values[0] in self.allowed
+
+    def restatement_key(self) -> tuple[tuple[Variable, ...], Hashable] | None:
+        # Rules hand out cached tuples (OneOf keeps one distinct tuple per tuple).
+        return ((self.expr,), (OneOf, id(self.allowed))) if type(self.expr) is Variable else None
 
     def implied(self, value_of: ValueOf) -> Iterator[tuple[Variable, Constant]]:
         if len(self.allowed) == 1 and isinstance(self.expr, Variable):
@@ -778,6 +794,11 @@ class SupportedBroadcast(Constraint):
         ):
             return fa.is_supported_strided_layout_broadcast(src.layout, dst.layout, self.dims)
         return type(src.layout) is type(dst.layout)
+
+    def restatement_key(self) -> tuple[tuple[Variable, ...], Hashable] | None:
+        if type(self.source) is Variable and type(self.target) is Variable:
+            return (self.source, self.target), (SupportedBroadcast, self.dims)
+        return None
 
     def candidates(self, ctx: SearchContext) -> Iterator[tuple[Variable, Constant]]:
         src = evaluate(self.source, ctx.value_of)

@@ -82,13 +82,9 @@ class SiteTable:
                 ty, space = defined[1], defined[0].memory_space
             sites.append(make_site(op, op_hash, OPERAND, index, value, ty, space, len(sites),
                                    defined))
-        results, RESULT = op.results, SiteKind.RESULT
-        for index in range(len(results)):
-            value = results[index]
-            ty = value.type
-            space = memory_space_of_type(ty)
-            if space is not None:
-                sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
+        for index, value, ty, space in layout_values(op.results):
+            sites.append(make_site(op, op_hash, SiteKind.RESULT, index, value, ty, space,
+                                   len(sites)))
         return sites
 
 
@@ -229,9 +225,7 @@ class ConstraintBuilder:
             position = self._position_of(site)
         if position >= 0:
             # One of the op's operands and results: it stays with the op.
-            variables = self._variables
-            if variables is None:
-                variables = self.site_variables
+            variables = self.site_variables
             claimed = variables[position]
             if claimed is None:
                 variables[position] = var

@@ -35,10 +35,8 @@ from smalti.constraints import (
     Equal,
     Excludes,
     Expression,
-    OneOf,
     Relayout,
     SearchContext,
-    SupportedBroadcast,
     Variable,
     evaluate,
     merge_multiples,
@@ -292,9 +290,8 @@ class Solver:
                 self._settle_relayout(ci)
         open_uses = []
         join, parent, REG = self._join, self.parent, MemorySpace.REG
-        # find(), inlined in the loops below for variables that are their
-        # class's root or right below it (nearly all): parent[parent[i]] is
-        # then the root.
+        # find(), inlined for variables that are their class's root or right
+        # below it (nearly all): parent[parent[i]] is then the root.
         for use in self.system.uses:
             producer, consumer, _ = use
             root = parent[producer.id]
@@ -327,17 +324,12 @@ class Solver:
         # A value equal to a splat-keeping expression of another (a reduction
         # of it) is never splat exactly when the other is not: both ways.
         for var_id, others in splat_alike.items():
-            root = parent[var_id]
-            if parent[root] != root:
-                root = find(root)
-            successors.setdefault(root, []).extend(others)
+            successors.setdefault(find(var_id), []).extend(others)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
             for target in successors.get(root, ()):
-                troot = parent[target.id]
-                if parent[troot] != troot:
-                    troot = find(troot)
+                troot = find(target.id)
                 if nonsplat[troot] is None:
                     nonsplat[troot] = nonsplat[root]
                     work.append(troot)
@@ -362,12 +354,7 @@ class Solver:
             var, derived = (c.lhs, c.rhs) if type(c.lhs) is Variable else (c.rhs, c.lhs)
             if type(var) is not Variable:
                 continue
-            inner = derived.expression if isinstance(derived, Derived) else None
-            if type(inner) is Variable:  # most are one step from a variable
-                step = derived.congruence_key()
-                key = None if step is None else (find(inner.id), step)
-            else:
-                key = _congruence_key(derived, find)
+            key = _congruence_key(derived, find)
             if key is None:
                 continue
             first = first_of.setdefault(key, var.id)
@@ -418,9 +405,8 @@ class Solver:
     def _index(self) -> None:
         """Records the classes each constraint is over, and which active
         constraints watch each class. A constraint that restates an earlier
-        one on the same class (see :func:`_restatement`) is dropped: a
-        pipeline of MMAs on a few refs states one ``OneOf`` per MMA, all
-        about one class."""
+        one on the same classes (see :meth:`Constraint.restatement_key`) is
+        dropped."""
         find = self.find
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
@@ -431,7 +417,7 @@ class Solver:
                 # Merged or settled before: never examined (nor restored by undo).
                 cvars.append(())
                 continue
-            restated = _restatement(c)
+            restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
                 roots = tuple(dict.fromkeys([find(v.id) for v in over]))
@@ -883,25 +869,6 @@ class Solver:
                           [self.variables[r] for r in roots])
 
 
-def _restatement(c: Constraint) -> tuple[tuple[Variable, ...], tuple[object, ...]] | None:
-    """For a constraint between variables that is equal to any other of its
-    kind between variables of the same classes whose key is equal: the
-    variables, and the key. Keys compare cheaply (by identity, or small
-    tuples of ints), so that spotting a repeat costs less than examining it."""
-    kind = type(c)
-    if kind is OneOf:
-        if type(c.expr) is Variable:
-            # Rules hand out cached tuples (OneOf keeps one distinct tuple per tuple).
-            return (c.expr,), (kind, id(c.allowed))
-    elif kind is Excludes:
-        if type(c.expr) is Variable:
-            return (c.expr,), (kind, c.kind)
-    elif kind is SupportedBroadcast:
-        if type(c.source) is Variable and type(c.target) is Variable:
-            return (c.source, c.target), (kind, c.dims)
-    return None
-
-
 def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
     """The class ``expr`` derives from and the keys of its derivation steps,
     ``None`` if some step opts out or it derives from no variable."""
@@ -914,7 +881,7 @@ def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable
         expr = expr.expression
     if type(expr) is not Variable:
         return None
-    return (find(expr.id), *keys) if len(keys) > 1 else (find(expr.id), keys[0])
+    return (find(expr.id), *keys)
 
 
 def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable] | None:
