@@ -249,9 +249,20 @@ class Solver:
         for ci, c in enumerate(self.constraints):
             if isinstance(c, Equal):
                 lhs, rhs = c.lhs, c.rhs
-                if isinstance(lhs, Variable) and isinstance(rhs, Variable):
+                lhs_var, rhs_var = type(lhs) is Variable, type(rhs) is Variable
+                if lhs_var and rhs_var:
                     self.union(lhs.id, rhs.id)
                     active[ci] = False
+                    continue
+                if lhs_var or rhs_var:
+                    var, other = (lhs, rhs) if lhs_var else (rhs, lhs)
+                    if isinstance(other, Derived):
+                        derived_equals.append(ci)
+                        pair = _splat_alike(var, other)
+                        if pair is not None:
+                            source = pair[1]
+                            splat_alike.setdefault(var.id, []).append(source)
+                            splat_alike.setdefault(source.id, []).append(var)
                     continue
                 if isinstance(lhs, Derived) or isinstance(rhs, Derived):
                     derived_equals.append(ci)
@@ -323,8 +334,14 @@ class Solver:
             successors.setdefault(find(producer.id), []).append(consumer)
         # A value equal to a splat-keeping expression of another (a reduction
         # of it) is never splat exactly when the other is not: both ways.
+        # Only edges to values not known non-splat yet can tell anything.
         for var_id, others in splat_alike.items():
-            successors.setdefault(find(var_id), []).extend(others)
+            for other in others:
+                root = parent[other.id]
+                if parent[root] != root:
+                    root = find(root)
+                if nonsplat[root] is None:
+                    successors.setdefault(find(var_id), []).append(other)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
@@ -348,6 +365,7 @@ class Solver:
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
         find, constraints, active = self.find, self.constraints, self.active
+        parent, join = self.parent, self._join
         first_of: dict[tuple[Hashable, ...], int] = {}
         for ci in derived_equals:
             c = constraints[ci]
@@ -359,7 +377,14 @@ class Solver:
                 continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
-                self.union(first, var.id)
+                # find(), inlined for variables at or right below their root.
+                root, other = parent[first], parent[var.id]
+                if parent[root] != root:
+                    root = find(root)
+                if parent[other] != other:
+                    other = find(other)
+                if root != other:
+                    join(root, other)
                 active[ci] = False
 
     def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
@@ -402,16 +427,17 @@ class Solver:
             if self.nonsplat[root] is None:
                 self.nonsplat[root] = self.nonsplat[self.find(c.source.id)]
 
-    def _index(self) -> None:
+    def _index(self) -> list[int]:
         """Records the classes each constraint is over, and which active
         constraints watch each class. A constraint that restates an earlier
         one on the same classes (see :meth:`Constraint.restatement_key`) is
-        dropped."""
+        dropped. Returns the constraints still active, in order."""
         find = self.find
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
         cvars, active = self.cvars, self.active
         stated: set[tuple[object, ...]] = set()
+        remaining: list[int] = []
         for ci, c in enumerate(self.constraints):
             if not active[ci]:
                 # Merged or settled before: never examined (nor restored by undo).
@@ -420,13 +446,17 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                roots = tuple(dict.fromkeys([find(v.id) for v in over]))
+                if len(over) == 1:
+                    roots = (find(over[0].id),)
+                else:
+                    roots = tuple(dict.fromkeys([find(v.id) for v in over]))
                 cvars.append(roots)
                 key = (roots, what)
                 if key in stated:
                     active[ci] = False
                 else:
                     stated.add(key)
+                    remaining.append(ci)
                     for root in roots:
                         watchers[root].append(ci)
                 continue
@@ -442,6 +472,7 @@ class Solver:
                 if source != target:
                     self.splat_watched[ci] = target
                 watchers[source].append(ci)
+                remaining.append(ci)
                 continue
             found: list[int] = []
             for e in c.expressions():
@@ -451,11 +482,13 @@ class Solver:
                         found.append(root)
             roots = tuple(found)
             cvars.append(roots)
+            remaining.append(ci)
             for r in roots:
                 watchers[r].append(ci)
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
             self.fallbacks.setdefault(find(var.id), []).extend(values)
+        return remaining
 
     # --- assignment and propagation -------------------------------------------
 
@@ -723,11 +756,9 @@ class Solver:
             # every active one once, in order.
             for var, value, origin in self.system.assignments:
                 self.assign(self.find(var.id), value, ("o", origin))
-            self._index()
+            remaining = self._index()
             value, splat_watched, cvars = self.value, self.splat_watched, self.cvars
-            for ci in range(len(self.constraints)):
-                if not self.active[ci]:
-                    continue
+            for ci in remaining:
                 target = splat_watched.get(ci)
                 if target is not None:  # a strict relayout that may say nothing yet
                     source = value[cvars[ci][0]]
@@ -872,6 +903,10 @@ class Solver:
 def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
     """The class ``expr`` derives from and the keys of its derivation steps,
     ``None`` if some step opts out or it derives from no variable."""
+    key = expr.congruence_key()
+    source = expr.expression
+    if type(source) is Variable and key is not None:  # one step: most derivations
+        return (find(source.id), key)
     keys: list[Hashable] = []
     while isinstance(expr, Derived):
         key = expr.congruence_key()
