@@ -271,26 +271,46 @@ def _grouped(sites: list[ValueSite], variables: list[Variable],
     return grouped
 
 
-def _write(op: ir.Operation, sites: list[ValueSite], variables: list[Variable],
-           solution: list[Constant], cache: _AttributeCache) -> None:
-    """Writes the chosen constants of an op's sites as its attributes."""
-    # Most ops hold only vectors: their two lists are made without grouping.
-    ins: list[Constant] = []
-    outs: list[Constant] = []
-    for site, var in zip(sites, variables):
+def _register_split(sites: list[ValueSite]) -> int:
+    """How many of an op's sites are operands, if all of them hold vectors
+    (most ops); -1 otherwise."""
+    split = 0
+    for site in sites:
         if site.memory_space is not REG:
-            break
-        (ins if site.kind is OPERAND else outs).append(solution[var.id])
-    else:
+            return -1
+        if site.kind is OPERAND:
+            split += 1
+    return split
+
+
+def _write_attributes(collected: Collected, solution: list[Constant]) -> None:
+    """Writes the chosen constants of every op as its attributes."""
+    cache = _AttributeCache()
+    register_layouts, shared_layouts = cache.register_layouts, cache.shared_layouts
+    for op, sites, variables in collected.annotated:
+        split = _register_split(sites)
+        if split < 0:  # refs among its sites: grouped by attribute name
+            attributes = op.attributes
+            for name, values in _grouped(sites, variables, solution).items():
+                attributes[name] = cache.array(values)
+            continue
+        ins, outs = register_layouts([solution[var.id] for var in variables], split)
         attributes = op.attributes
-        if ins:
-            attributes[IN_LAYOUTS] = cache.array(ins)
-        if outs:
-            attributes[OUT_LAYOUTS] = cache.array(outs)
-        return
-    attributes = op.attributes
-    for name, values in _grouped(sites, variables, solution).items():
-        attributes[name] = cache.array(values)
+        if ins is not None:
+            attributes[IN_LAYOUTS] = ins
+        if outs is not None:
+            attributes[OUT_LAYOUTS] = outs
+    for op, var, operands, results in collected.shared:
+        ins, outs = shared_layouts(solution[var.id], operands, results)
+        attributes = op.attributes
+        if ins is not None:
+            attributes[IN_LAYOUTS] = ins
+        if outs is not None:
+            attributes[OUT_LAYOUTS] = outs
+
+
+#: An op's ``in_layouts`` and ``out_layouts`` (``None``: it has no such sites).
+_InsOuts = tuple[ir.Attribute | None, ir.Attribute | None]
 
 
 class _AttributeCache:
@@ -298,13 +318,14 @@ class _AttributeCache:
 
     Keyed by the identity of the constants (the solver hands out the same
     few objects), which is much cheaper than hashing them; the cache keeps
-    them alive.
+    them alive. Most ops are looked up once for both of their attributes.
     """
 
     def __init__(self) -> None:
         self._arrays: dict[tuple[int, ...], tuple[ir.Attribute, list[Constant]]] = {}
         self._single: dict[Constant, ir.Attribute] = {}
-        self._repeated: dict[tuple[int, int], tuple[ir.Attribute, Constant]] = {}
+        self._registers: dict[tuple[int, ...], tuple[_InsOuts, list[Constant]]] = {}
+        self._shared: dict[tuple[int, int, int], tuple[_InsOuts, Constant]] = {}
 
     def array(self, values: list[Constant]) -> ir.Attribute:
         key = tuple(map(id, values))
@@ -314,13 +335,26 @@ class _AttributeCache:
                 ir.ArrayAttr.get([self._one(v) for v in values]), values)
         return cached[0]
 
-    def repeated(self, value: Constant, count: int) -> ir.Attribute:
-        """``array([value] * count)``, by a cheaper key (ops described by
-        same_layout, most of a kernel, ask for these)."""
-        key = (id(value), count)
-        cached = self._repeated.get(key)
+    def register_layouts(self, values: list[Constant], split: int) -> _InsOuts:
+        """Those of an op whose sites all hold vectors, the first ``split`` of
+        them operands."""
+        key = (split, *map(id, values))
+        cached = self._registers.get(key)
         if cached is None:
-            cached = self._repeated[key] = (self.array([value] * count), value)
+            pair = (self.array(values[:split]) if split else None,
+                    self.array(values[split:]) if split < len(values) else None)
+            cached = self._registers[key] = (pair, values)
+        return cached[0]
+
+    def shared_layouts(self, value: Constant, operands: int, results: int) -> _InsOuts:
+        """Those of an op whose ``operands`` vector operands and ``results``
+        vector results all have layout ``value`` (most of a kernel)."""
+        key = (id(value), operands, results)
+        cached = self._shared.get(key)
+        if cached is None:
+            pair = (self.array([value] * operands) if operands else None,
+                    self.array([value] * results) if results else None)
+            cached = self._shared[key] = (pair, value)
         return cached[0]
 
     def _one(self, value: Constant) -> ir.Attribute:
@@ -418,16 +452,7 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         # Transactional: nothing was written until here. Like jax, the module
         # also gets its dump options (a module attribute).
         mgpu.get_or_set_dump_options(module)
-        cache = _AttributeCache()
-        for op, sites, variables in annotated:
-            _write(op, sites, variables, solution, cache)
-        for op, var, operands, results in collected.shared:
-            value = solution[var.id]
-            attributes = op.attributes
-            if operands:
-                attributes[IN_LAYOUTS] = cache.repeated(value, operands)
-            if results:
-                attributes[OUT_LAYOUTS] = cache.repeated(value, results)
+        _write_attributes(collected, solution)
     report.ops = len(annotated) + len(collected.shared)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)
