@@ -34,6 +34,8 @@ from smalti.sites import (
 )
 from smalti.solver import ConstraintSystem, Origin
 
+OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
+
 
 class SiteTable:
     """The variables of a kernel's values, as rules give them out.
@@ -67,7 +69,7 @@ class SiteTable:
         described already takes its type and memory space from its
         definition (no bindings call) and keeps it: then
         :meth:`ConstraintBuilder.variable` links it without a second lookup."""
-        definitions, OPERAND = self.definitions, SiteKind.OPERAND
+        definitions = self.definitions
         sites = []
         operands = op.operands
         for index in range(len(operands)):  # see layout_values
@@ -130,24 +132,31 @@ class ConstraintBuilder:
     # --- sites -------------------------------------------------------------------
 
     def operand(self, index: int) -> ValueSite:
-        return self._site(SiteKind.OPERAND, index)
+        # Operand i is usually at position i (when every operand before it
+        # holds a vector or ref): checked here, before the general search.
+        sites = self._sites
+        if sites and index < len(sites):
+            site = sites[index]
+            if site.index == index and site.kind is OPERAND:
+                return site
+        return self._site(OPERAND, index)
 
     def result(self, index: int) -> ValueSite:
-        return self._site(SiteKind.RESULT, index)
+        # Results come last: the op's last result is usually its last site.
+        sites = self._sites
+        if sites:
+            site = sites[-1]
+            if site.index == index and site.kind is RESULT:
+                return site
+        return self._site(RESULT, index)
 
     def argument(self, region: int, index: int) -> ValueSite:
         """Argument ``index`` of the entry block of region ``region``."""
         return ValueSite(self.op, SiteKind.ARGUMENT, index, region, op_hash=self._op_hash)
 
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
-        # The site core already made knows its value and type: hand out that
-        # one. Operand i is usually at position i (when every operand before
-        # it holds a vector or ref), and results come last.
+        # The site core already made knows its value and type: hand out that one.
         sites = self._sites or ()
-        if sites:
-            site = sites[index if kind is SiteKind.OPERAND and index < len(sites) else -1]
-            if site.kind is kind and site.index == index:
-                return site
         for site in sites:
             if site.kind is kind and site.index == index:
                 return site
@@ -186,6 +195,7 @@ class ConstraintBuilder:
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
         system, table = self._system, self._table
+        uses = system.uses
         # The sites share a shape: a described operand's producer knows it.
         shape = None
         for site in sites:
@@ -211,8 +221,8 @@ class ConstraintBuilder:
                 defined = site._definition or definitions.get(site.value)
                 if defined is None:
                     table.operands.append((site, var))
-                else:
-                    system.use(defined[0], var, defined[1])
+                else:  # system.use(), inlined: every builder operand gets here
+                    uses.append((defined[0], var, defined[1]))
             else:
                 definitions[site.value] = (var, site.type)
         return var
