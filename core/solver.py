@@ -212,6 +212,8 @@ class Solver:
         # Classes mixing kinds of values (shapes, SMEM types) remember one
         # variable of each kind, for valid(); most classes hold one kind.
         mixed, a, b = self.mixed, self.variables[ra], self.variables[rb]
+        if not mixed and a.fit_key == b.fit_key:  # no class mixes kinds yet
+            return ra
         a_kinds, b_kinds = mixed.get(ra), mixed.pop(rb, None)
         if b_kinds is None:  # b's class holds one kind: b's
             if a_kinds is not None:
@@ -488,6 +490,8 @@ class Solver:
         self.fallbacks: dict[int, list[Constant]] = {}
         for var, values in self.system.fallbacks.items():
             self.fallbacks.setdefault(find(var.id), []).extend(values)
+        #: The only constraints that can be active from now on.
+        self.indexed = remaining
         return remaining
 
     # --- assignment and propagation -------------------------------------------
@@ -655,10 +659,11 @@ class Solver:
                 r = comp[r]
             return r
 
-        for ci, roots in enumerate(self.cvars):
-            if not self.active[ci]:
+        cvars, active = self.cvars, self.active
+        for ci in self.indexed:
+            if not active[ci]:
                 continue
-            open_roots = [self.find(r) for r in roots]
+            open_roots = [self.find(r) for r in cvars[ci]]
             open_roots = [r for r in open_roots if self.value[r] is None]
             for other in open_roots[1:]:
                 a, b = cfind(open_roots[0]), cfind(other)
@@ -667,10 +672,10 @@ class Solver:
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for r in unknown:
             groups.setdefault(cfind(r), ([], []))[0].append(r)
-        for ci, roots in enumerate(self.cvars):
-            if not self.active[ci]:
+        for ci in self.indexed:
+            if not active[ci]:
                 continue
-            for r in roots:
+            for r in cvars[ci]:
                 r = self.find(r)
                 if self.value[r] is None:
                     groups[cfind(r)][1].append(ci)
