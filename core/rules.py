@@ -195,36 +195,34 @@ class ConstraintBuilder:
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
         system, table = self._system, self._table
-        uses = system.uses
         # The sites share a shape: a described operand's producer knows it.
         shape = None
         for site in sites:
-            defined = site._definition
-            if defined is not None:
-                shape = defined[0]._shape
+            if site._definition is not None:
+                shape = site._definition[0]._shape
                 break
-        var = Variable(len(system.variables), sites[-1], space, shape)
-        system.variables.append(var)
-        definitions, own = table.definitions, self._operation
-        variables = self._variables
-        if variables is None:
-            variables = self.site_variables
+        variables = system.variables
+        var = Variable(len(variables), sites[-1], space, shape)
+        variables.append(var)
+        own, claimed = self._operation, self._variables
+        if claimed is None:
+            claimed = self.site_variables
         for site in sites:
             position = site._position
-            if position >= 0 and site.op is own and variables[position] is None:
-                variables[position] = var  # one of the op's own sites: see _claim
+            if position >= 0 and site.op is own and claimed[position] is None:
+                claimed[position] = var  # one of the op's own sites: see _claim
             else:
                 self._claim(site, var)
-            if site.kind is SiteKind.OPERAND:
+            if site.kind is OPERAND:
                 # Linked to the value's producer now if it was described
                 # already (nearly always: the walk is in program order).
-                defined = site._definition or definitions.get(site.value)
+                defined = site._definition or table.definitions.get(site.value)
                 if defined is None:
                     table.operands.append((site, var))
                 else:  # system.use(), inlined: every builder operand gets here
-                    uses.append((defined[0], var, defined[1]))
+                    system.uses.append((defined[0], var, defined[1]))
             else:
-                definitions[site.value] = (var, site.type)
+                table.definitions[site.value] = (var, site.type)
         return var
 
     def _claim(self, site: ValueSite, var: Variable) -> None:

@@ -190,7 +190,9 @@ class Solver:
 
     def find(self, i: int) -> int:
         parent = self.parent
-        root = i
+        root = parent[i]
+        if parent[root] == root:  # i is a root or right below one (most variables)
+            return root
         while parent[root] != root:
             root = parent[root]
         while parent[i] != root:
