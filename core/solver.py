@@ -369,7 +369,6 @@ class Solver:
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
         find, constraints, active = self.find, self.constraints, self.active
-        parent, join = self.parent, self._join
         first_of: dict[tuple[Hashable, ...], int] = {}
         for ci in derived_equals:
             c = constraints[ci]
@@ -381,14 +380,7 @@ class Solver:
                 continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
-                # find(), inlined for variables at or right below their root.
-                root, other = parent[first], parent[var.id]
-                if parent[root] != root:
-                    root = find(root)
-                if parent[other] != other:
-                    other = find(other)
-                if root != other:
-                    join(root, other)
+                self.union(first, var.id)
                 active[ci] = False
 
     def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
