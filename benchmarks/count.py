@@ -1,9 +1,9 @@
 """The Python instructions one inference executes, by function.
 
-    .venv/bin/python -m benchmarks.count                       # reductions, 1,000 ops
+    .venv/bin/python -m benchmarks.count                       # reductions(1000)
     .venv/bin/python -m benchmarks.count --kernel chain --size 4000 --top 30
 
-Timings on a shared machine move by 5-10% between runs, more than most
+Timings on a shared machine move by 10% and more between runs, more than most
 single changes to smalti's hot paths; the number of bytecode instructions
 smalti executes for one kernel does not move at all. It leaves out the time
 spent in the MLIR bindings and in C, so it measures smalti's own work: use
@@ -62,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     kinds = {make.__name__: make for make in SYNTHETIC.values()}
     parser.add_argument("--kernel", choices=sorted(kinds), default="reductions")
-    parser.add_argument("--size", type=int, default=1000, help="vector ops (about)")
+    parser.add_argument("--size", type=int, default=1000, help="the kernel generator's size (its vector ops before canonicalization)")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     args = parser.parse_args()
     body = kinds[args.kernel](args.size)
