@@ -132,22 +132,9 @@ class ConstraintBuilder:
     # --- sites -------------------------------------------------------------------
 
     def operand(self, index: int) -> ValueSite:
-        # Operand i is usually at position i (when every operand before it
-        # holds a vector or ref): checked here, before the general search.
-        sites = self._sites
-        if sites and index < len(sites):
-            site = sites[index]
-            if site.index == index and site.kind is OPERAND:
-                return site
         return self._site(OPERAND, index)
 
     def result(self, index: int) -> ValueSite:
-        # Results come last: the op's last result is usually its last site.
-        sites = self._sites
-        if sites:
-            site = sites[-1]
-            if site.index == index and site.kind is RESULT:
-                return site
         return self._site(RESULT, index)
 
     def argument(self, region: int, index: int) -> ValueSite:
@@ -155,8 +142,14 @@ class ConstraintBuilder:
         return ValueSite(self.op, SiteKind.ARGUMENT, index, region, op_hash=self._op_hash)
 
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
-        # The site core already made knows its value and type: hand out that one.
+        # The site core already made knows its value and type: hand out that
+        # one. Operand i is usually at position i (when every operand before
+        # it holds a vector or ref), and results come last.
         sites = self._sites or ()
+        if sites:
+            site = sites[index if kind is OPERAND and index < len(sites) else -1]
+            if site.kind is kind and site.index == index:
+                return site
         for site in sites:
             if site.kind is kind and site.index == index:
                 return site
@@ -198,8 +191,9 @@ class ConstraintBuilder:
         # The sites share a shape: a described operand's producer knows it.
         shape = None
         for site in sites:
-            if site._definition is not None:
-                shape = site._definition[0]._shape
+            defined = site._definition
+            if defined is not None:
+                shape = defined[0]._shape
                 break
         variables = system.variables
         var = Variable(len(variables), sites[-1], space, shape)
@@ -219,8 +213,8 @@ class ConstraintBuilder:
                 defined = site._definition or table.definitions.get(site.value)
                 if defined is None:
                     table.operands.append((site, var))
-                else:  # system.use(), inlined: every builder operand gets here
-                    system.uses.append((defined[0], var, defined[1]))
+                else:
+                    system.use(defined[0], var, defined[1])
             else:
                 table.definitions[site.value] = (var, site.type)
         return var
@@ -273,7 +267,7 @@ class ConstraintBuilder:
         self._system.assignments.append((variable, value, self.origin))
 
     def require(self, *constraints: Constraint) -> None:
-        origin, system = self._origin or self.origin, self._system
+        origin, system = self.origin, self._system
         for constraint in constraints:
             if not isinstance(constraint, Constraint):
                 self._malformed(f"require() got {constraint!r}, not a smalti Constraint")

@@ -253,20 +253,9 @@ class Solver:
         for ci, c in enumerate(self.constraints):
             if isinstance(c, Equal):
                 lhs, rhs = c.lhs, c.rhs
-                lhs_var, rhs_var = type(lhs) is Variable, type(rhs) is Variable
-                if lhs_var and rhs_var:
+                if isinstance(lhs, Variable) and isinstance(rhs, Variable):
                     self.union(lhs.id, rhs.id)
                     active[ci] = False
-                    continue
-                if lhs_var or rhs_var:
-                    var, other = (lhs, rhs) if lhs_var else (rhs, lhs)
-                    if isinstance(other, Derived):
-                        derived_equals.append(ci)
-                        pair = _splat_alike(var, other)
-                        if pair is not None:
-                            source = pair[1]
-                            splat_alike.setdefault(var.id, []).append(source)
-                            splat_alike.setdefault(source.id, []).append(var)
                     continue
                 if isinstance(lhs, Derived) or isinstance(rhs, Derived):
                     derived_equals.append(ci)
@@ -341,10 +330,7 @@ class Solver:
         # Only edges to values not known non-splat yet can tell anything.
         for var_id, others in splat_alike.items():
             for other in others:
-                root = parent[other.id]
-                if parent[root] != root:
-                    root = find(root)
-                if nonsplat[root] is None:
+                if nonsplat[find(other.id)] is None:
                     successors.setdefault(find(var_id), []).append(other)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
@@ -423,11 +409,11 @@ class Solver:
             if self.nonsplat[root] is None:
                 self.nonsplat[root] = self.nonsplat[self.find(c.source.id)]
 
-    def _index(self) -> list[int]:
+    def _index(self) -> None:
         """Records the classes each constraint is over, and which active
         constraints watch each class. A constraint that restates an earlier
         one on the same classes (see :meth:`Constraint.restatement_key`) is
-        dropped. Returns the constraints still active, in order."""
+        dropped. Keeps the constraints still active, in order, as ``indexed``."""
         find = self.find
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
@@ -442,10 +428,7 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                if len(over) == 1:
-                    roots = (find(over[0].id),)
-                else:
-                    roots = tuple(dict.fromkeys([find(v.id) for v in over]))
+                roots = tuple(dict.fromkeys([find(v.id) for v in over]))
                 cvars.append(roots)
                 key = (roots, what)
                 if key in stated:
@@ -486,7 +469,6 @@ class Solver:
             self.fallbacks.setdefault(find(var.id), []).extend(values)
         #: The only constraints that can be active from now on.
         self.indexed = remaining
-        return remaining
 
     # --- assignment and propagation -------------------------------------------
 
@@ -755,9 +737,9 @@ class Solver:
             # every active one once, in order.
             for var, value, origin in self.system.assignments:
                 self.assign(self.find(var.id), value, ("o", origin))
-            remaining = self._index()
+            self._index()
             value, splat_watched, cvars = self.value, self.splat_watched, self.cvars
-            for ci in remaining:
+            for ci in self.indexed:
                 target = splat_watched.get(ci)
                 if target is not None:  # a strict relayout that may say nothing yet
                     source = value[cvars[ci][0]]
@@ -775,9 +757,7 @@ class Solver:
         for roots, constraints in self._components():
             self._search(roots, constraints)
         find, value = self.find, self.value
-        parent = self.parent
-        # Most variables hang right below their root by now.
-        return [value[p] if parent[p] == p else value[find(i)] for i, p in enumerate(parent)]
+        return [value[find(i)] for i in range(len(self.variables))]
 
     # --- explanations -----------------------------------------------------------
 
@@ -902,10 +882,6 @@ class Solver:
 def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
     """The class ``expr`` derives from and the keys of its derivation steps,
     ``None`` if some step opts out or it derives from no variable."""
-    key = expr.congruence_key()
-    source = expr.expression
-    if type(source) is Variable and key is not None:  # one step: most derivations
-        return (find(source.id), key)
     keys: list[Hashable] = []
     while isinstance(expr, Derived):
         key = expr.congruence_key()

@@ -99,7 +99,7 @@ def _trailing_dims(op: vector.BroadcastOp) -> tuple[int, ...]:
 
 def broadcast_in_dim(op: mgpu.BroadcastInDimOp, b: ConstraintBuilder) -> None:
     """The source is the result reduced along the broadcast dims."""
-    dims = _cached_ints(op.broadcast_dimensions)
+    dims = _ints(op.broadcast_dimensions)
     src, dst = b.variable(b.operand(0)), b.variable(b.result(0))
     _check_broadcast(op, src.shape, dst.shape, dims)
     _broadcast_in_dim(b, src, dst, dims)
@@ -169,11 +169,6 @@ def multi_reduction(op: vector.MultiDimReductionOp, b: ConstraintBuilder) -> Non
 @per_context
 def _sorted_ints(attr: ir.Attribute) -> tuple[int, ...]:
     return tuple(sorted(_ints(attr)))
-
-
-@per_context  # kernels broadcast along a few sets of dims
-def _cached_ints(attr: ir.Attribute) -> tuple[int, ...]:
-    return _ints(attr)
 
 
 def vector_concat(op: mgpu.VectorConcatOp, b: ConstraintBuilder) -> None:
