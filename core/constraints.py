@@ -105,6 +105,14 @@ UNSUPPORTED: Final = Unsupported()
 ValueOf = Callable[[Variable], Constant | None]
 
 
+#: How the built-in expressions and constraints are declared: attrs classes
+#: that compare by value, neither frozen nor converting on assignment. Rules
+#: state them by the thousand per kernel, and either way attrs sets every
+#: field through ``object.__setattr__`` (an ``Equal`` then costs 2.5 times as
+#: much to make). Nothing changes a statement once made, nor hashes one.
+_statement = functools.partial(attrs.define, on_setattr=attrs.setters.NO_OP)
+
+
 class Derived:
     """Base of expressions that derive a layout from another expression."""
 
@@ -166,25 +174,28 @@ def _reduce_shape(shape: Sequence[int], axes: Sequence[int], keep_dims: bool) ->
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
+def _ascending_axes(axes: Sequence[int]) -> tuple[int, ...]:
+    """``axes`` as a tuple, if they are sorted, distinct and non-negative."""
+    return _checked_axes(axes if type(axes) is tuple else tuple(axes))
+
+
 @functools.lru_cache(maxsize=256)  # a kernel reduces along a few sets of axes
-def _ascending_axes(axes: tuple[int, ...]) -> bool:
-    return bool(axes) and list(axes) == sorted(set(axes)) and axes[0] >= 0
+def _checked_axes(axes: tuple[int, ...]) -> tuple[int, ...]:
+    if not (axes and list(axes) == sorted(set(axes)) and axes[0] >= 0):
+        raise ValueError(f"axes must be sorted, distinct and non-negative, got {axes}")
+    return axes
 
 
-@attrs.frozen
+@_statement
 class Reduced(Derived):
     """The layout of ``expression`` after reducing ``axes`` of a rank-``rank`` value."""
 
     keeps_splat: ClassVar[bool] = True
 
     expression: Expression
-    axes: tuple[int, ...] = attrs.field(converter=tuple)
+    axes: tuple[int, ...] = attrs.field(converter=_ascending_axes)
     rank: int
     keep_dims: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if not _ascending_axes(self.axes):
-            raise ValueError(f"axes must be sorted, distinct and non-negative, got {self.axes}")
 
     def _tiled_axes(self, layout: fa.TiledLayout) -> tuple[int, ...]:
         return _tiled_axes(self.axes, self.rank, layout)
@@ -308,7 +319,7 @@ def _keep_reduced(layout: fa.TiledLayout, axes: tuple[int, ...]) -> Constant | U
         return UNSUPPORTED
 
 
-@attrs.frozen
+@_statement
 class Reshaped(Derived):
     """The layout of ``expression`` after reshaping ``source_shape`` to ``target_shape``."""
 
@@ -388,7 +399,7 @@ class Reshaped(Derived):
         return f"reshape({describe(self.expression)}, {self.source_shape}->{self.target_shape})"
 
 
-@attrs.frozen
+@_statement
 class Transposed(Derived):
     """The SMEM transforms of ``expression`` seen through a dim ``permutation``."""
 
@@ -418,7 +429,7 @@ class Transposed(Derived):
         return f"transpose({describe(self.expression)}, {self.permutation})"
 
 
-@attrs.frozen
+@_statement
 class Collapsed(Derived):
     """The SMEM transforms of ``expression`` after collapsing groups of dims.
 
@@ -547,7 +558,7 @@ def _one_variable_one_constant(
     return None
 
 
-@attrs.frozen
+@_statement
 class Equal(Constraint):
     """``lhs`` and ``rhs`` have the same layout."""
 
@@ -580,7 +591,7 @@ class Equal(Constraint):
         return f"{describe(self.lhs)} == {describe(self.rhs)}"
 
 
-@attrs.frozen
+@_statement
 class Relayout(Constraint):
     """Registers in layout ``source`` can be converted to layout ``target``.
 
@@ -628,7 +639,7 @@ def _can_relayout(src: RegisterLayout, dst: RegisterLayout, bitwidth: int, stric
     return layouts.can_relayout(src.layout, dst.layout, bitwidth=bitwidth, strict=strict)
 
 
-@attrs.frozen
+@_statement
 class Excludes(Constraint):
     """``expr`` is not a register layout of class ``kind`` (e.g. not splat)."""
 
@@ -649,7 +660,7 @@ class Excludes(Constraint):
         return f"{describe(self.expr)} is not {self.kind.__name__}"
 
 
-@attrs.frozen
+@_statement
 class OneOf(Constraint):
     """``expr`` is one of ``allowed`` (tried in order)."""
 
@@ -716,7 +727,7 @@ def _tiling_of(value: Constant) -> tuple[int, ...] | None:
     return None
 
 
-@attrs.frozen
+@_statement
 class Divides(Constraint):
     """Each tiled dim of ``expr`` divides the matching trailing entry of ``multiple``.
 
@@ -750,7 +761,7 @@ def merge_multiples(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.gcd(x, y) for x, y in zip(a[-n:], b[-n:]))
 
 
-@attrs.frozen
+@_statement
 class MinorDimDivisibleBy(Constraint):
     """The minor tile dim of SMEM transforms ``expr`` is a multiple of ``divisor``."""
 
@@ -770,7 +781,7 @@ class MinorDimDivisibleBy(Constraint):
         return f"minor tile dim of {describe(self.expr)} divisible by {self.divisor}"
 
 
-@attrs.frozen
+@_statement
 class SupportedBroadcast(Constraint):
     """Registers in ``source`` can be broadcast along ``dims`` into ``target``.
 
@@ -817,7 +828,7 @@ class SupportedBroadcast(Constraint):
         return f"{describe(self.source)} broadcasts along {self.dims} into {describe(self.target)}"
 
 
-@attrs.frozen
+@_statement
 class TransferableTmem(Constraint):
     """A TMEM ref in ``tmem`` and registers in ``registers`` can be copied
     between each other (``tcgen05.ld`` / ``tcgen05.st``) for a ``shape`` value
@@ -899,7 +910,7 @@ class TransferKind:
     DOWNGRADABLE: Final = "downgradable"
 
 
-@attrs.frozen
+@_statement
 class TransferableSmem(Constraint):
     """Registers in ``registers`` and an SMEM ref with transforms ``smem`` can
     be copied between each other for a ref of ``shape``/``strides`` holding
