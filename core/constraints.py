@@ -47,7 +47,12 @@ class Variable:
     they compare by identity.
     """
 
-    __slots__ = ("id", "site", "memory_space", "type", "fit_key", "_shape", "__weakref__")
+    __slots__ = ("id", "site", "memory_space", "type", "fit_key", "shape", "__weakref__")
+
+    #: The shape of the values of the variable's sites. A plain attribute
+    #: (rules read it often); an SMEM ref's is read only when first asked
+    #: for (see __getattr__): kernels have many refs, and few rules ask.
+    shape: tuple[int, ...]
 
     def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace,
                  shape: tuple[int, ...] | None = None) -> None:
@@ -58,21 +63,21 @@ class Variable:
         self.memory_space = memory_space
         self.type: ir.Type = site.type
         #: What decides which layouts fit: the shape of a register or TMEM
-        #: value, the whole type of an SMEM ref (whose shape is read only if
-        #: asked for: kernels have many refs).
+        #: value, the whole type of an SMEM ref.
         if memory_space is MemorySpace.SMEM:
-            self._shape = shape
+            if shape is not None:
+                self.shape = shape
             self.fit_key: tuple[object, ...] = (memory_space, self.type)
         else:
-            self._shape = _shape_of(self.type) if shape is None else shape
-            self.fit_key = (memory_space, self._shape)
+            self.shape = _shape_of(self.type) if shape is None else shape
+            self.fit_key = (memory_space, self.shape)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The shape of the values of the variable's sites."""
-        if self._shape is None:
-            self._shape = _shape_of(self.type)
-        return self._shape
+    def __getattr__(self, name: str) -> Any:
+        # Only for slots never set: the shape of an SMEM ref, on first use.
+        if name != "shape":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.shape = _shape_of(self.type)
+        return self.shape
 
     def __repr__(self) -> str:
         return f"V{self.id}({self.site})"

@@ -128,60 +128,63 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         """Describes ``op``; whether to enter its regions (a rule may have
-        declared them opaque: already at Lane level)."""
-        name = op.name
-        record = table.get(name)
-        # A terminator some of whose sites its parent's rule described? Most
-        # kernels have none, and only ops of those terminators' names are hashed.
-        elsewhere = described_elsewhere.get(name) if described_elsewhere else None
-        op_hash = hash(op) if elsewhere else None
-        entry = None
-        if record is not None and record.function is same_layout and not trace:
-            if op_hash is None or op_hash not in elsewhere:  # type: ignore[operator]
-                entry = apply_same_layout(op, op_hash, system, sites_table)
-        if entry is not None:
-            shared.append(entry)
-            opaque = False
-        else:
-            # An op with a rule usually uses values described already.
-            sites = (layout_sites(op, op_hash) if record is None
-                     else sites_table.layout_sites(op, op_hash))
-            if not sites:
-                # Lane-level regions stay unseen even when the op itself
-                # carries no layouts (a rule registered opaque_regions=True).
-                return SKIP if record is not None and record.opaque_regions else ADVANCE
-            described = None
-            if op_hash is not None and op_hash in elsewhere:  # type: ignore[operator]
-                described = [site_vars.get(s) for s in sites]
-                if None not in described:
-                    # A terminator (scf.yield...): its parent's rule
-                    # described it. Like jax, it still gets its attributes.
-                    described_by_parent.append((op, sites, described))  # type: ignore[arg-type]
-                    return ADVANCE
-            if record is None:
-                raise _no_rule(pipeline, op, arch)
-            view = op.opview
-            builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash,
-                                        described)
-            _describe(record, view, builder)
-            variables = builder.site_variables
-            if None in variables:
-                builder._malformed(
-                    "left these sites without a variable: "
-                    + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
-            annotated.append((op, sites, variables))  # type: ignore[arg-type]
-            opaque = builder.opaque
-        plugin = record.plugin
-        ops_per_plugin[plugin] = ops_per_plugin.get(plugin, 0) + 1
-        if trace and report is not None:  # every op's rule ran through a builder
-            report.trace.append(TraceEntry(op.name, format_location(op.location), plugin,
-                                           record.function.__qualname__))
-        return SKIP if opaque or record.opaque_regions else ADVANCE
-
-    def guarded(op: ir.Operation) -> ir.WalkResult:
-        # The bindings would turn an exception into a RuntimeError: keep it.
+        declared them opaque: already at Lane level). An exception stops the
+        walk and is raised after it: the bindings would turn it into a
+        RuntimeError."""
         try:
-            return visit(op)
+            name = op.name
+            record = table.get(name)
+            # A terminator some of whose sites its parent's rule described? Most
+            # kernels have none, and only ops of those terminators' names are hashed.
+            elsewhere = described_elsewhere.get(name) if described_elsewhere else None
+            op_hash = hash(op) if elsewhere else None
+            entry = None
+            if record is not None and record.function is same_layout and not trace:
+                if op_hash is None or op_hash not in elsewhere:  # type: ignore[operator]
+                    entry = apply_same_layout(op, op_hash, system, sites_table)
+            if entry is not None:
+                shared.append(entry)
+                opaque = False
+            else:
+                # An op with a rule usually uses values described already.
+                sites = (layout_sites(op, op_hash) if record is None
+                         else sites_table.layout_sites(op, op_hash))
+                if not sites:
+                    # Lane-level regions stay unseen even when the op itself
+                    # carries no layouts (a rule registered opaque_regions=True).
+                    return SKIP if record is not None and record.opaque_regions else ADVANCE
+                described = None
+                if op_hash is not None and op_hash in elsewhere:  # type: ignore[operator]
+                    described = [site_vars.get(s) for s in sites]
+                    if None not in described:
+                        # A terminator (scf.yield...): its parent's rule
+                        # described it. Like jax, it still gets its attributes.
+                        described_by_parent.append((op, sites, described))  # type: ignore[arg-type]
+                        return ADVANCE
+                if record is None:
+                    raise _no_rule(pipeline, op, arch)
+                view = op.opview
+                builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash,
+                                            described)
+                try:
+                    record.function(view, builder)
+                except SmaltiError:
+                    raise
+                except Exception as e:
+                    raise _rule_failed(record, view, e) from e
+                variables = builder.site_variables
+                if None in variables:
+                    builder._malformed(
+                        "left these sites without a variable: "
+                        + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
+                annotated.append((op, sites, variables))  # type: ignore[arg-type]
+                opaque = builder.opaque
+            plugin = record.plugin
+            ops_per_plugin[plugin] = ops_per_plugin.get(plugin, 0) + 1
+            if trace and report is not None:  # every op's rule ran through a builder
+                report.trace.append(TraceEntry(op.name, format_location(op.location), plugin,
+                                               record.function.__qualname__))
+            return SKIP if opaque or record.opaque_regions else ADVANCE
         except BaseException as e:
             failures.append(e)
             return INTERRUPT
@@ -189,7 +192,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     # Pre-order, driven by MLIR (cheaper than a stack of op views): an op's
     # regions are entered after its rule ran.
     for top in module.body.operations:
-        top.operation.walk(guarded, ir.WalkOrder.PRE_ORDER)
+        top.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
         if failures:
             raise failures.pop()  # held by no local: no cycle through its traceback
     _connect_uses(system, sites_table)
@@ -214,21 +217,16 @@ def _no_rule(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int]) -> Sma
         ))
 
 
-def _describe(record: RuleRecord, view: ir.OpView, builder: ConstraintBuilder) -> None:
-    """Calls ``record``'s rule; a crash in it is the plugin's error."""
-    try:
-        record.function(view, builder)
-    except SmaltiError:
-        raise
-    except Exception as e:
-        raise PluginError(
-            "SM005",
-            f"constraint rule {record.name} of plugin {record.plugin!r} raised "
-            f"{type(e).__name__}: {e}",
-            op=view.operation,
-            fix=[f"report this to the authors of {record.plugin!r}",
-                 f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
-        ) from e
+def _rule_failed(record: RuleRecord, view: ir.OpView, error: Exception) -> PluginError:
+    """The error for a crash in ``record``'s rule: the plugin's error."""
+    return PluginError(
+        "SM005",
+        f"constraint rule {record.name} of plugin {record.plugin!r} raised "
+        f"{type(error).__name__}: {error}",
+        op=view.operation,
+        fix=[f"report this to the authors of {record.plugin!r}",
+             f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
+    )
 
 
 def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:

@@ -112,6 +112,8 @@ class ConstraintBuilder:
         self._table = sites
         self._record = record
         self._sites = op_sites
+        if site_variables is None and op_sites is not None:
+            site_variables = [None] * len(op_sites)
         self._variables = site_variables
         self._operation = op.operation
         self._op_hash = op_hash
@@ -132,9 +134,23 @@ class ConstraintBuilder:
     # --- sites -------------------------------------------------------------------
 
     def operand(self, index: int) -> ValueSite:
+        # The site core made knows its value and type: hand out that one.
+        # Operand i is usually at position i (when every operand before it
+        # holds a vector or ref): looked for there first, without a call.
+        sites = self._sites
+        if sites and index < len(sites):
+            site = sites[index]
+            if site.index == index and site.kind is OPERAND:
+                return site
         return self._site(OPERAND, index)
 
     def result(self, index: int) -> ValueSite:
+        # Results come last: an op's only result is its last site.
+        sites = self._sites
+        if sites:
+            site = sites[-1]
+            if site.index == index and site.kind is RESULT:
+                return site
         return self._site(RESULT, index)
 
     def argument(self, region: int, index: int) -> ValueSite:
@@ -142,15 +158,8 @@ class ConstraintBuilder:
         return ValueSite(self.op, SiteKind.ARGUMENT, index, region, op_hash=self._op_hash)
 
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
-        # The site core already made knows its value and type: hand out that
-        # one. Operand i is usually at position i (when every operand before
-        # it holds a vector or ref), and results come last.
-        sites = self._sites or ()
-        if sites:
-            site = sites[index if kind is OPERAND and index < len(sites) else -1]
-            if site.kind is kind and site.index == index:
-                return site
-        for site in sites:
+        # The site core already made, if any (see operand()), else a new one.
+        for site in self._sites or ():
             if site.kind is kind and site.index == index:
                 return site
         return ValueSite(self.op, kind, index, op_hash=self._op_hash)
@@ -188,13 +197,15 @@ class ConstraintBuilder:
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
         system, table = self._system, self._table
-        # The sites share a shape: a described operand's producer knows it.
+        # The sites share a shape: a described operand's producer knows it
+        # (an SMEM ref's is left unread, see Variable.shape).
         shape = None
-        for site in sites:
-            defined = site._definition
-            if defined is not None:
-                shape = defined[0]._shape
-                break
+        if space is not MemorySpace.SMEM:
+            for site in sites:
+                defined = site._definition
+                if defined is not None:
+                    shape = defined[0].shape
+                    break
         variables = system.variables
         var = Variable(len(variables), sites[-1], space, shape)
         variables.append(var)
@@ -213,8 +224,8 @@ class ConstraintBuilder:
                 defined = site._definition or table.definitions.get(site.value)
                 if defined is None:
                     table.operands.append((site, var))
-                else:
-                    system.use(defined[0], var, defined[1])
+                else:  # system.use(), without the call: most variables have a use
+                    system.uses.append((defined[0], var, defined[1]))
             else:
                 table.definitions[site.value] = (var, site.type)
         return var
@@ -271,7 +282,9 @@ class ConstraintBuilder:
         for constraint in constraints:
             if not isinstance(constraint, Constraint):
                 self._malformed(f"require() got {constraint!r}, not a smalti Constraint")
-            system.require(constraint, origin)
+            # system.require(), without a call per statement
+            system.constraints.append(constraint)
+            system.origins.append(origin)
 
     def fallback(self, variable: Variable, value: Constant) -> None:
         """Try ``value`` for ``variable`` if nothing else determines it."""
@@ -376,8 +389,9 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
                    MemorySpace.REG, shape)
     variables.append(var)
+    uses = system.uses  # system.use() without a call per use
     for producer, ty in linked:
-        system.use(producer, var, ty)
+        uses.append((producer, var, ty))
     for index, value, ty in later:
         table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
     for _, value, ty, _ in results:

@@ -19,6 +19,9 @@ from smalti.diagnostics import format_location
 from smalti.layouts import MemorySpace
 
 
+REG = MemorySpace.REG
+
+
 class SiteKind(enum.IntEnum):
     OPERAND = 0
     RESULT = 1
@@ -161,7 +164,8 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList
     for index in range(len(values)):
         value = values[index]
         ty = value.type
-        space = memory_space_of_type(ty)
+        # Vectors (most values) known without a call.
+        space = REG if isinstance(ty, ir.VectorType) else memory_space_of_type(ty)
         if space is not None:
             found.append((index, value, ty, space))
     return found

@@ -330,7 +330,10 @@ class Solver:
         # Only edges to values not known non-splat yet can tell anything.
         for var_id, others in splat_alike.items():
             for other in others:
-                if nonsplat[find(other.id)] is None:
+                root = parent[other.id]  # find(), inlined as above
+                if parent[root] != root:
+                    root = find(root)
+                if nonsplat[root] is None:
                     successors.setdefault(find(var_id), []).append(other)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
@@ -428,7 +431,8 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                roots = tuple(dict.fromkeys([find(v.id) for v in over]))
+                roots = ((find(over[0].id),) if len(over) == 1
+                         else tuple(dict.fromkeys([find(v.id) for v in over])))
                 cvars.append(roots)
                 key = (roots, what)
                 if key in stated:
@@ -756,8 +760,9 @@ class Solver:
             raise self._unsolvable(conflict) from None
         for roots, constraints in self._components():
             self._search(roots, constraints)
-        find, value = self.find, self.value
-        return [value[find(i)] for i in range(len(self.variables))]
+        find, value, parent = self.find, self.value, self.parent
+        # parent[i] is the root of nearly every i by now: find() only for the rest.
+        return [value[r] if parent[r] == r else value[find(r)] for r in parent]
 
     # --- explanations -----------------------------------------------------------
 
