@@ -278,7 +278,7 @@ class ConstraintBuilder:
         self._system.assignments.append((variable, value, self.origin))
 
     def require(self, *constraints: Constraint) -> None:
-        origin, system = self.origin, self._system
+        origin, system = self._origin or self.origin, self._system
         for constraint in constraints:
             if not isinstance(constraint, Constraint):
                 self._malformed(f"require() got {constraint!r}, not a smalti Constraint")

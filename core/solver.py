@@ -200,7 +200,12 @@ class Solver:
         return root
 
     def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
+        parent = self.parent
+        ra, rb = parent[a], parent[b]  # find()'s fast path, without the calls
+        if parent[ra] != ra:
+            ra = self.find(ra)
+        if parent[rb] != rb:
+            rb = self.find(rb)
         return ra if ra == rb else self._join(ra, rb)
 
     def _join(self, ra: int, rb: int) -> int:
@@ -305,7 +310,10 @@ class Solver:
                 # The producer may be a reduction of a value found non-splat
                 # earlier in this pass.
                 for other in splat_alike.get(producer.id, ()):
-                    proof = nonsplat[find(other.id)]
+                    other_root = parent[other.id]
+                    if parent[other_root] != other_root:
+                        other_root = find(other_root)
+                    proof = nonsplat[other_root]
                     if proof is not None:
                         nonsplat[root] = proof
                         break
@@ -417,7 +425,7 @@ class Solver:
         constraints watch each class. A constraint that restates an earlier
         one on the same classes (see :meth:`Constraint.restatement_key`) is
         dropped. Keeps the constraints still active, in order, as ``indexed``."""
-        find = self.find
+        find, parent = self.find, self.parent
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
         cvars, active = self.cvars, self.active
@@ -431,8 +439,14 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                roots = ((find(over[0].id),) if len(over) == 1
-                         else tuple(dict.fromkeys([find(v.id) for v in over])))
+                found = []
+                for v in over:
+                    root = parent[v.id]  # find(), inlined for roots and right below
+                    if parent[root] != root:
+                        root = find(root)
+                    if root not in found:
+                        found.append(root)
+                roots = tuple(found)
                 cvars.append(roots)
                 key = (roots, what)
                 if key in stated:
