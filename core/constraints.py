@@ -47,7 +47,7 @@ class Variable:
     they compare by identity.
     """
 
-    __slots__ = ("id", "site", "memory_space", "type", "fit_key", "shape", "__weakref__")
+    __slots__ = ("id", "site", "memory_space", "type", "shape", "__weakref__")
 
     #: The shape of the values of the variable's sites. A plain attribute
     #: (rules read it often); an SMEM ref's is read only when first asked
@@ -62,15 +62,18 @@ class Variable:
         self.site = site
         self.memory_space = memory_space
         self.type: ir.Type = site.type
-        #: What decides which layouts fit: the shape of a register or TMEM
-        #: value, the whole type of an SMEM ref.
-        if memory_space is MemorySpace.SMEM:
-            if shape is not None:
-                self.shape = shape
-            self.fit_key: tuple[object, ...] = (memory_space, self.type)
-        else:
+        if memory_space is not MemorySpace.SMEM:
             self.shape = _shape_of(self.type) if shape is None else shape
-            self.fit_key = (memory_space, self.shape)
+        elif shape is not None:
+            self.shape = shape
+
+    @property
+    def fit_key(self) -> tuple[object, ...]:
+        """What decides which layouts fit: the shape of a register or TMEM
+        value, the whole type of an SMEM ref."""
+        if self.memory_space is MemorySpace.SMEM:
+            return (MemorySpace.SMEM, self.type)
+        return (self.memory_space, self.shape)
 
     def __getattr__(self, name: str) -> Any:
         # Only for slots never set: the shape of an SMEM ref, on first use.

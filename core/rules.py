@@ -35,6 +35,7 @@ from smalti.sites import (
 from smalti.solver import ConstraintSystem, Origin
 
 OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
+REG = MemorySpace.REG
 
 
 class SiteTable:
@@ -84,9 +85,13 @@ class SiteTable:
                 ty, space = defined[1], defined[0].memory_space
             sites.append(make_site(op, op_hash, OPERAND, index, value, ty, space, len(sites),
                                    defined))
-        for index, value, ty, space in layout_values(op.results):
-            sites.append(make_site(op, op_hash, SiteKind.RESULT, index, value, ty, space,
-                                   len(sites)))
+        results = op.results
+        for index in range(len(results)):  # layout_values(op.results), inlined
+            value = results[index]
+            ty = value.type
+            space = REG if isinstance(ty, ir.VectorType) else memory_space_of_type(ty)
+            if space is not None:
+                sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
         return sites
 
 

@@ -219,8 +219,10 @@ class Solver:
         # Classes mixing kinds of values (shapes, SMEM types) remember one
         # variable of each kind, for valid(); most classes hold one kind.
         mixed, a, b = self.mixed, self.variables[ra], self.variables[rb]
-        if not mixed and a.fit_key == b.fit_key:  # no class mixes kinds yet
-            return ra
+        space = a.memory_space
+        if not mixed and space is b.memory_space and (  # no class mixes kinds yet
+                a.shape == b.shape if space is not MemorySpace.SMEM else a.type == b.type):
+            return ra  # and these two hold one kind (a.fit_key == b.fit_key, without tuples)
         a_kinds, b_kinds = mixed.get(ra), mixed.pop(rb, None)
         if b_kinds is None:  # b's class holds one kind: b's
             if a_kinds is not None:
