@@ -147,9 +147,16 @@ def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
     inference knows of an operand's definition."""
     # Inference makes one per operand and result of a kernel: no __init__ call.
     site = object.__new__(ValueSite)
-    site.op, site.kind, site.index, site.region = op, kind, index, None
-    site._op_hash, site._hash, site._position = op_hash, None, position
-    site.value, site.type, site.memory_space = value, ty, space
+    site.op = op
+    site.kind = kind
+    site.index = index
+    site.region = None
+    site.value = value
+    site.type = ty
+    site.memory_space = space
+    site._op_hash = op_hash
+    site._hash = None
+    site._position = position
     site._definition = definition
     return site
 
