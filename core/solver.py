@@ -164,9 +164,8 @@ class Solver:
         self.budget = budget
         n = len(system.variables)
         self.variables = system.variables
-        for i, v in enumerate(self.variables):
-            if v.id != i:
-                raise ValueError("variables must be numbered 0..n-1 in order")
+        if [v.id for v in self.variables] != list(range(n)):
+            raise ValueError("variables must be numbered 0..n-1 in order")
         self.parent = list(range(n))
         self.value: list[Constant | None] = [None] * n
         self.reason: list[object] = [None] * n
