@@ -299,7 +299,7 @@ class Solver:
             else:
                 self._settle_relayout(ci)
         open_uses = []
-        join, parent, REG = self._join, self.parent, MemorySpace.REG
+        join, parent, mixed, REG = self._join, self.parent, self.mixed, MemorySpace.REG
         # find(), inlined for variables that are their class's root or right
         # below it (nearly all): parent[parent[i]] is then the root.
         for use in self.system.uses:
@@ -325,8 +325,20 @@ class Solver:
             consumer_root = parent[consumer.id]
             if parent[consumer_root] != consumer_root:
                 consumer_root = find(consumer_root)
-            if consumer_root != root:
+            if consumer_root == root:
+                continue
+            if mixed:  # some class mixes kinds: _join() keeps the books
                 join(root, consumer_root)
+            # Otherwise _join(), inlined (most variables have a use): both
+            # classes hold this value, so they hold one kind.
+            elif root < consumer_root:
+                parent[consumer_root] = root
+                if nonsplat[root] is None:
+                    nonsplat[root] = nonsplat[consumer_root]
+            else:
+                parent[root] = consumer_root
+                if nonsplat[consumer_root] is None:
+                    nonsplat[consumer_root] = nonsplat[root]
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
             c = self.constraints[ci]
