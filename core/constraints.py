@@ -58,6 +58,7 @@ class Variable:
                  shape: tuple[int, ...] | None = None) -> None:
         """``shape``, if given, is the shape of the site's type (known to the
         caller: reading it again through the bindings is slow)."""
+        # make_variable() does the same without the call: keep them in step.
         self.id = id
         self.site = site
         self.memory_space = memory_space
@@ -86,6 +87,22 @@ class Variable:
         return f"V{self.id}({self.site})"
 
     __str__ = __repr__
+
+
+def make_variable(id: int, site: ValueSite, memory_space: MemorySpace,
+                  shape: tuple[int, ...] | None) -> Variable:
+    """``Variable(id, site, memory_space, shape)`` without the constructor's
+    call: inference makes one per op."""
+    var = object.__new__(Variable)
+    var.id = id
+    var.site = site
+    var.memory_space = memory_space
+    var.type = ty = site.type
+    if memory_space is not MemorySpace.SMEM:
+        var.shape = _shape_of(ty) if shape is None else shape
+    elif shape is not None:
+        var.shape = shape
+    return var
 
 
 def _shape_of(ty: ir.Type) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti.constraints import Constraint, Variable
+from smalti.constraints import Constraint, Variable, make_variable
 from smalti.diagnostics import PluginError, SmaltiValueError
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import RuleRecord
@@ -212,7 +212,7 @@ class ConstraintBuilder:
                     shape = defined[0].shape
                     break
         variables = system.variables
-        var = Variable(len(variables), sites[-1], space, shape)
+        var = make_variable(len(variables), sites[-1], space, shape)
         variables.append(var)
         own, claimed = self._operation, self._variables
         if claimed is None:
@@ -391,8 +391,8 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     # All sites have one shape: a producer's variable knows it already.
     shape = linked[0][0].shape if linked else None
     variables = system.variables
-    var = Variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
-                   MemorySpace.REG, shape)
+    var = make_variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
+                        MemorySpace.REG, shape)
     variables.append(var)
     uses = system.uses  # system.use() without a call per use
     for producer, ty in linked:
