@@ -336,7 +336,7 @@ class _AttributeCache:
     def register_layouts(self, values: list[Constant], split: int) -> _InsOuts:
         """Those of an op whose sites all hold vectors, the first ``split`` of
         them operands."""
-        key = (split, *map(id, values))
+        key = (split, *[id(v) for v in values])  # faster than *map() here
         cached = self._registers.get(key)
         if cached is None:
             pair = (self.array(values[:split]) if split else None,
