@@ -378,16 +378,28 @@ class Solver:
         only restate it. A kernel that sums rows and broadcasts them back at
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
-        find, constraints, active = self.find, self.constraints, self.active
+        find, constraints, active, parent = self.find, self.constraints, self.active, self.parent
         first_of: dict[tuple[Hashable, ...], int] = {}
         for ci in derived_equals:
             c = constraints[ci]
             var, derived = (c.lhs, c.rhs) if type(c.lhs) is Variable else (c.rhs, c.lhs)
             if type(var) is not Variable:
                 continue
-            key = _congruence_key(derived, find)
-            if key is None:
-                continue
+            source = derived.expression
+            if type(source) is Variable:
+                # One derivation of a variable (most): _congruence_key() without
+                # its calls, its list and the find() of a root or right below.
+                step = derived.congruence_key()
+                if step is None:
+                    continue
+                root = parent[source.id]
+                if parent[root] != root:
+                    root = find(root)
+                key: tuple[Hashable, ...] | None = (root, step)
+            else:
+                key = _congruence_key(derived, find)
+                if key is None:
+                    continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
                 self.union(first, var.id)
