@@ -1,20 +1,35 @@
-"""The Python instructions one inference executes, by function.
+"""The Python instructions one inference executes, by function; with
+``--machine``, the machine instructions (callgrind).
 
     .venv/bin/python -m benchmarks.count                       # reductions(1000)
     .venv/bin/python -m benchmarks.count --kernel chain --size 4000 --top 30
+    .venv/bin/python -m benchmarks.count --machine             # needs valgrind
 
 Timings on a shared machine move by 10% and more between runs, more than most
 single changes to smalti's hot paths; the number of bytecode instructions
 smalti executes for one kernel does not move at all. It leaves out the time
 spent in the MLIR bindings and in C, so it measures smalti's own work: use
 it to compare two versions of a change, and ``run.py`` for the figures.
+
+Bytecode instructions undercount what costs most in Python: a call or a new
+object is one or two instructions, and hundreds of machine instructions in
+the interpreter (frames, arguments, allocation, freeing). ``--machine``
+counts those: it runs the kernel under callgrind twice, building four copies
+and inferring all of them, then none, and prints the difference per
+inference (within about 1% from run to run; a minute or two per kernel).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
+import os
+import re
+import subprocess
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from collections.abc import Callable
 from types import CodeType
 
@@ -58,14 +73,64 @@ def count_instructions(make_module: Callable[[], ir.Module]
     return per_function.total(), per_function
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+_KINDS = {make.__name__: make for make in SYNTHETIC.values()}
+
+
+def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
+                         valgrind: Sequence[str] = ("valgrind",)) -> int:
+    """The machine instructions one inference of ``kernel(size)`` executes,
+    bindings and interpreter included, as callgrind counts them: a process
+    that builds ``inferences`` copies and infers them all, less one that
+    builds them and infers none, per inference."""
+    def collected(infer: int) -> int:
+        command = [*valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                   sys.executable, "-m", "benchmarks.count", "--kernel", kernel,
+                   "--size", str(size), "--build", str(inferences), "--infer", str(infer)]
+        # A fixed hash seed: the same dict layouts, hence the same work, every run.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True)
+        found = re.search(r"Collected\s*:\s*([\d,]+)", done.stderr)
+        if done.returncode or found is None:
+            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                               + done.stderr[-2000:])
+        return int(found.group(1).replace(",", ""))
+
+    return (collected(inferences) - collected(0)) // inferences
+
+
+def _build_and_infer(kernel: str, size: int, build: int, infer: int) -> None:
+    """What --machine runs under callgrind: warms smalti on one copy of the
+    kernel, builds ``build`` more and infers the first ``infer`` of them,
+    the collector off (its passes would fall at different times)."""
+    body = _KINDS[kernel](size)
+    smalti.infer_layouts(kernels.build_kernel(body, [SHAPE], [SHAPE]).module)
+    modules = [kernels.build_kernel(body, [SHAPE], [SHAPE]).module for _ in range(build)]
+    gc.collect()
+    gc.disable()
+    for module in modules[:infer]:
+        smalti.infer_layouts(module)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    kinds = {make.__name__: make for make in SYNTHETIC.values()}
-    parser.add_argument("--kernel", choices=sorted(kinds), default="reductions")
+    parser.add_argument("--kernel", choices=sorted(_KINDS), default="reductions")
     parser.add_argument("--size", type=int, default=1000, help="the kernel generator's size (its vector ops before canonicalization)")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
+    parser.add_argument("--machine", action="store_true",
+                        help="count machine instructions under callgrind instead (needs valgrind)")
+    # The process --machine runs under callgrind.
+    parser.add_argument("--build", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--infer", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    body = kinds[args.kernel](args.size)
+    if args.build is not None:
+        _build_and_infer(args.kernel, args.size, args.build, args.infer or 0)
+        return
+    if args.machine:
+        count = machine_instructions(args.kernel, args.size)
+        print(f"{args.kernel}({args.size}): {count:,} machine instructions per inference")
+        return
+    body = _KINDS[args.kernel](args.size)
     total, per_function = count_instructions(
         lambda: kernels.build_kernel(body, [SHAPE], [SHAPE]).module)
     print(f"{args.kernel}({args.size}): {total:,} instructions")

@@ -1,8 +1,12 @@
 """benchmarks/count.py: a deterministic measure of smalti's own work."""
 
+import sys
+
+import pytest
+
 from smalti import kernels
 
-from benchmarks.count import count_instructions
+from benchmarks.count import count_instructions, machine_instructions
 from benchmarks.run import SHAPE, reductions
 
 
@@ -36,3 +40,29 @@ def test_the_counted_module_gets_its_layouts():
 
     count_instructions(make)
     assert len(modules) == 2 and "out_layouts" in str(modules[1])
+
+
+def _fake_valgrind(tmp_path, exit_code: int = 0):
+    """A stand-in for valgrind: runs the command it is given (the kernel
+    built and inferred for real) and reports a count that grows by 7 per
+    inference, the way callgrind reports its total."""
+    fake = tmp_path / "valgrind.py"
+    fake.write_text(
+        "import subprocess, sys\n"
+        "command = [a for a in sys.argv[1:] if not a.startswith(('--tool=', '--callgrind-out-file='))]\n"
+        "done = subprocess.run(command)\n"
+        "infer = int(command[command.index('--infer') + 1])\n"
+        "print(f'==1== Collected : {1_000_000 + 7 * infer}', file=sys.stderr)\n"
+        f"sys.exit(done.returncode or {exit_code})\n")
+    return (sys.executable, str(fake))
+
+
+def test_machine_counts_are_the_difference_per_inference(tmp_path):
+    count = machine_instructions("reductions", 25, inferences=2, valgrind=_fake_valgrind(tmp_path))
+    assert count == 7
+
+
+def test_a_failing_machine_count_says_which_command(tmp_path):
+    with pytest.raises(RuntimeError, match="--build 2 --infer 2 failed"):
+        machine_instructions("reductions", 25, inferences=2,
+                             valgrind=_fake_valgrind(tmp_path, exit_code=3))
