@@ -36,6 +36,7 @@ from smalti.solver import ConstraintSystem, Origin
 
 OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
 REG = MemorySpace.REG
+new_site = object.__new__
 
 
 class SiteTable:
@@ -83,8 +84,20 @@ class SiteTable:
                     continue
             else:
                 ty, space = defined[1], defined[0].memory_space
-            sites.append(make_site(op, op_hash, OPERAND, index, value, ty, space, len(sites),
-                                   defined))
+            # make_site(), inlined: a builder op's operands are most of the sites made.
+            site = new_site(ValueSite)
+            site.op = op
+            site.kind = OPERAND
+            site.index = index
+            site.region = None
+            site.value = value
+            site.type = ty
+            site.memory_space = space
+            site._op_hash = op_hash
+            site._hash = None
+            site._position = len(sites)
+            site._definition = defined
+            sites.append(site)
         results = op.results
         for index in range(len(results)):  # layout_values(op.results), inlined
             value = results[index]
