@@ -47,12 +47,16 @@ class Variable:
     they compare by identity.
     """
 
-    __slots__ = ("id", "site", "memory_space", "type", "shape", "__weakref__")
+    __slots__ = ("id", "site", "memory_space", "type", "shape", "fit_key", "__weakref__")
 
     #: The shape of the values of the variable's sites. A plain attribute
     #: (rules read it often); an SMEM ref's is read only when first asked
     #: for (see __getattr__): kernels have many refs, and few rules ask.
     shape: tuple[int, ...]
+    #: What decides which layouts fit: the shape of a register or TMEM
+    #: value, the whole type of an SMEM ref. Made when first asked for (see
+    #: __getattr__): only classes that mix kinds need it.
+    fit_key: tuple[object, ...]
 
     def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace,
                  shape: tuple[int, ...] | None = None) -> None:
@@ -68,20 +72,17 @@ class Variable:
         elif shape is not None:
             self.shape = shape
 
-    @property
-    def fit_key(self) -> tuple[object, ...]:
-        """What decides which layouts fit: the shape of a register or TMEM
-        value, the whole type of an SMEM ref."""
-        if self.memory_space is MemorySpace.SMEM:
-            return (MemorySpace.SMEM, self.type)
-        return (self.memory_space, self.shape)
-
     def __getattr__(self, name: str) -> Any:
-        # Only for slots never set: the shape of an SMEM ref, on first use.
-        if name != "shape":
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        self.shape = _shape_of(self.type)
-        return self.shape
+        # Only for slots never set: an SMEM ref's shape and the fit key, on
+        # first use.
+        if name == "shape":
+            self.shape = _shape_of(self.type)
+            return self.shape
+        if name == "fit_key":
+            space = self.memory_space
+            self.fit_key = (space, self.type if space is MemorySpace.SMEM else self.shape)
+            return self.fit_key
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return f"V{self.id}({self.site})"

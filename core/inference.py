@@ -287,12 +287,13 @@ def _write_attributes(collected: Collected, solution: list[Constant]) -> None:
     register_layouts, shared_layouts = cache.register_layouts, cache.shared_layouts
     for op, sites, variables in collected.annotated:
         split = _register_split(sites)
+        values = [solution[var.id] for var in variables]
         if split < 0:  # refs among its sites: grouped by attribute name
             attributes = op.attributes
-            for name, values in _grouped(sites, variables, solution).items():
-                attributes[name] = cache.array(values)
+            for name, attribute in cache.by_name(sites, values):
+                attributes[name] = attribute
             continue
-        ins, outs = register_layouts([solution[var.id] for var in variables], split)
+        ins, outs = register_layouts(values, split)
         attributes = op.attributes
         if ins is not None:
             attributes[IN_LAYOUTS] = ins
@@ -324,6 +325,8 @@ class _AttributeCache:
         self._single: dict[Constant, ir.Attribute] = {}
         self._registers: dict[tuple[int, ...], tuple[_InsOuts, list[Constant]]] = {}
         self._shared: dict[tuple[int, int, int], tuple[_InsOuts, Constant]] = {}
+        self._by_name: dict[tuple[object, ...], tuple[list[tuple[str, ir.Attribute]],
+                                                      list[Constant]]] = {}
 
     def array(self, values: list[Constant]) -> ir.Attribute:
         key = tuple(map(id, values))
@@ -342,6 +345,23 @@ class _AttributeCache:
             pair = (self.array(values[:split]) if split else None,
                     self.array(values[split:]) if split < len(values) else None)
             cached = self._registers[key] = (pair, values)
+        return cached[0]
+
+    def by_name(self, sites: list[ValueSite], values: list[Constant]
+                ) -> list[tuple[str, ir.Attribute]]:
+        """Those of an op with refs among its sites (``values``: the layout of
+        each site), by attribute name: an MMA's ``in_layouts``,
+        ``in_transforms`` and ``out_layouts``. Keyed by the sites' attribute
+        names (strings hash once) and the identity of the values."""
+        names = [ATTRIBUTE_NAMES[site.memory_space][site.kind is not OPERAND] for site in sites]
+        key = (*names, *[id(v) for v in values])
+        cached = self._by_name.get(key)
+        if cached is None:
+            grouped: dict[str, list[Constant]] = {}
+            for name, value in zip(names, values):
+                grouped.setdefault(name, []).append(value)
+            cached = self._by_name[key] = (
+                [(name, self.array(group)) for name, group in grouped.items()], values)
         return cached[0]
 
     def shared_layouts(self, value: Constant, operands: int, results: int) -> _InsOuts:
