@@ -7,8 +7,10 @@
 Prints, for synthetic kernels of growing size and for the official Pallas
 kernels shipped with jax, the time of layout inference (and lowering) by
 smalti and by jax, their ratio, and the cost of merely walking the module
-through the MLIR Python bindings; then the cost of building a pipeline.
-jax's inference is the reference and may be called here (never in smalti).
+through the MLIR Python bindings; for the unrolled WGMMA pipeline also a
+floor (walking it, reading what inference reads and writing what it writes);
+then the cost of building a pipeline. jax's inference is the reference and
+may be called here (never in smalti).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
 import smalti
 from smalti import kernels
+from smalti.layouts import ATTRIBUTE_NAMES
 
 Body = Callable[..., None]
 SHAPE = jax.ShapeDtypeStruct((128, 128), jnp.float32)
@@ -289,6 +292,7 @@ def _unrolled_wgmma_text(steps: int) -> str:
 def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
     """Inference only, on the text of an unrolled WGMMA pipeline."""
     texts: dict[int, str] = {}
+    floor_size = max((n for n in sizes if n <= jax_max), default=None)
     for n in sizes:
         text = texts[n] = _unrolled_wgmma_text(max(1, n // 3))
         ours_module = ir.Module.parse(text, kernels.make_context())
@@ -305,7 +309,65 @@ def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
             jax_cells = [f"{theirs:.3f}", f"{theirs / ours:.0f}x"]
         print(row(["unrolled WGMMA", str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}",
                    *jax_cells, f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
+        if n == floor_size:
+            floor = min(floor_times(text, repeat))
+            print(f"  floor at {ops} ops (MLIR's walk, every op's name and operand and result "
+                  f"types read, the inferred attributes written): {floor:.4f} s; "
+                  f"100x jax: {theirs / 100:.4f} s")
     growth(lambda n: ir.Module.parse(texts[n], kernels.make_context()), sizes, repeat)
+
+
+ATTRIBUTES = [name for pair in ATTRIBUTE_NAMES.values() for name in pair]
+
+
+def floor_times(text: str, repeat: int) -> list[float]:
+    """What any inference of the module in ``text`` must at least do through
+    the bindings, timed ``repeat`` times on fresh copies: walk it with MLIR's
+    own walk, read each op's name and operand and result types, and write
+    the attributes smalti's inference gives it (recorded once, beforehand,
+    and made anew in each copy's context before the clock starts)."""
+    inferred = ir.Module.parse(text, kernels.make_context())
+    smalti.infer_layouts(inferred)
+    written: list[list[tuple[str, str]]] = []
+
+    def record(op: ir.Operation) -> ir.WalkResult:
+        attributes = op.attributes
+        written.append([(name, str(attributes[name])) for name in ATTRIBUTES
+                        if name in attributes])
+        return ir.WalkResult.ADVANCE
+
+    for top in inferred.body.operations:
+        top.operation.walk(record, ir.WalkOrder.PRE_ORDER)
+
+    def read_and_write(module: ir.Module, plan: list[list[tuple[str, ir.Attribute]]]) -> None:
+        writes = iter(plan)
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            op.name
+            operands, results = op.operands, op.results
+            for index in range(len(operands)):
+                operands[index].type
+            for index in range(len(results)):
+                results[index].type
+            attributes = op.attributes
+            for name, attribute in next(writes):
+                attributes[name] = attribute
+            return ir.WalkResult.ADVANCE
+
+        for top in module.body.operations:
+            top.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+    times = []
+    for _ in range(repeat):
+        context = kernels.make_context()
+        module = ir.Module.parse(text, context)
+        made = {printed: ir.Attribute.parse(printed, context)
+                for writes in written for _, printed in writes}
+        plan = [[(name, made[printed]) for name, printed in writes] for writes in written]
+        start = time.perf_counter()
+        read_and_write(module, plan)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def lowering(n: int, repeat: int = 3) -> None:
