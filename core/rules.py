@@ -37,6 +37,8 @@ from smalti.solver import ConstraintSystem, Origin
 OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
 REG = MemorySpace.REG
 new_site = object.__new__
+#: The types whose values may need a layout (see memory_space_of_type).
+_SHAPED = (ir.VectorType, ir.MemRefType)
 
 
 class SiteTable:
@@ -78,8 +80,8 @@ class SiteTable:
             value = operands[index]
             defined = definitions.get(value)
             if defined is None:
-                ty = value.type
-                space = memory_space_of_type(ty)
+                ty = value.type  # a scalar (most such operands) known without a call
+                space = memory_space_of_type(ty) if isinstance(ty, _SHAPED) else None
                 if space is None:
                     continue
             else:
@@ -102,7 +104,8 @@ class SiteTable:
         for index in range(len(results)):  # layout_values(op.results), inlined
             value = results[index]
             ty = value.type
-            space = REG if isinstance(ty, ir.VectorType) else memory_space_of_type(ty)
+            space = (REG if isinstance(ty, ir.VectorType) else
+                     memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
             if space is not None:
                 sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
         return sites

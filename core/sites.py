@@ -171,8 +171,9 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList
     for index in range(len(values)):
         value = values[index]
         ty = value.type
-        # Vectors (most values) known without a call.
-        space = REG if isinstance(ty, ir.VectorType) else memory_space_of_type(ty)
+        # Vectors and scalars (most values) known without a call.
+        space = (REG if isinstance(ty, ir.VectorType) else
+                 memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
         if space is not None:
             found.append((index, value, ty, space))
     return found
