@@ -62,15 +62,7 @@ class Variable:
                  shape: tuple[int, ...] | None = None) -> None:
         """``shape``, if given, is the shape of the site's type (known to the
         caller: reading it again through the bindings is slow)."""
-        # make_variable() does the same without the call: keep them in step.
-        self.id = id
-        self.site = site
-        self.memory_space = memory_space
-        self.type: ir.Type = site.type
-        if memory_space is not MemorySpace.SMEM:
-            self.shape = _shape_of(self.type) if shape is None else shape
-        elif shape is not None:
-            self.shape = shape
+        make_variable(id, site, memory_space, shape, self)
 
     def __getattr__(self, name: str) -> Any:
         # Only for slots never set: an SMEM ref's shape and the fit key, on
@@ -91,10 +83,11 @@ class Variable:
 
 
 def make_variable(id: int, site: ValueSite, memory_space: MemorySpace,
-                  shape: tuple[int, ...] | None) -> Variable:
+                  shape: tuple[int, ...] | None, var: Variable | None = None) -> Variable:
     """``Variable(id, site, memory_space, shape)`` without the constructor's
-    call: inference makes one per op."""
-    var = object.__new__(Variable)
+    call (inference makes one per op); the constructor fills ``var`` here."""
+    if var is None:
+        var = object.__new__(Variable)
     var.id = id
     var.site = site
     var.memory_space = memory_space

@@ -255,17 +255,12 @@ def _attribute_name(site: ValueSite) -> str:
     return ATTRIBUTE_NAMES[site.memory_space][site.kind is not SiteKind.OPERAND]
 
 
-def _grouped(sites: list[ValueSite], variables: list[Variable],
-             solution: list[Constant]) -> dict[str, list[Constant]]:
-    """The chosen constants of an op, by attribute name (``in_layouts``...)."""
+def _grouped(sites: list[ValueSite], values: list[Constant]) -> dict[str, list[Constant]]:
+    """The chosen constants of an op (``values``: one per site), by attribute
+    name (``in_layouts``...)."""
     grouped: dict[str, list[Constant]] = {}
-    for site, var in zip(sites, variables):
-        name = _attribute_name(site)
-        values = grouped.get(name)
-        if values is None:
-            grouped[name] = [solution[var.id]]
-        else:
-            values.append(solution[var.id])
+    for site, value in zip(sites, values):
+        grouped.setdefault(_attribute_name(site), []).append(value)
     return grouped
 
 
@@ -353,15 +348,13 @@ class _AttributeCache:
         each site), by attribute name: an MMA's ``in_layouts``,
         ``in_transforms`` and ``out_layouts``. Keyed by the sites' attribute
         names (strings hash once) and the identity of the values."""
-        names = [ATTRIBUTE_NAMES[site.memory_space][site.kind is not OPERAND] for site in sites]
-        key = (*names, *[id(v) for v in values])
+        key = (*[ATTRIBUTE_NAMES[site.memory_space][site.kind is not OPERAND] for site in sites],
+               *[id(v) for v in values])
         cached = self._by_name.get(key)
         if cached is None:
-            grouped: dict[str, list[Constant]] = {}
-            for name, value in zip(names, values):
-                grouped.setdefault(name, []).append(value)
             cached = self._by_name[key] = (
-                [(name, self.array(group)) for name, group in grouped.items()], values)
+                [(name, self.array(group)) for name, group in _grouped(sites, values).items()],
+                values)
         return cached[0]
 
     def shared_layouts(self, value: Constant, operands: int, results: int) -> _InsOuts:
@@ -477,7 +470,7 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     for entry, (op, sites, variables) in zip(report.trace, annotated):
         for site, var in zip(sites, variables):
             entry.why.setdefault(_attribute_name(site), []).append(solver.why_assigned(var))
-        groups = _grouped(sites, variables, solution)
+        groups = _grouped(sites, [solution[var.id] for var in variables])
         entry.layouts = {name: str(op.attributes[name]) for name in groups}
         entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"
                          for name, values in groups.items()}

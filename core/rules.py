@@ -35,10 +35,6 @@ from smalti.sites import (
 from smalti.solver import ConstraintSystem, Origin
 
 OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
-REG = MemorySpace.REG
-new_site = object.__new__
-#: The types whose values may need a layout (see memory_space_of_type).
-_SHAPED = (ir.VectorType, ir.MemRefType)
 
 
 class SiteTable:
@@ -80,34 +76,16 @@ class SiteTable:
             value = operands[index]
             defined = definitions.get(value)
             if defined is None:
-                ty = value.type  # a scalar (most such operands) known without a call
-                space = memory_space_of_type(ty) if isinstance(ty, _SHAPED) else None
+                ty = value.type
+                space = memory_space_of_type(ty)
                 if space is None:
                     continue
             else:
                 ty, space = defined[1], defined[0].memory_space
-            # make_site(), inlined: a builder op's operands are most of the sites made.
-            site = new_site(ValueSite)
-            site.op = op
-            site.kind = OPERAND
-            site.index = index
-            site.region = None
-            site.value = value
-            site.type = ty
-            site.memory_space = space
-            site._op_hash = op_hash
-            site._hash = None
-            site._position = len(sites)
-            site._definition = defined
-            sites.append(site)
-        results = op.results
-        for index in range(len(results)):  # layout_values(op.results), inlined
-            value = results[index]
-            ty = value.type
-            space = (REG if isinstance(ty, ir.VectorType) else
-                     memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
-            if space is not None:
-                sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
+            sites.append(make_site(op, op_hash, OPERAND, index, value, ty, space, len(sites),
+                                   defined))
+        for index, value, ty, space in layout_values(op.results):
+            sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
         return sites
 
 

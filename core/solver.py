@@ -329,16 +329,13 @@ class Solver:
                 continue
             if mixed:  # some class mixes kinds: _join() keeps the books
                 join(root, consumer_root)
+                continue
             # Otherwise _join(), inlined (most variables have a use): both
             # classes hold this value, so they hold one kind.
-            elif root < consumer_root:
-                parent[consumer_root] = root
-                if nonsplat[root] is None:
-                    nonsplat[root] = nonsplat[consumer_root]
-            else:
-                parent[root] = consumer_root
-                if nonsplat[consumer_root] is None:
-                    nonsplat[consumer_root] = nonsplat[root]
+            low, high = (root, consumer_root) if root < consumer_root else (consumer_root, root)
+            parent[high] = low
+            if nonsplat[low] is None:
+                nonsplat[low] = nonsplat[high]
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
             c = self.constraints[ci]
@@ -378,28 +375,16 @@ class Solver:
         only restate it. A kernel that sums rows and broadcasts them back at
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
-        find, constraints, active, parent = self.find, self.constraints, self.active, self.parent
+        find, constraints, active = self.find, self.constraints, self.active
         first_of: dict[tuple[Hashable, ...], int] = {}
         for ci in derived_equals:
             c = constraints[ci]
             var, derived = (c.lhs, c.rhs) if type(c.lhs) is Variable else (c.rhs, c.lhs)
             if type(var) is not Variable:
                 continue
-            source = derived.expression
-            if type(source) is Variable:
-                # One derivation of a variable (most): _congruence_key() without
-                # its calls, its list and the find() of a root or right below.
-                step = derived.congruence_key()
-                if step is None:
-                    continue
-                root = parent[source.id]
-                if parent[root] != root:
-                    root = find(root)
-                key: tuple[Hashable, ...] | None = (root, step)
-            else:
-                key = _congruence_key(derived, find)
-                if key is None:
-                    continue
+            key = _congruence_key(derived, find)
+            if key is None:
+                continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
                 self.union(first, var.id)
@@ -926,6 +911,10 @@ class Solver:
 def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
     """The class ``expr`` derives from and the keys of its derivation steps,
     ``None`` if some step opts out or it derives from no variable."""
+    source = expr.expression
+    if type(source) is Variable:  # one derivation step (most): no list
+        key = expr.congruence_key()
+        return None if key is None else (find(source.id), key)
     keys: list[Hashable] = []
     while isinstance(expr, Derived):
         key = expr.congruence_key()
