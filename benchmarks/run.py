@@ -1,10 +1,12 @@
 """smalti against jax's own Mosaic GPU pipeline, in one process and one run.
 
-    .venv/bin/python benchmarks/run.py            # everything (jax up to 4,000 ops)
+    .venv/bin/python benchmarks/run.py            # everything (jax up to 4,000 vector ops)
     .venv/bin/python benchmarks/run.py --quick    # small sizes only
     .venv/bin/python benchmarks/run.py --jax-max 8000
 
-Prints, for synthetic kernels of growing size and for the official Pallas
+Prints, for synthetic kernels of growing size (250 to 8,000 vector ops: the
+unrolled WGMMA pipeline, whose vector ops are its WGMMAs, has about three
+times as many ops in all) and for the official Pallas
 kernels shipped with jax, the time of layout inference (and lowering) by
 smalti and by jax, their ratio, and the cost of merely walking the module
 through the MLIR Python bindings; for the unrolled WGMMA pipeline also a
@@ -290,11 +292,14 @@ def _unrolled_wgmma_text(steps: int) -> str:
 
 
 def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
-    """Inference only, on the text of an unrolled WGMMA pipeline."""
+    """Inference only, on the text of an unrolled WGMMA pipeline of ``n``
+    WGMMAs for each size ``n``: sized by its vector ops like the kernels
+    above (each WGMMA comes with two inline-asm ops, which hold none)."""
+    print(f"unrolled WGMMA: n WGMMAs (its vector ops) for n in {sizes}, about 3n ops in all")
     texts: dict[int, str] = {}
     floor_size = max((n for n in sizes if n <= jax_max), default=None)
     for n in sizes:
-        text = texts[n] = _unrolled_wgmma_text(max(1, n // 3))
+        text = texts[n] = _unrolled_wgmma_text(n)
         ours_module = ir.Module.parse(text, kernels.make_context())
         ops = count_ops(ours_module)
         walk = min(timed(lambda: count_ops(ours_module)) for _ in range(3))
@@ -519,7 +524,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument("--jax-max", type=int, default=4000,
-                        help="largest kernel to run jax's quadratic inference on")
+                        help="largest kernel (in vector ops) to run jax's quadratic inference on")
     parser.add_argument("--repeat", type=int, default=9,
                         help="read walks and smalti runs per synthetic kernel, in turns "
                         "(the fastest of each is shown)")

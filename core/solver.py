@@ -219,9 +219,12 @@ class Solver:
         # variable of each kind, for valid(); most classes hold one kind.
         mixed, a, b = self.mixed, self.variables[ra], self.variables[rb]
         space = a.memory_space
-        if not mixed and space is b.memory_space and (  # no class mixes kinds yet
-                a.shape == b.shape if space is not MemorySpace.SMEM else a.type == b.type):
-            return ra  # and these two hold one kind (a.fit_key == b.fit_key, without tuples)
+        if space is b.memory_space and (
+                a.shape == b.shape if space is not MemorySpace.SMEM else a.type == b.type) and (
+                not mixed or (ra not in mixed and rb not in mixed)):
+            # Two classes of one kind each, the same (a.fit_key == b.fit_key,
+            # without tuples): nothing to remember.
+            return ra
         a_kinds, b_kinds = mixed.get(ra), mixed.pop(rb, None)
         if b_kinds is None:  # b's class holds one kind: b's
             if a_kinds is not None:

@@ -89,7 +89,12 @@ def broadcast(op: vector.BroadcastOp, b: ConstraintBuilder) -> None:
         _broadcast_in_dim(b, src, dst, _trailing_dims(op))
         return
     result = b.variable(b.result(0))
-    b.assign(result, RegisterLayout.of(fa.WGSplatFragLayout(_shape(op.result))))
+    b.assign(result, _splat_layout(result.shape))
+
+
+@functools.lru_cache(maxsize=256)  # a kernel splats scalars to a few shapes, often
+def _splat_layout(shape: tuple[int, ...]) -> RegisterLayout:
+    return RegisterLayout.of(fa.WGSplatFragLayout(shape))
 
 
 def _trailing_dims(op: vector.BroadcastOp) -> tuple[int, ...]:
