@@ -33,7 +33,7 @@ from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext
-from smalti.sites import layout_values
+from smalti.sites import LayoutValues, layout_values
 
 _CODEGEN_REJECTIONS = (
     ValueError,
@@ -83,30 +83,30 @@ class _Lowerer:
         # a rule, None (only traverse its regions) or _SKIP.
         self.plan: dict[ir.Operation, RuleRecord | None | object] = {}
 
-    def needs_lowering(self, op: ir.Operation) -> bool:
-        # Loops rather than any() over generators: validation asks this of every op.
-        if (op.name.startswith(self.required) or layout_values(op.operands)
-                or layout_values(op.results)):
-            return True
-        for region in op.regions:
-            if len(region.blocks):
-                return True
-        return False
-
-    def rule_for(self, op: ir.Operation) -> RuleRecord | None:
-        """The rule lowering ``op``; ``None`` if it is only traversed."""
-        record = self.table.get(op.name)
+    def _decision(self, op: ir.Operation, operands: LayoutValues, results: LayoutValues
+                  ) -> RuleRecord | None | object:
+        """The rule lowering ``op``; ``None`` if it is only traversed,
+        :data:`_SKIP` if it needs nothing (``operands`` and ``results``: its
+        ``layout_values``)."""
+        name = op.name
+        required = name.startswith(self.required)
+        if not (required or operands or results):
+            for region in op.regions:
+                if len(region.blocks):
+                    break
+            else:
+                return _SKIP
+        record = self.table.get(name)
         if record is not None:
             return record
-        carries_layouts = layout_values(op.operands) or layout_values(op.results)
-        if carries_layouts or op.name.startswith(self.required):
+        if operands or results or required:
             raise _unsupported_arch(self.pipeline, op, self.arch, RuleKind.LOWERING) or (
                 SmaltiNotImplementedError(
                     "SM004",
-                    f"Missing lowering rule for {op.name}",
+                    f"Missing lowering rule for {name}",
                     op=op,
                     values={"op": describe_op(op)},
-                    fix=[f"install a plugin that registers a lowering rule for {op.name}",
+                    fix=[f"install a plugin that registers a lowering rule for {name}",
                          "check `smalti plugins` for a blocked plugin that provides it"],
                 ))
         return None
@@ -136,18 +136,21 @@ class _Lowerer:
     def decide(self, op: ir.Operation) -> RuleRecord | None | object:
         decision = self.plan.get(op, _UNDECIDED)
         if decision is _UNDECIDED:
-            decision = self.rule_for(op) if self.needs_lowering(op) else _SKIP
-            self.plan[op] = decision
+            decision = self.plan[op] = self._decision(
+                op, layout_values(op.operands), layout_values(op.results))
         return decision
 
     def validate(self) -> None:
+        plan = self.plan
         for op, warp in self.ops_to_check():
-            record = self.decide(op)
+            # Each op's layout values read once, for its decision and its check.
+            operands, results = layout_values(op.operands), layout_values(op.results)
+            record = plan[op] = self._decision(op, operands, results)
             if record is None or record is _SKIP:
                 continue
             if warp and not record.warp_semantics:
                 raise _no_warp_semantics(record, op)
-            _check_layout_attributes(op)
+            _check_layout_attributes(op, operands, results)
 
     # --- rewriting ----------------------------------------------------------------
 
@@ -254,11 +257,14 @@ def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Excep
     )
 
 
-def _check_layout_attributes(op: ir.Operation) -> None:
+def _check_layout_attributes(op: ir.Operation, operands: LayoutValues,
+                             results: LayoutValues) -> None:
+    """``op`` has an attribute entry for each of its layout values
+    (``operands`` and ``results``: their ``layout_values``), fitting it."""
     attributes = op.attributes
-    for side, values in ((0, op.operands), (1, op.results)):
+    for side, found_values in ((0, operands), (1, results)):
         by_space: dict[MemorySpace, list[ir.Value]] = {}
-        for _, value, _, space in layout_values(values):
+        for _, value, _, space in found_values:
             by_space.setdefault(space, []).append(value)
         for space, spaced in by_space.items():
             name = ATTRIBUTE_NAMES[space][side]

@@ -161,8 +161,12 @@ def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
     return site
 
 
-def layout_values(values: ir.OpOperandList | ir.OpResultList
-                  ) -> list[tuple[int, ir.Value, ir.Type, MemorySpace]]:
+#: What :func:`layout_values` finds: each value needing a layout, with its
+#: index among the op's operands (or results), its type and memory space.
+LayoutValues = list[tuple[int, ir.Value, ir.Type, MemorySpace]]
+
+
+def layout_values(values: ir.OpOperandList | ir.OpResultList) -> LayoutValues:
     """The values among an op's operands (or results) that need a layout,
     with their index, type and memory space."""
     found = []
