@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.count                       # reductions(1000)
     .venv/bin/python -m benchmarks.count --kernel chain --size 4000 --top 30
     .venv/bin/python -m benchmarks.count --machine             # needs valgrind
+    .venv/bin/python -m benchmarks.count --kernel unrolled_wgmma --size 333
 
 Timings on a shared machine move by 10% and more between runs, more than most
 single changes to smalti's hot paths; the number of bytecode instructions
@@ -16,7 +17,8 @@ object is one or two instructions, and hundreds of machine instructions in
 the interpreter (frames, arguments, allocation, freeing). ``--machine``
 counts those: it runs the kernel under callgrind twice, building four copies
 and inferring all of them, then none, and prints the difference per
-inference (within about 1% from run to run; a minute or two per kernel).
+inference (within about 1% from run to run on the synthetic kernels, 2-4%
+on the unrolled WGMMA pipeline; a minute or two per kernel).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import collections
 import gc
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from collections.abc import Callable
@@ -38,7 +42,7 @@ from jax._src.lib.mlir import ir
 import smalti
 from smalti import kernels
 
-from benchmarks.run import SHAPE, SYNTHETIC
+from benchmarks.run import SHAPE, SYNTHETIC, _unrolled_wgmma_text
 
 _TOOL = sys.monitoring.PROFILER_ID
 
@@ -75,37 +79,69 @@ def count_instructions(make_module: Callable[[], ir.Module]
 
 _ROOT = Path(__file__).resolve().parents[1]
 _KINDS = {make.__name__: make for make in SYNTHETIC.values()}
+_UNROLLED = "unrolled_wgmma"
+#: Address-space randomization off where it can be: the bindings hash values
+#: by address, so without it dict layouts, and the work, move by a few
+#: percent between runs.
+_VALGRIND = ("setarch", "-R", "valgrind") if shutil.which("setarch") else ("valgrind",)
+
+
+def module_maker(kernel: str, size: int, text: str | None = None) -> Callable[[], ir.Module]:
+    """Makes fresh copies of ``kernel`` of ``size`` (its vector ops): a
+    synthetic kernel of ``benchmarks/run.py``, or the unrolled WGMMA pipeline
+    (``size`` WGMMAs; ``text``, if given, its text), parsed into one context
+    for all copies (a context each moved the counts by up to 8% between runs)."""
+    if kernel == _UNROLLED:
+        text, context = text or _unrolled_wgmma_text(size), kernels.make_context()
+        return lambda: ir.Module.parse(text, context)
+    body = _KINDS[kernel](size)
+    return lambda: kernels.build_kernel(body, [SHAPE], [SHAPE]).module
 
 
 def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
-                         valgrind: Sequence[str] = ("valgrind",)) -> int:
+                         valgrind: Sequence[str] = _VALGRIND) -> int:
     """The machine instructions one inference of ``kernel(size)`` executes,
     bindings and interpreter included, as callgrind counts them: a process
     that builds ``inferences`` copies and infers them all, less one that
     builds them and infers none, per inference."""
+    with tempfile.TemporaryDirectory() as scratch:
+        extra = []
+        if kernel == _UNROLLED:  # traced by Pallas here, not twice under callgrind
+            text = Path(scratch, "kernel.mlir")
+            text.write_text(_unrolled_wgmma_text(size))
+            extra = ["--text", str(text)]
+        return _machine_instructions([*valgrind, "--tool=callgrind",
+                                      "--callgrind-out-file=/dev/null", sys.executable, "-m",
+                                      "benchmarks.count", "--kernel", kernel, "--size",
+                                      str(size), *extra, "--build", str(inferences)],
+                                     inferences)
+
+
+def _machine_instructions(command: list[str], inferences: int) -> int:
+    """Runs ``command`` (callgrind on this module's ``--build``) inferring
+    all its copies and none, and returns the difference per inference."""
     def collected(infer: int) -> int:
-        command = [*valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                   sys.executable, "-m", "benchmarks.count", "--kernel", kernel,
-                   "--size", str(size), "--build", str(inferences), "--infer", str(infer)]
+        command_infer = [*command, "--infer", str(infer)]
         # A fixed hash seed: the same dict layouts, hence the same work, every run.
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run(command_infer, cwd=_ROOT, env=env, capture_output=True, text=True)
         found = re.search(r"Collected\s*:\s*([\d,]+)", done.stderr)
         if done.returncode or found is None:
-            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+            raise RuntimeError(f"{' '.join(command_infer)} failed ({done.returncode}):\n"
                                + done.stderr[-2000:])
         return int(found.group(1).replace(",", ""))
 
     return (collected(inferences) - collected(0)) // inferences
 
 
-def _build_and_infer(kernel: str, size: int, build: int, infer: int) -> None:
+def _build_and_infer(kernel: str, size: int, build: int, infer: int,
+                     text: str | None = None) -> None:
     """What --machine runs under callgrind: warms smalti on one copy of the
     kernel, builds ``build`` more and infers the first ``infer`` of them,
     the collector off (its passes would fall at different times)."""
-    body = _KINDS[kernel](size)
-    smalti.infer_layouts(kernels.build_kernel(body, [SHAPE], [SHAPE]).module)
-    modules = [kernels.build_kernel(body, [SHAPE], [SHAPE]).module for _ in range(build)]
+    make_module = module_maker(kernel, size, text)
+    smalti.infer_layouts(make_module())
+    modules = [make_module() for _ in range(build)]
     gc.collect()
     gc.disable()
     for module in modules[:infer]:
@@ -114,25 +150,27 @@ def _build_and_infer(kernel: str, size: int, build: int, infer: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", choices=sorted(_KINDS), default="reductions")
-    parser.add_argument("--size", type=int, default=1000, help="the kernel generator's size (its vector ops before canonicalization)")
+    parser.add_argument("--kernel", choices=sorted([*_KINDS, _UNROLLED]), default="reductions")
+    parser.add_argument("--size", type=int, default=1000,
+                        help="the kernel generator's size (its vector ops before "
+                        "canonicalization; the unrolled pipeline's WGMMAs)")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     parser.add_argument("--machine", action="store_true",
                         help="count machine instructions under callgrind instead (needs valgrind)")
     # The process --machine runs under callgrind.
     parser.add_argument("--build", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--infer", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--text", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build is not None:
-        _build_and_infer(args.kernel, args.size, args.build, args.infer or 0)
+        _build_and_infer(args.kernel, args.size, args.build, args.infer or 0,
+                         args.text.read_text() if args.text else None)
         return
     if args.machine:
         count = machine_instructions(args.kernel, args.size)
         print(f"{args.kernel}({args.size}): {count:,} machine instructions per inference")
         return
-    body = _KINDS[args.kernel](args.size)
-    total, per_function = count_instructions(
-        lambda: kernels.build_kernel(body, [SHAPE], [SHAPE]).module)
+    total, per_function = count_instructions(module_maker(args.kernel, args.size))
     print(f"{args.kernel}({args.size}): {total:,} instructions")
     for name, count in per_function.most_common(args.top):
         print(f"{count:10,}  {100 * count / total:5.1f}%  {name}")

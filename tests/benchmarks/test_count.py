@@ -6,7 +6,7 @@ import pytest
 
 from smalti import kernels
 
-from benchmarks.count import count_instructions, machine_instructions
+from benchmarks.count import count_instructions, machine_instructions, module_maker
 from benchmarks.run import SHAPE, reductions
 
 
@@ -42,16 +42,28 @@ def test_the_counted_module_gets_its_layouts():
     assert len(modules) == 2 and "out_layouts" in str(modules[1])
 
 
+def test_the_unrolled_pipeline_is_counted_on_copies_in_one_context():
+    make = module_maker("unrolled_wgmma", 2)
+    first, second = make(), make()
+    assert first is not second and first.context == second.context
+    assert str(first) == str(second)
+    total, per_function = count_instructions(make)
+    assert total == sum(per_function.values())
+    assert "wgmma.py:wgmma" in per_function
+
+
 def _fake_valgrind(tmp_path, exit_code: int = 0):
     """A stand-in for valgrind: runs the command it is given (the kernel
-    built and inferred for real) and reports a count that grows by 7 per
-    inference, the way callgrind reports its total."""
+    built and inferred for real), records it in ``commands.txt`` and reports
+    a count that grows by 7 per inference, the way callgrind reports its
+    total."""
     fake = tmp_path / "valgrind.py"
     fake.write_text(
         "import subprocess, sys\n"
         "command = [a for a in sys.argv[1:] if not a.startswith(('--tool=', '--callgrind-out-file='))]\n"
         "done = subprocess.run(command)\n"
         "infer = int(command[command.index('--infer') + 1])\n"
+        f"open({str(tmp_path / 'commands.txt')!r}, 'a').write(' '.join(command) + '\\n')\n"
         "print(f'==1== Collected : {1_000_000 + 7 * infer}', file=sys.stderr)\n"
         f"sys.exit(done.returncode or {exit_code})\n")
     return (sys.executable, str(fake))
@@ -60,6 +72,15 @@ def _fake_valgrind(tmp_path, exit_code: int = 0):
 def test_machine_counts_are_the_difference_per_inference(tmp_path):
     count = machine_instructions("reductions", 25, inferences=2, valgrind=_fake_valgrind(tmp_path))
     assert count == 7
+
+
+def test_the_unrolled_pipeline_is_traced_once_and_handed_to_the_counted_processes(tmp_path):
+    # The fake runs the children for real: they parse the text they are given.
+    count = machine_instructions("unrolled_wgmma", 2, inferences=2,
+                                 valgrind=_fake_valgrind(tmp_path))
+    assert count == 7
+    commands = (tmp_path / "commands.txt").read_text().splitlines()
+    assert len(commands) == 2 and all("--text " in command for command in commands)
 
 
 def test_a_failing_machine_count_says_which_command(tmp_path):
