@@ -70,6 +70,13 @@ class RegisterLayout:
         deep comparison each time they meet."""
         return _shared_register_layout(layout)
 
+    @classmethod
+    def splat(cls, shape: tuple[int, ...]) -> RegisterLayout:
+        """``RegisterLayout.of(fa.WGSplatFragLayout(shape))``, memoized by
+        the shape: rules pin splat constants and scalar broadcasts op after
+        op, and making and hashing the layout each time is slow."""
+        return _shared_splat_layout(shape)
+
     def fits(self, shape: tuple[int, ...]) -> bool:
         """Whether a vector of ``shape`` can be held in this layout (memoized
         by the constant, which hashes once; see :func:`register_layout_fits`)."""
@@ -90,6 +97,11 @@ class RegisterLayout:
 @functools.lru_cache(maxsize=1024)
 def _shared_register_layout(layout: fa.FragmentedLayout) -> RegisterLayout:
     return RegisterLayout(layout)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_splat_layout(shape: tuple[int, ...]) -> RegisterLayout:
+    return RegisterLayout.of(fa.WGSplatFragLayout(shape))
 
 
 @attrs.frozen(cache_hash=True)  # the solver hashes them often

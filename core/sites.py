@@ -186,21 +186,9 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList) -> LayoutValues:
 def layout_sites(op: ir.Operation, op_hash: int | None = None) -> list[ValueSite]:
     """Every operand and result of ``op`` that needs a layout, operands first
     (``op_hash``: ``hash(op)``, if known)."""
-    operands, results = op.operands, op.results
-    # Most ops that come here (those without a rule: inline asm, scalar
-    # arithmetic) hold only scalars: told without building anything.
-    for values in (operands, results):
-        for index in range(len(values)):  # see layout_values
-            ty = values[index].type
-            if isinstance(ty, ir.VectorType) or (
-                    isinstance(ty, ir.MemRefType) and memory_space_of_type(ty) is not None):
-                break
-        else:
-            continue
-        break
-    else:
+    operands, results = layout_values(op.operands), layout_values(op.results)
+    if not (operands or results):  # most ops of a kernel
         return []
-    operands, results = layout_values(operands), layout_values(results)
     sites = [make_site(op, op_hash, SiteKind.OPERAND, index, value, ty, space, position)
              for position, (index, value, ty, space) in enumerate(operands)]
     first = len(sites)

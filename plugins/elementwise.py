@@ -119,8 +119,7 @@ def constant(op: arith.ConstantOp, b: ConstraintBuilder) -> None:
     result = b.variable(b.result(0))
     value = op.value
     if isinstance(value, ir.DenseElementsAttr) and ir.DenseElementsAttr(value).is_splat:
-        shape = tuple(ir.ShapedType(op.result.type).shape)
-        b.assign(result, RegisterLayout.of(fa.WGSplatFragLayout(shape)))
+        b.assign(result, RegisterLayout.splat(result.shape))
     else:
         b.require(Excludes(result, fa.WGSplatFragLayout))
 

@@ -89,12 +89,7 @@ def broadcast(op: vector.BroadcastOp, b: ConstraintBuilder) -> None:
         _broadcast_in_dim(b, src, dst, _trailing_dims(op))
         return
     result = b.variable(b.result(0))
-    b.assign(result, _splat_layout(result.shape))
-
-
-@functools.lru_cache(maxsize=256)  # a kernel splats scalars to a few shapes, often
-def _splat_layout(shape: tuple[int, ...]) -> RegisterLayout:
-    return RegisterLayout.of(fa.WGSplatFragLayout(shape))
+    b.assign(result, RegisterLayout.splat(result.shape))
 
 
 def _trailing_dims(op: vector.BroadcastOp) -> tuple[int, ...]:
@@ -205,7 +200,7 @@ def extract(op: vector.ExtractOp, b: ConstraintBuilder) -> None:
     """A scalar is read from a splat vector; a sub-vector from a tiled one."""
     source = b.variable(b.operand(0))
     if not isinstance(op.result.type, ir.VectorType):
-        b.assign(source, RegisterLayout.of(fa.WGSplatFragLayout(_shape(op.source))))
+        b.assign(source, RegisterLayout.splat(source.shape))
         return
     if len(op.dynamic_position):
         raise _unsupported(op, "Only slicing with static indices allowed.",
