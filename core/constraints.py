@@ -28,7 +28,6 @@ import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import attrs
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import tcgen05
@@ -124,16 +123,45 @@ UNSUPPORTED: Final = Unsupported()
 ValueOf = Callable[[Variable], Constant | None]
 
 
-#: How the built-in expressions and constraints are declared: attrs classes
-#: that compare by value, neither frozen nor converting on assignment. Rules
-#: state them by the thousand per kernel, and either way attrs sets every
-#: field through ``object.__setattr__`` (an ``Equal`` then costs 2.5 times as
-#: much to make). Nothing changes a statement once made, nor hashes one.
-_statement = functools.partial(attrs.define, on_setattr=attrs.setters.NO_OP)
+class _Statement:
+    """The built-in expressions and constraints: value objects whose fields
+    are their ``__slots__``, compared by value and shown as attrs shows its
+    classes (``Equal(lhs=V0(...), rhs=V1(...))``). Nothing changes a
+    statement once made, nor hashes one.
+
+    Plain classes rather than attrs ones, as :class:`Variable` is: rules
+    state them by the thousand per kernel (a constructor that only stores
+    its fields, no ``__dict__``), and every process that builds a pipeline
+    imports them, where attrs would generate and compile the methods of each
+    class: about 10 ms of the 50 ms a pipeline may take to build, measured
+    on a slow machine. A plugin's own constraints may well be attrs classes.
+    """
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]  # compared by value: unhashable
+    #: Every field, bases' first (set for each subclass).
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._fields = tuple(name for klass in reversed(cls.__mro__)
+                            for name in klass.__dict__.get("__slots__", ()))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        fields = self._fields
+        return tuple(getattr(self, f) for f in fields) == tuple(getattr(other, f) for f in fields)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__name__}({fields})"
 
 
 class Derived:
     """Base of expressions that derive a layout from another expression."""
+
+    __slots__ = ()  # subclasses may have none: then theirs have a __dict__
 
     expression: Any
     #: The derived layout is splat exactly when the operand's is (or it is
@@ -205,16 +233,23 @@ def _checked_axes(axes: tuple[int, ...]) -> tuple[int, ...]:
     return axes
 
 
-@_statement
-class Reduced(Derived):
+class Reduced(_Statement, Derived):
     """The layout of ``expression`` after reducing ``axes`` of a rank-``rank`` value."""
 
+    __slots__ = ("expression", "axes", "rank", "keep_dims")
     keeps_splat: ClassVar[bool] = True
 
     expression: Expression
-    axes: tuple[int, ...] = attrs.field(converter=_ascending_axes)
+    axes: tuple[int, ...]
     rank: int
-    keep_dims: bool = False
+    keep_dims: bool
+
+    def __init__(self, expression: Expression, axes: Sequence[int], rank: int,
+                 keep_dims: bool = False) -> None:
+        self.expression = expression
+        self.axes = _ascending_axes(axes)
+        self.rank = rank
+        self.keep_dims = keep_dims
 
     def _tiled_axes(self, layout: fa.TiledLayout) -> tuple[int, ...]:
         return _tiled_axes(self.axes, self.rank, layout)
@@ -338,15 +373,21 @@ def _keep_reduced(layout: fa.TiledLayout, axes: tuple[int, ...]) -> Constant | U
         return UNSUPPORTED
 
 
-@_statement
-class Reshaped(Derived):
+class Reshaped(_Statement, Derived):
     """The layout of ``expression`` after reshaping ``source_shape`` to ``target_shape``."""
 
+    __slots__ = ("expression", "source_shape", "target_shape")
     keeps_splat: ClassVar[bool] = True
 
     expression: Expression
-    source_shape: tuple[int, ...] = attrs.field(converter=tuple)
-    target_shape: tuple[int, ...] = attrs.field(converter=tuple)
+    source_shape: tuple[int, ...]
+    target_shape: tuple[int, ...]
+
+    def __init__(self, expression: Expression, source_shape: Sequence[int],
+                 target_shape: Sequence[int]) -> None:
+        self.expression = expression
+        self.source_shape = tuple(source_shape)
+        self.target_shape = tuple(target_shape)
 
     def congruence_key(self) -> Hashable:
         return (Reshaped, self.source_shape, self.target_shape)
@@ -418,16 +459,19 @@ class Reshaped(Derived):
         return f"reshape({describe(self.expression)}, {self.source_shape}->{self.target_shape})"
 
 
-@_statement
-class Transposed(Derived):
+class Transposed(_Statement, Derived):
     """The SMEM transforms of ``expression`` seen through a dim ``permutation``."""
 
-    expression: Expression
-    permutation: tuple[int, ...] = attrs.field(converter=tuple)
+    __slots__ = ("expression", "permutation")
 
-    def __attrs_post_init__(self) -> None:
-        if sorted(self.permutation) != list(range(len(self.permutation))):
-            raise ValueError(f"not a permutation: {self.permutation}")
+    expression: Expression
+    permutation: tuple[int, ...]
+
+    def __init__(self, expression: Expression, permutation: Sequence[int]) -> None:
+        self.expression = expression
+        self.permutation = permutation = tuple(permutation)
+        if sorted(permutation) != list(range(len(permutation))):
+            raise ValueError(f"not a permutation: {permutation}")
 
     def congruence_key(self) -> Hashable:
         return (Transposed, self.permutation)
@@ -448,25 +492,26 @@ class Transposed(Derived):
         return f"transpose({describe(self.expression)}, {self.permutation})"
 
 
-@_statement
-class Collapsed(Derived):
+class Collapsed(_Statement, Derived):
     """The SMEM transforms of ``expression`` after collapsing groups of dims.
 
     ``reassociation[i]`` is the number of consecutive source dims that form
     target dim ``i``.
     """
 
-    expression: Expression
-    source_shape: tuple[int, ...] = attrs.field(converter=tuple)
-    reassociation: tuple[int, ...] = attrs.field(converter=tuple)
+    __slots__ = ("expression", "source_shape", "reassociation")
 
-    def __attrs_post_init__(self) -> None:
-        if any(n <= 0 for n in self.reassociation) or sum(self.reassociation) != len(
-            self.source_shape
-        ):
-            raise ValueError(
-                f"reassociation {self.reassociation} does not partition {self.source_shape}"
-            )
+    expression: Expression
+    source_shape: tuple[int, ...]
+    reassociation: tuple[int, ...]
+
+    def __init__(self, expression: Expression, source_shape: Sequence[int],
+                 reassociation: Sequence[int]) -> None:
+        self.expression = expression
+        self.source_shape = source_shape = tuple(source_shape)
+        self.reassociation = reassociation = tuple(reassociation)
+        if any(n <= 0 for n in reassociation) or sum(reassociation) != len(source_shape):
+            raise ValueError(f"reassociation {reassociation} does not partition {source_shape}")
 
     def congruence_key(self) -> Hashable:
         return (Collapsed, self.source_shape, self.reassociation)
@@ -531,6 +576,8 @@ class Constraint:
     in :meth:`implied`.
     """
 
+    __slots__ = ()  # subclasses may have none: then theirs have a __dict__
+
     #: Constraints with a lower priority offer their candidates first.
     search_priority: ClassVar[int] = 1
     #: Whether the constraint holds once the solver made the assignments
@@ -577,14 +624,18 @@ def _one_variable_one_constant(
     return None
 
 
-@_statement
-class Equal(Constraint):
+class Equal(_Statement, Constraint):
     """``lhs`` and ``rhs`` have the same layout."""
 
+    __slots__ = ("lhs", "rhs")
     holds_once_implied: ClassVar[bool] = True  # one side was given the other's value
 
     lhs: Expression
     rhs: Expression
+
+    def __init__(self, lhs: Expression, rhs: Expression) -> None:
+        self.lhs = lhs
+        self.rhs = rhs
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.lhs, self.rhs)
@@ -610,8 +661,7 @@ class Equal(Constraint):
         return f"{describe(self.lhs)} == {describe(self.rhs)}"
 
 
-@_statement
-class Relayout(Constraint):
+class Relayout(_Statement, Constraint):
     """Registers in layout ``source`` can be converted to layout ``target``.
 
     A ``strict`` relayout is the implicit one between a producer and its
@@ -620,12 +670,20 @@ class Relayout(Constraint):
     implements for values of ``bitwidth``-bit elements.
     """
 
+    __slots__ = ("source", "target", "bitwidth", "strict")
     search_priority: ClassVar[int] = 0
 
     source: Expression
     target: Expression
     bitwidth: int
-    strict: bool = False
+    strict: bool
+
+    def __init__(self, source: Expression, target: Expression, bitwidth: int,
+                 strict: bool = False) -> None:
+        self.source = source
+        self.target = target
+        self.bitwidth = bitwidth
+        self.strict = strict
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.source, self.target)
@@ -658,12 +716,17 @@ def _can_relayout(src: RegisterLayout, dst: RegisterLayout, bitwidth: int, stric
     return layouts.can_relayout(src.layout, dst.layout, bitwidth=bitwidth, strict=strict)
 
 
-@_statement
-class Excludes(Constraint):
+class Excludes(_Statement, Constraint):
     """``expr`` is not a register layout of class ``kind`` (e.g. not splat)."""
+
+    __slots__ = ("expr", "kind")
 
     expr: Expression
     kind: type
+
+    def __init__(self, expr: Expression, kind: type) -> None:
+        self.expr = expr
+        self.kind = kind
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.expr,)
@@ -679,14 +742,17 @@ class Excludes(Constraint):
         return f"{describe(self.expr)} is not {self.kind.__name__}"
 
 
-@_statement
-class OneOf(Constraint):
-    """``expr`` is one of ``allowed`` (tried in order)."""
+class OneOf(_Statement, Constraint):
+    """``expr`` is one of ``allowed`` (tried in order, repeats dropped)."""
+
+    __slots__ = ("expr", "allowed")
 
     expr: Expression
-    allowed: tuple[Constant, ...] = attrs.field(converter=lambda a: _distinct(a))
+    allowed: tuple[Constant, ...]
 
-    def __attrs_post_init__(self) -> None:
+    def __init__(self, expr: Expression, allowed: Sequence[Constant]) -> None:
+        self.expr = expr
+        self.allowed = _distinct(allowed)
         if not self.allowed:
             raise ValueError("OneOf needs at least one allowed value")
 
@@ -746,16 +812,21 @@ def _tiling_of(value: Constant) -> tuple[int, ...] | None:
     return None
 
 
-@_statement
-class Divides(Constraint):
+class Divides(_Statement, Constraint):
     """Each tiled dim of ``expr`` divides the matching trailing entry of ``multiple``.
 
     A tiling of higher rank than ``multiple`` does not hold; untiled values
     (no SMEM tiling, splat or strided registers) always do.
     """
 
+    __slots__ = ("expr", "multiple")
+
     expr: Expression
-    multiple: tuple[int, ...] = attrs.field(converter=tuple)
+    multiple: tuple[int, ...]
+
+    def __init__(self, expr: Expression, multiple: Sequence[int]) -> None:
+        self.expr = expr
+        self.multiple = tuple(multiple)
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.expr,)
@@ -780,12 +851,17 @@ def merge_multiples(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.gcd(x, y) for x, y in zip(a[-n:], b[-n:]))
 
 
-@_statement
-class MinorDimDivisibleBy(Constraint):
+class MinorDimDivisibleBy(_Statement, Constraint):
     """The minor tile dim of SMEM transforms ``expr`` is a multiple of ``divisor``."""
+
+    __slots__ = ("expr", "divisor")
 
     expr: Expression
     divisor: int
+
+    def __init__(self, expr: Expression, divisor: int) -> None:
+        self.expr = expr
+        self.divisor = divisor
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.expr,)
@@ -800,17 +876,23 @@ class MinorDimDivisibleBy(Constraint):
         return f"minor tile dim of {describe(self.expr)} divisible by {self.divisor}"
 
 
-@_statement
-class SupportedBroadcast(Constraint):
+class SupportedBroadcast(_Statement, Constraint):
     """Registers in ``source`` can be broadcast along ``dims`` into ``target``.
 
     Pair it with ``Equal(source, Reduced(target, ...))`` to pin tiled layouts:
     this constraint only checks the layouts are of the same kind.
     """
 
+    __slots__ = ("source", "target", "dims")
+
     source: Expression
     target: Expression
-    dims: tuple[int, ...] = attrs.field(converter=tuple)
+    dims: tuple[int, ...]
+
+    def __init__(self, source: Expression, target: Expression, dims: Sequence[int]) -> None:
+        self.source = source
+        self.target = target
+        self.dims = tuple(dims)
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.source, self.target)
@@ -847,16 +929,24 @@ class SupportedBroadcast(Constraint):
         return f"{describe(self.source)} broadcasts along {self.dims} into {describe(self.target)}"
 
 
-@_statement
-class TransferableTmem(Constraint):
+class TransferableTmem(_Statement, Constraint):
     """A TMEM ref in ``tmem`` and registers in ``registers`` can be copied
     between each other (``tcgen05.ld`` / ``tcgen05.st``) for a ``shape`` value
     of ``bitwidth``-bit elements."""
 
+    __slots__ = ("registers", "tmem", "shape", "bitwidth")
+
     registers: Expression
     tmem: Expression
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...]
     bitwidth: int
+
+    def __init__(self, registers: Expression, tmem: Expression, shape: Sequence[int],
+                 bitwidth: int) -> None:
+        self.registers = registers
+        self.tmem = tmem
+        self.shape = tuple(shape)
+        self.bitwidth = bitwidth
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.registers, self.tmem)
@@ -929,8 +1019,7 @@ class TransferKind:
     DOWNGRADABLE: Final = "downgradable"
 
 
-@_statement
-class TransferableSmem(Constraint):
+class TransferableSmem(_Statement, Constraint):
     """Registers in ``registers`` and an SMEM ref with transforms ``smem`` can
     be copied between each other for a ref of ``shape``/``strides`` holding
     ``bitwidth``-bit elements, with a transfer of kind ``kind``.
@@ -940,14 +1029,27 @@ class TransferableSmem(Constraint):
     best depends on the architecture: the rule stating the constraint knows).
     """
 
+    __slots__ = ("registers", "smem", "shape", "strides", "bitwidth", "kind",
+                 "tiled_candidates")
+
     registers: Expression
     smem: Expression
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
-    strides: tuple[int, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
     bitwidth: int
-    kind: str = TransferKind.OPTIMIZED
-    tiled_candidates: tuple[fa.FragmentedLayout, ...] = attrs.field(default=(),
-                                                                    converter=tuple)
+    kind: str
+    tiled_candidates: tuple[fa.FragmentedLayout, ...]
+
+    def __init__(self, registers: Expression, smem: Expression, shape: Sequence[int],
+                 strides: Sequence[int], bitwidth: int, kind: str = TransferKind.OPTIMIZED,
+                 tiled_candidates: Sequence[fa.FragmentedLayout] = ()) -> None:
+        self.registers = registers
+        self.smem = smem
+        self.shape = tuple(shape)
+        self.strides = tuple(strides)
+        self.bitwidth = bitwidth
+        self.kind = kind
+        self.tiled_candidates = tuple(tiled_candidates)
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.registers, self.smem)

@@ -182,6 +182,36 @@ def test_one_of_dedupes_and_rejects_empty():
         OneOf(None, ())
 
 
+def test_built_in_statements_compare_by_value_and_show_their_fields():
+    wgmma = RegisterLayout(fa.WGMMA_LAYOUT)
+    # Sequences are stored as tuples, so a list and a tuple state the same thing.
+    assert Reduced(wgmma, [1], 2) == Reduced(wgmma, (1,), 2, keep_dims=False)
+    assert Reduced(wgmma, (1,), 2) != Reduced(wgmma, (1,), 2, keep_dims=True)
+    assert Reshaped(wgmma, [128, 128], [16384]).target_shape == (16384,)
+    assert Equal(wgmma, wgmma) != Relayout(wgmma, wgmma, 16)  # another kind of statement
+    assert Relayout(wgmma, wgmma, 16) == Relayout(wgmma, wgmma, 16, strict=False)
+    assert repr(Divides(None, [64, 128])) == "Divides(expr=None, multiple=(64, 128))"
+    assert repr(Transposed(None, [1, 0])) == "Transposed(expression=None, permutation=(1, 0))"
+    # Mutable value objects: like attrs' classes that compare by value, unhashable.
+    with pytest.raises(TypeError):
+        hash(Equal(wgmma, wgmma))
+    with pytest.raises(AttributeError):  # fields only: no __dict__ per statement
+        Equal(wgmma, wgmma).note = "x"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Reduced(None, (1, 0), 2),  # axes not sorted
+    lambda: Reduced(None, (), 2),
+    lambda: Transposed(None, (0, 0)),  # not a permutation
+    lambda: Collapsed(None, (4, 8, 16), (1, 1)),  # does not cover the source dims
+    lambda: Collapsed(None, (4, 8), (2, 0)),
+], ids=["unsorted axes", "no axes", "not a permutation", "short reassociation",
+        "empty group"])
+def test_built_in_statements_reject_malformed_fields(make):
+    with pytest.raises(ValueError):
+        make()
+
+
 def test_register_layout_of_is_one_shared_constant_per_layout():
     shared = RegisterLayout.of(fa.WGMMA_LAYOUT)
     # Equal layouts built apart give the same object, equal to a plain one.
