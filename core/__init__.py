@@ -43,18 +43,24 @@ _DRIVERS = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _DRIVERS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'smalti' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if name == "__version__":
+        value = _version()
+    else:
+        module = _DRIVERS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'smalti' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
-try:
-    __version__ = metadata.version("smalti")
-except metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0+unknown"
+def _version() -> str:
+    # Read on first use: finding and parsing the distribution's metadata is
+    # a millisecond that importing smalti to build a pipeline does not need.
+    try:
+        return metadata.version("smalti")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
 
 __all__ = [
     "ANY_ARCH",

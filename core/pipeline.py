@@ -276,6 +276,9 @@ def discover(
         infos.append(PluginInfo(name, version, source, plugin))
 
     if autoload:
+        # (name, version) by distribution: each read of its metadata parses
+        # it again, and one distribution may ship several plugins (smalti does).
+        about: dict[metadata.Distribution, tuple[str, str]] = {}
         for ep in _entry_points():
             if ep.name in blocked:
                 continue
@@ -287,11 +290,13 @@ def discover(
                     f"{type(e).__name__}: {e}",
                     fix=f"reinstall the plugin, or block it with {BLOCK_ENV}={ep.name}")))
                 continue
-            # One read of the distribution's metadata (each .name and
-            # .version would parse it again).
-            about = ep.dist.metadata if ep.dist is not None else None
-            dist = about["Name"] if about is not None else ""
-            version = about["Version"] if about is not None else "unknown"
+            dist, version = "", "unknown"
+            if ep.dist is not None:
+                known = about.get(ep.dist)
+                if known is None:
+                    fields = ep.dist.metadata
+                    known = about[ep.dist] = (fields["Name"], fields["Version"])
+                dist, version = known
             adopt(ep.name, plugin, version, f"entry point ({dist})" if dist else "entry point")
     explicit = plugins.items() if isinstance(plugins, dict) else (
         (getattr(p, "__name__", type(p).__name__), p) for p in plugins)
