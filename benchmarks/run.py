@@ -155,10 +155,11 @@ def read_ops(module: ir.Module) -> int:
 
 
 def read_and_infer_times(make_module: Callable[[], ir.Module], repeat: int
-                         ) -> tuple[float, float]:
+                         ) -> tuple[float, float, float]:
     """The fastest of ``repeat`` read walks and of ``repeat`` inferences by
     smalti, each on a fresh copy of the kernel, taken in turns so that both
-    see the same (shared, noisy) machine."""
+    see the same (shared, noisy) machine; and smalti's time over the read
+    walk's, turn by turn (see :func:`ratio_by_turns`)."""
     reads, infers = [], []
     for _ in range(repeat):
         module = make_module()
@@ -169,7 +170,19 @@ def read_and_infer_times(make_module: Callable[[], ir.Module], repeat: int
         start = time.perf_counter()
         smalti.infer_layouts(module)
         infers.append(time.perf_counter() - start)
-    return min(reads), min(infers)
+    return min(reads), min(infers), ratio_by_turns(infers, reads)
+
+
+def ratio_by_turns(numerators: list[float], denominators: list[float]) -> float:
+    """The median, over turns, of one turn's time over the other's.
+
+    The fastest of each (``min(numerators) / min(denominators)``) pairs
+    times taken at different moments: where the machine's speed drifts
+    within a run (this one's does, by tens of percent over seconds), a
+    lucky read walk in a fast moment and an inference in a slower one set
+    the ratio. Two runs of one turn are taken a few milliseconds apart, at
+    one speed; the median leaves out the turns one of whose runs was hit."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:
@@ -195,9 +208,9 @@ def row(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
 
-WIDTHS = [20, 6, 8, 8, 9, 9, 8, 8, 8]
+WIDTHS = [20, 6, 8, 8, 9, 9, 8, 8, 8, 9]
 HEADER = ["kernel", "ops", "walk s", "read s", "smalti s", "jax s", "jax/sm", "sm/walk",
-          "sm/read"]
+          "sm/read", "by turns"]
 
 
 def synthetic(sizes: list[int], jax_max: int, repeat: int) -> None:
@@ -208,7 +221,7 @@ def synthetic(sizes: list[int], jax_max: int, repeat: int) -> None:
             kernel = kernels.build_kernel(body, [SHAPE], [SHAPE])
             ops = count_ops(kernel.module)
             walk = min(timed(lambda: count_ops(kernel.module)) for _ in range(3))
-            read, ours = read_and_infer_times(
+            read, ours, by_turns = read_and_infer_times(
                 lambda: kernels.build_kernel(body, [SHAPE], [SHAPE]).module, repeat)
             if n <= jax_max:
                 reference = kernels.build_kernel(body, [SHAPE], [SHAPE])
@@ -217,7 +230,8 @@ def synthetic(sizes: list[int], jax_max: int, repeat: int) -> None:
             else:
                 jax_cells = ["-", "-"]
             print(row([name, str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}", *jax_cells,
-                       f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
+                       f"{ours / walk:.1f}x", f"{ours / read:.1f}x", f"{by_turns:.1f}x"],
+                      WIDTHS))
         growth(lambda n: kernels.build_kernel(make(n), [SHAPE], [SHAPE]).module, sizes, repeat)
 
 
@@ -239,8 +253,10 @@ def growth(make_module: Callable[[int], ir.Module], sizes: list[int], repeat: in
             smalti.infer_layouts(module)
             times[n].append(time.perf_counter() - start)
     ratio = min(times[large]) / min(times[small])
+    by_turns = ratio_by_turns(times[large], times[small])
     print(f"  growth: {ops[large] / ops[small]:.1f}x ops ({ops[small]} -> {ops[large]}) -> "
-          f"{ratio:.1f}x smalti time (fastest of {repeat} each, in turns)")
+          f"{ratio:.1f}x smalti time (fastest of {repeat} each, in turns; {by_turns:.1f}x "
+          "by turns)")
 
 
 def _unrolled_wgmma_text(steps: int) -> str:
@@ -303,7 +319,7 @@ def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
         ours_module = ir.Module.parse(text, kernels.make_context())
         ops = count_ops(ours_module)
         walk = min(timed(lambda: count_ops(ours_module)) for _ in range(3))
-        read, ours = read_and_infer_times(
+        read, ours, by_turns = read_and_infer_times(
             lambda: ir.Module.parse(text, kernels.make_context()), repeat)
         jax_cells = ["-", "-"]
         if n <= jax_max:
@@ -313,7 +329,8 @@ def unrolled_wgmma(sizes: list[int], jax_max: int, repeat: int) -> None:
                 theirs = timed(lambda: jax_mgpu.infer_layout(theirs_module))
             jax_cells = [f"{theirs:.3f}", f"{theirs / ours:.0f}x"]
         print(row(["unrolled WGMMA", str(ops), f"{walk:.4f}", f"{read:.4f}", f"{ours:.4f}",
-                   *jax_cells, f"{ours / walk:.1f}x", f"{ours / read:.1f}x"], WIDTHS))
+                   *jax_cells, f"{ours / walk:.1f}x", f"{ours / read:.1f}x",
+                   f"{by_turns:.1f}x"], WIDTHS))
         if n == floor_size:
             floor = min(floor_times(text, repeat))
             print(f"  floor at {ops} ops (MLIR's walk, every op's name and operand and result "
@@ -551,7 +568,9 @@ def main() -> None:
     print(f"smalti {smalti.__version__} vs jax {jax.__version__}\n")
     print("walk: visiting every op through the bindings; read: also reading its name and\n"
           "operand and result types (what any inference must read); read and smalti:\n"
-          f"fastest of {args.repeat} runs each, in turns, on fresh copies of the kernel;\n"
+          f"fastest of {args.repeat} runs each, in turns, on fresh copies of the kernel\n"
+          "(sm/read: the fastest over the fastest; by turns: the median of smalti over\n"
+          "the read walk in each turn, which the machine's drifts within a run move less);\n"
           "jax: one run\n")
     synthetic(sizes, args.jax_max, args.repeat)
     unrolled_wgmma(sizes, args.jax_max, args.repeat)
