@@ -5,6 +5,7 @@
     .venv/bin/python -m benchmarks.count --kernel chain --size 4000 --top 30
     .venv/bin/python -m benchmarks.count --machine             # needs valgrind
     .venv/bin/python -m benchmarks.count --kernel unrolled_wgmma --size 333
+    .venv/bin/python -m benchmarks.count --kernel chain --size 250 --machine --lowering
 
 Timings on a shared machine move by 10% and more between runs, more than most
 single changes to smalti's hot paths; the number of bytecode instructions
@@ -19,6 +20,11 @@ counts those: it runs the kernel under callgrind twice, building four copies
 and inferring all of them, then none, and prints the difference per
 inference (within about 1% from run to run on the synthetic kernels, 2-4%
 on the unrolled WGMMA pipeline; a minute or two per kernel).
+
+``--lowering`` counts one lowering by smalti and one by jax the same way,
+both after smalti's inference, so that both compilers get the same module:
+where timings of the two move by 10-20% from run to run, the counts show
+what smalti's lowering adds to the code generators both share.
 """
 
 from __future__ import annotations
@@ -99,13 +105,22 @@ def module_maker(kernel: str, size: int, text: str | None = None) -> Callable[[]
 
 
 def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
-                         valgrind: Sequence[str] = _VALGRIND) -> int:
+                         valgrind: Sequence[str] = _VALGRIND, lower_with: str | None = None
+                         ) -> int:
     """The machine instructions one inference of ``kernel(size)`` executes,
     bindings and interpreter included, as callgrind counts them: a process
     that builds ``inferences`` copies and infers them all, less one that
-    builds them and infers none, per inference."""
+    builds them and infers none, per inference.
+
+    With ``lower_with`` (``"smalti"`` or ``"jax"``, a synthetic kernel),
+    those of one lowering by that compiler instead: both processes build and
+    infer every copy (with smalti: the same input for both compilers), one
+    lowers them all, the other none."""
+    if lower_with is not None and kernel == _UNROLLED:
+        raise ValueError("the unrolled WGMMA pipeline is parsed from text, without the "
+                         "launch context lowering needs: count a synthetic kernel")
     with tempfile.TemporaryDirectory() as scratch:
-        extra = []
+        extra = [] if lower_with is None else ["--lower-with", lower_with]
         if kernel == _UNROLLED:  # traced by Pallas here, not twice under callgrind
             text = Path(scratch, "kernel.mlir")
             text.write_text(_unrolled_wgmma_text(size))
@@ -148,6 +163,35 @@ def _build_and_infer(kernel: str, size: int, build: int, infer: int,
         smalti.infer_layouts(module)
 
 
+def _build_and_lower(kernel: str, size: int, build: int, lower: int, lower_with: str) -> None:
+    """What --machine --lower-with runs under callgrind: warms the compiler
+    on one copy of the kernel, builds and infers ``build`` more (with
+    smalti, whichever compiler lowers) and lowers the first ``lower`` of
+    them, the collector off."""
+    from jax.experimental.mosaic import gpu as jax_mgpu  # the reference
+
+    body = _KINDS[kernel](size)
+
+    def lower_one(kernel: kernels.Kernel) -> None:
+        if lower_with == "smalti":
+            smalti.lower(kernel.module, kernel.launch_context)
+            return
+        with kernel.context, ir.Location.unknown(kernel.context):
+            jax_mgpu.lower_mgpu_dialect(kernel.module, kernel.launch_context)
+
+    def inferred() -> kernels.Kernel:
+        kernel = kernels.build_kernel(body, [SHAPE], [SHAPE])
+        smalti.infer_layouts(kernel.module)
+        return kernel
+
+    lower_one(inferred())
+    built = [inferred() for _ in range(build)]
+    gc.collect()
+    gc.disable()
+    for kernel in built[:lower]:
+        lower_one(kernel)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=sorted([*_KINDS, _UNROLLED]), default="reductions")
@@ -157,14 +201,31 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     parser.add_argument("--machine", action="store_true",
                         help="count machine instructions under callgrind instead (needs valgrind)")
+    parser.add_argument("--lowering", action="store_true",
+                        help="with --machine: the instructions of one lowering by smalti and by "
+                        "jax, after smalti's inference (a synthetic kernel)")
     # The process --machine runs under callgrind.
     parser.add_argument("--build", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--infer", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--text", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--lower-with", choices=["smalti", "jax"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build is not None:
-        _build_and_infer(args.kernel, args.size, args.build, args.infer or 0,
-                         args.text.read_text() if args.text else None)
+        if args.lower_with is not None:
+            _build_and_lower(args.kernel, args.size, args.build, args.infer or 0,
+                             args.lower_with)
+        else:
+            _build_and_infer(args.kernel, args.size, args.build, args.infer or 0,
+                             args.text.read_text() if args.text else None)
+        return
+    if args.lowering:
+        if not args.machine:
+            parser.error("--lowering counts machine instructions: add --machine")
+        counts = {name: machine_instructions(args.kernel, args.size, inferences=2,
+                                             lower_with=name) for name in ("smalti", "jax")}
+        print(f"{args.kernel}({args.size}), one lowering after smalti's inference: smalti "
+              f"{counts['smalti']:,}, jax {counts['jax']:,} machine instructions "
+              f"(smalti/jax {counts['smalti'] / counts['jax']:.3f})")
         return
     if args.machine:
         count = machine_instructions(args.kernel, args.size)

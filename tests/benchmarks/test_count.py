@@ -87,3 +87,20 @@ def test_a_failing_machine_count_says_which_command(tmp_path):
     with pytest.raises(RuntimeError, match="--build 2 --infer 2 failed"):
         machine_instructions("reductions", 25, inferences=2,
                              valgrind=_fake_valgrind(tmp_path, exit_code=3))
+
+
+@pytest.mark.parametrize("compiler", ["smalti", "jax"])
+def test_a_lowering_is_counted_by_the_compiler_asked_for(tmp_path, compiler):
+    # The fake runs the children for real: they build, infer and lower.
+    count = machine_instructions("chain", 5, inferences=2, valgrind=_fake_valgrind(tmp_path),
+                                 lower_with=compiler)
+    assert count == 7
+    commands = (tmp_path / "commands.txt").read_text().splitlines()
+    assert len(commands) == 2
+    assert all(f"--lower-with {compiler}" in command for command in commands)
+
+
+def test_the_unrolled_pipeline_has_no_lowering_to_count(tmp_path):
+    with pytest.raises(ValueError, match="launch context"):
+        machine_instructions("unrolled_wgmma", 2, lower_with="smalti",
+                             valgrind=_fake_valgrind(tmp_path))
