@@ -137,8 +137,11 @@ def _machine_instructions(command: list[str], inferences: int) -> int:
     all its copies and none, and returns the difference per inference."""
     def collected(infer: int) -> int:
         command_infer = [*command, "--infer", str(infer)]
-        # A fixed hash seed: the same dict layouts, hence the same work, every run.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        # A fixed hash seed: the same dict layouts, hence the same work, every
+        # run. One BLAS thread: numpy's OpenBLAS otherwise starts a thread per
+        # core whose idle spinning callgrind counts, more the longer a run
+        # takes (7M instructions per inference, +-10% on the totals).
+        env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
         done = subprocess.run(command_infer, cwd=_ROOT, env=env, capture_output=True, text=True)
         found = re.search(r"Collected\s*:\s*([\d,]+)", done.stderr)
         if done.returncode or found is None:

@@ -54,16 +54,19 @@ def test_the_unrolled_pipeline_is_counted_on_copies_in_one_context():
 
 def _fake_valgrind(tmp_path, exit_code: int = 0):
     """A stand-in for valgrind: runs the command it is given (the kernel
-    built and inferred for real), records it in ``commands.txt`` and reports
+    built and inferred for real), records it in ``commands.txt`` (and the
+    BLAS threads it was given in ``blas_threads.txt``) and reports
     a count that grows by 7 per inference, the way callgrind reports its
     total."""
     fake = tmp_path / "valgrind.py"
     fake.write_text(
-        "import subprocess, sys\n"
+        "import os, subprocess, sys\n"
         "command = [a for a in sys.argv[1:] if not a.startswith(('--tool=', '--callgrind-out-file='))]\n"
         "done = subprocess.run(command)\n"
         "infer = int(command[command.index('--infer') + 1])\n"
         f"open({str(tmp_path / 'commands.txt')!r}, 'a').write(' '.join(command) + '\\n')\n"
+        f"open({str(tmp_path / 'blas_threads.txt')!r}, 'a').write("
+        "os.environ.get('OPENBLAS_NUM_THREADS', '-') + '\\n')\n"
         "print(f'==1== Collected : {1_000_000 + 7 * infer}', file=sys.stderr)\n"
         f"sys.exit(done.returncode or {exit_code})\n")
     return (sys.executable, str(fake))
@@ -72,6 +75,9 @@ def _fake_valgrind(tmp_path, exit_code: int = 0):
 def test_machine_counts_are_the_difference_per_inference(tmp_path):
     count = machine_instructions("reductions", 25, inferences=2, valgrind=_fake_valgrind(tmp_path))
     assert count == 7
+    # numpy's BLAS runs one thread: idle BLAS threads would spin under
+    # callgrind and be counted, more the longer a run takes.
+    assert (tmp_path / "blas_threads.txt").read_text().split() == ["1", "1"]
 
 
 def test_the_unrolled_pipeline_is_traced_once_and_handed_to_the_counted_processes(tmp_path):
