@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ from smalti import kernels
 from smalti.layouts import ATTRIBUTE_NAMES
 
 Body = Callable[..., None]
+T = TypeVar("T")
 SHAPE = jax.ShapeDtypeStruct((128, 128), jnp.float32)
 
 
@@ -171,6 +173,12 @@ def read_and_infer_times(make_module: Callable[[], ir.Module], repeat: int
         smalti.infer_layouts(module)
         infers.append(time.perf_counter() - start)
     return min(reads), min(infers), ratio_by_turns(infers, reads)
+
+
+def in_order_of_turn(turn: int, first: T, second: T) -> tuple[T, T]:
+    """Two runs of a turn, each first in every other turn: neither always
+    runs right after the other's garbage."""
+    return (first, second) if turn % 2 == 0 else (second, first)
 
 
 def ratio_by_turns(numerators: list[float], denominators: list[float]) -> float:
@@ -403,10 +411,9 @@ def lowering(n: int, repeat: int = 4) -> None:
         ours, theirs = (kernels.build_kernel(body, [SHAPE], [SHAPE]) for _ in range(2))
         smalti.infer_layouts(ours.module)
         jax_infer(theirs)
-        runs = [(ours_times, lambda: smalti.lower(ours.module, ours.launch_context)),
-                (jax_times, lambda: jax_lower(theirs))]
-        # Neither always runs right after the other's garbage.
-        for times, run in runs if turn % 2 == 0 else runs[::-1]:
+        for times, run in in_order_of_turn(
+                turn, (ours_times, lambda: smalti.lower(ours.module, ours.launch_context)),
+                (jax_times, lambda: jax_lower(theirs))):
             times.append(timed(run))
     sm, jx = min(ours_times), min(jax_times)
     print(f"  {count_ops(theirs.module)} ops after lowering: smalti {sm:.3f} s, jax {jx:.3f} s, "
@@ -516,9 +523,7 @@ def official_kernels(repeat: int) -> None:
 
             try:
                 for turn in range(repeat):
-                    # Each goes first in every other turn: neither always
-                    # runs right after the other's garbage.
-                    for run_one in (run_jax, run_smalti) if turn % 2 else (run_smalti, run_jax):
+                    for run_one in in_order_of_turn(turn, run_smalti, run_jax):
                         run_one()
             except Exception as e:  # a kernel smalti cannot compile yet
                 print(f"  {name}: not measured ({type(e).__name__}: {str(e).splitlines()[0]})")
