@@ -94,8 +94,9 @@ def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int
     )
 
 
-#: The ops that get layout attributes: each with its sites and their variables.
-Annotated = list[tuple[ir.Operation, list[ValueSite], list[Variable]]]
+#: The ops that get layout attributes: each with its sites, their variables,
+#: and how many of the sites are operands if all hold vectors, else -1.
+Annotated = list[tuple[ir.Operation, list[ValueSite], list[Variable], int]]
 #: Ops described by :func:`smalti.rules.same_layout` without a builder: each
 #: with the variable of all its sites, and how many operands and results
 #: hold vectors.
@@ -147,8 +148,10 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                 opaque = False
             else:
                 # An op with a rule usually uses values described already.
-                sites = (layout_sites(op, op_hash) if record is None
-                         else sites_table.layout_sites(op, op_hash))
+                if record is None:
+                    sites, split = layout_sites(op, op_hash), None
+                else:
+                    sites, split = sites_table.layout_sites(op, op_hash)
                 if not sites:
                     # Lane-level regions stay unseen even when the op itself
                     # carries no layouts (a rule registered opaque_regions=True).
@@ -159,7 +162,10 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     if None not in described:
                         # A terminator (scf.yield...): its parent's rule
                         # described it. Like jax, it still gets its attributes.
-                        described_by_parent.append((op, sites, described))  # type: ignore[arg-type]
+                        if split is None:
+                            split = _register_split(sites)
+                        described_by_parent.append(
+                            (op, sites, described, split))  # type: ignore[arg-type]
                         return ADVANCE
                 if record is None:
                     raise _no_rule(pipeline, op, arch)
@@ -177,7 +183,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     builder._malformed(
                         "left these sites without a variable: "
                         + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
-                annotated.append((op, sites, variables))  # type: ignore[arg-type]
+                annotated.append((op, sites, variables, split))  # type: ignore[arg-type]
                 opaque = builder.opaque
             plugin = record.plugin
             ops_per_plugin[plugin] = ops_per_plugin.get(plugin, 0) + 1
@@ -280,8 +286,7 @@ def _write_attributes(collected: Collected, solution: list[Constant]) -> None:
     """Writes the chosen constants of every op as its attributes."""
     cache = _AttributeCache()
     register_layouts, shared_layouts = cache.register_layouts, cache.shared_layouts
-    for op, sites, variables in collected.annotated:
-        split = _register_split(sites)
+    for op, sites, variables, split in collected.annotated:
         values = [solution[var.id] for var in variables]
         if split < 0:  # refs among its sites: grouped by attribute name
             attributes = op.attributes
@@ -467,7 +472,7 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     report.ops = len(annotated) + len(collected.shared)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)
-    for entry, (op, sites, variables) in zip(report.trace, annotated):
+    for entry, (op, sites, variables, _) in zip(report.trace, annotated):
         for site, var in zip(sites, variables):
             entry.why.setdefault(_attribute_name(site), []).append(solver.why_assigned(var))
         groups = _grouped(sites, [solution[var.id] for var in variables])
