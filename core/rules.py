@@ -428,45 +428,54 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     definitions = table.definitions
     linked: list[tuple[Variable, ir.Type]] = []
     later: list[tuple[int, ir.Value, ir.Type]] = []
-    types: list[ir.Type] = []
+    shape = None  # the linked operands': their producers' variables know it
     operands = op.operands
     for index in range(len(operands)):  # see layout_values
         value = operands[index]
         defined = definitions.get(value)
         if defined is not None:
-            if defined[0].memory_space is not MemorySpace.REG:
+            producer = defined[0]
+            if producer.memory_space is not REG:
+                return None
+            if shape is None:
+                shape = producer.shape
+            elif producer.shape != shape:  # tuples: no bindings call
                 return None
             linked.append(defined)
-            types.append(defined[1])
             continue
         ty = value.type  # defined later in the walk, or needing no layout
         space = memory_space_of_type(ty)
-        if space is MemorySpace.REG:
+        if space is REG:
             later.append((index, value, ty))
-            types.append(ty)
         elif space is not None:
             return None
     results = layout_values(op.results)
     for _, _, ty, space in results:
-        if space is not MemorySpace.REG:
+        if space is not REG:
             return None
-        types.append(ty)
-    if not types:
+    # The other sites against a linked operand's type (most are that very
+    # type), by shape where the types differ.
+    if linked:
+        first, first_shape = linked[0][1], shape
+    elif later or results:
+        first = later[0][2] if later else results[0][2]
+        first_shape = tuple(first.shape)
+    else:
         return None
-    first = types[0]
-    for ty in types:
-        if ty != first and ty.shape != first.shape:
+    for _, _, ty in later:
+        if ty != first and tuple(ty.shape) != first_shape:
+            return None
+    for _, _, ty, _ in results:
+        if ty != first and tuple(ty.shape) != first_shape:
             return None
     # The variable is named after the op's last layout site, as variable() does.
     if results:
         kind, (index, value, ty, _) = SiteKind.RESULT, results[-1]
     else:
         kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
-    # All sites have one shape: a producer's variable knows it already.
-    shape = linked[0][0].shape if linked else None
     variables = system.variables
     var = make_variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
-                        MemorySpace.REG, shape)
+                        REG, shape)
     variables.append(var)
     uses = system.uses  # system.use() without a call per use
     for producer, ty in linked:

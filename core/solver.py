@@ -249,7 +249,8 @@ class Solver:
         or excluded from splat). Returns the relayouts out of a variable, the
         register variables one of which is a splat-keeping expression of the
         other (by variable id, both ways), and the ``Equal`` constraints
-        between a variable and a derived expression."""
+        between a variable and a derived expression (each with its index,
+        the variable and the expression)."""
         find, nonsplat, active = self.find, self.nonsplat, self.active
         for var, value, origin in self.system.assignments:
             if isinstance(value, RegisterLayout) and not value.is_splat:
@@ -258,19 +259,27 @@ class Solver:
                     nonsplat[root] = origin
         relayouts: list[int] = []
         splat_alike: dict[int, list[Variable]] = {}
-        derived_equals: list[int] = []
+        derived_equals: list[tuple[int, Variable, Derived]] = []
         for ci, c in enumerate(self.constraints):
             if isinstance(c, Equal):
                 lhs, rhs = c.lhs, c.rhs
-                if isinstance(lhs, Variable) and isinstance(rhs, Variable):
-                    self.union(lhs.id, rhs.id)
-                    active[ci] = False
+                # Variables are never subclassed: compared by type.
+                if type(lhs) is Variable:
+                    if type(rhs) is Variable:
+                        self.union(lhs.id, rhs.id)
+                        active[ci] = False
+                        continue
+                    var, expr = lhs, rhs
+                elif type(rhs) is Variable:
+                    var, expr = rhs, lhs
+                else:
+                    var = expr = None
+                if var is None:
                     continue
-                if isinstance(lhs, Derived) or isinstance(rhs, Derived):
-                    derived_equals.append(ci)
-                pair = _splat_alike(lhs, rhs) or _splat_alike(rhs, lhs)
-                if pair is not None:
-                    var, other = pair
+                if isinstance(expr, Derived):
+                    derived_equals.append((ci, var, expr))
+                other = _splat_alike(var, expr)
+                if other is not None:
                     splat_alike.setdefault(var.id, []).append(other)
                     splat_alike.setdefault(other.id, []).append(var)
             elif isinstance(c, Excludes) and isinstance(c.expr, Variable) and issubclass(
@@ -284,7 +293,7 @@ class Solver:
         return relayouts, splat_alike, derived_equals
 
     def _propagate_nonsplat(self, relayouts: list[int], splat_alike: dict[int, list[Variable]],
-                            derived_equals: list[int]) -> None:
+                            derived_equals: list[tuple[int, Variable, Derived]]) -> None:
         """Values that are never splat (see :meth:`_scan_constraints`) stay
         non-splat through relayouts, uses and equalities with splat-keeping
         expressions, and a strict relayout of a non-splat value is the
@@ -371,23 +380,26 @@ class Solver:
                 self._settle_relayout(ci)
         self._link_open_uses(open_uses)
 
-    def _merge_congruent(self, derived_equals: list[int]) -> None:
+    def _merge_congruent(self, derived_equals: list[tuple[int, Variable, Derived]]) -> None:
         """Merges the variables that are ``Equal`` to one derivation (equal
         :meth:`~smalti.constraints.Derived.congruence_key`) of one class: they
         have one layout. The first such ``Equal`` stays; the others would
         only restate it. A kernel that sums rows and broadcasts them back at
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
-        find, constraints, active = self.find, self.constraints, self.active
+        find, active = self.find, self.active
         first_of: dict[tuple[Hashable, ...], int] = {}
-        for ci in derived_equals:
-            c = constraints[ci]
-            var, derived = (c.lhs, c.rhs) if type(c.lhs) is Variable else (c.rhs, c.lhs)
-            if type(var) is not Variable:
-                continue
-            key = _congruence_key(derived, find)
-            if key is None:
-                continue
+        for ci, var, derived in derived_equals:
+            source = derived.expression
+            if type(source) is Variable:  # _congruence_key(), inlined for one step (most)
+                step = derived.congruence_key()
+                if step is None:
+                    continue
+                key = (find(source.id), step)
+            else:
+                key = _congruence_key(derived, find)
+                if key is None:
+                    continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
                 self.union(first, var.id)
@@ -914,10 +926,6 @@ class Solver:
 def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
     """The class ``expr`` derives from and the keys of its derivation steps,
     ``None`` if some step opts out or it derives from no variable."""
-    source = expr.expression
-    if type(source) is Variable:  # one derivation step (most): no list
-        key = expr.congruence_key()
-        return None if key is None else (find(source.id), key)
     keys: list[Hashable] = []
     while isinstance(expr, Derived):
         key = expr.congruence_key()
@@ -930,19 +938,17 @@ def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable
     return (find(expr.id), *keys)
 
 
-def _splat_alike(var: Expression, expr: Expression) -> tuple[Variable, Variable] | None:
-    """``(var, v)`` if ``var`` is a register variable and ``expr`` derives from
-    the register variable ``v`` through splat-keeping steps only."""
-    if not isinstance(var, Variable) or var.memory_space is not MemorySpace.REG:
-        return None
-    if not isinstance(expr, Derived):
+def _splat_alike(var: Variable, expr: Expression) -> Variable | None:
+    """The register variable ``expr`` derives from through splat-keeping
+    steps only, if ``var`` is a register variable too; else ``None``."""
+    if var.memory_space is not MemorySpace.REG or not isinstance(expr, Derived):
         return None
     while isinstance(expr, Derived):
         if not expr.keeps_splat:
             return None
         expr = expr.expression
-    if isinstance(expr, Variable) and expr.memory_space is MemorySpace.REG:
-        return var, expr
+    if type(expr) is Variable and expr.memory_space is MemorySpace.REG:
+        return expr
     return None
 
 
