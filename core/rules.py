@@ -474,8 +474,16 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     else:
         kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
     variables = system.variables
-    var = make_variable(len(variables), make_site(op, op_hash, kind, index, value, ty),
-                        REG, shape)
+    site = make_site(op, op_hash, kind, index, value, ty)
+    if shape is None:
+        var = make_variable(len(variables), site, REG, None)
+    else:  # make_variable(), inlined for the usual op: one whose operands are linked
+        var = object.__new__(Variable)
+        var.id = len(variables)
+        var.site = site
+        var.memory_space = REG
+        var.type = ty
+        var.shape = shape
     variables.append(var)
     uses = system.uses  # system.use() without a call per use
     for producer, ty in linked:

@@ -464,14 +464,20 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                found = []
-                for v in over:
-                    root = parent[v.id]  # find(), inlined for roots and right below
+                if len(over) == 1:  # most: no list
+                    root = parent[over[0].id]  # find(), inlined for roots and right below
                     if parent[root] != root:
                         root = find(root)
-                    if root not in found:
-                        found.append(root)
-                roots = tuple(found)
+                    roots: tuple[int, ...] = (root,)
+                else:
+                    found = []
+                    for v in over:
+                        root = parent[v.id]  # as above
+                        if parent[root] != root:
+                            root = find(root)
+                        if root not in found:
+                            found.append(root)
+                    roots = tuple(found)
                 cvars.append(roots)
                 key = (roots, what)
                 if key in stated:
