@@ -89,7 +89,9 @@ def _wgmma(x: ir.Value) -> ir.Value:
 
 
 def reductions(n: int) -> Body:
-    """Row sums broadcast back and subtracted (5 ops per step), WGMMA layout."""
+    """Row sums broadcast back and subtracted, WGMMA layout: ``n // 5`` steps of
+    three ops (the zero accumulator folds into one splat constant that every
+    step shares), so about ``0.6 n`` ops in all (4,000 -> 2,439)."""
     def body(ctx, x_ref, out_ref, smem):
         x = _wgmma(mgpu.vector_load(x_ref))
         f32 = ir.F32Type.get()

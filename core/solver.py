@@ -17,6 +17,7 @@ sees the genuinely ambiguous parts and is bounded per part.
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
@@ -44,6 +45,8 @@ from smalti.constraints import (
 )
 from smalti.diagnostics import format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
+
+_ID = operator.attrgetter("id")
 
 #: Candidates tried per independent part of a kernel before giving up.
 DEFAULT_SEARCH_BUDGET = 20_000
@@ -164,7 +167,7 @@ class Solver:
         self.budget = budget
         n = len(system.variables)
         self.variables = system.variables
-        if [v.id for v in self.variables] != list(range(n)):
+        if list(map(_ID, self.variables)) != list(range(n)):  # map(): no frame per variable
             raise ValueError("variables must be numbered 0..n-1 in order")
         self.parent = list(range(n))
         self.value: list[Constant | None] = [None] * n
@@ -387,7 +390,7 @@ class Solver:
         only restate it. A kernel that sums rows and broadcasts them back at
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
-        find, active = self.find, self.active
+        find, active, parent = self.find, self.active, self.parent
         first_of: dict[tuple[Hashable, ...], int] = {}
         for ci, var, derived in derived_equals:
             source = derived.expression
@@ -395,15 +398,25 @@ class Solver:
                 step = derived.congruence_key()
                 if step is None:
                     continue
-                key = (find(source.id), step)
+                root = parent[source.id]
+                if parent[root] != root:
+                    root = find(root)
+                key = (root, step)
             else:
                 key = _congruence_key(derived, find)
                 if key is None:
                     continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
-                self.union(first, var.id)
                 active[ci] = False
+                # union(), with find() inlined for roots and right below them
+                a, b = parent[first], parent[var.id]
+                if parent[a] != a:
+                    a = find(a)
+                if parent[b] != b:
+                    b = find(b)
+                if a != b:
+                    self._join(a, b)
 
     def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
         """Merges the uses out of values found non-splat since; makes the
