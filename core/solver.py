@@ -240,6 +240,15 @@ class Solver:
             kinds.setdefault(kind, var)
         return ra
 
+    def _flatten(self) -> None:
+        """Points every variable at its class's root, once the classes are
+        merged: what follows then finds each root in one step, without a
+        call. A union keeps the earliest variable as the root, so each
+        variable's parent precedes it, and one pass in order does it."""
+        parent = self.parent
+        for i in range(len(parent)):
+            parent[i] = parent[parent[i]]
+
     def value_of(self, var: Variable) -> Constant | None:
         return self.value[self.find(var.id)]
 
@@ -254,7 +263,7 @@ class Solver:
         other (by variable id, both ways), and the ``Equal`` constraints
         between a variable and a derived expression (each with its index,
         the variable and the expression)."""
-        find, nonsplat, active = self.find, self.nonsplat, self.active
+        find, nonsplat, active, REG = self.find, self.nonsplat, self.active, MemorySpace.REG
         for var, value, origin in self.system.assignments:
             if isinstance(value, RegisterLayout) and not value.is_splat:
                 root = find(var.id)
@@ -279,9 +288,15 @@ class Solver:
                     var = expr = None
                 if var is None:
                     continue
-                if isinstance(expr, Derived):
-                    derived_equals.append((ci, var, expr))
-                other = _splat_alike(var, expr)
+                if not isinstance(expr, Derived):
+                    continue
+                derived_equals.append((ci, var, expr))
+                inner = expr.expression
+                if type(inner) is Variable:  # _splat_alike(), inlined for one step (most)
+                    other = inner if (expr.keeps_splat and var.memory_space is REG
+                                      and inner.memory_space is REG) else None
+                else:
+                    other = _splat_alike(var, expr)
                 if other is not None:
                     splat_alike.setdefault(var.id, []).append(other)
                     splat_alike.setdefault(other.id, []).append(var)
@@ -794,6 +809,7 @@ class Solver:
     def solve_in_order(self) -> list[Constant]:
         """Like :meth:`solve`, as a list: the layout of each variable by id."""
         self._propagate_nonsplat(*self._scan_constraints())
+        self._flatten()
         try:
             # Before any constraint watches a class: the pass below examines
             # every active one once, in order.
