@@ -406,3 +406,31 @@ def test_variables_equal_to_one_derivation_of_one_class_are_one_class():
         with pytest.raises(Unsolvable) as error:
             solved(pinned=Reduced(x, (0,), 2).apply(wgmma))
         assert any("row sum" in line for line in error.value.lines)
+
+
+def test_solver_points_every_variable_at_its_class_root():
+    """Once classes are merged, the solver flattens them in one pass in
+    order (a union keeps the earliest variable as root): long chains of
+    Equals, stated in any order and joined late, end with every variable's
+    parent its class's root, and every variable gets its class's layout."""
+    wgmma = RegisterLayout.of(fa.WGMMA_LAYOUT)
+    with kernels.make_context(), ir.Location.unknown():
+        module = ir.Module.parse(
+            "func.func @f() { %0 = arith.constant dense<1.0> : vector<128x128xf32> return }")
+        op = module.body.operations[0].regions[0].blocks[0].operations[0]
+        n = 64
+        variables = [Variable(i, ValueSite(op, SiteKind.RESULT, 0), layouts.MemorySpace.REG)
+                     for i in range(n)]
+        system = ConstraintSystem(variables=list(variables))
+        # Two chains built from their far ends (deep trees before any
+        # path is compressed), then joined at their last variables.
+        for i in reversed(range(1, n // 2)):
+            system.require(Equal(variables[i - 1], variables[i]), Origin("evens"))
+        for i in reversed(range(n // 2 + 1, n)):
+            system.require(Equal(variables[i], variables[i - 1]), Origin("odds"))
+        system.require(Equal(variables[n - 1], variables[n // 2 - 1]), Origin("the join"))
+        system.assignments.append((variables[n - 1], wgmma, Origin("a cast")))
+        solver = Solver(system, (9, 0))
+        solution = solver.solve()
+        assert all(solution[v] == wgmma for v in variables)
+        assert solver.parent == [0] * n
