@@ -38,9 +38,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Callable
 from types import CodeType
 
 from jax._src.lib.mlir import ir
