@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
-from benchmarks.run import ratio_by_turns
+from benchmarks.run import collector_kept_out, ratio_by_turns
 
 
 def test_a_ratio_by_turns_is_not_set_by_one_lucky_run():
@@ -30,3 +33,25 @@ def test_a_ratio_by_turns_follows_the_machine_through_a_drift():
 def test_turns_must_pair_up():
     with pytest.raises(ValueError):
         ratio_by_turns([1.0, 2.0], [1.0])
+
+
+def test_collector_kept_out_collects_first_and_pauses_collection_during_the_run():
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    garbage = Cycle()
+    witness = weakref.ref(garbage)
+    del garbage
+    assert gc.isenabled()
+    with collector_kept_out():
+        assert witness() is None  # collected before the run
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_kept_out():
+            pass
+        assert not gc.isenabled()  # a caller's choice is left as it was
+    finally:
+        gc.enable()
