@@ -247,8 +247,7 @@ class Reduced(_Statement, Derived):
     def __init__(self, expression: Expression, axes: Sequence[int], rank: int,
                  keep_dims: bool = False) -> None:
         self.expression = expression
-        # _ascending_axes(), without its call for the usual tuple
-        self.axes = _checked_axes(axes) if type(axes) is tuple else _ascending_axes(axes)
+        self.axes = _ascending_axes(axes)
         self.rank = rank
         self.keep_dims = keep_dims
 

@@ -286,7 +286,6 @@ def _write_attributes(collected: Collected, solution: list[Constant]) -> None:
     """Writes the chosen constants of every op as its attributes."""
     cache = _AttributeCache()
     register_layouts, shared_layouts = cache.register_layouts, cache.shared_layouts
-    registers = cache.registers
     for op, sites, variables, split in collected.annotated:
         values = [solution[var.id] for var in variables]
         if split < 0:  # refs among its sites: grouped by attribute name
@@ -294,19 +293,14 @@ def _write_attributes(collected: Collected, solution: list[Constant]) -> None:
             for name, attribute in cache.by_name(sites, values):
                 attributes[name] = attribute
             continue
-        # register_layouts(), without its call when cached (nearly always)
-        cached = registers.get((split, *[id(v) for v in values]))
-        ins, outs = register_layouts(values, split) if cached is None else cached[0]
+        ins, outs = register_layouts(values, split)
         attributes = op.attributes
         if ins is not None:
             attributes[IN_LAYOUTS] = ins
         if outs is not None:
             attributes[OUT_LAYOUTS] = outs
-    shared = cache.shared
     for op, var, operands, results in collected.shared:
-        value = solution[var.id]
-        cached = shared.get((id(value), operands, results))  # shared_layouts(), as above
-        ins, outs = shared_layouts(value, operands, results) if cached is None else cached[0]
+        ins, outs = shared_layouts(solution[var.id], operands, results)
         attributes = op.attributes
         if ins is not None:
             attributes[IN_LAYOUTS] = ins
@@ -329,10 +323,8 @@ class _AttributeCache:
     def __init__(self) -> None:
         self._arrays: dict[tuple[int, ...], tuple[ir.Attribute, list[Constant]]] = {}
         self._single: dict[Constant, ir.Attribute] = {}
-        #: By the split and the identity of the values (see register_layouts).
-        self.registers: dict[tuple[int, ...], tuple[_InsOuts, list[Constant]]] = {}
-        #: By the identity of the value and the numbers of operands and results.
-        self.shared: dict[tuple[int, int, int], tuple[_InsOuts, Constant]] = {}
+        self._registers: dict[tuple[int, ...], tuple[_InsOuts, list[Constant]]] = {}
+        self._shared: dict[tuple[int, int, int], tuple[_InsOuts, Constant]] = {}
         self._by_name: dict[tuple[object, ...], tuple[list[tuple[str, ir.Attribute]],
                                                       list[Constant]]] = {}
 
@@ -348,11 +340,11 @@ class _AttributeCache:
         """Those of an op whose sites all hold vectors, the first ``split`` of
         them operands."""
         key = (split, *[id(v) for v in values])  # faster than *map() here
-        cached = self.registers.get(key)
+        cached = self._registers.get(key)
         if cached is None:
             pair = (self.array(values[:split]) if split else None,
                     self.array(values[split:]) if split < len(values) else None)
-            cached = self.registers[key] = (pair, values)
+            cached = self._registers[key] = (pair, values)
         return cached[0]
 
     def by_name(self, sites: list[ValueSite], values: list[Constant]
@@ -374,11 +366,11 @@ class _AttributeCache:
         """Those of an op whose ``operands`` vector operands and ``results``
         vector results all have layout ``value`` (most of a kernel)."""
         key = (id(value), operands, results)
-        cached = self.shared.get(key)
+        cached = self._shared.get(key)
         if cached is None:
             pair = (self.array([value] * operands) if operands else None,
                     self.array([value] * results) if results else None)
-            cached = self.shared[key] = (pair, value)
+            cached = self._shared[key] = (pair, value)
         return cached[0]
 
     def _one(self, value: Constant) -> ir.Attribute:

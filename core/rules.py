@@ -89,43 +89,13 @@ class SiteTable:
                 ty, space = defined[1], defined[0].memory_space
             if space is not REG:
                 vectors = False
-            # make_site(), inlined: one site per operand of a kernel.
-            site = object.__new__(ValueSite)
-            site.op = op
-            site.kind = OPERAND
-            site.index = index
-            site.region = None
-            site.value = value
-            site.type = ty
-            site.memory_space = space
-            site._op_hash = op_hash
-            site._hash = None
-            site._position = len(sites)
-            site._definition = defined
-            sites.append(site)
+            sites.append(make_site(op, op_hash, OPERAND, index, value, ty, space, len(sites),
+                                   defined))
         split = len(sites)
-        results = op.results
-        for index in range(len(results)):
-            value = results[index]
-            ty = value.type
-            space = (REG if isinstance(ty, ir.VectorType) else
-                     memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
-            if space is not None:
-                if space is not REG:
-                    vectors = False
-                site = object.__new__(ValueSite)
-                site.op = op
-                site.kind = RESULT
-                site.index = index
-                site.region = None
-                site.value = value
-                site.type = ty
-                site.memory_space = space
-                site._op_hash = op_hash
-                site._hash = None
-                site._position = len(sites)
-                site._definition = None
-                sites.append(site)
+        for index, value, ty, space in layout_values(op.results):
+            if space is not REG:
+                vectors = False
+            sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
         return sites, split if vectors else -1
 
 
@@ -228,42 +198,6 @@ class ConstraintBuilder:
 
     def variable(self, *sites: ValueSite) -> Variable:
         """A new variable: all ``sites`` share its layout."""
-        if len(sites) == 1:
-            # Most calls: one of the op's own sites, not claimed yet. The
-            # general path below, without its loops and calls.
-            site = sites[0]
-            position, space, claimed = site._position, site.memory_space, self._variables
-            if (position >= 0 and space is not None and claimed is not None
-                    and site.op is self._operation and claimed[position] is None):
-                system = self._system
-                variables = system.variables
-                defined = site._definition
-                if defined is not None and space is not MemorySpace.SMEM:
-                    # An operand whose producer was described: the most
-                    # common site. make_variable(), inlined.
-                    var = object.__new__(Variable)
-                    var.id = len(variables)
-                    var.site = site
-                    var.memory_space = space
-                    var.type = site.type
-                    var.shape = defined[0].shape
-                    variables.append(var)
-                    claimed[position] = var
-                    system.uses.append((defined[0], var, defined[1]))
-                    return var
-                var = make_variable(len(variables), site, space, None)
-                variables.append(var)
-                claimed[position] = var
-                if site.kind is not OPERAND:
-                    self._table.definitions[site.value] = (var, site.type)
-                    return var
-                if defined is None:
-                    defined = self._table.definitions.get(site.value)
-                if defined is None:
-                    self._table.operands.append((site, var))
-                else:
-                    system.uses.append((defined[0], var, defined[1]))
-                return var
         if not sites:
             self._malformed("variable() needs at least one site")
         space = sites[0].memory_space
@@ -353,11 +287,7 @@ class ConstraintBuilder:
         self._system.assignments.append((variable, value, self.origin))
 
     def require(self, *constraints: Constraint) -> None:
-        origin, system = self._origin, self._system
-        if origin is None:  # the origin property, inlined: most rules require()
-            record = self._record
-            origin = self._origin = Origin(self._operation, record.plugin,
-                                           record.function.__qualname__)
+        origin, system = self._origin or self.origin, self._system
         for constraint in constraints:
             if not isinstance(constraint, Constraint):
                 self._malformed(f"require() got {constraint!r}, not a smalti Constraint")
@@ -474,16 +404,8 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     else:
         kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
     variables = system.variables
-    site = make_site(op, op_hash, kind, index, value, ty)
-    if shape is None:
-        var = make_variable(len(variables), site, REG, None)
-    else:  # make_variable(), inlined for the usual op: one whose operands are linked
-        var = object.__new__(Variable)
-        var.id = len(variables)
-        var.site = site
-        var.memory_space = REG
-        var.type = ty
-        var.shape = shape
+    var = make_variable(len(variables), make_site(op, op_hash, kind, index, value, ty), REG,
+                        shape)
     variables.append(var)
     uses = system.uses  # system.use() without a call per use
     for producer, ty in linked:

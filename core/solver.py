@@ -263,7 +263,7 @@ class Solver:
         other (by variable id, both ways), and the ``Equal`` constraints
         between a variable and a derived expression (each with its index,
         the variable and the expression)."""
-        find, nonsplat, active, REG = self.find, self.nonsplat, self.active, MemorySpace.REG
+        find, nonsplat, active = self.find, self.nonsplat, self.active
         for var, value, origin in self.system.assignments:
             if isinstance(value, RegisterLayout) and not value.is_splat:
                 root = find(var.id)
@@ -285,18 +285,11 @@ class Solver:
                 elif type(rhs) is Variable:
                     var, expr = rhs, lhs
                 else:
-                    var = expr = None
-                if var is None:
                     continue
                 if not isinstance(expr, Derived):
                     continue
                 derived_equals.append((ci, var, expr))
-                inner = expr.expression
-                if type(inner) is Variable:  # _splat_alike(), inlined for one step (most)
-                    other = inner if (expr.keeps_splat and var.memory_space is REG
-                                      and inner.memory_space is REG) else None
-                else:
-                    other = _splat_alike(var, expr)
+                other = _splat_alike(var, expr)
                 if other is not None:
                     splat_alike.setdefault(var.id, []).append(other)
                     splat_alike.setdefault(other.id, []).append(var)
@@ -405,33 +398,16 @@ class Solver:
         only restate it. A kernel that sums rows and broadcasts them back at
         every step then has one class of row sums, and the uses of one splat
         accumulator by every step are one relayout."""
-        find, active, parent = self.find, self.active, self.parent
+        find, active = self.find, self.active
         first_of: dict[tuple[Hashable, ...], int] = {}
         for ci, var, derived in derived_equals:
-            source = derived.expression
-            if type(source) is Variable:  # _congruence_key(), inlined for one step (most)
-                step = derived.congruence_key()
-                if step is None:
-                    continue
-                root = parent[source.id]
-                if parent[root] != root:
-                    root = find(root)
-                key = (root, step)
-            else:
-                key = _congruence_key(derived, find)
-                if key is None:
-                    continue
+            key = _congruence_key(derived, find)
+            if key is None:
+                continue
             first = first_of.setdefault(key, var.id)
             if first != var.id:
+                self.union(first, var.id)
                 active[ci] = False
-                # union(), with find() inlined for roots and right below them
-                a, b = parent[first], parent[var.id]
-                if parent[a] != a:
-                    a = find(a)
-                if parent[b] != b:
-                    b = find(b)
-                if a != b:
-                    self._join(a, b)
 
     def _link_open_uses(self, open_uses: list[tuple[Variable, Variable, ir.Type]]) -> None:
         """Merges the uses out of values found non-splat since; makes the
@@ -492,20 +468,14 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                if len(over) == 1:  # most: no list
-                    root = parent[over[0].id]  # find(), inlined for roots and right below
+                found = []
+                for v in over:
+                    root = parent[v.id]  # find(), inlined for roots and right below
                     if parent[root] != root:
                         root = find(root)
-                    roots: tuple[int, ...] = (root,)
-                else:
-                    found = []
-                    for v in over:
-                        root = parent[v.id]  # as above
-                        if parent[root] != root:
-                            root = find(root)
-                        if root not in found:
-                            found.append(root)
-                    roots = tuple(found)
+                    if root not in found:
+                        found.append(root)
+                roots = tuple(found)
                 cvars.append(roots)
                 key = (roots, what)
                 if key in stated:
@@ -961,6 +931,10 @@ class Solver:
 def _congruence_key(expr: Derived, find: Callable[[int], int]) -> tuple[Hashable, ...] | None:
     """The class ``expr`` derives from and the keys of its derivation steps,
     ``None`` if some step opts out or it derives from no variable."""
+    source = expr.expression
+    if type(source) is Variable:  # one derivation step (most): no list
+        key = expr.congruence_key()
+        return None if key is None else (find(source.id), key)
     keys: list[Hashable] = []
     while isinstance(expr, Derived):
         key = expr.congruence_key()
