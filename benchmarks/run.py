@@ -425,26 +425,34 @@ def lowering(n: int, repeat: int = 4) -> None:
 
 
 @contextlib.contextmanager
-def _timing(module: object, names: tuple[str, str], times: dict[str, list[float]]):
-    """Wraps the two functions ``names`` of ``module`` to record their run times."""
+def wrapped_calls(module: object, names: tuple[str, ...],
+                  around: Callable[[str, Callable], Callable]) -> Iterator[None]:
+    """Replaces the functions ``names`` of ``module`` by ``around(name,
+    function)`` for the duration (the compilers call them through their
+    modules' attributes)."""
     originals = {name: getattr(module, name) for name in names}
-
-    def timed_call(name: str):
-        def call(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return originals[name](*args, **kwargs)
-            finally:
-                times.setdefault(name, []).append(time.perf_counter() - start)
-        return call
-
-    for name in names:
-        setattr(module, name, timed_call(name))
+    for name, fn in originals.items():
+        setattr(module, name, around(name, fn))
     try:
         yield
     finally:
         for name, fn in originals.items():
             setattr(module, name, fn)
+
+
+def _timing(module: object, names: tuple[str, ...], times: dict[str, list[float]]
+            ) -> contextlib.AbstractContextManager[None]:
+    """Records the run times of the functions ``names`` of ``module``."""
+    def around(name: str, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times.setdefault(name, []).append(time.perf_counter() - start)
+        return call
+
+    return wrapped_calls(module, names, around)
 
 
 @contextlib.contextmanager
@@ -463,7 +471,31 @@ def collector_kept_out() -> Iterator[None]:
             gc.enable()
 
 
-def _official_cases() -> list[tuple[str, Callable, tuple, tuple[int, int]]]:
+@contextlib.contextmanager
+def targeting(arch: tuple[int, int]) -> Iterator[None]:
+    """Pallas lowers for a GPU of compute capability ``arch`` on this
+    machine, which has none: the device's core count and arch are stubbed."""
+    import types
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jax.extend import backend
+
+    saved = (backend.get_default_device, mgpu_utils._infer_arch)
+    device = types.SimpleNamespace(core_count=132)
+    backend.get_default_device = lambda: device
+    mgpu_utils._infer_arch = lambda: arch
+    try:
+        yield
+    finally:
+        backend.get_default_device, mgpu_utils._infer_arch = saved
+
+
+def lower_for_cuda(fn: Callable, args: tuple) -> None:
+    """Compiles ``fn`` for CUDA, up to the lowered module (from scratch
+    after ``jax.clear_caches()``)."""
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def official_cases() -> list[tuple[str, Callable, tuple, tuple[int, int]]]:
     from jax.experimental.pallas.ops.gpu import attention_mgpu as attention
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as matmul
     from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as mixed
@@ -496,11 +528,8 @@ def _official_cases() -> list[tuple[str, Callable, tuple, tuple[int, int]]]:
 
 
 def official_kernels(repeat: int) -> None:
-    import types
     from jax.experimental.mosaic.gpu import dialect_lowering as jax_lowering  # reference
     from jax.experimental.mosaic.gpu import layout_inference as jax_inference  # reference
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
-    from jax.extend import backend
     import smalti.jax
 
     print("\nofficial Pallas kernels (fastest of %d lowerings each, smalti's and jax's in "
@@ -510,12 +539,8 @@ def official_kernels(repeat: int) -> None:
     widths = [34, 6, 10, 10, 8, 10, 10, 8, 9]
     print(row(["kernel", "ops", "sm infer", "jax infer", "jax/sm", "sm lower", "jax lower",
                "sm/jax", "by turns"], widths))
-    device = types.SimpleNamespace(core_count=132)
-    saved = (backend.get_default_device, mgpu_utils._infer_arch)
-    backend.get_default_device = lambda: device
-    try:
-        for name, fn, args, arch in _official_cases():
-            mgpu_utils._infer_arch = lambda arch=arch: arch
+    for name, fn, args, arch in official_cases():
+        with targeting(arch):
             ours: dict[str, list[float]] = {}
             theirs: dict[str, list[float]] = {}
             sizes: list[int] = []
@@ -530,7 +555,7 @@ def official_kernels(repeat: int) -> None:
                 with collector_kept_out(), \
                         _timing(jax_inference, ("infer_layout",), theirs), \
                         _timing(jax_lowering, ("lower_mgpu_dialect",), theirs):
-                    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+                    lower_for_cuda(fn, args)
 
             def run_smalti() -> None:
                 jax.clear_caches()
@@ -538,7 +563,7 @@ def official_kernels(repeat: int) -> None:
                 try:
                     with collector_kept_out(), smalti.jax.installed(), \
                             _timing(smalti.jax, ("infer_layouts", "lower"), ours):
-                        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+                        lower_for_cuda(fn, args)
                 finally:
                     smalti.jax.infer_layouts = original_infer
 
@@ -557,8 +582,6 @@ def official_kernels(repeat: int) -> None:
             print(row([name, str(sizes[0]), f"{si * 1e3:.1f} ms", f"{ji * 1e3:.1f} ms",
                        f"{ji / si:.1f}x", f"{sl * 1e3:.1f} ms", f"{jl * 1e3:.1f} ms",
                        f"{sl / jl:.2f}", f"{lowering_by_turns:.2f}"], widths))
-    finally:
-        backend.get_default_device, mgpu_utils._infer_arch = saved
 
 
 def pipeline_cost() -> None:
