@@ -7,16 +7,23 @@ plugin and pipeline errors, ``SM1xx`` layout inference, ``SM2xx`` lowering,
 
 from __future__ import annotations
 
-import attrs
+from smalti.records import Record
 
 
-@attrs.frozen
-class Code:
+class Code(Record):
+    """One error code: its title, what it means and how to fix it, with an
+    example that fails (``before``) and its fix (``after``)."""
+
+    __slots__ = ("code", "title", "explanation", "before", "after")
     code: str
     title: str
     explanation: str
-    before: str = ""
-    after: str = ""
+    before: str
+    after: str
+
+    def __init__(self, code: str, title: str, explanation: str, before: str = "",
+                 after: str = "") -> None:
+        self._set(code, title, explanation, before, after)
 
     def long_form(self) -> str:
         parts = [f"{self.code}: {self.title}", "", self.explanation.strip()]

@@ -34,6 +34,7 @@ from jax.experimental.mosaic.gpu import tcgen05
 
 from smalti import layouts
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
+from smalti.records import Fields
 
 if TYPE_CHECKING:
     from smalti.sites import ValueSite
@@ -123,39 +124,19 @@ UNSUPPORTED: Final = Unsupported()
 ValueOf = Callable[[Variable], Constant | None]
 
 
-class _Statement:
+class _Statement(Fields):
     """The built-in expressions and constraints: value objects whose fields
-    are their ``__slots__``, compared by value and shown as attrs shows its
-    classes (``Equal(lhs=V0(...), rhs=V1(...))``). Nothing changes a
+    are their ``__slots__`` (see :mod:`smalti.records`). Nothing changes a
     statement once made, nor hashes one.
 
     Plain classes rather than attrs ones, as :class:`Variable` is: rules
     state them by the thousand per kernel (a constructor that only stores
     its fields, no ``__dict__``), and every process that builds a pipeline
-    imports them, where attrs would generate and compile the methods of each
-    class: about 10 ms of the 50 ms a pipeline may take to build, measured
-    on a slow machine. A plugin's own constraints may well be attrs classes.
+    imports them. A plugin's own constraints may well be attrs classes.
     """
 
     __slots__ = ()
     __hash__ = None  # type: ignore[assignment]  # compared by value: unhashable
-    #: Every field, bases' first (set for each subclass).
-    _fields: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._fields = tuple(name for klass in reversed(cls.__mro__)
-                            for name in klass.__dict__.get("__slots__", ()))
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        fields = self._fields
-        return tuple(getattr(self, f) for f in fields) == tuple(getattr(other, f) for f in fields)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
-        return f"{type(self).__name__}({fields})"
 
 
 class Derived:

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import attrs
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 
@@ -33,6 +32,7 @@ from smalti.diagnostics import (
 )
 from smalti.layouts import ATTRIBUTE_NAMES, Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
+from smalti.records import Fields
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import ConstraintBuilder, SiteTable, apply_same_layout, same_layout
 from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
@@ -49,33 +49,41 @@ TRACE_ENV = "SMALTI_TRACE"
 ADVANCE, SKIP, INTERRUPT = ir.WalkResult.ADVANCE, ir.WalkResult.SKIP, ir.WalkResult.INTERRUPT
 
 
-@attrs.define
-class TraceEntry:
+class TraceEntry(Fields):
     """Which rule described an op, and what was chosen for it."""
 
-    op: str
-    location: str | None
-    plugin: str
-    rule: str
-    #: attribute name -> the attribute as written in the module
-    layouts: dict[str, str] = attrs.Factory(dict)
-    #: attribute name -> short names of the layouts (``[WGMMA, splat[128]]``)
-    summary: dict[str, str] = attrs.Factory(dict)
-    #: attribute name -> per entry, why it was chosen ("forced by ...",
-    #: "implied by ...", "chosen by the search")
-    why: dict[str, list[str]] = attrs.Factory(dict)
+    __slots__ = ("op", "location", "plugin", "rule", "layouts", "summary", "why")
+
+    def __init__(self, op: str, location: str | None, plugin: str, rule: str,
+                 layouts: dict[str, str] | None = None, summary: dict[str, str] | None = None,
+                 why: dict[str, list[str]] | None = None) -> None:
+        self.op = op
+        self.location = location
+        self.plugin = plugin
+        self.rule = rule
+        #: attribute name -> the attribute as written in the module
+        self.layouts = {} if layouts is None else layouts
+        #: attribute name -> short names of the layouts (``[WGMMA, splat[128]]``)
+        self.summary = {} if summary is None else summary
+        #: attribute name -> per entry, why it was chosen ("forced by ...",
+        #: "implied by ...", "chosen by the search")
+        self.why = {} if why is None else why
 
 
-@attrs.define
-class InferenceReport:
+class InferenceReport(Fields):
     """What :func:`infer_layouts` did (returned; printed by ``smalti infer --explain``)."""
 
-    ops: int = 0
-    variables: int = 0
-    constraints: int = 0
-    seconds: float = 0.0
-    ops_per_plugin: dict[str, int] = attrs.Factory(dict)
-    trace: list[TraceEntry] = attrs.Factory(list)
+    __slots__ = ("ops", "variables", "constraints", "seconds", "ops_per_plugin", "trace")
+
+    def __init__(self, ops: int = 0, variables: int = 0, constraints: int = 0,
+                 seconds: float = 0.0, ops_per_plugin: dict[str, int] | None = None,
+                 trace: list[TraceEntry] | None = None) -> None:
+        self.ops = ops
+        self.variables = variables
+        self.constraints = constraints
+        self.seconds = seconds
+        self.ops_per_plugin = {} if ops_per_plugin is None else ops_per_plugin
+        self.trace = [] if trace is None else trace
 
 
 def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],

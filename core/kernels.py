@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
 import jax
 import jax.numpy as jnp
 from jax._src.interpreters import mlir as mlir_interpreter
@@ -23,14 +22,19 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
+from smalti.records import Fields
 
-@attrs.define
-class Kernel:
+
+class Kernel(Fields):
     """A kernel module (Warpgroup semantics) and what lowering it needs."""
 
-    context: ir.Context
-    module: ir.Module
-    launch_context: lc.LaunchContext
+    __slots__ = ("context", "module", "launch_context")
+
+    def __init__(self, context: ir.Context, module: ir.Module,
+                 launch_context: lc.LaunchContext) -> None:
+        self.context = context
+        self.module = module
+        self.launch_context = launch_context
 
     def text(self) -> str:
         return str(self.module)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Iterable
 from typing import Literal
 
-import attrs
 import numpy as np
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
@@ -30,6 +30,7 @@ from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.caching import per_context
+from smalti.records import HashedRecord
 
 
 class MemorySpace(enum.Enum):
@@ -56,11 +57,14 @@ Swizzle = Literal[32, 64, 128] | None
 SWIZZLES = (128, 64, 32)
 
 
-@attrs.frozen(cache_hash=True)  # the solver hashes them often
-class RegisterLayout:
+class RegisterLayout(HashedRecord):  # the solver hashes them often
     """A known register layout for a vector value."""
 
+    __slots__ = ("layout",)
     layout: fa.FragmentedLayout
+
+    def __init__(self, layout: fa.FragmentedLayout) -> None:
+        self._set(layout)
 
     @classmethod
     def of(cls, layout: fa.FragmentedLayout) -> RegisterLayout:
@@ -104,8 +108,7 @@ def _shared_splat_layout(shape: tuple[int, ...]) -> RegisterLayout:
     return RegisterLayout.of(fa.WGSplatFragLayout(shape))
 
 
-@attrs.frozen(cache_hash=True)  # the solver hashes them often
-class SmemTransforms:
+class SmemTransforms(HashedRecord):  # the solver hashes them often
     """Known transforms of a ref in shared memory.
 
     ``tiling`` is ``None`` for an untiled ref. ``swizzle`` is the swizzle
@@ -113,16 +116,18 @@ class SmemTransforms:
     swizzle is not permuted when a tiling is transposed.
     """
 
-    tiling: tuple[int, ...] | None = attrs.field(
-        converter=lambda t: None if t is None else tuple(t)
-    )
-    swizzle: Swizzle = None
+    __slots__ = ("tiling", "swizzle")
+    tiling: tuple[int, ...] | None
+    swizzle: Swizzle
 
-    def __attrs_post_init__(self) -> None:
-        if self.swizzle is not None and self.swizzle not in SWIZZLES:
-            raise ValueError(f"swizzle must be one of {SWIZZLES} or None, got {self.swizzle}")
-        if self.tiling is not None and not self.tiling:
-            raise ValueError("an empty tiling is not supported; use tiling=None")
+    def __init__(self, tiling: Iterable[int] | None, swizzle: Swizzle = None) -> None:
+        if swizzle is not None and swizzle not in SWIZZLES:
+            raise ValueError(f"swizzle must be one of {SWIZZLES} or None, got {swizzle}")
+        if tiling is not None:
+            tiling = tuple(tiling)
+            if not tiling:
+                raise ValueError("an empty tiling is not supported; use tiling=None")
+        self._set(tiling, swizzle)
 
     def __str__(self) -> str:
         parts = []
@@ -133,11 +138,14 @@ class SmemTransforms:
         return "transforms(" + ", ".join(parts) + ")"
 
 
-@attrs.frozen(cache_hash=True)  # the solver hashes them often
-class TmemLayout:
+class TmemLayout(HashedRecord):  # the solver hashes them often
     """A known layout of a ref in tensor memory."""
 
+    __slots__ = ("layout",)
     layout: tcgen05.TMEMLayout
+
+    def __init__(self, layout: tcgen05.TMEMLayout) -> None:
+        self._set(layout)
 
     def __str__(self) -> str:
         if self.layout == tcgen05.tmem_default_layout(self.layout.vector_length):

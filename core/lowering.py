@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import attrs
 from jax._src.interpreters import mlir as mlir_interpreter
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, gpu
@@ -31,6 +30,7 @@ from smalti.diagnostics import (
 from smalti.inference import _unsupported_arch
 from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
+from smalti.records import Fields
 from smalti.registry import RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext
 from smalti.sites import LayoutValues, layout_values
@@ -46,13 +46,16 @@ _SKIP = object()  # the op needs no lowering
 _UNDECIDED = object()
 
 
-@attrs.define
-class LoweringReport:
+class LoweringReport(Fields):
     """What :func:`lower` did."""
 
-    ops: int = 0
-    seconds: float = 0.0
-    ops_per_plugin: dict[str, int] = attrs.Factory(dict)
+    __slots__ = ("ops", "seconds", "ops_per_plugin")
+
+    def __init__(self, ops: int = 0, seconds: float = 0.0,
+                 ops_per_plugin: dict[str, int] | None = None) -> None:
+        self.ops = ops
+        self.seconds = seconds
+        self.ops_per_plugin = {} if ops_per_plugin is None else ops_per_plugin
 
 
 def recorded_arch(module: ir.Module) -> tuple[int, int] | None:

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from importlib import metadata
 from typing import Any
 
-import attrs
 import pluggy
 
 from smalti import hookspec
 from smalti.diagnostics import PluginError, SmaltiError
+from smalti.records import Record
 from smalti.registry import (
     Arch,
     ConstraintRegistry,
@@ -47,22 +47,29 @@ _HOOKS = (
 )
 
 
-@attrs.frozen
-class PluginInfo:
+class PluginInfo(Record):
     """A plugin taking part in a pipeline."""
 
+    __slots__ = ("name", "version", "source", "module")
+    _uncompared = frozenset({"module"})
     name: str
     version: str
     source: str  # "entry point <dist>" or "explicit"
-    module: Any = attrs.field(eq=False, repr=False)
+    module: Any
+
+    def __init__(self, name: str, version: str, source: str, module: Any) -> None:
+        self._set(name, version, source, module)
 
 
-@attrs.frozen
-class Problem:
+class Problem(Record):
     """A plugin that could not take part, and why (shown by ``smalti plugins``)."""
 
+    __slots__ = ("plugin", "error")
     plugin: str
     error: SmaltiError
+
+    def __init__(self, plugin: str, error: SmaltiError) -> None:
+        self._set(plugin, error)
 
 
 def _env_flag(name: str) -> bool:
@@ -210,18 +217,23 @@ def build_pipeline(
     return discover(plugins=plugins, autoload=autoload, block=block).pipeline()
 
 
-@attrs.frozen
-class Discovery:
+class Discovery(Record):
     """The plugins found and the rules they registered, before any conflict
     check: what :func:`build_pipeline` compiles, and what ``smalti plugins
     --check`` inspects rule by rule."""
 
+    __slots__ = ("plugins", "records", "required_prefixes", "problems", "blocked", "autoload")
     plugins: list[PluginInfo]
     records: list[RuleRecord]
     required_prefixes: list[str]
     problems: list[Problem]
     blocked: frozenset[str]
     autoload: bool
+
+    def __init__(self, plugins: list[PluginInfo], records: list[RuleRecord],
+                 required_prefixes: list[str], problems: list[Problem],
+                 blocked: frozenset[str], autoload: bool) -> None:
+        self._set(plugins, records, required_prefixes, problems, blocked, autoload)
 
     def pipeline(self, records: Iterable[RuleRecord] | None = None) -> Pipeline:
         """The pipeline of these plugins (of only ``records``, if given)."""

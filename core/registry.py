@@ -8,12 +8,11 @@ so every rule knows which plugin it came from: conflicts, crashes and the
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import attrs
-
 from smalti.diagnostics import PluginError
+from smalti.records import Record
 
 Arch = tuple[int, int]
 
@@ -27,12 +26,16 @@ def _arch(value: Any) -> Arch | None:
     return value  # type: ignore[return-value]
 
 
-@attrs.frozen
-class Architectures:
+class Architectures(Record):
     """A range of GPU architectures ``(major, minor)``, bounds included."""
 
-    minimum: Arch | None = attrs.field(default=None, converter=_arch)
-    maximum: Arch | None = attrs.field(default=None, converter=_arch)
+    __slots__ = ("minimum", "maximum")
+    minimum: Arch | None
+    maximum: Arch | None
+
+    def __init__(self, minimum: Iterable[int] | None = None,
+                 maximum: Iterable[int] | None = None) -> None:
+        self._set(_arch(minimum), _arch(maximum))
 
     def supports(self, arch: Arch) -> bool:
         return (self.minimum is None or arch >= self.minimum) and (
@@ -68,26 +71,34 @@ class RuleKind(enum.Enum):
     PALLAS = "pallas"
 
 
-@attrs.frozen
-class RuleRecord:
+class RuleRecord(Record):
     """One rule as registered: what it handles, where it came from."""
 
+    __slots__ = ("kind", "key", "function", "plugin", "archs", "overrides", "target",
+                 "opaque_regions", "warp_semantics", "warp_regions")
     kind: RuleKind
     key: str  # op name, or a Pallas primitive's name
     function: Callable[..., Any]
     plugin: str
-    archs: Architectures = ANY_ARCH
-    overrides: str | None = None
-    target: Any = None  # the Pallas primitive object, for PALLAS rules
+    archs: Architectures
+    overrides: str | None
+    target: Any  # the Pallas primitive object, for PALLAS rules
     #: The op's regions are already at Lane level: inference and lowering's
     #: checks do not enter them (e.g. ``mosaic_gpu.custom_primitive``).
-    opaque_regions: bool = False
+    opaque_regions: bool
     #: A lowering rule that may run under warp semantics (inside a
     #: ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP).
-    warp_semantics: bool = False
+    warp_semantics: bool
     #: A lowering rule that lowers the op's regions under warp semantics
     #: (``mosaic_gpu.warp_map``): every op inside needs ``warp_semantics``.
-    warp_regions: bool = False
+    warp_regions: bool
+
+    def __init__(self, kind: RuleKind, key: str, function: Callable[..., Any], plugin: str,
+                 archs: Architectures = ANY_ARCH, overrides: str | None = None,
+                 target: Any = None, opaque_regions: bool = False,
+                 warp_semantics: bool = False, warp_regions: bool = False) -> None:
+        self._set(kind, key, function, plugin, archs, overrides, target, opaque_regions,
+                  warp_semantics, warp_regions)
 
     @property
     def name(self) -> str:

@@ -22,7 +22,6 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-import attrs
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -77,23 +76,39 @@ class Origin:
         return f"Origin({str(self)!r})"
 
 
-@attrs.define
 class ConstraintSystem:
-    """Everything the rules stated about a kernel."""
+    """Everything the rules stated about a kernel.
 
-    variables: list[Variable] = attrs.Factory(list)
-    constraints: list[Constraint] = attrs.Factory(list)
-    origins: list[Origin] = attrs.Factory(list)
-    assignments: list[tuple[Variable, Constant, Origin]] = attrs.Factory(list)
-    fallbacks: dict[Variable, list[Constant]] = attrs.Factory(dict)
-    #: Per-run storage for rules (see ConstraintBuilder.shared).
-    shared: dict[Any, Any] = attrs.Factory(dict)
-    #: One link per use of a value (of the given type), from its producer's
-    #: variable to its consumer's: a register value may be relaid out on the
-    #: way (strictly: only splat values change layout), a ref keeps its
-    #: layout. Kept apart from ``constraints`` because the solver merges most
-    #: of them outright.
-    uses: list[tuple[Variable, Variable, ir.Type]] = attrs.Factory(list)
+    A plain class (no attrs): every pipeline build imports it (see
+    :mod:`smalti.records`), and it is a container, compared by identity."""
+
+    __slots__ = ("variables", "constraints", "origins", "assignments", "fallbacks", "shared",
+                 "uses")
+
+    def __init__(self, variables: list[Variable] | None = None,
+                 constraints: list[Constraint] | None = None,
+                 origins: list[Origin] | None = None,
+                 assignments: list[tuple[Variable, Constant, Origin]] | None = None,
+                 fallbacks: dict[Variable, list[Constant]] | None = None,
+                 shared: dict[Any, Any] | None = None,
+                 uses: list[tuple[Variable, Variable, ir.Type]] | None = None) -> None:
+        self.variables = [] if variables is None else variables
+        self.constraints = [] if constraints is None else constraints
+        self.origins = [] if origins is None else origins
+        self.assignments = [] if assignments is None else assignments
+        self.fallbacks = {} if fallbacks is None else fallbacks
+        #: Per-run storage for rules (see ConstraintBuilder.shared).
+        self.shared = {} if shared is None else shared
+        #: One link per use of a value (of the given type), from its
+        #: producer's variable to its consumer's: a register value may be
+        #: relaid out on the way (strictly: only splat values change layout),
+        #: a ref keeps its layout. Kept apart from ``constraints`` because
+        #: the solver merges most of them outright.
+        self.uses = [] if uses is None else uses
+
+    def __repr__(self) -> str:
+        return (f"ConstraintSystem({len(self.variables)} variables, {len(self.constraints)} "
+                f"constraints, {len(self.assignments)} assignments, {len(self.uses)} uses)")
 
     def require(self, constraint: Constraint, origin: Origin) -> None:
         self.constraints.append(constraint)

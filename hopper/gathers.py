@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import attrs
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith
 from jax.experimental.mosaic.gpu import launch_context as lc
@@ -25,20 +24,25 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.constraints import Constraint, Expression, SearchContext, Variable, describe
 from smalti.diagnostics import SmaltiNotImplementedError
 from smalti.layouts import SmemTransforms
+from smalti.records import Record
 
 # The widest row a gather moves without an SMEM tiling (jax's limit, in elements).
 MAX_UNTILED_ROW = 256
 _SWIZZLES = (128, 64, 32)
 
 
-@attrs.frozen
-class Collapse:
+class Collapse(Record):
     """How an N-D gather/scatter becomes a 2-D one."""
 
+    __slots__ = ("gmem_shape", "rows", "row_length", "smem_shape")
     gmem_shape: tuple[int, ...]  # the N-D GMEM ref
     rows: int  # gathered rows (length of the index vector)
     row_length: int  # elements of one gathered row, after collapsing
     smem_shape: tuple[int, ...]  # the (logical) SMEM ref: rows, then the kept dims
+
+    def __init__(self, gmem_shape: tuple[int, ...], rows: int, row_length: int,
+                 smem_shape: tuple[int, ...]) -> None:
+        self._set(gmem_shape, rows, row_length, smem_shape)
 
     @property
     def collapsed_gmem_shape(self) -> tuple[int, int]:
@@ -114,14 +118,18 @@ def tiling_allowed(collapse: Collapse, transforms: SmemTransforms, divisor: int)
             and minor % divisor == 0)
 
 
-@attrs.frozen
-class CollapsibleGatherTiling(Constraint):
+class CollapsibleGatherTiling(Record, Constraint):
     """The SMEM side of an N-D gather/scatter folds to a 2-D ref (see :func:`tiling_allowed`)."""
 
+    __slots__ = ("expr", "collapse", "divisor", "bitwidth")
     expr: Expression
     collapse: Collapse
     divisor: int  # elements per 256 bits: gathered rows are 256-bit aligned
     bitwidth: int
+
+    def __init__(self, expr: Expression, collapse: Collapse, divisor: int,
+                 bitwidth: int) -> None:
+        self._set(expr, collapse, divisor, bitwidth)
 
     def expressions(self) -> tuple[Expression, ...]:
         return (self.expr,)

@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-import attrs
 import numpy as np
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import scf
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
+from smalti.records import Record
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import RECURSED, ConstraintBuilder, LoweringContext, default_is_signed
 from smalti.sites import SiteKind, ValueSite, memory_space_of
@@ -119,13 +119,17 @@ def register_constraints(registry: ConstraintRegistry) -> None:
 # --- lowering: vectors <-> flat registers --------------------------------------------------
 
 
-@attrs.frozen
-class _VectorShape:
+class _VectorShape(Record):
     """How to rebuild a vector from its flattened registers."""
 
+    __slots__ = ("registers_shape", "layout", "type")
     registers_shape: tuple[int, ...]
     layout: fa.FragmentedLayout
     type: ir.VectorType
+
+    def __init__(self, registers_shape: tuple[int, ...], layout: fa.FragmentedLayout,
+                 type: ir.VectorType) -> None:
+        self._set(registers_shape, layout, type)
 
     @property
     def count(self) -> int:

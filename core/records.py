@@ -1,0 +1,95 @@
+"""Value objects whose fields are their ``__slots__``.
+
+smalti's data classes are attrs classes, except those that every process
+building a pipeline defines: importing attrs and generating the methods of
+each class took 44 of the 86 ms a pipeline build took on a slow machine
+(``benchmarks/NOTES.md``, version 15). Those derive from :class:`Record`
+(immutable, hashable records: error codes, rule records; layouts, as
+:class:`HashedRecord`) or
+:class:`Fields` (the constraint language's statements), which give what
+``attrs.frozen`` would from the ``__slots__`` alone, with no code to
+generate: comparison by value, a ``repr`` in attrs' style, and for records
+immutability and a hash.
+
+A subclass lists its fields in ``__slots__`` (names starting with ``_``
+are private state, not fields) and takes them in that order in its
+``__init__``, which a :class:`Record` writes through :meth:`Record._set`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class Fields:
+    """Compared by value and shown as attrs shows its classes
+    (``Equal(lhs=V0(...), rhs=V1(...))``)."""
+
+    __slots__ = ()
+    #: Every field, bases' first (worked out for each subclass).
+    _fields: ClassVar[tuple[str, ...]] = ()
+    #: Fields left out of comparison, hashing and ``repr`` (a subclass's
+    #: choice: say, a module object a record only carries along).
+    _uncompared: ClassVar[frozenset[str]] = frozenset()
+    #: The fields that are compared (worked out for each subclass).
+    _compared: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._fields = tuple(name for klass in reversed(cls.__mro__)
+                            for name in klass.__dict__.get("__slots__", ())
+                            if not name.startswith("_"))
+        cls._compared = tuple(name for name in cls._fields if name not in cls._uncompared)
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._compared)
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared)
+        return f"{type(self).__name__}({fields})"
+
+
+class Record(Fields):
+    """An immutable, hashable :class:`Fields`."""
+
+    __slots__ = ()
+
+    def _set(self, *values: Any) -> None:
+        """Sets the fields, in order, from ``__init__`` (records are
+        otherwise immutable)."""
+        for name, value in zip(self._fields, values, strict=True):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
+
+    def __hash__(self) -> int:
+        return hash((self.__class__, *self._values()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles go through __init__ (setting slots is refused).
+        return self.__class__, tuple(getattr(self, name) for name in self._fields)
+
+
+class HashedRecord(Record):
+    """A :class:`Record` that works out its hash once, when made (for
+    records hashed over and over: the layouts the solver compares)."""
+
+    __slots__ = ("_hash",)
+
+    def _set(self, *values: Any) -> None:
+        super()._set(*values)
+        object.__setattr__(self, "_hash", hash((self.__class__, *self._values())))
+
+    def __hash__(self) -> int:
+        return self._hash
