@@ -1,15 +1,15 @@
 """Value objects whose fields are their ``__slots__``.
 
 smalti's data classes are attrs classes, except those that every process
-building a pipeline defines: importing attrs and generating the methods of
-each class took 44 of the 86 ms a pipeline build took on a slow machine
-(``benchmarks/NOTES.md``, version 15). Those derive from :class:`Record`
-(immutable, hashable records: error codes, rule records; layouts, as
-:class:`HashedRecord`) or
-:class:`Fields` (the constraint language's statements), which give what
-``attrs.frozen`` would from the ``__slots__`` alone, with no code to
-generate: comparison by value, a ``repr`` in attrs' style, and for records
-immutability and a hash.
+building a pipeline or compiling a kernel defines: importing attrs and
+generating the methods of each class took 44 of the 86 ms a pipeline build
+took on a slow machine (``benchmarks/NOTES.md``, version 15). Those derive
+from :class:`Record` (immutable, hashable: error codes, rule records;
+:class:`HashedRecord` for the layouts, hashed once) or :class:`Fields`
+(compared by value, mutable: the constraint language's statements, the
+reports). They give what attrs would from the ``__slots__`` alone, with no
+code to generate: comparison by value, a ``repr`` in attrs' style, and for
+records immutability and a hash.
 
 A subclass lists its fields in ``__slots__`` (names starting with ``_``
 are private state, not fields) and takes them in that order in its
