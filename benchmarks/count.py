@@ -131,21 +131,31 @@ def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
                                      inferences)
 
 
+def run_counted(command: list[str]) -> str:
+    """Runs ``command`` (a process under callgrind) from the repository root
+    and returns what it wrote to stderr; raises if it failed."""
+    # A fixed hash seed: the same dict layouts, hence the same work, every
+    # run. One BLAS thread: numpy's OpenBLAS otherwise starts a thread per
+    # core whose idle spinning callgrind counts, more the longer a run
+    # takes (7M instructions per inference, +-10% on the totals).
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                           + done.stderr[-2000:])
+    return done.stderr
+
+
 def _machine_instructions(command: list[str], inferences: int) -> int:
     """Runs ``command`` (callgrind on this module's ``--build``) inferring
     all its copies and none, and returns the difference per inference."""
     def collected(infer: int) -> int:
         command_infer = [*command, "--infer", str(infer)]
-        # A fixed hash seed: the same dict layouts, hence the same work, every
-        # run. One BLAS thread: numpy's OpenBLAS otherwise starts a thread per
-        # core whose idle spinning callgrind counts, more the longer a run
-        # takes (7M instructions per inference, +-10% on the totals).
-        env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-        done = subprocess.run(command_infer, cwd=_ROOT, env=env, capture_output=True, text=True)
-        found = re.search(r"Collected\s*:\s*([\d,]+)", done.stderr)
-        if done.returncode or found is None:
-            raise RuntimeError(f"{' '.join(command_infer)} failed ({done.returncode}):\n"
-                               + done.stderr[-2000:])
+        stderr = run_counted(command_infer)
+        found = re.search(r"Collected\s*:\s*([\d,]+)", stderr)
+        if found is None:
+            raise RuntimeError(f"{' '.join(command_infer)} reported no count:\n"
+                               + stderr[-2000:])
         return int(found.group(1).replace(",", ""))
 
     return (collected(inferences) - collected(0)) // inferences

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import ctypes
 import gc
+import importlib
 import os
 import re
 import subprocess
@@ -31,8 +32,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchmarks.count import _ROOT, _VALGRIND
-from benchmarks.run import official_cases, row
+import jax
+
+import smalti.jax
+from benchmarks.count import _VALGRIND, run_counted
+from benchmarks.run import lower_for_cuda, official_cases, row, targeting, wrapped_calls
 
 #: The phase functions, by compiler: (module, function name, phase).
 _SMALTI, _JAX = "smalti", "jax"
@@ -71,10 +75,6 @@ def compile_client_requests(directory: Path) -> Path:
 def bracketed(compiler: str, kernel: str, brackets: Brackets) -> Iterator[None]:
     """Every call of ``compiler``'s phase functions runs between the two
     brackets, labelled ``kernel|compiler|phase``."""
-    import importlib
-
-    from benchmarks.run import wrapped_calls
-
     start, stop = brackets
     with contextlib.ExitStack() as stack:
         for module_name, function, phase in _PHASES[compiler]:
@@ -95,14 +95,10 @@ def count_phases(kernels: list[str] | None, brackets: Brackets) -> None:
     """What runs under callgrind: compiles each official kernel (or those
     named) twice with smalti and twice with jax, the second of each
     bracketed (the first warms caches), the collector off throughout."""
-    import jax
-
-    import smalti.jax
-    from benchmarks.run import lower_for_cuda, targeting
-
     idle: Brackets = (lambda: None, lambda label: None)
     for name, fn, args, arch in official_cases():
-        if kernels and name.split()[0] not in kernels:
+        kernel = name.split()[0]  # "attention_mgpu (pipeline emitter)": a label has no spaces
+        if kernels and kernel not in kernels:
             continue
         with targeting(arch):
             for compiler in (_SMALTI, _JAX):
@@ -113,7 +109,7 @@ def count_phases(kernels: list[str] | None, brackets: Brackets) -> None:
                     installed = (smalti.jax.installed() if compiler == _SMALTI
                                  else contextlib.nullcontext())
                     try:
-                        with installed, bracketed(compiler, name.split()[0],
+                        with installed, bracketed(compiler, kernel,
                                                   brackets if counted else idle):
                             lower_for_cuda(fn, args)
                     finally:
@@ -145,12 +141,7 @@ def machine_counts(kernels: list[str] | None = None) -> Counts:
         command = [*_VALGRIND, "--tool=callgrind", f"--callgrind-out-file={directory}/cg.out",
                    sys.executable, "-m", "benchmarks.count_official", "--counted-by",
                    str(library), *(["--kernel", *kernels] if kernels else [])]
-        # As in count.py: the same dict layouts every run, one BLAS thread.
-        env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-        done = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
-                               + done.stderr[-3000:])
+        run_counted(command)
         return read_counts(directory, "cg.out")
 
 

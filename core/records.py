@@ -7,7 +7,7 @@ took on a slow machine (``benchmarks/NOTES.md``, version 15). Those derive
 from :class:`Record` (immutable, hashable: error codes, rule records;
 :class:`HashedRecord` for the layouts, hashed once) or :class:`Fields`
 (compared by value, mutable: the constraint language's statements, the
-reports). They give what attrs would from the ``__slots__`` alone, with no
+constraint system, the reports). They give what attrs would from the ``__slots__`` alone, with no
 code to generate: comparison by value, a ``repr`` in attrs' style, and for
 records immutability and a hash.
 

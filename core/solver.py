@@ -44,6 +44,7 @@ from smalti.constraints import (
 )
 from smalti.diagnostics import format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
+from smalti.records import Fields
 
 _ID = operator.attrgetter("id")
 
@@ -76,11 +77,8 @@ class Origin:
         return f"Origin({str(self)!r})"
 
 
-class ConstraintSystem:
-    """Everything the rules stated about a kernel.
-
-    A plain class (no attrs): every pipeline build imports it (see
-    :mod:`smalti.records`), and it is a container, compared by identity."""
+class ConstraintSystem(Fields):
+    """Everything the rules stated about a kernel."""
 
     __slots__ = ("variables", "constraints", "origins", "assignments", "fallbacks", "shared",
                  "uses")
@@ -105,10 +103,6 @@ class ConstraintSystem:
         #: a ref keeps its layout. Kept apart from ``constraints`` because
         #: the solver merges most of them outright.
         self.uses = [] if uses is None else uses
-
-    def __repr__(self) -> str:
-        return (f"ConstraintSystem({len(self.variables)} variables, {len(self.constraints)} "
-                f"constraints, {len(self.assignments)} assignments, {len(self.uses)} uses)")
 
     def require(self, constraint: Constraint, origin: Origin) -> None:
         self.constraints.append(constraint)
