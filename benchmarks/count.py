@@ -6,6 +6,7 @@
     .venv/bin/python -m benchmarks.count --machine             # needs valgrind
     .venv/bin/python -m benchmarks.count --kernel unrolled_wgmma --size 333
     .venv/bin/python -m benchmarks.count --kernel chain --size 250 --machine --lowering
+    .venv/bin/python -m benchmarks.count --machine --against-read
 
 Timings on a shared machine move by 10% and more between runs, more than most
 single changes to smalti's hot paths; the number of bytecode instructions
@@ -20,6 +21,10 @@ counts those: it runs the kernel under callgrind twice, building four copies
 and inferring all of them, then none, and prints the difference per
 inference (within about 1% from run to run on the synthetic kernels, 2-4%
 on the unrolled WGMMA pipeline; a minute or two per kernel).
+
+``--against-read`` also counts one read walk of the kernel (``run.py``'s
+``read_ops``: what the performance target compares inference with) and
+prints the ratio: the target's figure, free of the machine's noise.
 
 ``--lowering`` counts one lowering by smalti and one by jax the same way,
 both after smalti's inference, so that both compilers get the same module:
@@ -47,7 +52,7 @@ from jax._src.lib.mlir import ir
 import smalti
 from smalti import kernels
 
-from benchmarks.run import SHAPE, SYNTHETIC, _unrolled_wgmma_text
+from benchmarks.run import SHAPE, SYNTHETIC, _unrolled_wgmma_text, read_ops
 
 _TOOL = sys.monitoring.PROFILER_ID
 
@@ -104,8 +109,8 @@ def module_maker(kernel: str, size: int, text: str | None = None) -> Callable[[]
 
 
 def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
-                         valgrind: Sequence[str] = _VALGRIND, lower_with: str | None = None
-                         ) -> int:
+                         valgrind: Sequence[str] = _VALGRIND, lower_with: str | None = None,
+                         read_walk: bool = False) -> int:
     """The machine instructions one inference of ``kernel(size)`` executes,
     bindings and interpreter included, as callgrind counts them: a process
     that builds ``inferences`` copies and infers them all, less one that
@@ -114,12 +119,18 @@ def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
     With ``lower_with`` (``"smalti"`` or ``"jax"``, a synthetic kernel),
     those of one lowering by that compiler instead: both processes build and
     infer every copy (with smalti: the same input for both compilers), one
-    lowers them all, the other none."""
+    lowers them all, the other none.
+
+    With ``read_walk``, those of one read walk instead (``run.read_ops``:
+    every op's name and the types of its operands and results, what the
+    performance target compares inference with), counted the same way."""
     if lower_with is not None and kernel == _UNROLLED:
         raise ValueError("the unrolled WGMMA pipeline is parsed from text, without the "
                          "launch context lowering needs: count a synthetic kernel")
     with tempfile.TemporaryDirectory() as scratch:
         extra = [] if lower_with is None else ["--lower-with", lower_with]
+        if read_walk:
+            extra.append("--read-walk")
         if kernel == _UNROLLED:  # traced by Pallas here, not twice under callgrind
             text = Path(scratch, "kernel.mlir")
             text.write_text(_unrolled_wgmma_text(size))
@@ -162,17 +173,19 @@ def _machine_instructions(command: list[str], inferences: int) -> int:
 
 
 def _build_and_infer(kernel: str, size: int, build: int, infer: int,
-                     text: str | None = None) -> None:
+                     text: str | None = None, read_walk: bool = False) -> None:
     """What --machine runs under callgrind: warms smalti on one copy of the
     kernel, builds ``build`` more and infers the first ``infer`` of them,
-    the collector off (its passes would fall at different times)."""
+    the collector off (its passes would fall at different times). With
+    ``read_walk``, the same with read walks instead of inferences."""
+    work: Callable[[ir.Module], object] = read_ops if read_walk else smalti.infer_layouts
     make_module = module_maker(kernel, size, text)
-    smalti.infer_layouts(make_module())
+    work(make_module())  # a process's first walk or inference costs much more
     modules = [make_module() for _ in range(build)]
     gc.collect()
     gc.disable()
     for module in modules[:infer]:
-        smalti.infer_layouts(module)
+        work(module)
 
 
 def _build_and_lower(kernel: str, size: int, build: int, lower: int, lower_with: str) -> None:
@@ -213,6 +226,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     parser.add_argument("--machine", action="store_true",
                         help="count machine instructions under callgrind instead (needs valgrind)")
+    parser.add_argument("--against-read", action="store_true",
+                        help="with --machine: also count one read walk of the kernel (what the "
+                        "performance target compares inference with) and print the ratio")
     parser.add_argument("--lowering", action="store_true",
                         help="with --machine: the instructions of one lowering by smalti and by "
                         "jax, after smalti's inference (a synthetic kernel)")
@@ -221,6 +237,7 @@ def main() -> None:
     parser.add_argument("--infer", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--text", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--lower-with", choices=["smalti", "jax"], help=argparse.SUPPRESS)
+    parser.add_argument("--read-walk", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build is not None:
         if args.lower_with is not None:
@@ -228,7 +245,7 @@ def main() -> None:
                              args.lower_with)
         else:
             _build_and_infer(args.kernel, args.size, args.build, args.infer or 0,
-                             args.text.read_text() if args.text else None)
+                             args.text.read_text() if args.text else None, args.read_walk)
         return
     if args.lowering:
         if not args.machine:
@@ -239,9 +256,15 @@ def main() -> None:
               f"{counts['smalti']:,}, jax {counts['jax']:,} machine instructions "
               f"(smalti/jax {counts['smalti'] / counts['jax']:.3f})")
         return
+    if args.against_read and not args.machine:
+        parser.error("--against-read counts machine instructions: add --machine")
     if args.machine:
         count = machine_instructions(args.kernel, args.size)
-        print(f"{args.kernel}({args.size}): {count:,} machine instructions per inference")
+        line = f"{args.kernel}({args.size}): {count:,} machine instructions per inference"
+        if args.against_read:
+            read = machine_instructions(args.kernel, args.size, read_walk=True)
+            line += f", {read:,} per read walk ({count / read:.2f}x)"
+        print(line)
         return
     total, per_function = count_instructions(module_maker(args.kernel, args.size))
     print(f"{args.kernel}({args.size}): {total:,} instructions")

@@ -6,6 +6,7 @@ import pytest
 
 from smalti import kernels
 
+from benchmarks import count
 from benchmarks.count import count_instructions, machine_instructions, module_maker
 from benchmarks.run import SHAPE, reductions
 
@@ -80,6 +81,25 @@ def test_machine_counts_are_the_difference_per_inference(tmp_path):
     assert (tmp_path / "blas_threads.txt").read_text().split() == ["1", "1"]
 
 
+def test_a_read_walk_is_counted_in_the_processes_that_would_infer(tmp_path):
+    count = machine_instructions("reductions", 25, inferences=2, valgrind=_fake_valgrind(tmp_path),
+                                 read_walk=True)
+    assert count == 7
+    commands = (tmp_path / "commands.txt").read_text().splitlines()
+    assert len(commands) == 2 and all("--read-walk" in command for command in commands)
+
+
+def test_the_read_walk_process_walks_and_does_not_infer(monkeypatch):
+    walked = []
+    monkeypatch.setattr(count, "read_ops", lambda module: walked.append(module))
+    monkeypatch.setattr(count.smalti, "infer_layouts",
+                        lambda module: pytest.fail("a read walk process inferred"))
+    count._build_and_infer("reductions", 25, build=3, infer=2, read_walk=True)
+    # One walk to warm up, then the first two of the three copies built.
+    assert len(walked) == 3 and len(set(map(id, walked))) == 3
+    assert all("out_layouts" not in str(module) for module in walked)
+
+
 def test_the_unrolled_pipeline_is_traced_once_and_handed_to_the_counted_processes(tmp_path):
     # The fake runs the children for real: they parse the text they are given.
     count = machine_instructions("unrolled_wgmma", 2, inferences=2,
@@ -110,3 +130,11 @@ def test_the_unrolled_pipeline_has_no_lowering_to_count(tmp_path):
     with pytest.raises(ValueError, match="launch context"):
         machine_instructions("unrolled_wgmma", 2, lower_with="smalti",
                              valgrind=_fake_valgrind(tmp_path))
+
+
+@pytest.mark.parametrize("flag", ["--against-read", "--lowering"])
+def test_the_machine_only_flags_ask_for_machine(monkeypatch, capsys, flag):
+    monkeypatch.setattr(sys, "argv", ["count", flag])
+    with pytest.raises(SystemExit):
+        count.main()
+    assert "add --machine" in capsys.readouterr().err
