@@ -134,7 +134,7 @@ def machine_instructions(kernel: str, size: int, *, inferences: int = 4,
         if kernel == _UNROLLED:  # traced by Pallas here, not twice under callgrind
             text = Path(scratch, "kernel.mlir")
             text.write_text(_unrolled_wgmma_text(size))
-            extra = ["--text", str(text)]
+            extra += ["--text", str(text)]
         return _machine_instructions([*valgrind, "--tool=callgrind",
                                       "--callgrind-out-file=/dev/null", sys.executable, "-m",
                                       "benchmarks.count", "--kernel", kernel, "--size",

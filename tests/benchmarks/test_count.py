@@ -81,8 +81,9 @@ def test_machine_counts_are_the_difference_per_inference(tmp_path):
     assert (tmp_path / "blas_threads.txt").read_text().split() == ["1", "1"]
 
 
-def test_a_read_walk_is_counted_in_the_processes_that_would_infer(tmp_path):
-    count = machine_instructions("reductions", 25, inferences=2, valgrind=_fake_valgrind(tmp_path),
+@pytest.mark.parametrize("kernel, size", [("reductions", 25), ("unrolled_wgmma", 2)])
+def test_a_read_walk_is_counted_in_the_processes_that_would_infer(tmp_path, kernel, size):
+    count = machine_instructions(kernel, size, inferences=2, valgrind=_fake_valgrind(tmp_path),
                                  read_walk=True)
     assert count == 7
     commands = (tmp_path / "commands.txt").read_text().splitlines()
