@@ -226,12 +226,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     parser.add_argument("--machine", action="store_true",
                         help="count machine instructions under callgrind instead (needs valgrind)")
-    parser.add_argument("--against-read", action="store_true",
-                        help="with --machine: also count one read walk of the kernel (what the "
-                        "performance target compares inference with) and print the ratio")
-    parser.add_argument("--lowering", action="store_true",
-                        help="with --machine: the instructions of one lowering by smalti and by "
-                        "jax, after smalti's inference (a synthetic kernel)")
+    machine_only = parser.add_mutually_exclusive_group()
+    machine_only.add_argument("--against-read", action="store_true",
+                              help="with --machine: also count one read walk of the kernel "
+                              "(what the performance target compares inference with) and "
+                              "print the ratio")
+    machine_only.add_argument("--lowering", action="store_true",
+                              help="with --machine: the instructions of one lowering by "
+                              "smalti and by jax, after smalti's inference (a synthetic kernel)")
     # The process --machine runs under callgrind.
     parser.add_argument("--build", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--infer", type=int, help=argparse.SUPPRESS)
@@ -247,17 +249,16 @@ def main() -> None:
             _build_and_infer(args.kernel, args.size, args.build, args.infer or 0,
                              args.text.read_text() if args.text else None, args.read_walk)
         return
+    for flag, given in (("--lowering", args.lowering), ("--against-read", args.against_read)):
+        if given and not args.machine:
+            parser.error(f"{flag} counts machine instructions: add --machine")
     if args.lowering:
-        if not args.machine:
-            parser.error("--lowering counts machine instructions: add --machine")
         counts = {name: machine_instructions(args.kernel, args.size, inferences=2,
                                              lower_with=name) for name in ("smalti", "jax")}
         print(f"{args.kernel}({args.size}), one lowering after smalti's inference: smalti "
               f"{counts['smalti']:,}, jax {counts['jax']:,} machine instructions "
               f"(smalti/jax {counts['smalti'] / counts['jax']:.3f})")
         return
-    if args.against_read and not args.machine:
-        parser.error("--against-read counts machine instructions: add --machine")
     if args.machine:
         count = machine_instructions(args.kernel, args.size)
         line = f"{args.kernel}({args.size}): {count:,} machine instructions per inference"

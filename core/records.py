@@ -7,9 +7,9 @@ took on a slow machine (``benchmarks/NOTES.md``, version 15). Those derive
 from :class:`Record` (immutable, hashable: error codes, rule records;
 :class:`HashedRecord` for the layouts, hashed once) or :class:`Fields`
 (compared by value, mutable: the constraint language's statements, the
-constraint system, the reports). They give what attrs would from the ``__slots__`` alone, with no
-code to generate: comparison by value, a ``repr`` in attrs' style, and for
-records immutability and a hash.
+constraint system, the reports). They give what attrs would from the
+``__slots__`` alone, with no code to generate: comparison by value, a
+``repr`` in attrs' style, and for records immutability and a hash.
 
 A subclass lists its fields in ``__slots__`` (names starting with ``_``
 are private state, not fields) and takes them in that order in its

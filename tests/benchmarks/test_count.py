@@ -83,9 +83,9 @@ def test_machine_counts_are_the_difference_per_inference(tmp_path):
 
 @pytest.mark.parametrize("kernel, size", [("reductions", 25), ("unrolled_wgmma", 2)])
 def test_a_read_walk_is_counted_in_the_processes_that_would_infer(tmp_path, kernel, size):
-    count = machine_instructions(kernel, size, inferences=2, valgrind=_fake_valgrind(tmp_path),
-                                 read_walk=True)
-    assert count == 7
+    instructions = machine_instructions(kernel, size, inferences=2,
+                                        valgrind=_fake_valgrind(tmp_path), read_walk=True)
+    assert instructions == 7
     commands = (tmp_path / "commands.txt").read_text().splitlines()
     assert len(commands) == 2 and all("--read-walk" in command for command in commands)
 
