@@ -12,6 +12,7 @@ import importlib
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from smalti.arch_policy import ArchitectureWarning
 from smalti.diagnostics import (
     PluginError,
     SmaltiError,
@@ -64,6 +65,7 @@ def _version() -> str:
 
 __all__ = [
     "ANY_ARCH",
+    "ArchitectureWarning",
     "Architectures",
     "BLACKWELL_AND_LATER",
     "HOOK_VERSION",

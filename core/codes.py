@@ -63,14 +63,19 @@ registry.constraint_rule("arith.addf", overrides="smalti.plugins")(my_rule)
         """
 A rule exists for the op, but none of the registered rules supports the
 architecture the pipeline targets (for example a Blackwell-only op compiled
-for Hopper, sm_90a). Compile for an architecture the rule supports, or
-install a plugin that provides the op for your architecture.
+for Hopper, sm_90a). jax does not check the architecture, and neither does
+smalti by default: it uses the rule whose architecture range comes nearest
+and warns with this code (`smalti.ArchitectureWarning`; the inference and
+lowering reports list it in `arch_fallbacks`). With the strict setting
+(`strict_arch=True`, or `SMALTI_STRICT_ARCH=1`) it is an error. Compile for
+an architecture the rule supports, or install a plugin that provides the op
+for your architecture.
 """,
         before="""
-smalti.infer_layouts(module_with_tcgen05_mma, arch=(9, 0))
+smalti.infer_layouts(module_with_tcgen05_mma, arch=(9, 0), strict_arch=True)
 """,
         after="""
-smalti.infer_layouts(module_with_tcgen05_mma, arch=(10, 0))
+smalti.infer_layouts(module_with_tcgen05_mma, arch=(10, 0), strict_arch=True)
 """,
     ),
     Code(
@@ -220,7 +225,9 @@ pipeline = smalti_pipeline("smalti.plugins", my_plugin)
         "No layout assignment satisfies the kernel",
         """
 Layout inference found no assignment of register layouts, SMEM transforms
-and TMEM layouts that satisfies every op's requirements. The message lists
+and TMEM layouts that satisfies every op's requirements (jax: "Failed to
+infer a possible set of layouts. This should only happen if user-provided
+layout casts are unsatisfiable"). The message lists
 the requirements that conflict and the op (with its source line) each came
 from. Typical causes: a layout cast to a layout the value cannot be converted
 to (only splat values can be relaid out freely; tiled layouts only to a few
@@ -276,9 +283,12 @@ func.func @f(%ref: memref<128xf32, #gpu.address_space<workgroup>>) {
         "Layout inference did not converge within its search budget",
         """
 The layouts of part of the kernel are ambiguous and the search for a
-consistent assignment tried more candidates than its budget allows. Add
+consistent assignment tried more candidates than its budget allows, or the
+solver needed more than the `fuel=` given to `infer_layouts` (which, like
+jax's, counts every layout the solver assigns: those propagation implies and
+those the search tries; it must be a non-negative int). Add
 `mosaic_gpu.layout_cast` ops on the values named in the message to pin their
-layouts, which removes the ambiguity.
+layouts, which removes the ambiguity, or pass a larger `fuel`.
 """,
         before="""
 %y = arith.addf %x, %x : vector<128x128xf32>   # thousands of values, no layout pinned

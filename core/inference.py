@@ -19,7 +19,7 @@ from typing import NamedTuple
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 
-from smalti import layouts
+from smalti import arch_policy, layouts
 from smalti.constraints import Variable
 from smalti.diagnostics import (
     PluginError,
@@ -73,33 +73,22 @@ class TraceEntry(Fields):
 class InferenceReport(Fields):
     """What :func:`infer_layouts` did (returned; printed by ``smalti infer --explain``)."""
 
-    __slots__ = ("ops", "variables", "constraints", "seconds", "ops_per_plugin", "trace")
+    __slots__ = ("ops", "variables", "constraints", "seconds", "ops_per_plugin", "trace",
+                 "arch_fallbacks")
 
     def __init__(self, ops: int = 0, variables: int = 0, constraints: int = 0,
                  seconds: float = 0.0, ops_per_plugin: dict[str, int] | None = None,
-                 trace: list[TraceEntry] | None = None) -> None:
+                 trace: list[TraceEntry] | None = None,
+                 arch_fallbacks: list[str] | None = None) -> None:
         self.ops = ops
         self.variables = variables
         self.constraints = constraints
         self.seconds = seconds
         self.ops_per_plugin = {} if ops_per_plugin is None else ops_per_plugin
         self.trace = [] if trace is None else trace
-
-
-def _unsupported_arch(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int],
-                      kind: RuleKind) -> SmaltiError | None:
-    elsewhere = pipeline.unsupported_on(kind, op.name)
-    if not elsewhere:
-        return None
-    owners = ", ".join(f"{r.plugin} (archs {r.archs})" for r in elsewhere)
-    return SmaltiNotImplementedError(
-        "SM002",
-        f"{op.name} is not supported on sm_{arch[0]}{arch[1]}",
-        op=op,
-        values={"architecture": f"{arch}", "handled by": owners},
-        fix=f"compile for an architecture {owners} supports, or install a plugin that "
-        f"provides {op.name} for sm_{arch[0]}{arch[1]}",
-    )
+        #: SM002's text for each op name handled by a rule for another
+        #: architecture (the lenient policy of :mod:`smalti.arch_policy`)
+        self.arch_fallbacks = [] if arch_fallbacks is None else arch_fallbacks
 
 
 #: The ops that get layout attributes: each with its sites, their variables,
@@ -120,12 +109,21 @@ class Collected(NamedTuple):
 
 
 def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
-            report: InferenceReport | None = None, *, trace: bool = False) -> Collected:
+            report: InferenceReport | None = None, *, trace: bool = False,
+            strict_arch: bool = False) -> Collected:
     """Asks every op's rule to describe it and links each use of a value to
     its definition. The ops that carry layouts come in walk order (those
     described by their parent's rule last); with ``trace``, every rule runs
-    through a builder, so that they line up with ``report.trace``."""
-    table = pipeline.table(RuleKind.CONSTRAINT, arch)
+    through a builder, so that they line up with ``report.trace``.
+
+    An op none of whose rules supports ``arch`` is described by the nearest
+    rule, with an :class:`smalti.arch_policy.ArchitectureWarning`, or, with
+    ``strict_arch``, refused (SM002)."""
+    if strict_arch:
+        table, fallbacks = pipeline.table(RuleKind.CONSTRAINT, arch), frozenset()
+    else:
+        table, fallbacks = pipeline.table_with_fallbacks(RuleKind.CONSTRAINT, arch)
+    fallbacks_used: dict[str, ir.Operation] = {}
     system = ConstraintSystem()
     sites_table = SiteTable()
     site_vars, described_elsewhere = sites_table.variables, sites_table.described_elsewhere
@@ -143,6 +141,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         try:
             name = op.name
             record = table.get(name)
+            if fallbacks and name in fallbacks:
+                fallbacks_used.setdefault(name, op)
             # A terminator some of whose sites its parent's rule described? Most
             # kernels have none, and only ops of those terminators' names are hashed.
             elsewhere = described_elsewhere.get(name) if described_elsewhere else None
@@ -208,7 +208,15 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     for top in module.body.operations:
         top.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
         if failures:
-            raise failures.pop()  # held by no local: no cycle through its traceback
+            break
+    if fallbacks_used:
+        texts = arch_policy.warn_fallbacks(fallbacks_used, table,
+                                           pipeline.rules[RuleKind.CONSTRAINT], arch,
+                                           RuleKind.CONSTRAINT, stacklevel=4)
+        if report is not None:
+            report.arch_fallbacks += texts
+    if failures:
+        raise failures.pop()  # held by no local: no cycle through its traceback
     _connect_uses(system, sites_table)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
@@ -217,7 +225,10 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
 
 def _no_rule(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int]) -> SmaltiError:
     """The error for an op with layout sites and no constraint rule."""
-    return _unsupported_arch(pipeline, op, arch, RuleKind.CONSTRAINT) or (
+    elsewhere = pipeline.unsupported_on(RuleKind.CONSTRAINT, op.name)
+    if elsewhere:
+        return arch_policy.unsupported(op, arch, RuleKind.CONSTRAINT, elsewhere)
+    return (
         SmaltiNotImplementedError(
             "SM003",
             f"no layout inference rule defined for {op.name}",
@@ -407,7 +418,8 @@ def _gc_paused() -> Iterator[None]:
 
 
 def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
-                  pipeline: Pipeline | None = None, trace: bool | None = None
+                  pipeline: Pipeline | None = None, trace: bool | None = None,
+                  fuel: int | None = None, strict_arch: bool | None = None
                   ) -> InferenceReport:
     """Infers layouts for ``module`` in place, like ``mgpu.infer_layout``.
 
@@ -421,6 +433,16 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     With ``trace`` (default: the ``SMALTI_TRACE`` environment variable), the
     returned report records which plugin and rule handled each op and the
     layouts chosen for it.
+
+    ``fuel`` bounds the solver's work as jax's ``fuel`` does: the number of
+    layouts it may assign, those propagation implies and those its search
+    tries (default: no bound on propagation, and the search's own budget).
+    Exhausting it is SM104.
+
+    An op none of whose rules supports ``arch`` is handled by the nearest
+    rule with a warning, like jax, which does not check the architecture;
+    ``strict_arch`` (default: the ``SMALTI_STRICT_ARCH`` environment
+    variable) makes it an error, SM002 (see :mod:`smalti.arch_policy`).
     """
     start = time.perf_counter()
     pipeline = pipeline or default_pipeline()
@@ -431,24 +453,29 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     # Inference makes many small acyclic objects: collecting them mid-pass is
     # waste. They die when _infer returns, before collection resumes, so the
     # collector never scans them either.
+    if fuel is not None and (isinstance(fuel, bool) or not isinstance(fuel, int) or fuel < 0):
+        raise SmaltiValueError(
+            "SM104", f"fuel must be a non-negative int, got {fuel!r}",
+            values={"fuel": repr(fuel)}, fix="pass fuel=None for the default budget, or an int")
     with _gc_paused():
-        _infer(module, arch, pipeline, report, trace)
+        _infer(module, arch, pipeline, report, trace, fuel, arch_policy.strict(strict_arch))
     report.seconds = time.perf_counter() - start
     return report
 
 
 def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
-           report: InferenceReport, trace: bool) -> None:
+           report: InferenceReport, trace: bool, fuel: int | None, strict_arch: bool) -> None:
     with module.context, ir.Location.unknown(module.context):
-        collected = collect(module, arch, pipeline, report, trace=trace)
+        collected = collect(module, arch, pipeline, report, trace=trace, strict_arch=strict_arch)
         system, annotated = collected.system, collected.annotated
         try:
-            solver = Solver(system, arch)
+            solver = Solver(system, arch, fuel=fuel)
             solution = solver.solve_in_order()
         except Unsolvable as e:
             first = e.variables[0].site.op if e.variables else None
             raise UnsatisfiableLayoutsError(
-                "Failed to infer a possible set of layouts: " + e.summary,
+                "Failed to infer a possible set of layouts. This should only happen if "
+                "user-provided layout casts are unsatisfiable: " + e.summary,
                 conflict=e.lines,
                 op=first,
                 values={"conflict": "\n    " + "\n    ".join(e.lines)},
@@ -466,12 +493,16 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                      f"or block the plugin: SMALTI_BLOCK_PLUGINS={plugin}"],
             ) from e.error
         except BudgetExhausted as e:
+            budget = f"the fuel given ({fuel})" if fuel is not None else "its search budget"
             raise SmaltiValueError(
                 "SM104",
-                "Layout inference failed to find a solution within its search budget",
+                # jax's words, then what was exhausted
+                "Layout inference failed to find a solution. Consider adding layout "
+                f"annotations to your program to guide the search (it exhausted {budget})",
                 op=e.variables[0].site.op if e.variables else None,
                 values={"ambiguous values": ", ".join(v.site.describe() for v in e.variables[:5])},
-                fix="add mosaic_gpu.layout_cast ops on these values to pin their layouts",
+                fix=["add mosaic_gpu.layout_cast ops on these values to pin their layouts",
+                     "or pass a larger fuel="],
             ) from None
         # Transactional: nothing was written until here. Like jax, the module
         # also gets its dump options (a module attribute).

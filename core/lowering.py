@@ -19,6 +19,7 @@ from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti import arch_policy
 from smalti.caching import per_context
 from smalti.diagnostics import (
     PluginError,
@@ -27,7 +28,6 @@ from smalti.diagnostics import (
     SmaltiValueError,
     describe_op,
 )
-from smalti.inference import _unsupported_arch
 from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.records import Fields
@@ -49,13 +49,17 @@ _UNDECIDED = object()
 class LoweringReport(Fields):
     """What :func:`lower` did."""
 
-    __slots__ = ("ops", "seconds", "ops_per_plugin")
+    __slots__ = ("ops", "seconds", "ops_per_plugin", "arch_fallbacks")
 
     def __init__(self, ops: int = 0, seconds: float = 0.0,
-                 ops_per_plugin: dict[str, int] | None = None) -> None:
+                 ops_per_plugin: dict[str, int] | None = None,
+                 arch_fallbacks: list[str] | None = None) -> None:
         self.ops = ops
         self.seconds = seconds
         self.ops_per_plugin = {} if ops_per_plugin is None else ops_per_plugin
+        #: SM002's text for each op name lowered by a rule for another
+        #: architecture (the lenient policy of :mod:`smalti.arch_policy`)
+        self.arch_fallbacks = [] if arch_fallbacks is None else arch_fallbacks
 
 
 def recorded_arch(module: ir.Module) -> tuple[int, int] | None:
@@ -74,11 +78,17 @@ def module_arch(module: ir.Module) -> tuple[int, int]:
 
 
 class _Lowerer:
-    def __init__(self, module: ir.Module, pipeline: Pipeline, arch: tuple[int, int]) -> None:
+    def __init__(self, module: ir.Module, pipeline: Pipeline, arch: tuple[int, int],
+                 strict_arch: bool) -> None:
         self.module = module
         self.pipeline = pipeline
         self.arch = arch
-        self.table = pipeline.table(RuleKind.LOWERING, arch)
+        if strict_arch:
+            self.table, self.fallbacks = pipeline.table(RuleKind.LOWERING, arch), frozenset()
+        else:
+            self.table, self.fallbacks = pipeline.table_with_fallbacks(RuleKind.LOWERING, arch)
+        #: the first op of each name lowered by a rule for another architecture
+        self.fallbacks_used: dict[str, ir.Operation] = {}
         self.required = pipeline.required_prefixes
         self.report = LoweringReport()
         self.ctx: LoweringContext | None = None
@@ -101,9 +111,14 @@ class _Lowerer:
                 return _SKIP
         record = self.table.get(name)
         if record is not None:
+            if self.fallbacks and name in self.fallbacks:
+                self.fallbacks_used.setdefault(name, op)
             return record
         if operands or results or required:
-            raise _unsupported_arch(self.pipeline, op, self.arch, RuleKind.LOWERING) or (
+            elsewhere = self.pipeline.unsupported_on(RuleKind.LOWERING, name)
+            if elsewhere:
+                raise arch_policy.unsupported(op, self.arch, RuleKind.LOWERING, elsewhere)
+            raise (
                 SmaltiNotImplementedError(
                     "SM004",
                     f"Missing lowering rule for {name}",
@@ -154,6 +169,10 @@ class _Lowerer:
             if warp and not record.warp_semantics:
                 raise _no_warp_semantics(record, op)
             _check_layout_attributes(op, operands, results)
+        if self.fallbacks_used:
+            self.report.arch_fallbacks += arch_policy.warn_fallbacks(
+                self.fallbacks_used, self.table, self.pipeline.rules[RuleKind.LOWERING],
+                self.arch, RuleKind.LOWERING, stacklevel=4)
 
     # --- rewriting ----------------------------------------------------------------
 
@@ -356,20 +375,24 @@ def _make_context(module: ir.Module, launch_context: lc.LaunchContext, auto_barr
 
 
 def lower(module: ir.Module, launch_context: lc.LaunchContext, *, auto_barriers: bool = True,
-          arch: tuple[int, int] | None = None, pipeline: Pipeline | None = None
-          ) -> LoweringReport:
+          arch: tuple[int, int] | None = None, pipeline: Pipeline | None = None,
+          strict_arch: bool | None = None) -> LoweringReport:
     """Lowers ``module`` in place, like ``mgpu.lower_mgpu_dialect``.
 
     Everything that can be checked is checked before the first op is
-    rewritten: a rule for every op on this architecture, and the layout
-    attributes of every op that needs them.
+    rewritten: a rule for every op, and the layout attributes of every op
+    that needs them. An op none of whose rules supports ``arch`` is lowered
+    by the nearest rule with a warning, like jax, which does not check the
+    architecture; ``strict_arch`` (default: the ``SMALTI_STRICT_ARCH``
+    environment variable) makes it an error, SM002 (see
+    :mod:`smalti.arch_policy`).
     """
     start = time.perf_counter()
     pipeline = pipeline or default_pipeline()
     arch = tuple(arch) if arch is not None else module_arch(module)
     module.context.append_dialect_registry(mlir_interpreter.upstream_dialects)
     module.context.load_all_available_dialects()
-    lowerer = _Lowerer(module, pipeline, arch)
+    lowerer = _Lowerer(module, pipeline, arch, arch_policy.strict(strict_arch))
     with module.context, ir.Location.unknown(module.context):
         try:
             lowerer.run(launch_context, auto_barriers)

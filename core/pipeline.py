@@ -25,7 +25,7 @@ from typing import Any
 
 import pluggy
 
-from smalti import hookspec
+from smalti import arch_policy, hookspec
 from smalti.diagnostics import PluginError, SmaltiError
 from smalti.records import Record
 from smalti.registry import (
@@ -100,7 +100,7 @@ class Pipeline:
         present = {p.name for p in self.plugins}
         for (kind, key), group in grouped.items():
             self.rules[kind][key] = self._resolve(kind, key, group, present)
-        self._tables: dict[tuple[RuleKind, Arch], dict[str, RuleRecord]] = {}
+        self._tables: dict[tuple[Any, ...], Any] = {}
 
     def _resolve(self, kind: RuleKind, key: str, group: list[RuleRecord],
                  present: set[str]) -> list[RuleRecord]:
@@ -167,6 +167,21 @@ class Pipeline:
                         break
             self._tables[key] = table
         return table
+
+    def table_with_fallbacks(self, kind: RuleKind, arch: Arch
+                             ) -> tuple[dict[str, RuleRecord], frozenset[str]]:
+        """:meth:`table`, completed for the lenient architecture policy
+        (:mod:`smalti.arch_policy`): each op none of whose rules supports
+        ``arch`` maps to the nearest rule. Also returns those ops' names."""
+        key = (kind, arch, "fallbacks")
+        cached = self._tables.get(key)
+        if cached is None:
+            table = dict(self.table(kind, arch))
+            fallbacks = frozenset(name for name in self.rules[kind] if name not in table)
+            for name in fallbacks:
+                table[name] = arch_policy.nearest(self.rules[kind][name], arch)
+            cached = self._tables[key] = (table, fallbacks)  # type: ignore[assignment]
+        return cached  # type: ignore[return-value]
 
     def unsupported_on(self, kind: RuleKind, key: str) -> list[RuleRecord]:
         """The rules for ``key`` (all of them unsupported on the asked architecture)."""

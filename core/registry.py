@@ -42,6 +42,15 @@ class Architectures(Record):
             self.maximum is None or arch <= self.maximum
         )
 
+    def distance(self, arch: Arch) -> Arch:
+        """How far ``arch`` lies outside the range, as a (major, minor) gap:
+        ``(0, 0)`` inside it. Orders the rules of an op by how near they come."""
+        if self.minimum is not None and arch < self.minimum:
+            return (self.minimum[0] - arch[0], self.minimum[1] - arch[1])
+        if self.maximum is not None and arch > self.maximum:
+            return (arch[0] - self.maximum[0], arch[1] - self.maximum[1])
+        return (0, 0)
+
     def overlaps(self, other: Architectures) -> bool:
         lo = max((a for a in (self.minimum, other.minimum) if a is not None), default=None)
         hi = min((a for a in (self.maximum, other.maximum) if a is not None), default=None)

@@ -170,10 +170,15 @@ _STRUCTURAL = -1  # reason code: merged/forced before propagation
 
 class Solver:
     def __init__(self, system: ConstraintSystem, arch: tuple[int, int],
-                 budget: int = DEFAULT_SEARCH_BUDGET) -> None:
+                 budget: int = DEFAULT_SEARCH_BUDGET, fuel: int | None = None) -> None:
         self.system = system
         self.arch = arch
+        #: tries the search may make in each component
         self.budget = budget
+        #: layouts the whole solve may assign, jax's ``fuel``: each class given
+        #: one by propagation before the search, and each try of the search
+        #: (``None``: only ``budget`` bounds the search)
+        self.fuel = fuel
         n = len(system.variables)
         self.variables = system.variables
         if list(map(_ID, self.variables)) != list(range(n)):  # map(): no frame per variable
@@ -728,7 +733,8 @@ class Solver:
         ordering of the same dead end). Skipping dead ends does not change
         which solution is found first.
         """
-        budget = self.budget
+        budget = self.budget if self.fuel is None else min(self.budget, self.fuel)
+        start = budget
         conflicts: list[Conflict] = []
         stack: list[tuple[int, Iterator[tuple[int, Constant]], set]] = []
         decisions: list[tuple[int, Constant]] = []
@@ -762,6 +768,8 @@ class Solver:
                     self.undo(mark)
                     continue
                 if all(self.value[r] is not None for r in roots):
+                    if self.fuel is not None:
+                        self.fuel -= start - budget
                     return
                 stack.append((mark, iterator, tried))
                 decisions.append((root, value))
@@ -811,11 +819,21 @@ class Solver:
             self.propagate()
         except Conflict as conflict:
             raise self._unsolvable(conflict) from None
+        if self.fuel is not None:
+            self._spend_fuel_on_propagation()
         for roots, constraints in self._components():
             self._search(roots, constraints)
         find, value, parent = self.find, self.value, self.parent
         # parent[i] is the root of nearly every i by now: find() only for the rest.
         return [value[r] if parent[r] == r else value[find(r)] for r in parent]
+
+    def _spend_fuel_on_propagation(self) -> None:
+        """Takes the classes propagation gave a layout out of :attr:`fuel`."""
+        assigned = [r for r, parent in enumerate(self.parent)
+                    if parent == r and self.value[r] is not None]
+        self.fuel -= len(assigned)  # type: ignore[operator]
+        if self.fuel < 0:  # type: ignore[operator]
+            raise BudgetExhausted([self.variables[r] for r in assigned[:5]])
 
     # --- explanations -----------------------------------------------------------
 

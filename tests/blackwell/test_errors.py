@@ -213,7 +213,8 @@ def _tmem_pallas_kernel():
             lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
 
 
-def test_tmem_ops_on_hopper_name_the_architecture_they_need(monkeypatch):
+def test_tmem_ops_on_hopper_name_the_architecture_they_need_when_strict(monkeypatch):
+    monkeypatch.setenv("SMALTI_STRICT_ARCH", "1")
     # Pallas only builds TMEM kernels for Blackwell: build for sm_100, and
     # ask smalti to compile for sm_90.
     monkeypatch.setattr(smalti.jax, "infer_layouts",
@@ -227,14 +228,48 @@ def test_tmem_ops_on_hopper_name_the_architecture_they_need(monkeypatch):
     assert "mosaic_gpu.tmem_alloc" in error.value.op  # Pallas allocates TMEM first
 
 
-def test_ops_without_layouts_are_refused_on_hopper_at_lowering():
-    """tmem_relinquish_alloc_permit carries no ref: lowering, not inference, refuses it."""
+def test_tmem_ops_on_hopper_lower_like_jax_with_a_warning(monkeypatch):
+    """jax lowers a Blackwell kernel for the architecture of a GPU-less host,
+    sm_90: so does smalti by default, warning for each Blackwell op."""
+    monkeypatch.delenv("SMALTI_STRICT_ARCH", raising=False)
+    with gpu_facts(monkeypatch, arch=(9, 0)):
+        by_jax = capture_modules(_tmem_pallas_kernel())
+        with smalti.jax.installed(), pytest.warns(smalti.ArchitectureWarning) as warned:
+            by_smalti = capture_modules(_tmem_pallas_kernel())
+    assert by_smalti == by_jax
+    texts = [str(w.message) for w in warned]
+    assert any("mosaic_gpu.tmem_alloc is not supported on sm_90" in t for t in texts)
+    assert all("smalti.blackwell" in t and "SMALTI_STRICT_ARCH=1" in t for t in texts)
+
+
+def build_relinquish():
     def body(x_ref, o_ref, address):
         mgpu.TmemRelinquishAllocPermitOp(collective=False)
         del x_ref, o_ref, address
 
-    kernel = build(body)
+    return build(body)
+
+
+def test_ops_without_layouts_are_refused_on_hopper_at_lowering_when_strict():
+    """tmem_relinquish_alloc_permit carries no ref: lowering, not inference, refuses it."""
+    kernel = build_relinquish()
     smalti.infer_layouts(kernel.module, arch=(9, 0))
+    before = str(kernel.module)
     with pytest.raises(smalti.SmaltiNotImplementedError) as error:
-        smalti.lower(kernel.module, kernel.launch_context, arch=(9, 0))
+        smalti.lower(kernel.module, kernel.launch_context, arch=(9, 0), strict_arch=True)
     assert error.value.code == "SM002" and "tmem_relinquish_alloc_permit" in error.value.op
+    assert str(kernel.module) == before  # refused before any rewrite
+
+
+def test_ops_without_layouts_lower_on_hopper_with_a_warning_in_the_report():
+    on_blackwell, on_hopper = build_relinquish(), build_relinquish()
+    for kernel in (on_blackwell, on_hopper):
+        smalti.infer_layouts(kernel.module, arch=BLACKWELL)
+    smalti.lower(on_blackwell.module, on_blackwell.launch_context, arch=BLACKWELL)
+    with pytest.warns(smalti.ArchitectureWarning, match="tmem_relinquish_alloc_permit"):
+        report = smalti.lower(on_hopper.module, on_hopper.launch_context, arch=(9, 0),
+                              strict_arch=False)
+    [text] = report.arch_fallbacks
+    assert text.startswith("[SM002] mosaic_gpu.tmem_relinquish_alloc_permit is not supported "
+                           "on sm_90: using the lowering rule")
+    assert normalized(on_hopper.module) == normalized(on_blackwell.module)

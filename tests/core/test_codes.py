@@ -19,6 +19,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import smalti
 import smalti.jax
 from smalti import cli, codes, kernels, solver
+from tests.differential import normalized
 from tests.official import capture_modules, gpu_facts
 
 F16 = jnp.float16
@@ -102,8 +103,8 @@ def test_sm104_search_budget_exhausted_names_the_ambiguous_values(monkeypatch):
     before = str(kernel.module)
     original = solver.Solver.__init__
 
-    def tiny_budget(self, system, arch, budget=solver.DEFAULT_SEARCH_BUDGET):
-        original(self, system, arch, 0)
+    def tiny_budget(self, system, arch, budget=solver.DEFAULT_SEARCH_BUDGET, fuel=None):
+        original(self, system, arch, 0, fuel)
 
     monkeypatch.setattr(solver.Solver, "__init__", tiny_budget)
     with pytest.raises(smalti.SmaltiValueError) as info:
@@ -114,6 +115,27 @@ def test_sm104_search_budget_exhausted_names_the_ambiguous_values(monkeypatch):
     assert "mosaic_gpu.vector_load" in error.values["ambiguous values"]
     assert "layout_cast" in error.fixes[0]
     assert str(kernel.module) == before
+
+
+def test_sm104_fuel_bounds_the_solver_like_jaxs():
+    kernel = kernels.build_kernel(elementwise, [sds((128, 128), F32)], [sds((128, 128), F32)])
+    before = str(kernel.module)
+    with pytest.raises(ValueError, match="Consider adding layout annotations") as info:
+        smalti.infer_layouts(kernel.module, fuel=0)  # the search needs one try
+    assert info.value.code == "SM104"
+    assert "the fuel given (0)" in info.value.message
+    assert str(kernel.module) == before
+    smalti.infer_layouts(kernel.module, fuel=1)
+    reference = kernels.build_kernel(elementwise, [sds((128, 128), F32)], [sds((128, 128), F32)])
+    smalti.infer_layouts(reference.module)
+    assert normalized(kernel.module) == normalized(reference.module)  # fuel changes no layout
+
+
+@pytest.mark.parametrize("fuel", [-1, 2.5, True])
+def test_fuel_must_be_a_non_negative_int(fuel):
+    kernel = kernels.build_kernel(elementwise, [sds((128, 128), F32)], [sds((128, 128), F32)])
+    with pytest.raises(smalti.SmaltiValueError, match="fuel must be a non-negative int"):
+        smalti.infer_layouts(kernel.module, fuel=fuel)
 
 
 def gather_kernel(rows: int, width: int):

@@ -350,11 +350,16 @@ def blackwell_only():
         plugins={"tc": constraint_plugin("fake.tc", archs=smalti.BLACKWELL_AND_LATER)})
 
 
-def test_op_used_on_an_unsupported_architecture(blackwell_only):
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_strict_policy_refuses_an_op_on_an_unsupported_architecture(blackwell_only, monkeypatch,
+                                                                      how):
     module = module_with("fake.tc")
     before = str(module.body)
+    strict = {"strict_arch": True} if how == "argument" else {}
+    if how == "environment":
+        monkeypatch.setenv("SMALTI_STRICT_ARCH", "1")
     with pytest.raises(smalti.SmaltiNotImplementedError) as info:
-        smalti.infer_layouts(module, arch=HOPPER, pipeline=blackwell_only)
+        smalti.infer_layouts(module, arch=HOPPER, pipeline=blackwell_only, **strict)
     error = info.value
     assert error.code == "SM002"
     assert isinstance(error, NotImplementedError)
@@ -364,6 +369,40 @@ def test_op_used_on_an_unsupported_architecture(blackwell_only):
     assert "tc (archs >=sm_100)" in error.values["handled by"]
     assert error.values["architecture"] == "(9, 0)"
     assert str(module.body) == before  # transactional: no layout written
+
+
+def test_lenient_policy_uses_the_nearest_rule_and_warns(blackwell_only, monkeypatch):
+    monkeypatch.setenv("SMALTI_STRICT_ARCH", "0")
+    on_blackwell = module_with("fake.tc")
+    smalti.infer_layouts(on_blackwell, arch=BLACKWELL, pipeline=blackwell_only)
+    module = module_with("fake.tc")
+    with pytest.warns(smalti.ArchitectureWarning) as warned:
+        report = smalti.infer_layouts(module, arch=HOPPER, pipeline=blackwell_only)
+    [warning] = [w.message for w in warned]
+    assert warning.code == "SM002"
+    assert warning.op.startswith("fake.tc")
+    text = str(warning)
+    assert text.startswith("[SM002] fake.tc is not supported on sm_90: using the constraint rule")
+    assert "of tc (archs >=sm_100)" in text
+    assert "SMALTI_STRICT_ARCH=1" in text  # how to make it an error
+    assert report.arch_fallbacks == [text]
+    assert report.ops_per_plugin["tc"] == 1
+    # the rule ran as on its own architecture
+    assert str(find_op(module, "fake.tc")) == str(find_op(on_blackwell, "fake.tc"))
+
+
+def test_nearest_rule_is_the_one_whose_range_comes_closest():
+    pipeline = smalti.build_pipeline(plugins={
+        "old": constraint_plugin("fake.tc", archs=smalti.Architectures(maximum=(8, 9))),
+        "new": constraint_plugin("fake.tc", archs=smalti.Architectures(minimum=(12, 0))),
+    })
+    table, fallbacks = pipeline.table_with_fallbacks(RuleKind.CONSTRAINT, (10, 0))
+    assert "fake.tc" in fallbacks
+    assert table["fake.tc"].plugin == "old"  # sm_89 is nearer sm_100 than sm_120 is
+    table, _ = pipeline.table_with_fallbacks(RuleKind.CONSTRAINT, (11, 0))
+    assert table["fake.tc"].plugin == "new"
+    table, fallbacks = pipeline.table_with_fallbacks(RuleKind.CONSTRAINT, (12, 1))
+    assert table["fake.tc"].plugin == "new" and "fake.tc" not in fallbacks
 
 
 def test_op_used_on_a_supported_architecture(blackwell_only):

@@ -127,7 +127,8 @@ def test_async_store_smem_to_a_peer(monkeypatch):
         assert_same_modules(call, sds((128, 64)))
 
 
-def test_wgmma_before_hopper_is_refused_naming_the_architecture(monkeypatch):
+def test_wgmma_before_hopper_is_refused_naming_the_architecture_when_strict(monkeypatch):
+    monkeypatch.setenv("SMALTI_STRICT_ARCH", "1")
     def body(a_gmem, o_gmem, a_smem, barrier):
         plgpu.copy_gmem_to_smem(a_gmem, a_smem, barrier)
         plgpu.barrier_wait(barrier)
