@@ -67,7 +67,7 @@ def tmem_layout_cast(op: mgpu.TmemLayoutCastOp, b: ConstraintBuilder) -> None:
     check_tmem_operand(op, op.ref, "ref")
     ref = b.variable(b.operand(0), b.result(0))
     layout = tmem_layout_from_attribute(op.new_layout)
-    b.assign(ref, fitting(op, "ref", _shape(op.ref), layout))
+    b.assign(ref, fitting(op, "ref", _shape(op.ref), layout, cast=True))
 
 
 def slice_tmem(op: mgpu.SliceTmemOp, b: ConstraintBuilder) -> None:

@@ -38,13 +38,20 @@ def mma_tmem_layout(shape: tuple[int, ...], collective: bool,
 
 
 def fitting(op: ir.OpView, what: str, shape: tuple[int, ...],
-            layout: tcgen05.TMEMLayout) -> TmemLayout:
-    """``layout`` as a constant, checked to fit the ``what`` of ``op``."""
+            layout: tcgen05.TMEMLayout, *, cast: bool = False) -> TmemLayout:
+    """``layout`` as a constant, checked to fit the ``what`` of ``op``
+    (``cast``: the layout a ``tmem_layout_cast`` asks for; jax words it so)."""
     if not tmem_layout_fits(shape, layout):
+        if cast:
+            message = (f"Cannot cast to TMEM layout {layout} in {op.operation.name}: the layout "
+                       f"is not compatible with the operand shape {shape}.")
+        else:
+            message = (f"Cannot assign TMEM layout {layout} to the {what} of "
+                       f"{op.operation.name}: the layout is not compatible with the shape "
+                       f"{shape}.")
         raise SmaltiValueError(
             "SM143",
-            f"Cannot assign TMEM layout {layout} to the {what} of {op.operation.name}: the "
-            f"layout is not compatible with the shape {shape}.",
+            message,
             op=op, values={what: shape, "tile": tuple(layout.base_tile_shape)},
             fix=f"give the {what} a shape whose dims are multiples of "
                 f"{tuple(layout.base_tile_shape)}")

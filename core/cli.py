@@ -5,6 +5,9 @@
   a validation of the installed plugins that exits 1 on any problem;
 - ``smalti infer FILE``: layout inference on a textual MLIR module;
 - ``smalti lower``: inference and lowering of the built-in example kernel;
+- ``smalti conformance PATH...``: jax's own Mosaic GPU tests run with smalti
+  in place of jax's inference and lowering, counted against a list of the
+  tests expected to pass (:mod:`smalti.conformance`); exit 1 below the target;
 - ``smalti explain [CODE]``: the long form of an error code.
 
 Exit status: 0 on success, 1 when smalti reports an error in the input kernel
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
+import shlex
 import sys
 import textwrap
 import warnings
@@ -26,7 +31,7 @@ from pathlib import Path
 
 from jax._src.lib.mlir import ir
 
-from smalti import __version__, check, codes, hookspec
+from smalti import __version__, arch_policy, check, codes, hookspec
 from smalti import pipeline as pipeline_module
 from smalti.diagnostics import SmaltiError, SmaltiValueError
 from smalti.inference import InferenceReport, TraceEntry, infer_layouts
@@ -102,13 +107,17 @@ def _op_counts(by_kind: dict[RuleKind, list[RuleRecord]]) -> str:
 
 
 def _op_names(name: str, by_kind: dict[RuleKind, list[RuleRecord]]) -> list[str]:
+    """A plugin's ops, by rule kind and architecture range."""
     lines = []
     for kind, records in by_kind.items():
-        keys = sorted({r.key for r in records})
-        if keys:
+        by_archs: dict[Architectures, set[str]] = {}
+        for record in records:
+            by_archs.setdefault(record.archs, set()).add(record.key)
+        for archs in sorted(by_archs, key=lambda a: (a.minimum or (0, 0), a.maximum or (99, 99))):
+            keys = sorted(by_archs[archs])
             body = textwrap.fill(", ".join(keys), width=88, initial_indent="    ",
                                  subsequent_indent="    ")
-            lines += [f"  {name}: {kind.value} rules ({len(keys)}):", body]
+            lines += [f"  {name}: {kind.value} rules for {archs} ({len(keys)}):", body]
     return lines
 
 
@@ -127,6 +136,15 @@ def _not_loaded(pipeline: Pipeline) -> list[str]:
         elif autoload_off:
             lines.append(f"  {ep.name}: autoload is off ({pipeline_module.AUTOLOAD_ENV})")
     return lines
+
+
+def _arch_policy_line() -> str:
+    if arch_policy.strict(None):
+        return (f"architecture policy: strict ({arch_policy.STRICT_ARCH_ENV} is set): an op "
+                "whose rules do not support the target architecture is an error (SM002)")
+    return ("architecture policy: lenient: an op whose rules do not support the target "
+            "architecture uses the nearest rule and warns (SM002), as jax does not check; "
+            f"{arch_policy.STRICT_ARCH_ENV}=1 makes it an error")
 
 
 def plugins_report(pipeline: Pipeline, *, verbose: bool = False) -> list[str]:
@@ -150,6 +168,7 @@ def plugins_report(pipeline: Pipeline, *, verbose: bool = False) -> list[str]:
     not_loaded = _not_loaded(pipeline)
     if not_loaded:
         lines += ["", "not loaded:", *not_loaded]
+    lines += ["", _arch_policy_line()]
     if pipeline.problems:
         lines += ["", "problems (these plugins were skipped):"]
         for problem in pipeline.problems:
@@ -322,6 +341,20 @@ def cmd_lower(args: argparse.Namespace) -> int:
 # --- smalti explain ----------------------------------------------------------------------
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from smalti import conformance  # imports jax's test machinery: only when asked
+
+    missing = [p for p in [*args.paths, args.expected] if p and not os.path.exists(p)]
+    if missing:
+        _error(SmaltiValueError(
+            "SM301", f"no such file or directory: {missing[0]}",
+            fix="give jax's test files or their directory, and the list of expected tests"))
+        return EXIT_USAGE
+    return conformance.main(args.paths, args.expected, args.require,
+                            shlex.split(args.pytest_args), sys.stdout, reference=args.jax,
+                            write_passing=args.write_passing)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.code is None:
         rows = [[c.code, c.title] for c in codes.CATALOGUE.values()]
@@ -371,6 +404,26 @@ def make_parser() -> argparse.ArgumentParser:
                         help="not supported: textual MLIR lacks the launch context lowering needs")
     lower_.add_argument("--print-ir", action="store_true", help="print the lowered module")
     lower_.set_defaults(run=cmd_lower)
+
+    conformance = sub.add_parser(
+        "conformance", help="run jax's own Mosaic GPU tests with smalti in place of jax's "
+        "inference and lowering, and count them against a list")
+    conformance.add_argument("paths", metavar="PATH", nargs="+",
+                             help="jax test files or directories (e.g. a jax checkout's "
+                             "tests/mosaic)")
+    conformance.add_argument("--expected", metavar="FILE",
+                             help="the test ids expected to pass, one per line")
+    conformance.add_argument("--require", metavar="N", type=int,
+                             help="exit 1 if fewer than N expected tests pass (default: all)")
+    conformance.add_argument("--jax", action="store_true",
+                             help="run under jax's own inference and lowering (the reference), "
+                             "to see which tests that jax passes")
+    conformance.add_argument("--write-passing", metavar="FILE",
+                             help="write the ids of the tests that passed to FILE (with --jax: "
+                             "the list to check smalti against)")
+    conformance.add_argument("--pytest-args", metavar="ARGS", default="",
+                             help="more pytest options, as one string (e.g. '-x -k tmem')")
+    conformance.set_defaults(run=cmd_conformance)
 
     explain = sub.add_parser("explain", help="explain an error code (no code: list them all)")
     explain.add_argument("code", metavar="CODE", nargs="?", help="an error code, e.g. SM101")

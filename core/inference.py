@@ -231,7 +231,7 @@ def _no_rule(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int]) -> Sma
     return (
         SmaltiNotImplementedError(
             "SM003",
-            f"no layout inference rule defined for {op.name}",
+            f"No layout inference rule defined for {op.name}",  # jax's phrase
             op=op,
             values={"op": describe_op(op)},
             fix=[

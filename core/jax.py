@@ -56,10 +56,10 @@ def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
         options = dialect.get_or_set_dump_options(module)
         # Dead code that inference cannot type must go first, as in jax.
         kernels.canonicalize(module)
-        _dump(module, options, "smalti_before_inference")
+        _dump(module, options, "before_layout_inference")  # jax's file names
         try:
             infer_layouts(module, arch=tuple(mgpu_utils._infer_arch()), pipeline=pipeline)
-            _dump(module, options, "smalti_after_inference")
+            _dump(module, options, "after_layout_inference")
             lower(module, launch_ctx, auto_barriers=auto_barriers, pipeline=pipeline)
         finally:
             _restore_unregistered_dialects()  # the plugins' ops are lowered (or failed)

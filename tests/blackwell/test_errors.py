@@ -142,8 +142,13 @@ def test_a_cast_to_a_layout_that_does_not_fit():
         mgpu.AsyncLoadTmemOp(mgpu.tmem_layout_cast(view, layout))
         del x_ref, o_ref
 
+    with pytest.raises(ValueError, match="Cannot cast to TMEM layout") as jax_error:
+        jax_infer(build(body), arch=BLACKWELL)
     error = infer_fails(build(body))
-    assert error.code == "SM143" and "not compatible with the shape" in error.message
+    assert error.code == "SM143"
+    phrase = "the layout is not compatible with the operand shape (64, 128)"
+    assert phrase in str(jax_error.value) and phrase in error.message
+    assert error.message.startswith("Cannot cast to TMEM layout")  # jax's words
 
 
 def test_an_accumulator_of_an_unsupported_row_count():

@@ -1,0 +1,237 @@
+"""Running jax's test files in-process under the drop-in, and counting.
+
+:func:`run` preloads the helper modules the tests import under jax's names
+(when the installed jax lacks them), runs the files with pytest inside a
+:class:`smalti.conformance.drop_in.DropIn`, records each test's outcome, and
+compares them with the list of tests expected to pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from smalti.records import Fields
+
+#: Helper files of jax's test tree, and the module names the tests import them as.
+HELPERS = {
+    "hypothesis_test_util.py": "jax._src.hypothesis_test_util",
+    "mgpu_test_util.py": "jax.experimental.mosaic.gpu.test_util",
+}
+
+#: pytest options for a run: no cache written into jax's tree, none of the
+#: options of an enclosing project, and smalti's architecture warnings
+#: counted by the runner rather than listed by pytest.
+PYTEST_OPTIONS = ("-q", "-p", "no:cacheprovider", "-o", "addopts=", "--tb=no", "-rN",
+                  "-W", "ignore::smalti.arch_policy.ArchitectureWarning",
+                  "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+class Outcome(Fields):
+    """How one test ended: ``passed``, ``failed``, ``skipped`` (an error in
+    setup or teardown counts as ``failed``), with the first line of why."""
+
+    __slots__ = ("test", "outcome", "reason", "arch_fallbacks")
+
+    def __init__(self, test: str, outcome: str, reason: str = "",
+                 arch_fallbacks: int = 0) -> None:
+        self.test = test
+        self.outcome = outcome
+        self.reason = reason
+        #: calls of smalti in the test that used a rule for another architecture
+        self.arch_fallbacks = arch_fallbacks
+
+
+class FileCount(Fields):
+    """One test file's figures."""
+
+    __slots__ = ("file", "expected", "passed_expected", "passed_other", "failed", "skipped")
+
+    def __init__(self, file: str, expected: int = 0, passed_expected: int = 0,
+                 passed_other: int = 0, failed: int = 0, skipped: int = 0) -> None:
+        self.file = file
+        self.expected = expected
+        self.passed_expected = passed_expected
+        self.passed_other = passed_other
+        self.failed = failed
+        self.skipped = skipped
+
+
+class Result(Fields):
+    """What a run found: each test's outcome, and the tests expected to pass."""
+
+    __slots__ = ("outcomes", "expected", "exit_status")
+
+    def __init__(self, outcomes: dict[str, Outcome], expected: list[str] | None,
+                 exit_status: int) -> None:
+        self.outcomes = outcomes
+        #: test ids expected to pass (``None``: no list given)
+        self.expected = expected
+        #: pytest's exit status
+        self.exit_status = exit_status
+
+    @property
+    def expected_passing(self) -> list[str]:
+        return [t for t in self.expected or () if self._passed(t)]
+
+    @property
+    def expected_not_passing(self) -> list[str]:
+        """Expected tests that did not pass (or did not run at all)."""
+        return [t for t in self.expected or () if not self._passed(t)]
+
+    def _passed(self, test: str) -> bool:
+        outcome = self.outcomes.get(test)
+        return outcome is not None and outcome.outcome == "passed"
+
+    def per_file(self) -> list[FileCount]:
+        counts: dict[str, FileCount] = {}
+        expected = set(self.expected or ())
+        for test in expected:
+            file = _file_of(test)
+            counts.setdefault(file, FileCount(file)).expected += 1
+        for test, outcome in self.outcomes.items():
+            count = counts.setdefault(_file_of(test), FileCount(_file_of(test)))
+            if outcome.outcome == "passed":
+                if test in expected:
+                    count.passed_expected += 1
+                else:
+                    count.passed_other += 1
+            elif outcome.outcome == "failed":
+                count.failed += 1
+            else:
+                count.skipped += 1
+        return [counts[f] for f in sorted(counts)]
+
+
+def _file_of(test: str) -> str:
+    return test.split("::", 1)[0]
+
+
+def read_expected(path: Path) -> list[str]:
+    """Test ids, one per line (blank lines and ``#`` comments ignored)."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def test_files(paths: Iterable[Path]) -> list[Path]:
+    """The test files among ``paths`` (a directory: its ``*_test.py`` and
+    ``test_*.py`` files)."""
+    files = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted({*path.glob("*_test.py"), *path.glob("test_*.py")})
+        else:
+            files.append(path)
+    return files
+
+
+@contextlib.contextmanager
+def helpers_preloaded(directories: Iterable[Path]) -> Iterator[list[str]]:
+    """Loads the helper files found in ``directories`` under the names the
+    tests import them as, unless the installed jax has those modules; yields
+    the names loaded and removes them afterwards."""
+    loaded = []
+    try:
+        for file_name, module_name in HELPERS.items():
+            if _importable(module_name):
+                continue
+            for directory in directories:
+                path = directory / file_name
+                if path.is_file():
+                    _load(module_name, path)
+                    loaded.append(module_name)
+                    break
+        yield loaded
+    finally:
+        for module_name in loaded:
+            sys.modules.pop(module_name, None)
+            parent, _, child = module_name.rpartition(".")
+            if parent in sys.modules and hasattr(sys.modules[parent], child):
+                delattr(sys.modules[parent], child)
+
+
+def _importable(module_name: str) -> bool:
+    if module_name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ImportError:
+        return False
+
+
+def _load(module_name: str, path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    parent, _, child = module_name.rpartition(".")
+    setattr(importlib.import_module(parent), child, module)
+
+
+class _Collector:
+    """A pytest plugin: refreshes the drop-in before each test and records
+    how each test ended."""
+
+    def __init__(self, drop_in: Any | None) -> None:
+        self.drop_in = drop_in
+        self.outcomes: dict[str, Outcome] = {}
+        self._fallbacks = 0
+        if drop_in is not None:
+            drop_in.on_fallbacks = self._count_fallbacks
+
+    def _count_fallbacks(self, texts: list[str]) -> None:
+        self._fallbacks += 1
+
+    def pytest_runtest_setup(self, item: Any) -> None:
+        self._fallbacks = 0
+
+    def pytest_runtest_call(self, item: Any) -> None:
+        # After setUpClass / setUp have registered their rules.
+        if self.drop_in is not None:
+            self.drop_in.refresh()
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        test = _test_id(report.nodeid)
+        if report.when == "call" or report.failed or (report.skipped and report.when == "setup"):
+            previous = self.outcomes.get(test)
+            if previous is not None and previous.outcome == "failed":
+                return  # the first failure is the one to report
+            reason = ""
+            if report.failed:
+                crash = getattr(report.longrepr, "reprcrash", None)
+                reason = crash.message if crash is not None else str(report.longrepr)
+            elif report.skipped and isinstance(report.longrepr, tuple):
+                reason = str(report.longrepr[2])
+            self.outcomes[test] = Outcome(test, report.outcome, reason.splitlines()[0]
+                                          if reason else "", self._fallbacks)
+
+
+def _test_id(nodeid: str) -> str:
+    """``file.py::Class::test`` whatever directory pytest ran from."""
+    file, sep, rest = nodeid.partition("::")
+    return Path(file).name + sep + rest
+
+
+def run(paths: Sequence[Path], *, expected: list[str] | None = None,
+        pytest_args: Sequence[str] = (), reference: bool = False) -> Result:
+    """Runs the jax test files in ``paths`` with smalti in place of jax's
+    middle-end (``reference``: with jax's own, to see what that jax passes);
+    ``expected``: the test ids that should pass."""
+    import pytest
+
+    from smalti.conformance.drop_in import DropIn
+
+    files = test_files(paths)
+    directories = list(dict.fromkeys(f.parent for f in files))
+    with helpers_preloaded(directories), (
+            contextlib.nullcontext() if reference else DropIn()) as drop_in:
+        collector = _Collector(drop_in)
+        status = pytest.main([*PYTEST_OPTIONS, *pytest_args, *map(str, files)],
+                             plugins=[collector])
+    return Result(collector.outcomes, expected, int(status))
