@@ -85,8 +85,31 @@ def test_plugins_lists_the_builtin_plugin(capsys):
 def test_plugins_verbose_lists_ops(capsys):
     code, out, _ = run(capsys, "plugins", "-v")
     assert code == 0
-    assert "smalti.plugins: constraint rules" in out
+    assert "smalti.plugins: constraint rules for any" in out
     assert "arith.addf" in out and "mosaic_gpu.vector_load" in out
+
+
+def ops_listed_under(out: str, heading: str) -> str:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    body = []
+    for line in lines[start + 1:]:
+        if not line.startswith("    "):
+            break
+        body.append(line)
+    return " ".join(body)
+
+
+def test_plugins_verbose_scopes_ops_by_architecture(capsys, monkeypatch):
+    monkeypatch.delenv("SMALTI_STRICT_ARCH", raising=False)
+    code, out, _ = run(capsys, "plugins", "-v")
+    assert code == 0
+    blackwell = ops_listed_under(out, "  smalti.blackwell: constraint rules for sm_100..sm_110")
+    assert "mosaic_gpu.tcgen05_mma" in blackwell and "arith.addf" not in blackwell
+    assert "architecture policy: lenient" in out and "SMALTI_STRICT_ARCH=1" in out
+    monkeypatch.setenv("SMALTI_STRICT_ARCH", "1")
+    code, out, _ = run(capsys, "plugins")
+    assert "architecture policy: strict" in out
 
 
 def _plugin(name: str, **hooks) -> types.ModuleType:

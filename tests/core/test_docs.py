@@ -170,3 +170,34 @@ def test_the_pallas_plugin_lowers_square_through_smalti(guide_modules, monkeypat
             context.allow_unregistered_dialects = allowed
     assert contexts, "the plugin's Pallas lowering was not used"
     assert calls == ["my_ops.square"]
+
+
+# --- the README ---------------------------------------------------------------------------
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_the_readme_lists_every_command():
+    from smalti import cli
+
+    parser = cli.make_parser()
+    [subparsers] = [a for a in parser._actions if a.dest == "command"]
+    text = README.read_text()
+    for command in subparsers.choices:
+        assert f"| `smalti {command}" in text, f"README's command table lacks {command}"
+
+
+def environment_variables() -> set[str]:
+    """The environment variables smalti reads: its ``*_ENV`` constants."""
+    core = Path(__file__).parents[2] / "core"
+    found = set()
+    for path in core.glob("*.py"):
+        found |= set(re.findall(r'^[A-Z_]+_ENV = "(SMALTI_[A-Z_]+)"', path.read_text(), re.M))
+    return found
+
+
+def test_the_readme_explains_every_environment_variable():
+    variables = environment_variables()
+    assert "SMALTI_STRICT_ARCH" in variables and "SMALTI_TRACE" in variables
+    text = README.read_text()
+    assert [v for v in sorted(variables) if v not in text] == []
