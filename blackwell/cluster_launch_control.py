@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.layouts import SmemTransforms
@@ -22,13 +21,12 @@ def cancellation_result(op: mgpu.TryClusterCancelOp | mgpu.QueryClusterCancelOp,
 
 def lower_try_cluster_cancel(ctx: LoweringContext, op: mgpu.TryClusterCancelOp
                              ) -> list[ir.Value]:
-    """One lane asks; the barrier completes when the response has arrived."""
-    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
-    predicate = ctx.single_lane_predicate
-    if op.predicate is not None:
-        predicate = arith.andi(predicate, op.predicate)
-    # Like jax, the logical ref: untransformed, it has the physical ref's type.
-    mgpu_utils.try_cluster_cancel(op.cancellation_result, barrier.barrier_ref, predicate)
+    """One lane asks; the barrier completes when the response has arrived.
+    The response goes to the logical ref: untransformed, it has the type of
+    the physical one."""
+    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier).barrier_ref
+    mgpu_utils.try_cluster_cancel(op.cancellation_result, barrier,
+                                  ctx.lane_predicate(op.predicate))
     return []
 
 

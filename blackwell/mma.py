@@ -61,7 +61,12 @@ def _n_split_tiling(op: mgpu.TcGen05MMAOp) -> tuple[int, int]:
     must not straddle them."""
     n = _shape(op.b)[1]
     bitwidth = _bitwidth(op.b)
-    widest = next(8 * s // bitwidth for s in _SWIZZLES if 8 * s // bitwidth <= n // 2)
+    widest = next((8 * s // bitwidth for s in _SWIZZLES if 8 * s // bitwidth <= n // 2), None)
+    if widest is None:  # the narrowest tile is wider than a lane group's half of N
+        raise SmaltiValueError(
+            "SM121", f"N={n} of an M=64 tcgen05_mma is too narrow: each half of N must hold "
+            f"a tile of {128 // bitwidth} columns", op=op, values={"b": str(op.b.type)},
+            fix=f"use N of at least {2 * 128 // bitwidth}")
     return (widest, 8) if mgpu_utils.is_memref_transposed(ir.MemRefType(op.b.type)) else (8, widest)
 
 

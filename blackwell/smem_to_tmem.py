@@ -18,6 +18,7 @@ from smalti.blackwell.collective import check_collective, is_collective
 from smalti.blackwell.tmem_layouts import fitting
 from smalti.blackwell.tmem_refs import check_tmem_operand, tmem_ref_from_ir
 from smalti.constraints import OneOf
+from smalti.diagnostics import SmaltiValueError
 from smalti.hopper.wgmma import mma_smem_tilings
 from smalti.layouts import SmemTransforms, TmemLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
@@ -42,6 +43,12 @@ def _variables(op: Copy, b: ConstraintBuilder):
 def async_store_smem_to_tmem(op: mgpu.AsyncStoreSmemToTmemOp, b: ConstraintBuilder) -> None:
     source, destination = _variables(op, b)
     bitwidth = mgpu_utils.bitwidth(ir.MemRefType(op.destination.type).element_type)
+    if bitwidth > 32:  # TMEM cells are 32 bits: no packing holds the elements
+        raise SmaltiValueError(
+            "SM143", f"Packing must be a power of 2, got: {32 // bitwidth}: TMEM holds "
+            f"elements of at most 32 bits, and the destination has {bitwidth}-bit elements",
+            op=op, values={"destination": str(op.destination.type)},
+            fix="copy 32-bit or narrower elements (convert them before storing to SMEM)")
     layout = tcgen05.tmem_default_layout(32 // bitwidth)
     b.assign(destination, fitting(op, "destination", _shape(op.destination), layout))
     b.require(OneOf(source, tuple(mma_smem_tilings(op.source.type, op, allow_unswizzled=True))))

@@ -364,6 +364,26 @@ capture the ref).
 """,
     ),
     Code(
+        "SM108",
+        "An op does not have the operands or attributes its rule expects",
+        """
+A rule reads the op's operands and attributes and relies on how they fit
+together: one GMEM index and one slice length per dimension of the GMEM ref
+of a TMA copy, a result per operand of an optimization barrier, 2-D
+operands for an MMA, a vector result and valid dims for a reduction. This op
+breaks one of those rules. Most such ops also fail the MLIR verifier
+(`module.operation.verify()`), which layout inference does not run: verify
+the module after building it, and fix the op so that its operands, result
+types and attributes agree.
+""",
+        before="""
+mosaic_gpu.async_load %gmem[%i] ... slice_lengths = [64]   # %gmem: memref<64x64xf32>
+""",
+        after="""
+mosaic_gpu.async_load %gmem[%i, %j] ... slice_lengths = [64, 64]
+""",
+    ),
+    Code(
         "SM120",
         "A TMA gather or scatter cannot be expressed",
         """
@@ -372,9 +392,9 @@ for the leading dimension of a global ref, 4 rows at a time, each row 256-bit
 aligned in shared memory. A GMEM ref of rank above 2 works when every
 gathered row is one contiguous run of memory (full trailing dimensions):
 smalti folds it to 2-D. This copy breaks one of those rules: a vector index
-on another dimension, rows that are not contiguous, a GMEM ref that is not a
-kernel argument (needed to fold it), an index vector whose length is not a
-multiple of 4, or a minor slice length that is not a multiple of 256 bits.
+on another dimension, rows that are not contiguous, fewer indices than the
+GMEM ref has dimensions, a GMEM ref that is not a kernel argument (needed to
+fold it), an index vector that is not 1-D or whose length is not a multiple of 4, or a minor slice length that is not a multiple of 256 bits.
 Reshape the GMEM ref so that the gathered rows come first and are
 contiguous, pad the index vector, or widen the copied rows.
 """,
@@ -427,11 +447,12 @@ plgpu.async_store_smem(x_f32_scalar, ref.at[0], barrier, cluster_idx=peer, clust
 The op changes the shape of a vector in a way no rule supports, or its
 attributes do not describe a valid shape change: a strided slice
 (`vector.extract_strided_slice`, `vector.insert_strided_slice`) with strides
-other than 1, a `vector.extract` of a sub-vector at a dynamic position, or a
+other than 1, a `vector.extract` of a sub-vector at a dynamic position, a
+`vector.multi_reduction` to a scalar or along no dims, or a
 `mosaic_gpu.broadcast_in_dim` whose `broadcast_dimensions` are not one
 increasing result dim per source dim (each source dim of size 1 or of the
-size of its result dim). Slice with unit strides, index with constants, or
-fix the broadcast dimensions.
+size of its result dim). Slice with unit strides, index with constants,
+reduce to a scalar with `vector.reduction`, or fix the broadcast dimensions.
 """,
         before="""
 %s = vector.extract_strided_slice %x {offsets = [0, 0], sizes = [64, 64], strides = [2, 1]}
@@ -653,6 +674,24 @@ mosaic_gpu.warp_map {
 mosaic_gpu.warp_map {
   mosaic_gpu.arrive %barrier {orders_tensor_core = false}
 }
+""",
+    ),
+    Code(
+        "SM205",
+        "An op does not have the operands or attributes its lowering rule expects",
+        """
+The op passed layout inference, but its lowering rule cannot lower the form
+it has: for example an `arith.select` on vectors whose condition is a single
+`i1` rather than a vector of them. MLIR accepts such ops, Mosaic GPU's
+code generators do not. Rewrite the op in the form the message names (here:
+broadcast the condition to a vector with `vector.broadcast`).
+""",
+        before="""
+%r = arith.select %flag, %x, %y : vector<128xf32>   # %flag : i1
+""",
+        after="""
+%f = vector.broadcast %flag : i1 to vector<128xi1>
+%r = arith.select %f, %x, %y : vector<128xi1>, vector<128xf32>
 """,
     ),
     Code(

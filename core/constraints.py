@@ -23,6 +23,7 @@ the search, :meth:`Constraint.candidates`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -214,6 +215,25 @@ def _checked_axes(axes: tuple[int, ...]) -> tuple[int, ...]:
     return axes
 
 
+#: The tiled layouts tried for the source of a reduction, in this order
+#: (the order decides which solution the search finds first).
+_REDUCIBLE_TILED_LAYOUTS: Final = (
+    fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT, fa.TCGEN05_LAYOUT,
+    fa.TCGEN05_TRANSPOSED_LAYOUT, tcgen05.TMEM_NATIVE_LAYOUT,
+)
+
+
+def _reduction_sources(small: fa.TiledLayout, shape: tuple[int, ...]
+                       ) -> tuple[fa.TiledLayout, ...]:
+    """Candidate layouts of a ``shape`` value that reduces to ``small``: the
+    common tiled layouts, the collective M=64 one where its columns fit, and
+    ``small`` itself last (reducing only untiled dims keeps the layout:
+    always valid then, and tried first it would lengthen backtracking)."""
+    columns = shape[-1]
+    m64 = (tcgen05.fa_m64_collective_layout(columns),) if columns % 16 == 0 else ()
+    return (*_REDUCIBLE_TILED_LAYOUTS, *m64, small)
+
+
 class Reduced(_Statement, Derived):
     """The layout of ``expression`` after reducing ``axes`` of a rank-``rank`` value."""
 
@@ -246,24 +266,11 @@ class Reduced(_Statement, Derived):
             return
         shape = variable.shape
         small = result.layout
-        if isinstance(small, fa.WGSplatFragLayout):
-            yield RegisterLayout(fa.WGSplatFragLayout(shape))
+        if isinstance(small, (fa.WGSplatFragLayout, fa.WGStridedFragLayout)):
+            # Splat and strided layouts reduce to themselves, at the smaller shape.
+            yield RegisterLayout(dataclasses.replace(small, shape=shape))
             return
-        if isinstance(small, fa.WGStridedFragLayout):
-            yield RegisterLayout(fa.WGStridedFragLayout(shape, small.vec_size))
-            return
-        candidates = [
-            fa.WGMMA_LAYOUT,
-            fa.WGMMA_TRANSPOSED_LAYOUT,
-            fa.TCGEN05_LAYOUT,
-            fa.TCGEN05_TRANSPOSED_LAYOUT,
-            tcgen05.TMEM_NATIVE_LAYOUT,
-        ]
-        if shape[-1] % 16 == 0:
-            candidates.append(tcgen05.fa_m64_collective_layout(shape[-1]))
-        # Reducing only untiled dims keeps the layout: try it last, it is
-        # always valid then and trying it first lengthens backtracking.
-        candidates.append(small)
+        candidates = _reduction_sources(small, shape)
         if self.keep_dims:
             # Beyond jax (which cannot reduce tiled layouts with keep_dims).
             for large in candidates:
@@ -976,18 +983,27 @@ class TransferableTmem(_Statement, Constraint):
             return
         if not isinstance(known, RegisterLayout) or not known.is_tiled:
             return
+        # The densest packing for the element type first, then unpacked.
         for packing in dict.fromkeys([32 // self.bitwidth, 1]):
-            tmems = [tcgen05.tmem_default_layout(packing)]
-            if columns % 16 == 0 and packing <= columns // 2:
-                tmems.append(tcgen05.tmem_half_lane_layout(columns, packing))
-            if columns % 16 == 0 and packing <= 8:
-                tmems.append(tcgen05.tmem_m64_collective_layout(columns, packing))
-            for tmem in tmems:
+            for tmem in _tmem_layouts_of(columns, packing):
                 if self.valid(tmem, known.layout):
                     yield variable, TmemLayout(tmem)
 
     def __str__(self) -> str:
         return f"{describe(self.registers)} <-> TMEM {describe(self.tmem)}"
+
+
+def _tmem_layouts_of(columns: int, packing: int) -> Iterator[tcgen05.TMEMLayout]:
+    """The TMEM layouts a ref of ``columns`` columns may have at ``packing``:
+    the default one, then (for whole 16-column groups) the half-lane and the
+    collective M=64 ones where the packing allows them."""
+    yield tcgen05.tmem_default_layout(packing)
+    if columns % 16:
+        return
+    if packing <= columns // 2:
+        yield tcgen05.tmem_half_lane_layout(columns, packing)
+    if packing <= 8:
+        yield tcgen05.tmem_m64_collective_layout(columns, packing)
 
 
 class TransferKind:

@@ -34,7 +34,14 @@ from smalti.layouts import ATTRIBUTE_NAMES, Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.records import Fields
 from smalti.registry import RuleKind, RuleRecord
-from smalti.rules import ConstraintBuilder, SiteTable, apply_same_layout, same_layout
+from smalti.rules import (
+    ConstraintBuilder,
+    SiteTable,
+    apply_same_layout,
+    invalid_op,
+    same_layout,
+    verifier_failure,
+)
 from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
 from smalti.solver import (
     BudgetExhausted,
@@ -242,8 +249,12 @@ def _no_rule(pipeline: Pipeline, op: ir.Operation, arch: tuple[int, int]) -> Sma
         ))
 
 
-def _rule_failed(record: RuleRecord, view: ir.OpView, error: Exception) -> PluginError:
-    """The error for a crash in ``record``'s rule: the plugin's error."""
+def _rule_failed(record: RuleRecord, view: ir.OpView, error: Exception) -> SmaltiError:
+    """The error for a crash in ``record``'s rule: the plugin's error, unless
+    the op itself is invalid (the user's)."""
+    problem = verifier_failure(view)
+    if problem is not None:
+        return invalid_op(view, problem)
     return PluginError(
         "SM005",
         f"constraint rule {record.name} of plugin {record.plugin!r} raised "

@@ -32,7 +32,7 @@ from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.records import Fields
 from smalti.registry import RuleKind, RuleRecord
-from smalti.rules import RECURSED, LoweringContext
+from smalti.rules import RECURSED, LoweringContext, invalid_op, verifier_failure
 from smalti.sites import LayoutValues, layout_values
 
 _CODEGEN_REJECTIONS = (
@@ -192,10 +192,15 @@ class _Lowerer:
                 results = record.function(self.ctx, op.operation.opview)
             except SmaltiError:
                 raise
-            except _CODEGEN_REJECTIONS as e:
-                # Mosaic GPU's code generators reject unsupported cases with these.
-                raise _rule_failure(type(e), record, operation, e) from e
             except Exception as e:
+                # Validation did not verify the ops (a walk too many): an
+                # invalid op is said in the verifier's words.
+                problem = verifier_failure(operation)
+                if problem is not None:
+                    raise invalid_op(operation, problem, lowering=True) from e
+                if isinstance(e, _CODEGEN_REJECTIONS):
+                    # Mosaic GPU's code generators reject unsupported cases with these.
+                    raise _rule_failure(type(e), record, operation, e) from e
                 raise PluginError(
                     "SM005",
                     f"lowering rule {record.name} of plugin {record.plugin!r} raised "

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import builtin
+from jax._src.lib.mlir.dialects import arith, builtin
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
@@ -417,6 +417,41 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     return op, var, len(linked) + len(later), len(results)
 
 
+def malformed_op(op: ir.OpView | ir.Operation, message: str, *, fix: str | Sequence[str],
+                 lowering: bool = False, **values: Any) -> SmaltiValueError:
+    """The error for an op whose operands, types or attributes do not fit
+    together as its rule relies on (SM108; SM205 from a lowering rule).
+
+    Raise it before indexing: an op the user built wrongly is the user's
+    error, not a crash of the plugin (SM005)."""
+    return SmaltiValueError("SM205" if lowering else "SM108", message, op=op, values=values,
+                            fix=fix)
+
+
+def verifier_failure(op: ir.OpView | ir.Operation) -> str | None:
+    """What the MLIR verifier says of ``op`` (and what it holds), or ``None``
+    if it passes. Inference and lowering do not verify up front (it costs a
+    walk): a rule that crashes on an op the verifier rejects is told apart
+    from a plugin's bug afterwards."""
+    try:
+        op.operation.verify()
+    except ir.MLIRError as e:
+        return "; ".join(d.message for d in e.error_diagnostics) or str(e)
+    return None
+
+
+def invalid_op(op: ir.OpView | ir.Operation, problem: str, *, lowering: bool = False
+               ) -> SmaltiValueError:
+    """:func:`malformed_op` for an op the MLIR verifier rejects (``problem``:
+    what it says)."""
+    name = op.operation.name
+    return malformed_op(op, f"{name} fails the MLIR verifier: {problem}",
+                        fix=[f"fix the {name} so that the verifier accepts it",
+                             "verify modules you build (module.operation.verify()): "
+                             "inference and lowering assume valid ops"],
+                        lowering=lowering)
+
+
 def _within(op: ir.Operation, ancestor: ir.Operation) -> bool:
     """Whether ``op`` is nested in a region of ``ancestor``."""
     parent = op.parent
@@ -531,6 +566,12 @@ class LoweringContext:
         if self.thread_semantics == mgpu_utils.ThreadSubset.WARP:
             return self.single_thread_per_warp_predicate
         return self.single_thread_per_warpgroup_predicate
+
+    def lane_predicate(self, extra: ir.Value | None) -> ir.Value:
+        """:attr:`single_lane_predicate`, and ``extra`` too when an op has its
+        own ``predicate`` operand (emitted as ``lane && extra``)."""
+        predicate = self.single_lane_predicate
+        return predicate if extra is None else arith.andi(predicate, extra)
 
     # --- layouts chosen by inference -----------------------------------------------
 

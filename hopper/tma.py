@@ -9,6 +9,9 @@ leading dimension, in one of the TMA index layouts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, gpu
@@ -21,7 +24,7 @@ from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.divisibility import known_gcd
 from smalti.layouts import RegisterLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
-from smalti.rules import ConstraintBuilder, LoweringContext
+from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 
 from smalti.hopper import gathers
 
@@ -40,7 +43,13 @@ def index_layouts(op, b: ConstraintBuilder) -> None:
     for i, index in enumerate(op.indices):
         if not isinstance(index.type, ir.VectorType):
             continue
-        rows = ir.VectorType(index.type).shape[0]
+        shape = tuple(ir.VectorType(index.type).shape)
+        if len(shape) != 1:  # read as a column of rows below
+            raise SmaltiValueError(
+                "SM120", f"Unsupported TMA index shape {shape}: gathers and scatters take "
+                "a 1-D vector of row indices", op=op, values={"index": str(index.type)},
+                fix="pass the row indices as a vector<Nxi32>, N a multiple of 4")
+        rows = shape[0]
         allowed = []
         if rows % 16 == 0:
             allowed.append(RegisterLayout.of(fa.TMA_INDICES_LAYOUT))
@@ -54,8 +63,36 @@ def index_layouts(op, b: ConstraintBuilder) -> None:
         b.require(OneOf(b.variable(b.operand(first + i)), tuple(allowed)))
 
 
+def check_indices(op) -> None:
+    """One GMEM index and one slice length per dimension of the GMEM ref.
+
+    The MLIR verifier says so too, but inference does not run it, and the
+    rules below pair indices, lengths and dims up one by one.
+    """
+    rank = ir.MemRefType(_gmem_ref(op).type).rank
+    indices, lengths = len(op.indices), len(op.slice_lengths)
+    if indices == rank == lengths:
+        return
+    values = {"GMEM ref": str(_gmem_ref(op).type), "indices": indices,
+              "slice_lengths": list(op.slice_lengths)}
+    if rank != 2 and any(isinstance(i.type, ir.VectorType) for i in op.indices):
+        # What jax raises for a gather on a GMEM ref that is not 2-D.
+        raise SmaltiNotImplementedError(
+            "SM120", "Only 2D gathers/scatters for async load/store are supported: smalti "
+            f"also gathers from a {rank}-D GMEM ref, but only with one index per "
+            f"dimension, and this one has {indices}", op=op, values=values,
+            fix=f"index every one of the {rank} GMEM dimensions (0 and a full slice "
+                "length for the ones copied whole), or reshape the GMEM ref to 2-D")
+    raise malformed_op(
+        op, f"The size of `indices` ({indices}) and of `slice_lengths` ({lengths}) must be "
+        f"equal to the rank of the GMEM ref ({rank})",
+        fix="give one index and one slice length (-1 to squeeze the dim) per GMEM "
+            "dimension; module.operation.verify() reports such ops", **values)
+
+
 def async_copy(op, b: ConstraintBuilder) -> None:
     """The SMEM tile of a TMA copy: its tiling divides the copied slice."""
+    check_indices(op)
     multiple = []
     for dim, (size, index) in enumerate(zip(op.slice_lengths, op.indices, strict=True)):
         if size == -1:
@@ -108,6 +145,7 @@ def _check_gather(op, dim: int) -> None:
 
 
 def prefetch(op, b: ConstraintBuilder) -> None:
+    check_indices(op)
     index_layouts(op, b)
 
 
@@ -116,10 +154,7 @@ def prefetch(op, b: ConstraintBuilder) -> None:
 
 def _gmem_slice(ctx: LoweringContext, op) -> tuple[tuple, dict]:
     """The GMEM slice of a copy, and the predicate arguments for async_copy."""
-    predicate = ctx.single_lane_predicate
-    if op.predicate is not None:
-        predicate = arith.andi(predicate, op.predicate)
-    kwargs = {"predicate": predicate}
+    kwargs = {"predicate": ctx.lane_predicate(op.predicate)}
     slices = []
     index_type = ir.IndexType.get()
     for index, size in zip(op.indices, op.slice_lengths, strict=True):
@@ -185,42 +220,63 @@ def _collapsed_gather(ctx: LoweringContext, op, collapse: gathers.Collapse, gmem
             gathers.collapsed_slice(op, collapse, slices[0]))
 
 
+class _CopyOperands(NamedTuple):
+    """What ``LaunchContext.async_copy`` takes for one TMA copy, worked out
+    from the op: both refs as the TMA sees them, the swizzle, the GMEM-side
+    transforms and slice, and the predicate arguments."""
+
+    gmem: ir.Value
+    smem: ir.Value
+    swizzle: mgpu.SwizzlingMode
+    gmem_transforms: tuple
+    slices: tuple
+    predicate: dict
+
+
+def _copy_operands(ctx: LoweringContext, op, gmem: ir.Value, smem: ir.Value) -> _CopyOperands:
+    # The order of the two steps is the order their IR is emitted in, which
+    # the differential tests compare with jax's.
+    collapse = _gather_collapse(op)
+    if collapse is None:
+        physical, swizzle, gmem_transforms = _physical_smem(ctx, op, smem)
+        slices, predicate = _gmem_slice(ctx, op)
+        return _CopyOperands(gmem, physical, swizzle, gmem_transforms, slices, predicate)
+    slices, predicate = _gmem_slice(ctx, op)
+    view, folded, swizzle, gmem_transforms, slices = _collapsed_gather(
+        ctx, op, collapse, gmem, smem, slices)
+    return _CopyOperands(view, folded, swizzle, gmem_transforms, slices, predicate)
+
+
+#: How a multicast load's completion is tracked by the cluster leader, by the
+#: attribute the op carries (none: every block tracks its own).
+_LEADER_TRACKING: tuple[tuple[type, Callable[[Any], lc.CopyPartition]], ...] = (
+    (mgpu.CopyReplicatedAttr, lambda _: lc.CopyPartition.REPLICATED),
+    (mgpu.CopyPartitionedAttr, lambda attr: lc.CopyPartition.PARTITIONED(attr.axis)),
+)
+
+
+def _leader_tracking(attr: ir.Attribute | None) -> lc.CopyPartition | None:
+    return next((partition(attr) for kind, partition in _LEADER_TRACKING
+                 if isinstance(attr, kind)), None)
+
+
 def lower_async_load(ctx: LoweringContext, op: mgpu.AsyncLoadOp) -> list[ir.Value]:
-    cp_async = op.barrier is None
-    barrier = None if cp_async else mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
-    source = op.source
-    if (collapse := _gather_collapse(op)) is not None:
-        slices, predicate = _gmem_slice(ctx, op)
-        source, destination, swizzle, gmem_transforms, slices = _collapsed_gather(
-            ctx, op, collapse, source, op.destination, slices)
-    else:
-        destination, swizzle, gmem_transforms = _physical_smem(ctx, op, op.destination)
-        slices, predicate = _gmem_slice(ctx, op)
-    collective = [gpu.Dimension(ir.IntegerAttr(axis).value) for axis in op.collective or []]
-    match op.leader_tracked:
-        case mgpu.CopyReplicatedAttr():
-            leader_tracked = lc.CopyPartition.REPLICATED
-        case mgpu.CopyPartitionedAttr() as attr:
-            leader_tracked = lc.CopyPartition.PARTITIONED(attr.axis)
-        case _:
-            leader_tracked = None
+    # Without a barrier the load is a cp.async, issued by every thread.
+    barrier = (None if op.barrier is None
+               else mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier).barrier_ref)
+    copy = _copy_operands(ctx, op, op.source, op.destination)
     if ctx.auto_barriers and ctx.thread_semantics == mgpu_utils.ThreadSubset.WARPGROUP:
         mgpu_utils.warpgroup_barrier()  # earlier accesses to the destination are done
+    implementation = lc.AsyncCopyImplementation.CP_ASYNC if barrier is None \
+        else lc.AsyncCopyImplementation.TMA
     ctx.launch_context.async_copy(
-        src_ref=source,
-        dst_ref=destination,
-        gmem_slice=slices,
-        barrier=barrier.barrier_ref if barrier is not None else None,
-        collective=collective,
-        arrive=False,
-        swizzle=swizzle,
-        gmem_transform=gmem_transforms,
-        leader_tracked=leader_tracked,
+        src_ref=copy.gmem, dst_ref=copy.smem, gmem_slice=copy.slices, barrier=barrier,
+        collective=[gpu.Dimension(ir.IntegerAttr(axis).value) for axis in op.collective or []],
+        arrive=False, swizzle=copy.swizzle, gmem_transform=copy.gmem_transforms,
+        leader_tracked=_leader_tracking(op.leader_tracked),
         oob_mode=lc.OOBFillMode(ir.IntegerAttr(op.oob_fill_mode).value),
-        implementation=(lc.AsyncCopyImplementation.CP_ASYNC if cp_async
-                        else lc.AsyncCopyImplementation.TMA),
-        gmem_peer_id=getattr(op, "gmem_peer_id", None),
-        **({} if cp_async else predicate),
+        implementation=implementation, gmem_peer_id=getattr(op, "gmem_peer_id", None),
+        **(copy.predicate if barrier is not None else {}),
     )
     return []
 
@@ -235,33 +291,23 @@ def lower_async_prefetch(ctx: LoweringContext, op: mgpu.AsyncPrefetchOp) -> list
     return []
 
 
-def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Value]:
-    destination = op.destination
-    if (collapse := _gather_collapse(op)) is not None:
-        slices, predicate = _gmem_slice(ctx, op)
-        destination, source, swizzle, gmem_transforms, slices = _collapsed_gather(
-            ctx, op, collapse, destination, op.source, slices)
-    else:
-        source, swizzle, gmem_transforms = _physical_smem(ctx, op, op.source)
-        slices, predicate = _gmem_slice(ctx, op)
-    reduction = (mgpu.TMAReduction(op.reduction_op.value).name.lower()
-                 if op.reduction_op is not None else None)
-    peer = None
+def _store_peer(op: mgpu.AsyncStoreOp) -> object:
+    """Whose GMEM the store writes: every peer's, one peer's, or (None) its own."""
     if op.is_global_broadcast.value:
-        peer = lc.GLOBAL_BROADCAST
-    elif op.gmem_peer_id is not None:
-        peer = op.gmem_peer_id
+        return lc.GLOBAL_BROADCAST
+    return op.gmem_peer_id
+
+
+def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Value]:
+    copy = _copy_operands(ctx, op, op.destination, op.source)
+    reduction = op.reduction_op
     ctx.launch_context.async_copy(
-        src_ref=source,
-        dst_ref=destination,
-        gmem_slice=slices,
-        swizzle=swizzle,
-        gmem_transform=gmem_transforms,
-        **predicate,
+        src_ref=copy.smem, dst_ref=copy.gmem, gmem_slice=copy.slices, swizzle=copy.swizzle,
+        gmem_transform=copy.gmem_transforms, **copy.predicate,
         arrive=None if op.commit_group is None else bool(op.commit_group),
-        reduction_op=reduction,
-        gmem_peer_id=peer,
-        oob_mode=lc.OOBFillMode.UNDEFINED,
+        reduction_op=(None if reduction is None
+                      else mgpu.TMAReduction(reduction.value).name.lower()),
+        gmem_peer_id=_store_peer(op), oob_mode=lc.OOBFillMode.UNDEFINED,
     )
     return []
 

@@ -20,7 +20,8 @@ from smalti.constraints import Excludes
 from smalti.diagnostics import SmaltiNotImplementedError
 from smalti.layouts import RegisterLayout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, same_layout
+from smalti.rules import (ConstraintBuilder, LoweringContext, default_is_signed,
+                          malformed_op, same_layout)
 
 Array = fa.FragmentedArray
 
@@ -194,6 +195,13 @@ def lower_bitcast(ctx: LoweringContext, op: arith.BitcastOp) -> list[ir.Value]:
 
 
 def lower_select(ctx: LoweringContext, op: arith.SelectOp) -> list[ir.Value]:
+    if not isinstance(op.condition.type, ir.VectorType):
+        # MLIR allows one i1 for a whole vector; FragmentedArray.select needs a vector.
+        raise malformed_op(
+            op, f"arith.select on vectors with a scalar condition ({op.condition.type}) cannot "
+            "be lowered: the condition must be a vector of i1 of the operands' shape",
+            fix="broadcast the condition with vector.broadcast first", lowering=True,
+            condition=str(op.condition.type), operands=str(op.result.type))
     condition, on_true, on_false = ctx.operand_arrays(op, layout=_layout(ctx, op))
     return [ctx.to_ir(condition.select(on_true, on_false), op.result.type)]
 

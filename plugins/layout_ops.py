@@ -13,7 +13,7 @@ from smalti.constraints import Excludes, Relayout
 from smalti.diagnostics import SmaltiValueError
 from smalti.layouts import RegisterLayout, describe_register_layout, register_layout_fits
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
+from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, malformed_op
 
 
 def layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
@@ -38,7 +38,13 @@ def layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
 
 def optimization_barrier(op: mgpu.OptimizationBarrierOp, b: ConstraintBuilder) -> None:
     """Each vector operand keeps its layout through the barrier."""
-    for i, operand in enumerate(op.operation.operands):
+    operation = op.operation
+    if len(operation.results) != len(operation.operands):  # paired up below
+        raise malformed_op(
+            op, f"mosaic_gpu.optimization_barrier has {len(operation.operands)} operands and "
+            f"{len(operation.results)} results: it returns each operand",
+            fix="give the barrier one result per operand, of the operand's type")
+    for i, operand in enumerate(operation.operands):
         if isinstance(operand.type, ir.VectorType):
             b.variable(b.operand(i), b.result(i))
 

@@ -128,10 +128,22 @@ def slice_smem(op: mgpu.SliceSMEMOp, b: ConstraintBuilder) -> None:
     b.require(Equal(first, result))
 
 
+def _transform(op: ir.OpView, attr: ir.Attribute) -> object:
+    """One transform of ``op``'s transforms, decoded (the verifier accepts any
+    attribute in the list; jax's decoder refuses the unknown ones)."""
+    try:
+        return mgpu_layouts.from_transform_attr(attr)
+    except NotImplementedError:
+        raise _unsupported_view(
+            op, f"Unsupported transform {attr}: a transform is a tile, swizzle or transpose "
+            "transform attribute", fix="use #mosaic_gpu.tile<...> and #mosaic_gpu.swizzle<...>",
+            transform=str(attr)) from None
+
+
 def _decode_transforms(op: mgpu.WithTransformsOp) -> SmemTransforms:
     """The transforms of a ``with_transforms``: a tiling, a swizzle, or a
     tiling then a swizzle — nothing else."""
-    kinds = [type(mgpu_layouts.from_transform_attr(t)).__name__ for t in op.transforms]
+    kinds = [type(_transform(op, t)).__name__ for t in op.transforms]
     if kinds not in ([], ["TileTransform"], ["SwizzlingMode"], ["TileTransform", "SwizzlingMode"]):
         raise _unsupported_view(
             op, f"Unsupported transforms {[str(t) for t in op.transforms]}",

@@ -42,7 +42,7 @@ from smalti.layouts import (
     smem_transforms_from_attribute,
 )
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.rules import ConstraintBuilder, LoweringContext
+from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 from smalti.sites import memory_space_of
 
 WARP = mgpu_utils.ThreadSubset.WARP
@@ -62,7 +62,12 @@ def multimem_load_reduce(op: mgpu.MultimemLoadReduceOp, b: ConstraintBuilder) ->
 
 
 def _mma_layouts(op: mgpu.MMAOp) -> MMALayouts:
-    m, n = ir.VectorType(op.accumulator.type).shape
+    shapes = {what: list(ir.ShapedType(v.type).shape)
+              for what, v in (("accumulator", op.accumulator), ("a", op.a), ("b", op.b))}
+    if any(len(shape) != 2 for shape in shapes.values()):
+        raise malformed_op(op, "the accumulator, a and b of mosaic_gpu.mma must be 2-D "
+                           "vectors", fix="pass (M, N), (M, K) and (K, N) vectors", **shapes)
+    m, n = shapes["accumulator"]
     try:
         return MMALayouts.for_shape(ir.VectorType(op.a.type).element_type, m, n)
     except ValueError as e:
@@ -107,7 +112,13 @@ def _declared(op: ir.OpView, name: str, needed: int, what: str) -> Iterator[ir.A
 
 def _declared_transforms(op: ir.OpView, attr: ir.Attribute) -> SmemTransforms:
     """A custom primitive's transforms for one SMEM ref: a tiling, then a swizzle."""
-    decoded = [mgpu_layouts.from_transform_attr(t) for t in ir.ArrayAttr(attr)]
+    try:
+        decoded = [mgpu_layouts.from_transform_attr(t) for t in ir.ArrayAttr(attr)]
+    except NotImplementedError as e:  # jax's decoder: "Unsupported transform ..."
+        raise SmaltiNotImplementedError(
+            "SM107", f"{e} on a mosaic_gpu.custom_primitive SMEM operand", op=op,
+            values={"in_transforms entry": str(attr)},
+            fix="declare at most a tiling followed by a swizzle for each SMEM ref") from None
     kinds = [type(t) for t in decoded]
     if kinds not in ([], [lc.TileTransform], [mgpu.SwizzlingMode],
                      [lc.TileTransform, mgpu.SwizzlingMode]):

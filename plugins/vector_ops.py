@@ -43,7 +43,7 @@ from smalti.constraints import (
 from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import RegisterLayout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
+from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, malformed_op
 
 Array = fa.FragmentedArray
 
@@ -157,6 +157,7 @@ def vector_reduction(op: vector.ReductionOp, b: ConstraintBuilder) -> None:
 
 def multi_reduction(op: vector.MultiDimReductionOp, b: ConstraintBuilder) -> None:
     """The result (and the accumulator) has the source's layout, reduced."""
+    _check_reduction(op)
     source = b.variable(b.operand(0))
     result = b.variable(b.operand(1), b.result(0))
     rank = len(source.shape)
@@ -164,6 +165,25 @@ def multi_reduction(op: vector.MultiDimReductionOp, b: ConstraintBuilder) -> Non
         Excludes(source, fa.WGStridedFragLayout),
         Equal(result, Reduced(source, _sorted_ints(op.reduction_dims), rank)),
     )
+
+
+def _check_reduction(op: vector.MultiDimReductionOp) -> None:
+    """A reduction to a vector along some of the source's dims (the verifier
+    allows reducing every dim to a scalar, or none)."""
+    rank = len(_shape(op.source))
+    dims = _ints(op.reduction_dims)
+    if not isinstance(op.result.type, ir.VectorType):
+        raise _unsupported(op, "vector.multi_reduction to a scalar is not supported",
+                           fix="reduce the whole vector with vector.reduction",
+                           reduction_dims=dims, result=str(op.result.type))
+    if not dims:
+        raise _unsupported(op, "vector.multi_reduction with no reduction dims is not "
+                           "supported: it reduces nothing",
+                           fix="use the source itself (combined with the accumulator)")
+    if len(set(dims)) != len(dims) or not all(0 <= d < rank for d in dims):
+        raise malformed_op(op, f"reduction dims {dims} are not distinct dims of the "
+                           f"rank-{rank} source", reduction_dims=dims,
+                           fix=f"reduce along distinct dims in [0, {rank})")
 
 
 @per_context
