@@ -10,8 +10,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from tests.official import assert_same_modules, gpu_facts
+from tests.pallas_kit import kernel, swizzled
+from tests.pallas_kit import tma_in as through_smem
+from tests.pallas_kit import tma_out as out_through_smem
 
-WARPGROUP = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
 BLACKWELL = (10, 0)
 F16, F32 = jnp.float16, jnp.float32
 
@@ -20,32 +22,9 @@ def sds(shape, dtype=F16):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def swizzled(shape, dtype=F16, swizzle=128):
-    width = swizzle * 8 // jnp.dtype(dtype).itemsize // 8
-    return plgpu.SMEM(shape, dtype, transforms=(
-        plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(swizzle)))
-
-
-def kernel(body, out, scratch, **kw):
-    return plgpu.kernel(body, out_type=out, scratch_types=scratch, compiler_params=WARPGROUP,
-                        **kw)
-
-
 def same_modules(monkeypatch, call, *args) -> str:
     with gpu_facts(monkeypatch, arch=BLACKWELL):
         return assert_same_modules(call, *args)
-
-
-def through_smem(x_gmem, x_smem, barrier):
-    plgpu.copy_gmem_to_smem(x_gmem, x_smem, barrier)
-    plgpu.barrier_wait(barrier)
-
-
-def out_through_smem(value, o_smem, o_gmem):
-    o_smem[...] = value
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_gmem)
-    plgpu.wait_smem_to_gmem(0)
 
 
 @pytest.mark.parametrize("dtype, packed", [(F32, False), (F16, True), (F16, False)],

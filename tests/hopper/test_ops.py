@@ -11,24 +11,13 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import smalti
 import smalti.jax
 from tests.official import assert_same_modules, capture_modules, gpu_facts
+from tests.pallas_kit import kernel, swizzled
 
-WARPGROUP = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
 F16 = jnp.float16
 
 
 def sds(shape, dtype=F16):
     return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def swizzled(shape, dtype=F16, swizzle=128):
-    width = swizzle // jnp.dtype(dtype).itemsize
-    return plgpu.SMEM(shape, dtype, transforms=(
-        plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(swizzle)))
-
-
-def kernel(body, out, scratch, **kw):
-    return plgpu.kernel(body, out_type=out, scratch_types=scratch, compiler_params=WARPGROUP,
-                        **kw)
 
 
 @pytest.mark.parametrize("transforms", [False, True], ids=["inferred", "explicit"])
