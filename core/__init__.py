@@ -27,6 +27,7 @@ from smalti.registry import (
     BLACKWELL_AND_LATER,
     HOPPER_AND_LATER,
     Architectures,
+    JaxVersions,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ __all__ = [
     "BLACKWELL_AND_LATER",
     "HOOK_VERSION",
     "HOPPER_AND_LATER",
+    "JaxVersions",
     "InferenceReport",
     "LoweringReport",
     "Pipeline",

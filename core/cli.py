@@ -168,6 +168,11 @@ def plugins_report(pipeline: Pipeline, *, verbose: bool = False) -> list[str]:
     not_loaded = _not_loaded(pipeline)
     if not_loaded:
         lines += ["", "not loaded:", *not_loaded]
+    if pipeline.other_jax:
+        version = ".".join(map(str, pipeline.jax))
+        lines += ["", f"left out, for other jax versions than the installed {version}:"]
+        lines += [f"  {r.plugin}: {r.kind.value} rule {r.name} for {r.key} ({r.jax})"
+                  for r in pipeline.other_jax]
     lines += ["", _arch_policy_line()]
     if pipeline.problems:
         lines += ["", "problems (these plugins were skipped):"]

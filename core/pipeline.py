@@ -35,6 +35,7 @@ from smalti.registry import (
     PallasRegistry,
     RuleKind,
     RuleRecord,
+    installed_jax,
 )
 
 AUTOLOAD_ENV = "SMALTI_DISABLE_PLUGIN_AUTOLOAD"
@@ -94,8 +95,14 @@ class Pipeline:
         self.required_prefixes = tuple(dict.fromkeys(required_prefixes))
         self.rules: dict[RuleKind, dict[str, list[RuleRecord]]] = {k: {} for k in RuleKind}
         self.overridden: list[tuple[RuleRecord, RuleRecord]] = []  # (winner, loser)
+        #: The jax this pipeline is for, and the rules left out as for another.
+        self.jax = installed_jax()
+        self.other_jax: list[RuleRecord] = []
         grouped: dict[tuple[RuleKind, str], list[RuleRecord]] = defaultdict(list)
         for record in records:
+            if not record.jax.supports(self.jax):
+                self.other_jax.append(record)
+                continue
             grouped[record.kind, record.key].append(record)
         present = {p.name for p in self.plugins}
         for (kind, key), group in grouped.items():

@@ -8,6 +8,7 @@ so every rule knows which plugin it came from: conflicts, crashes and the
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -69,6 +70,61 @@ class Architectures(Record):
         return f"{fmt(self.minimum)}..{fmt(self.maximum)}"
 
 
+class JaxVersions(Record):
+    """A range of jax versions: ``since`` included, ``before`` excluded
+    (``JaxVersions(since="0.12")``, ``JaxVersions(before="0.12")``).
+
+    A rule registered with ``jax=`` takes part only in pipelines built under
+    a jax in the range: where jax changed what a rule must emit, each
+    version's rule is registered once, side by side, and the pipeline picks
+    when it is built (never a version check per op).
+    """
+
+    __slots__ = ("since", "before")
+    since: JaxVersion | None
+    before: JaxVersion | None
+
+    def __init__(self, since: str | Iterable[int] | None = None,
+                 before: str | Iterable[int] | None = None) -> None:
+        self._set(_jax_version(since), _jax_version(before))
+
+    def supports(self, version: JaxVersion) -> bool:
+        return (self.since is None or version >= self.since) and (
+            self.before is None or version < self.before)
+
+    def __str__(self) -> str:
+        fmt = lambda v: ".".join(map(str, v))
+        parts = ([f">={fmt(self.since)}"] if self.since is not None else []) + (
+            [f"<{fmt(self.before)}"] if self.before is not None else [])
+        return "jax " + (",".join(parts) if parts else "any")
+
+
+JaxVersion = tuple[int, ...]
+
+
+def _jax_version(value: Any) -> JaxVersion | None:
+    if value is None:
+        return None
+    parts = value.split(".") if isinstance(value, str) else list(value)
+    try:
+        version = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        version = ()
+    if not version:
+        raise ValueError(f"a jax version is like '0.12' or (0, 12), got {value!r}")
+    return version
+
+
+def installed_jax() -> JaxVersion:
+    """The version of the installed jax, its release part (``0.12.0.1`` ->
+    ``(0, 12, 0, 1)``)."""
+    from jax import version
+
+    release = re.match(r"[0-9]+(\.[0-9]+)*", version._version)
+    return _jax_version(release.group(0) if release else "0")  # type: ignore[return-value]
+
+
+ANY_JAX = JaxVersions()
 ANY_ARCH = Architectures()
 HOPPER_AND_LATER = Architectures(minimum=(9, 0))
 BLACKWELL_AND_LATER = Architectures(minimum=(10, 0))
@@ -84,7 +140,7 @@ class RuleRecord(Record):
     """One rule as registered: what it handles, where it came from."""
 
     __slots__ = ("kind", "key", "function", "plugin", "archs", "overrides", "target",
-                 "opaque_regions", "warp_semantics", "warp_regions")
+                 "opaque_regions", "warp_semantics", "warp_regions", "jax")
     kind: RuleKind
     key: str  # op name, or a Pallas primitive's name
     function: Callable[..., Any]
@@ -101,13 +157,17 @@ class RuleRecord(Record):
     #: A lowering rule that lowers the op's regions under warp semantics
     #: (``mosaic_gpu.warp_map``): every op inside needs ``warp_semantics``.
     warp_regions: bool
+    #: The jax versions the rule is for (a pipeline built under another
+    #: leaves it out).
+    jax: JaxVersions
 
     def __init__(self, kind: RuleKind, key: str, function: Callable[..., Any], plugin: str,
                  archs: Architectures = ANY_ARCH, overrides: str | None = None,
                  target: Any = None, opaque_regions: bool = False,
-                 warp_semantics: bool = False, warp_regions: bool = False) -> None:
+                 warp_semantics: bool = False, warp_regions: bool = False,
+                 jax: JaxVersions = ANY_JAX) -> None:
         self._set(kind, key, function, plugin, archs, overrides, target, opaque_regions,
-                  warp_semantics, warp_regions)
+                  warp_semantics, warp_regions, jax)
 
     @property
     def name(self) -> str:
@@ -122,7 +182,8 @@ class _Registry:
         self.plugin = plugin
         self.records: list[RuleRecord] = []
 
-    def _check(self, key: Any, function: Any, archs: Any, overrides: Any) -> None:
+    def _check(self, key: Any, function: Any, archs: Any, overrides: Any,
+               jax: Any = ANY_JAX) -> None:
         problems = []
         if not isinstance(key, str) or not key:
             problems.append(f"op name {key!r} is not a non-empty string")
@@ -132,6 +193,8 @@ class _Registry:
             problems.append(f"archs={archs!r} is not a smalti.registry.Architectures")
         if overrides is not None and not isinstance(overrides, str):
             problems.append(f"overrides={overrides!r} is not a plugin name")
+        if not isinstance(jax, JaxVersions):
+            problems.append(f"jax={jax!r} is not a smalti.registry.JaxVersions")
         if problems:
             raise PluginError(
                 "SM006",
@@ -141,11 +204,12 @@ class _Registry:
             )
 
     def _add(self, key: str, function: Callable[..., Any], archs: Architectures,
-             overrides: str | None, target: Any = None, **flags: bool) -> None:
-        self._check(key, function, archs, overrides)
+             overrides: str | None, target: Any = None, jax: JaxVersions = ANY_JAX,
+             **flags: bool) -> None:
+        self._check(key, function, archs, overrides, jax)
         self.records.append(
             RuleRecord(self.kind, key, function, self.plugin, archs, overrides, target,
-                       **{name: bool(value) for name, value in flags.items()})
+                       jax=jax, **{name: bool(value) for name, value in flags.items()})
         )
 
 
@@ -158,20 +222,22 @@ class _OpRuleRegistry(_Registry):
         archs: Architectures = ANY_ARCH,
         overrides: str | None = None,
         opaque_regions: bool = False,
+        jax: JaxVersions = ANY_JAX,
     ) -> None:
         """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
 
         ``opaque_regions=True`` says the op's regions hold Lane-level code that
-        smalti must not look into (no inference inside, no lowering checks)."""
-        self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions)
+        smalti must not look into (no inference inside, no lowering checks);
+        ``jax`` the jax versions the rule is for."""
+        self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions, jax=jax)
 
     def __call__(
         self, *op_names: str, archs: Architectures = ANY_ARCH, overrides: str | None = None,
-        **flags: bool,
+        jax: JaxVersions = ANY_JAX, **flags: bool,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def decorate(rule: Callable[..., Any]) -> Callable[..., Any]:
             for name in op_names:
-                self.add(name, rule, archs=archs, overrides=overrides, **flags)
+                self.add(name, rule, archs=archs, overrides=overrides, jax=jax, **flags)
             return rule
 
         return decorate
@@ -183,10 +249,11 @@ class ConstraintRegistry(_OpRuleRegistry):
     kind = RuleKind.CONSTRAINT
 
     def constraint_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
-                        overrides: str | None = None, opaque_regions: bool = False):
+                        overrides: str | None = None, opaque_regions: bool = False,
+                        jax: JaxVersions = ANY_JAX):
         """Decorator: registers the decorated function for each op name."""
         return self(*op_names, archs=archs, overrides=overrides,
-                    opaque_regions=opaque_regions)
+                    opaque_regions=opaque_regions, jax=jax)
 
 
 class LoweringRegistry(_OpRuleRegistry):
@@ -208,6 +275,7 @@ class LoweringRegistry(_OpRuleRegistry):
         opaque_regions: bool = False,
         warp_semantics: bool = False,
         warp_regions: bool = False,
+        jax: JaxVersions = ANY_JAX,
     ) -> None:
         """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
 
@@ -215,17 +283,19 @@ class LoweringRegistry(_OpRuleRegistry):
         semantics (inside ``mosaic_gpu.warp_map``, ``ctx.thread_semantics`` is
         WARP); ``warp_regions=True`` that it lowers the op's regions under warp
         semantics; ``opaque_regions=True`` that the op's regions are Lane-level
-        code, not checked before lowering."""
+        code, not checked before lowering; ``jax`` the jax versions the rule is
+        for."""
         self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions,
-                  warp_semantics=warp_semantics, warp_regions=warp_regions)
+                  warp_semantics=warp_semantics, warp_regions=warp_regions, jax=jax)
 
     def lowering_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
                       overrides: str | None = None, opaque_regions: bool = False,
-                      warp_semantics: bool = False, warp_regions: bool = False):
+                      warp_semantics: bool = False, warp_regions: bool = False,
+                      jax: JaxVersions = ANY_JAX):
         """Decorator: registers the decorated function for each op name."""
         return self(*op_names, archs=archs, overrides=overrides,
                     opaque_regions=opaque_regions, warp_semantics=warp_semantics,
-                    warp_regions=warp_regions)
+                    warp_regions=warp_regions, jax=jax)
 
     def require_lowering(self, prefix: str) -> None:
         """Every op whose name starts with ``prefix`` must be lowered by a rule:
@@ -242,7 +312,8 @@ class PallasRegistry(_Registry):
 
     kind = RuleKind.PALLAS
 
-    def pallas_lowering(self, primitive: Any, *, overrides: str | None = None):
+    def pallas_lowering(self, primitive: Any, *, overrides: str | None = None,
+                        jax: JaxVersions = ANY_JAX):
         """Decorator: lowers the Pallas ``primitive``.
 
         ``primitive`` is the ``jax.extend.core.Primitive`` object, or a
@@ -263,7 +334,7 @@ class PallasRegistry(_Registry):
                     f"{primitive!r}, which is not a jax primitive",
                     fix="pass the primitive object (e.g. my_op_p) or 'module:my_op_p'",
                 )
-            self._add(name, fn, ANY_ARCH, overrides, target=primitive)
+            self._add(name, fn, ANY_ARCH, overrides, target=primitive, jax=jax)
             return fn
 
         return decorate

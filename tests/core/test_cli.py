@@ -348,3 +348,17 @@ def test_infer_explain_says_why_each_layout_was_chosen(capsys, tmp_path):
     assert code == 0
     assert "// why each layout was chosen:" in out
     assert "forced by mosaic_gpu.layout_cast" in out
+
+
+def test_plugins_lists_the_rules_left_out_for_other_jax_versions(capsys, monkeypatch):
+    def register(registry):
+        registry.lowering_rule("fake.op", jax=smalti.JaxVersions(since="99.0"))(
+            lambda ctx, op: [])
+
+    future = _plugin("future", smalti_register_lowering_rules=register)
+    pipeline = smalti.build_pipeline(plugins=[smalti.plugins, future], autoload=False)
+    monkeypatch.setattr(cli, "default_pipeline", lambda: pipeline)
+    code, out, _ = run(capsys, "plugins")
+    assert code == 0
+    assert "left out, for other jax versions than the installed" in out
+    assert "future: lowering rule" in out and "for fake.op (jax >=99.0)" in out

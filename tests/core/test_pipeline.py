@@ -569,3 +569,62 @@ def test_dispatch_tables_are_built_once_per_architecture():
     pipeline = smalti.build_pipeline()
     assert constraint_table(pipeline, HOPPER) is constraint_table(pipeline, HOPPER)
     assert constraint_table(pipeline, HOPPER) is not constraint_table(pipeline, BLACKWELL)
+
+
+# --- jax versions -------------------------------------------------------------------------
+
+
+def lowering_plugin(op_name, function, **options):
+    @smalti.hookimpl
+    def smalti_register_lowering_rules(registry):
+        registry.lowering_rule(op_name, **options)(function)
+
+    return SimpleNamespace(smalti_register_lowering_rules=smalti_register_lowering_rules)
+
+
+def lower_old(ctx, op):
+    return []
+
+
+def lower_new(ctx, op):
+    return []
+
+
+@pytest.mark.parametrize("installed, chosen", [((0, 11, 2), lower_old), ((0, 12, 0, 1), lower_new),
+                                               ((0, 13), lower_new)])
+def test_each_jax_version_gets_its_rule_when_the_pipeline_is_built(monkeypatch, installed,
+                                                                    chosen):
+    from smalti import pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "installed_jax", lambda: installed)
+    both = {"old": lowering_plugin("fake.op", lower_old,
+                                   jax=smalti.JaxVersions(before="0.12")),
+            "new": lowering_plugin("fake.op", lower_new, jax=smalti.JaxVersions(since="0.12"))}
+    pipeline = smalti.build_pipeline(plugins=both, autoload=False)
+    [record] = pipeline.rules[RuleKind.LOWERING]["fake.op"]
+    assert record.function is chosen
+    [left_out] = [r for r in pipeline.other_jax if r.key == "fake.op"]
+    assert left_out.function is not chosen
+
+
+def test_rules_for_overlapping_jax_versions_conflict(monkeypatch):
+    both = {"a": lowering_plugin("fake.op", lower_old, jax=smalti.JaxVersions(before="0.13")),
+            "b": lowering_plugin("fake.op", lower_new, jax=smalti.JaxVersions(since="0.11"))}
+    with pytest.raises(smalti.PluginError, match="SM001"):
+        smalti.build_pipeline(plugins=both, autoload=False)
+
+
+def test_jax_versions_are_checked_when_registered():
+    with pytest.raises(ValueError, match="a jax version is like '0.12'"):
+        smalti.JaxVersions(since="twelve")
+    bad = {"bad": lowering_plugin("fake.op", lower_old, jax="0.12")}
+    pipeline = smalti.build_pipeline(plugins=bad, autoload=False)
+    [problem] = pipeline.problems
+    assert "jax='0.12' is not a smalti.registry.JaxVersions" in str(problem.error)
+
+
+def test_jax_versions_read_as_ranges():
+    assert str(smalti.JaxVersions(since="0.12", before=(0, 13))) == "jax >=0.12,<0.13"
+    assert smalti.JaxVersions(before="0.12").supports((0, 11, 2))
+    assert not smalti.JaxVersions(before="0.12").supports((0, 12, 0, 1))
+    assert smalti.JaxVersions(since="0.12").supports((0, 12, 0, 1))
