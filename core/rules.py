@@ -21,7 +21,7 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Constraint, Variable, make_variable
-from smalti.diagnostics import PluginError, SmaltiValueError
+from smalti.diagnostics import PluginError, SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import RuleRecord
 from smalti.sites import (
@@ -618,8 +618,15 @@ class LoweringContext:
 
     def fail(self, op: ir.OpView, message: str, *, fix: str | Sequence[str] = (),
              **values: Any) -> SmaltiValueError:
-        """An SM203 error for ``op`` to raise from a lowering rule."""
+        """An SM203 error for ``op`` to raise from a lowering rule: the op is
+        wrong as annotated (jax raises ``ValueError``)."""
         return SmaltiValueError("SM203", message, op=op, values=values, fix=fix)
+
+    def unsupported(self, op: ir.OpView, message: str, *, fix: str | Sequence[str] = (),
+                    **values: Any) -> SmaltiNotImplementedError:
+        """An SM203 error for ``op`` to raise from a lowering rule: a valid form
+        the rule does not lower (jax raises ``NotImplementedError``)."""
+        return SmaltiNotImplementedError("SM203", message, op=op, values=values, fix=fix)
 
 
 def _array_attr(op: ir.OpView, name: str) -> list[ir.Attribute]:

@@ -48,9 +48,9 @@ def lower_async_store_smem(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp) -> l
     remote_barrier = barrier.remap_to_cluster(cluster_dim, cluster_idx)
     bits = math.prod(value.shape) * mgpu_utils.bitwidth(value.mlir_dtype)
     if bits % (8 * mgpu_utils.WARPGROUP_SIZE):
-        raise ctx.fail(op, f"Transfer of {bits} bits is not divisible by "
-                       f"{8 * mgpu_utils.WARPGROUP_SIZE}",
-                       fix="store a value whose size is a multiple of 128 bytes")
+        raise ctx.unsupported(op, f"Transfer of {bits} bits is not divisible by "
+                              f"{8 * mgpu_utils.WARPGROUP_SIZE}",
+                              fix="store a value whose size is a multiple of 128 bytes")
     remote_barrier.arrive_expect_tx(bits // 8 // mgpu_utils.WARPGROUP_SIZE)
     atomic = str(mgpu.AtomicOpType(op.atomic_type.value)) if op.atomic_type is not None else None
 

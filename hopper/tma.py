@@ -283,8 +283,8 @@ def lower_async_load(ctx: LoweringContext, op: mgpu.AsyncLoadOp) -> list[ir.Valu
 
 def lower_async_prefetch(ctx: LoweringContext, op: mgpu.AsyncPrefetchOp) -> list[ir.Value]:
     if op.collective:
-        raise ctx.fail(op, "Collective prefetches are not supported yet",
-                       fix="prefetch without the collective attribute")
+        raise ctx.unsupported(op, "Collective prefetches are not supported yet",
+                              fix="prefetch without the collective attribute")
     slices, predicate = _gmem_slice(ctx, op)
     ctx.launch_context.async_prefetch(gmem_ref=op.source, gmem_slice=slices, swizzle=None,
                                       gmem_transform=(), **predicate)

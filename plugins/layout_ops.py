@@ -84,8 +84,9 @@ def lower_optimization_barrier(ctx: LoweringContext,
             arrays.append(fa.FragmentedArray.splat(
                 operand, shape=(), is_signed=default_is_signed(operand.type)))
         else:
-            raise ctx.fail(op, f"an optimization barrier cannot hold a {operand.type}",
-                           fix="pass only vectors and scalars through the barrier")
+            raise ctx.unsupported(op, f"Unsupported optimization barrier for operand "
+                                  f"{operand.type}: it holds only vectors and scalars",
+                                  fix="pass only vectors and scalars through the barrier")
     barriered = fa.optimization_barrier(*arrays)
     if isinstance(barriered, fa.FragmentedArray):
         barriered = [barriered]

@@ -107,9 +107,10 @@ def lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Va
 
     if isinstance(layout, fa.WGStridedFragLayout):
         if smem is not None and (smem.tiling is not None or smem.swizzle is not None):
-            raise ctx.fail(op, "strided loads from tiled or swizzled SMEM are not supported",
-                           transforms=str(transforms),
-                           fix="load with a tiled register layout, or drop the transforms")
+            raise ctx.unsupported(op, "Transformed or swizzled strided loads are not supported",
+                                  transforms=str(transforms),
+                                  fix="load with a tiled register layout, or drop the "
+                                      "transforms")
         array = fa.FragmentedArray.load_strided(ref, is_signed=signed, vec_size=layout.vec_size)
         return [ctx.to_ir(array, op.result.type)]
     if not isinstance(layout, fa.TiledLayout):

@@ -418,8 +418,8 @@ def lower_extract_strided_slice(ctx: LoweringContext,
 
 def lower_extract(ctx: LoweringContext, op: vector.ExtractOp) -> list[ir.Value]:
     if len(op.dynamic_position):
-        raise ctx.fail(op, "Only slicing with static indices allowed.",
-                       fix="index with constants")
+        raise ctx.unsupported(op, "Only slicing with static indices allowed.",
+                              fix="index with constants")
     [in_layout] = ctx.in_layouts(op)
     array = ctx.from_ir(op.source, in_layout)
     position = tuple(op.static_position)
@@ -472,10 +472,10 @@ KINDS: dict[str, tuple[str, bool | None, Callable[[Array, Array], Array]]] = {
 def _kind(ctx: LoweringContext, op: ir.OpView) -> tuple[str, bool | None, Callable]:
     name = str(op.kind).removeprefix("#vector.kind<").removesuffix(">")
     if name not in KINDS:
-        raise ctx.fail(op, f"Unsupported reduction kind: {op.kind}",
-                       supported=", ".join(KINDS),
-                       fix="reduce with add, mul, max* or min*, and apply the rest "
-                           "elementwise")
+        raise ctx.unsupported(op, f"Unsupported reduction kind: {op.kind}",
+                              supported=", ".join(KINDS),
+                              fix="reduce with add, mul, max* or min*, and apply the rest "
+                                  "elementwise")
     return KINDS[name]
 
 
@@ -501,13 +501,13 @@ def lower_multi_reduction(ctx: LoweringContext,
                        f"{acc_layout}", fix="give the accumulator the result's layout")
     dims = _ints(op.reduction_dims)
     if len(dims) != 1:
-        raise ctx.fail(op, "Only 1 reduction dimension is supported.",
-                       reduction_dims=dims, fix="reduce one dim at a time")
+        raise ctx.unsupported(op, "Only 1 reduction dimension is supported.",
+                              reduction_dims=dims, fix="reduce one dim at a time")
     source = ctx.from_ir(op.source, in_layout, signed)
     acc = ctx.from_ir(op.acc, acc_layout, signed)
     if not isinstance(source.layout, (fa.TiledLayout, fa.WGSplatFragLayout)):
-        raise ctx.fail(op, f"Unsupported layout: {source.layout}",
-                       fix="reduce a vector in a tiled layout (layout_cast it)")
+        raise ctx.unsupported(op, f"Unsupported layout: {source.layout}",
+                              fix="reduce a vector in a tiled layout (layout_cast it)")
     scratch = None
     if _crosses_warps(source.layout, len(source.shape), dims[0]):
         element_type = ir.VectorType(op.source.type).element_type
