@@ -188,3 +188,14 @@ def smalti_compare() -> Callable[..., str]:
     """``smalti_compare(body, in_shapes, out_shapes, pipeline=..., reference="jax")``:
     see :func:`assert_same_lowering`."""
     return assert_same_lowering
+
+
+@pytest.fixture
+def smalti_emulate() -> Callable[..., Any]:
+    """``smalti_emulate(f, *numpy_args, pipeline=None, arch=(9, 0))`` -> the
+    outputs of ``f`` (one Mosaic GPU kernel call), lowered through
+    ``pipeline`` (default: the installed plugins) and run on the CPU by
+    :mod:`smalti.emulate`: what a plugin's lowering computes, not its text."""
+    from smalti.emulate.testing import emulate_pipeline
+
+    return emulate_pipeline

@@ -2,6 +2,7 @@
 calls smalti_example_plugin.fma lowers through smalti, end to end, on the CPU."""
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import pytest
 from jax.experimental.mosaic.gpu import core as mgpu_core
@@ -50,3 +51,14 @@ def test_a_pallas_kernel_calling_fma_lowers_through_smalti():
 def test_without_smalti_pallas_does_not_know_fma():
     with pytest.raises(NotImplementedError, match="smalti_example_fma"):
         lower_for_cuda(fma_kernel(), F32, F32, F32)
+
+
+def test_fma_computes_a_fused_multiply_add_on_the_emulator(smalti_emulate, smalti_pipeline):
+    """Not the text of the lowering: what it computes, run on the CPU."""
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal((128, 128)).astype(np.float32) for _ in range(3))
+    pipeline = smalti_pipeline("smalti.plugins", "smalti.hopper", "smalti_example_plugin")
+    (out,) = smalti_emulate(fma_kernel(), a, b, c, pipeline=pipeline)
+    fused = (a.astype(np.float64) * b + c).astype(np.float32)  # one rounding, as fma.rn
+    np.testing.assert_array_equal(out, fused)
+    assert not np.array_equal(out, a * b + c)  # two roundings differ somewhere

@@ -1,0 +1,76 @@
+"""Run the Lane-level Mosaic GPU IR a kernel lowers to, on the CPU.
+
+``run(f, *args)`` lowers ``f`` (a jax function whose body is one Mosaic GPU
+kernel call) for CUDA on the CPU with whatever pipeline is installed -- jax's
+own, or smalti's inside ``smalti.jax.installed()`` -- captures the module
+Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
+
+* **Compilation.** The module is compiled once into Python closures
+  (:mod:`.compiler`), one per op, by per-dialect rules (:mod:`.ops`).
+* **Host code** (kernel-argument unpacking, TMA descriptor set-up through
+  ``mosaic_gpu_init_tma_desc``) runs once.
+* **The launch** runs every block of the grid in turn. Within a block all
+  threads execute in lockstep, vectorized: a register is a numpy array with a
+  leading thread axis (or without it when it is the same in every thread).
+  Divergent ``scf.if`` runs each branch under a mask of active threads;
+  stores, mbarrier arrivals and copies honour the mask and the ops'
+  predicates.
+* **Memory** (:mod:`.memory`) is byte arrays: global buffers for the inputs
+  and outputs, SMEM per block, addresses exactly as the IR computes them.
+  TMA copies (:mod:`.tma`) read their descriptors and apply box, swizzle and
+  out-of-bounds rules; mbarriers count arrivals and transaction bytes.
+* **Ordering.** In lockstep every op completes before the next starts, so
+  fences, async-group commits/waits and barriers are no-ops (an mbarrier
+  wait whose phase cannot have completed raises :class:`Unsupported`:
+  warp-specialized producer/consumer kernels are not modelled yet).
+* **Numbers.** Integer ops are exact two's complement; f32/f16/bf16 + - * /
+  round as IEEE (as PTX's ``.rn`` ops do; a ``mul``/``add`` pair that ptxas
+  contracts into an ``fma`` may differ by 1 ulp); ``math`` functions and
+  ``*.approx`` PTX are computed in float64 and rounded once -- see
+  :mod:`.ops.math` and :mod:`.ops.inline_asm` for the hardware's documented
+  distance from that.
+
+Anything not modelled -- an op, an inline-PTX string, an intrinsic (WGMMA and
+tcgen05 included), a memory space -- raises :class:`Unsupported` naming it and
+its location, when execution reaches it. The emulator never guesses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import EmulationError, Unsupported
+
+__all__ = ["run", "run_module", "lower", "Unsupported", "EmulationError"]
+
+
+def lower(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tuple[Any, list]:
+    """Lowers ``f`` for CUDA on the CPU; returns (the Lane-level module, the
+    output avals)."""
+    from .capture import lower_for_cuda
+
+    modules, out_avals = lower_for_cuda(f, args, arch)
+    if len(modules) != 1:
+        raise Unsupported(f"a function lowering to {len(modules)} Mosaic GPU kernels "
+                          "(exactly one is modelled)")
+    return modules[0], out_avals
+
+
+def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tuple[np.ndarray, ...]:
+    """Emulates ``f(*args)``, a jax function whose body is one Mosaic GPU kernel
+    call, and returns the kernel's outputs as numpy arrays."""
+    from .runner import run_module as _run
+
+    module, out_avals = lower(f, *args, arch=arch)
+    outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+    return _run(module, [np.asarray(a) for a in args], outs)
+
+
+def run_module(module: Any, inputs, outputs) -> tuple[np.ndarray, ...]:
+    """Runs an already lowered module; ``outputs`` lists (shape, dtype) pairs."""
+    from .runner import run_module as _run
+
+    return _run(module, inputs, outputs)

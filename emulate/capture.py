@@ -1,0 +1,92 @@
+"""Lowering a jax function for CUDA on the CPU and capturing the Lane-level
+Mosaic GPU module(s) it produces.
+
+Mosaic GPU's Python pipeline ends in
+``jax.experimental.mosaic.gpu.core.lower_mgpu_module`` (layout inference and
+dialect lowering for Warpgroup semantics; a no-op for Lane semantics). Whoever
+is installed there -- jax's own function or smalti's replacement inside
+``smalti.jax.installed()`` -- is wrapped for the duration of one lowering, and
+the module it leaves behind is the one the emulator runs: the same module the
+``mosaic_gpu`` custom call would hand to the C++ passes and ptxas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+NUM_SMS = 132  # an H100/H200; Pallas kernels may size their grids by it
+
+
+@contextlib.contextmanager
+def gpu_facts(arch: tuple[int, int] = (9, 0), num_sms: int = NUM_SMS) -> Iterator[None]:
+    """What lowering asks of the (absent) GPU: the SM count and the architecture."""
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jax.extend import backend
+
+    saved = backend.get_default_device, mgpu_utils._infer_arch
+    device = types.SimpleNamespace(core_count=num_sms)
+    backend.get_default_device = lambda: device
+    mgpu_utils._infer_arch = lambda: tuple(arch)
+    try:
+        yield
+    finally:
+        backend.get_default_device, mgpu_utils._infer_arch = saved
+
+
+@contextlib.contextmanager
+def capturing(sink: list) -> Iterator[None]:
+    """Appends every module ``lower_mgpu_module`` finishes with to ``sink``."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    current = mgpu_core.lower_mgpu_module
+
+    def spy(module, *args: Any, **kwargs: Any) -> None:
+        current(module, *args, **kwargs)
+        sink.append(module)
+
+    mgpu_core.lower_mgpu_module = spy
+    try:
+        yield
+    finally:
+        mgpu_core.lower_mgpu_module = current
+
+
+def lower_for_cuda(f: Callable, args: Sequence[np.ndarray],
+                   arch: tuple[int, int] = (9, 0)) -> tuple[list, Any]:
+    """Lowers ``f`` for CUDA on the CPU; returns (captured modules, the traced
+    function's output avals)."""
+    import jax
+
+    structs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args]
+    modules: list = []
+    with gpu_facts(arch), capturing(modules):
+        jax.clear_caches()  # jax caches lowerings: make it lower again
+        traced = jax.jit(f).trace(*structs)
+        traced.lower(lowering_platforms=("cuda",))
+    out_avals = jax.tree.leaves(traced.out_info)
+    if not modules:  # mgpu.as_gpu_kernel lowers when it is built: the module rides on the call
+        modules = prebuilt_modules(traced.jaxpr)
+    return modules, out_avals
+
+
+def prebuilt_modules(jaxpr: Any) -> list:
+    """The ``module`` parameters of the ``mosaic_gpu_p`` calls in ``jaxpr``."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    found: list = []
+
+    def walk(jx: Any) -> None:
+        jx = getattr(jx, "jaxpr", jx)
+        for eqn in jx.eqns:
+            if eqn.primitive is mgpu_core.mosaic_gpu_p:
+                found.append(eqn.params["module"])
+            for p in eqn.params.values():
+                if hasattr(p, "eqns") or hasattr(getattr(p, "jaxpr", None), "eqns"):
+                    walk(p)
+    walk(jaxpr)
+    return found

@@ -1,0 +1,136 @@
+"""Execution state: the launch (memory, TMA descriptors), one block (thread
+ids, SMEM, mbarriers) and the frame the compiled steps run in (registers and
+the mask of active threads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EmulationError, Unsupported
+from .memory import Memory, Region
+
+
+@dataclass
+class TmaDescriptor:
+    """What ``mosaic_gpu_init_tma_desc`` was told: a tiled tensor map."""
+
+    base: int  # global byte address of element (0, ..., 0)
+    dtype: np.dtype
+    sizes: tuple[int, ...]  # outermost first
+    strides: tuple[int, ...]  # in elements, outermost first
+    swizzle: int  # bytes; 16 means none
+    window: tuple[int, ...]  # the box, outermost first
+
+
+@dataclass
+class MBarrier:
+    count: int
+    pending: int
+    tx: int = 0
+    phase: int = 0  # phases completed so far
+
+    def arrive(self, n: int, where: str) -> None:
+        self.pending -= n
+        if self.pending < 0:
+            raise EmulationError(f"mbarrier arrived at more often than its count {self.count} at {where}")
+        self._maybe_complete()
+
+    def expect_tx(self, n: int) -> None:
+        self.tx += n
+
+    def complete_tx(self, n: int) -> None:
+        self.tx -= n
+        self._maybe_complete()
+
+    def _maybe_complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+
+class Launch:
+    """Everything that outlives one block."""
+
+    def __init__(self) -> None:
+        self.memory = Memory()
+        self.tma: dict[int, TmaDescriptor] = {}
+        self.params: dict[int, Region] = {}  # kernel parameter blocks by identity
+
+
+TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes
+
+
+class Block:
+    """One thread block: its thread ids, SMEM and mbarriers."""
+
+    def __init__(self, launch: Launch, block_id: tuple[int, int, int],
+                 grid: tuple[int, int, int], block_dim: tuple[int, int, int],
+                 smem_bytes: int) -> None:
+        self.launch = launch
+        self.block_id = block_id
+        self.grid = grid
+        self.block_dim = block_dim
+        bx, by, bz = block_dim
+        self.T = T = bx * by * bz
+        flat = np.arange(T, dtype=np.int64)
+        self.tid = (flat % bx, (flat // bx) % by, flat // (bx * by))
+        self.flat = flat
+        self.lane = flat % 32
+        self.smem = launch.memory["shared"]
+        self.smem_region = self.smem.alloc(max(smem_bytes, 16), f"block {block_id} SMEM")
+        self.barriers: dict[int, MBarrier] = {}
+        self.scratch: list[Region] = []
+
+    def finish(self) -> None:
+        self.smem.free(self.smem_region)
+        for r in self.scratch:
+            self.launch.memory["global"].free(r)
+
+    def barrier(self, addr: int, where: str) -> MBarrier:
+        try:
+            return self.barriers[int(addr)]
+        except KeyError:
+            raise EmulationError(f"mbarrier at SMEM {int(addr):#x} used before mbarrier.init at {where}") from None
+
+
+class Frame:
+    """Registers plus the active mask (``None``: every thread active)."""
+
+    __slots__ = ("regs", "mask", "block", "T", "launch", "mem")
+
+    def __init__(self, regs: list, launch: Launch, block: Block | None = None) -> None:
+        self.regs = regs
+        self.mask: np.ndarray | None = None
+        self.block = block
+        self.launch = launch
+        self.mem = launch.memory
+        self.T = block.T if block is not None else 1
+
+    def active(self) -> np.ndarray:
+        """Indices of the active threads."""
+        if self.mask is None:
+            return np.arange(self.T)
+        return np.flatnonzero(self.mask)
+
+    def need_block(self, what: str, where: str) -> Block:
+        if self.block is None:
+            raise Unsupported(f"{what} outside gpu.launch", where)
+        return self.block
+
+
+def uniform(x, fr: Frame, what: str, where: str):
+    """The one value ``x`` has in every active thread, or Unsupported."""
+    a = np.asarray(x)
+    if a.ndim == 0:
+        return a[()]
+    if fr.mask is not None:
+        a = a[fr.mask]
+    if a.size == 0:
+        return None
+    first = a.flat[0]
+    if np.any(a != first):
+        raise Unsupported(f"{what} that differs between threads (divergent control flow "
+                          f"of this kind is not modelled)", where)
+    return first

@@ -1,0 +1,138 @@
+"""Address spaces as byte arrays.
+
+Two spaces: ``global`` (generic addresses: kernel arguments, the TMA descriptor
+parameter block, host-side scratch, per-thread ``alloca``s) and ``shared`` (one
+block's SMEM, dynamic shared memory at address 1024). Each space holds regions
+(numpy ``uint8`` arrays) at distinct, widely spaced base addresses; an access
+must lie within one region and be aligned to its element size, or
+:class:`EmulationError` is raised -- as the GPU would fault."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from .errors import EmulationError, Unsupported
+
+GLOBAL_BASE = 1 << 32
+GAP = 1 << 16
+SMEM_BASE = 1024
+
+
+class Region:
+    __slots__ = ("base", "data", "name", "views")
+
+    def __init__(self, base: int, size: int, name: str) -> None:
+        self.base = base
+        self.data = np.zeros(-(-max(size, 1) // 16) * 16, np.uint8)
+        self.name = name
+        self.views: dict = {}
+
+    @property
+    def end(self) -> int:
+        return self.base + self.data.size
+
+    def view(self, dtype: np.dtype) -> np.ndarray:
+        v = self.views.get(dtype)
+        if v is None:
+            v = self.views[dtype] = self.data.view(dtype)
+        return v
+
+
+class Space:
+    def __init__(self, name: str, base: int) -> None:
+        self.name = name
+        self.next = base
+        self.bases: list[int] = []
+        self.regions: list[Region] = []
+
+    def alloc(self, size: int, name: str, align: int = 1024) -> Region:
+        base = -(-self.next // align) * align
+        region = Region(base, size, name)
+        self.next = region.end + GAP
+        i = bisect.bisect(self.bases, base)
+        self.bases.insert(i, base)
+        self.regions.insert(i, region)
+        return region
+
+    def free(self, region: Region) -> None:
+        i = self.regions.index(region)
+        del self.regions[i], self.bases[i]
+
+    def find(self, lo: int, hi: int, where: str) -> Region:
+        i = bisect.bisect(self.bases, lo) - 1
+        if i >= 0:
+            r = self.regions[i]
+            if hi <= r.end:
+                return r
+            raise EmulationError(
+                f"{self.name} memory access [{lo:#x}, {hi:#x}) runs past the end of "
+                f"{r.name} [{r.base:#x}, {r.end:#x}) at {where}")
+        raise EmulationError(f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
+
+    def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
+        a = np.asarray(addrs, np.int64)
+        if mask is not None and a.ndim:
+            m = np.broadcast_to(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a.shape)
+            active = a[m]
+            if active.size == 0:
+                return None, None, None
+        else:
+            m, active = None, a
+        lo, hi = int(active.min()), int(active.max()) + itemsize
+        region = self.find(lo, hi, where)
+        if itemsize > 1 and np.any(active % itemsize):
+            raise EmulationError(f"misaligned {itemsize}-byte {self.name} access at {where}")
+        idx = (a - region.base) // itemsize
+        if m is not None:
+            idx = np.where(m, idx, (lo - region.base) // itemsize)
+        return region, idx, m
+
+    def load(self, addrs, dtype: np.dtype, mask=None, where: str = "") -> np.ndarray:
+        region, idx, _ = self._locate(addrs, dtype.itemsize, mask, where)
+        if region is None:
+            return np.zeros(np.shape(addrs), dtype)
+        return region.view(dtype)[idx]
+
+    def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "") -> None:
+        region, idx, m = self._locate(addrs, dtype.itemsize, mask, where)
+        if region is None:
+            return
+        vals = np.broadcast_to(np.asarray(values, dtype), np.shape(idx))
+        view = region.view(dtype)
+        if m is None:
+            view[idx] = vals
+        else:
+            view[idx[m]] = vals[m]
+
+    def read_bytes(self, addr: int, n: int, where: str = "") -> np.ndarray:
+        r = self.find(addr, addr + n, where)
+        return r.data[addr - r.base: addr - r.base + n]
+
+    def write_bytes(self, addr: int, data: np.ndarray, where: str = "") -> None:
+        r = self.find(addr, addr + data.size, where)
+        r.data[addr - r.base: addr - r.base + data.size] = data
+
+
+class Memory:
+    def __init__(self) -> None:
+        self.spaces = {"global": Space("global", GLOBAL_BASE), "shared": Space("shared", SMEM_BASE)}
+
+    def __getitem__(self, name: str) -> Space:
+        try:
+            return self.spaces[name]
+        except KeyError:
+            raise Unsupported(f"memory space {name}") from None
+
+
+def swizzle(addr: np.ndarray, swizzle_bytes: int) -> np.ndarray:
+    """The byte address the hardware uses for ``addr`` under a 32/64/128-byte
+    swizzle: the 16-byte chunk index (address bits 4..) is XORed with the
+    128-byte row index (bits 7..), modulo swizzle_bytes / 16."""
+    if swizzle_bytes in (0, 16):
+        return addr
+    if swizzle_bytes not in (32, 64, 128):
+        raise Unsupported(f"TMA swizzle of {swizzle_bytes} bytes")
+    mask = swizzle_bytes // 16 - 1
+    return addr ^ (((addr >> 7) & mask) << 4)

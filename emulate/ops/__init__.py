@@ -1,0 +1,4 @@
+"""Op rules, one module per dialect. Importing this package registers them."""
+
+from . import arith, builtin, gpu, llvm, math, memref, nvvm, scf, vector  # noqa: F401
+from . import inline_asm  # noqa: F401

@@ -1,0 +1,317 @@
+"""``arith``: integer ops on the two's-complement bits (signless integers are
+kept as signed numpy integers and reinterpreted for unsigned ops), float ops
+in the value's own dtype (numpy rounds f32/f64 IEEE round-to-nearest-even;
+f16/bf16 are computed in f32 and rounded once, which is exact for + - * /).
+``fptosi``/``fptoui`` saturate and map NaN to 0, as PTX ``cvt.rzi`` does."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .. import irtypes
+from ..compiler import Op, Step, rule
+from ..errors import Unsupported
+from ..machine import Frame
+from ._util import binary, const_array, ternary, unary
+
+
+def _dense_value(attr, t: irtypes.T) -> np.ndarray:
+    from jax._src.lib.mlir import ir
+
+    dt = t.dtype
+    if isinstance(attr, ir.DenseElementsAttr):
+        if attr.is_splat:
+            return np.full(t.shape, _scalar(attr.get_splat_value(), dt), dt)
+        if t.elem in ("bf16", "f16") or t.elem.startswith("f8"):
+            body = str(attr)[len("dense<"):].rsplit(">", 1)[0]
+            if body.startswith('"0x'):
+                raw = bytes.fromhex(body.strip('"')[2:])
+                return np.frombuffer(raw, dt).reshape(t.shape).copy()
+            vals = [float(v) for v in re.findall(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)",
+                                                   body)]
+            return np.array(vals, np.float64).astype(dt).reshape(t.shape)
+        return np.array(attr).astype(dt).reshape(t.shape)
+    return np.asarray(_scalar(attr, dt), dt)
+
+
+def _scalar(attr, dt: np.dtype):
+    from jax._src.lib.mlir import ir
+
+    if isinstance(attr, ir.BoolAttr):
+        return bool(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        v = attr.value
+        if dt == np.bool_:
+            return v != 0
+        bits = dt.itemsize * 8
+        v &= (1 << bits) - 1
+        return np.array(v, irtypes.UNSIGNED[bits]).view(dt)[()]
+    if isinstance(attr, ir.FloatAttr):
+        return np.array(attr.value, np.float64).astype(dt)[()]
+    raise Unsupported(f"constant attribute {attr}")
+
+
+@rule("arith.constant", "llvm.mlir.constant")
+def constant(o: Op) -> Step:
+    t = o.out_types[0]
+    if t.kind not in ("scalar", "vector"):
+        raise o.unsupported(f"constant of type {t.text}")
+    val = const_array(_dense_value(o.attr("value"), t))
+    (out,) = o.outs
+
+    def step(fr: Frame) -> None:
+        fr.regs[out] = val
+    return step
+
+
+def _wrap(fn):
+    return lambda *xs: fn(*xs)
+
+
+def _signed_div(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    b = np.where(b == 0, 1, b).astype(b.dtype)
+    q = np.floor_divide(a, b)
+    fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+    return (q + fix.astype(q.dtype)).astype(a.dtype)
+
+
+def _signed_rem(a, b):
+    q = _signed_div(a, b)
+    return (np.asarray(a) - q * np.asarray(b)).astype(np.asarray(a).dtype)
+
+
+def _u(fn):
+    def f(a, b):
+        ua, ub = irtypes.unsigned(a), irtypes.unsigned(b)
+        if fn in (np.floor_divide, np.remainder):
+            ub = np.where(ub == 0, 1, ub).astype(ub.dtype)
+        return np.asarray(fn(ua, ub)).astype(ua.dtype).view(np.asarray(a).dtype)
+    return f
+
+
+def _ceildiv_s(a, b):
+    q = _signed_div(a, b)
+    r = np.asarray(a) - q * np.asarray(b)
+    return (q + ((r != 0) & ((r < 0) == (np.asarray(b) < 0))).astype(q.dtype)).astype(q.dtype)
+
+
+def _ceildiv_u(a, b):
+    ua, ub = irtypes.unsigned(a), irtypes.unsigned(b)
+    ub = np.where(ub == 0, 1, ub).astype(ub.dtype)
+    q = ua // ub + (ua % ub != 0).astype(ua.dtype)
+    return q.astype(ua.dtype).view(np.asarray(a).dtype)
+
+
+def _floordiv_s(a, b):
+    b = np.asarray(b)
+    return np.floor_divide(a, np.where(b == 0, 1, b).astype(b.dtype))
+
+
+def _shift(kind: str):
+    def f(a, b):
+        a = np.asarray(a)
+        bits = 1 if a.dtype == np.bool_ else a.dtype.itemsize * 8
+        sh = irtypes.unsigned(b).astype(np.uint64)
+        big = sh >= bits
+        shc = np.minimum(sh, bits - 1).astype(a.dtype if a.dtype != np.bool_ else np.uint8)
+        if kind == "shl":
+            res = np.left_shift(a, shc)
+            return np.where(big, np.zeros_like(a), res).astype(a.dtype)
+        if kind == "shrsi":
+            return np.right_shift(a, shc).astype(a.dtype)  # saturating amount: sign fill
+        ua = irtypes.unsigned(a)
+        res = np.right_shift(ua, shc.astype(ua.dtype))
+        return np.where(big, np.zeros_like(ua), res).astype(ua.dtype).view(a.dtype)
+    return f
+
+
+INT_BINARY = {
+    "arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
+    "arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor,
+    "arith.divsi": _signed_div, "arith.remsi": _signed_rem,
+    "arith.divui": _u(np.floor_divide), "arith.remui": _u(np.remainder),
+    "arith.ceildivsi": _ceildiv_s, "arith.ceildivui": _ceildiv_u, "arith.floordivsi": _floordiv_s,
+    "arith.maxsi": np.maximum, "arith.minsi": np.minimum,
+    "arith.maxui": _u(np.maximum), "arith.minui": _u(np.minimum),
+    "arith.shli": _shift("shl"), "arith.shrsi": _shift("shrsi"), "arith.shrui": _shift("shrui"),
+}
+FLOAT_BINARY = {
+    "arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply,
+    "arith.divf": np.divide, "arith.remf": np.fmod,
+    "arith.maximumf": np.maximum, "arith.minimumf": np.minimum,
+    "arith.maxnumf": np.fmax, "arith.minnumf": np.fmin,
+}
+
+
+def _bool_ok(fn, name):
+    def f(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype == np.bool_ and name in ("arith.addi", "arith.subi"):
+            return np.logical_xor(a, b)
+        if a.dtype == np.bool_ and name == "arith.muli":
+            return np.logical_and(a, b)
+        return fn(a, b)
+    return f
+
+
+def _fastmath(o: Op) -> None:
+    if o.has("fastmath"):
+        text = str(o.attr("fastmath"))
+        if text not in ("#arith.fastmath<none>", "#arith.fastmath<contract>"):
+            raise o.unsupported(f"{o.name} with {text} (approximate rounding not modelled)")
+
+
+for _name, _fn in INT_BINARY.items():
+    rule(_name)(lambda o, fn=_fn: binary(o, _bool_ok(fn, o.name)))
+for _name, _fn in FLOAT_BINARY.items():
+    def _frule(o: Op, fn=_fn) -> Step:
+        _fastmath(o)
+        return binary(o, fn)
+    rule(_name)(_frule)
+
+
+@rule("arith.negf")
+def negf(o: Op) -> Step:
+    return unary(o, np.negative)
+
+
+CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
+        5: np.greater_equal}
+CMPI_U = {6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
+
+
+@rule("arith.cmpi")
+def cmpi(o: Op) -> Step:
+    p = int(o.attr("predicate").value)
+    if p in CMPI:
+        return binary(o, CMPI[p])
+    fn = CMPI_U[p]
+    return binary(o, lambda a, b: fn(irtypes.unsigned(a), irtypes.unsigned(b)))
+
+
+def _ord(a, b):
+    return ~(np.isnan(a) | np.isnan(b))
+
+
+CMPF = {
+    0: lambda a, b: np.zeros(np.broadcast(a, b).shape, bool),
+    1: lambda a, b: np.equal(a, b), 2: lambda a, b: np.greater(a, b),
+    3: lambda a, b: np.greater_equal(a, b), 4: lambda a, b: np.less(a, b),
+    5: lambda a, b: np.less_equal(a, b), 6: lambda a, b: np.not_equal(a, b) & _ord(a, b),
+    7: _ord,
+    8: lambda a, b: np.equal(a, b) | ~_ord(a, b), 9: lambda a, b: ~np.less_equal(a, b),
+    10: lambda a, b: ~np.less(a, b), 11: lambda a, b: ~np.greater_equal(a, b),
+    12: lambda a, b: ~np.greater(a, b), 13: lambda a, b: ~np.equal(a, b),
+    14: lambda a, b: ~_ord(a, b),
+    15: lambda a, b: np.ones(np.broadcast(a, b).shape, bool),
+}
+
+
+@rule("arith.cmpf")
+def cmpf(o: Op) -> Step:
+    return binary(o, CMPF[int(o.attr("predicate").value)])
+
+
+@rule("arith.select")
+def select(o: Op) -> Step:
+    vr = o.out_types[0].vrank
+    cond_vrank = o.in_types[0].vrank
+
+    def sel(c, a, b):
+        c = np.asarray(c)
+        if cond_vrank == 0 and c.ndim == 1 and vr:  # per-thread i1 choosing vectors
+            c = c.reshape(c.shape + (1,) * vr)
+        return np.where(c, a, b)
+    return ternary(o, sel)
+
+
+def _cast(o: Op, fn) -> Step:
+    return unary(o, fn)
+
+
+@rule("arith.extf", "arith.truncf")
+def float_resize(o: Op) -> Step:
+    dst = o.out_types[0]
+    if dst.elem.startswith("f8") or dst.elem.startswith("f4"):
+        raise o.unsupported(f"{o.name} to {dst.elem} (saturation of the PTX conversion not modelled)")
+    if o.has("roundingmode"):
+        raise o.unsupported(f"{o.name} with a rounding mode")
+    dt = dst.dtype
+    return _cast(o, lambda x: np.asarray(x).astype(dt))
+
+
+@rule("arith.extsi", "arith.trunci", "arith.index_cast")
+def int_signed_cast(o: Op) -> Step:
+    dst = o.out_types[0]
+    dt = dst.dtype
+    if dt == np.bool_:
+        return _cast(o, lambda x: (np.asarray(x) & 1).astype(bool))
+
+    def f(x):
+        x = np.asarray(x)
+        if x.dtype == np.bool_:
+            return np.negative(x.astype(dt))
+        return x.astype(dt)
+    return _cast(o, f)
+
+
+@rule("arith.extui", "arith.index_castui")
+def int_unsigned_cast(o: Op) -> Step:
+    dt = o.out_types[0].dtype
+    if dt == np.bool_:
+        return _cast(o, lambda x: (np.asarray(x) & 1).astype(bool))
+
+    def f(x):
+        x = np.asarray(x)
+        if dt.itemsize < x.dtype.itemsize:
+            return x.astype(dt)
+        return irtypes.unsigned(x).astype(dt)
+    return _cast(o, f)
+
+
+@rule("arith.sitofp")
+def sitofp(o: Op) -> Step:
+    dt = o.out_types[0].dtype
+    return _cast(o, lambda x: np.asarray(x).astype(np.float64).astype(dt)
+                 if dt.itemsize < 4 else np.asarray(x).astype(dt))
+
+
+@rule("arith.uitofp")
+def uitofp(o: Op) -> Step:
+    dt = o.out_types[0].dtype
+    return _cast(o, lambda x: irtypes.unsigned(x).astype(np.float64).astype(dt)
+                 if dt.itemsize < 4 else irtypes.unsigned(x).astype(dt))
+
+
+def _fp_to_int(dt: np.dtype, unsigned: bool):
+    bits = dt.itemsize * 8
+    lo, hi = (0, 2 ** bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+    def f(x):
+        x = np.asarray(x).astype(np.float64)
+        t = np.trunc(np.nan_to_num(x, nan=0.0))
+        t = np.clip(t, lo, hi)
+        return t.astype(irtypes.UNSIGNED[bits] if unsigned else dt).view(dt)
+    return f
+
+
+@rule("arith.fptosi")
+def fptosi(o: Op) -> Step:
+    return _cast(o, _fp_to_int(o.out_types[0].dtype, False))
+
+
+@rule("arith.fptoui")
+def fptoui(o: Op) -> Step:
+    return _cast(o, _fp_to_int(o.out_types[0].dtype, True))
+
+
+@rule("arith.bitcast")
+def bitcast(o: Op) -> Step:
+    src, dst = o.in_types[0], o.out_types[0]
+    if src.bits != dst.bits or dst.dtype == np.bool_ or src.bits < 8:
+        raise o.unsupported(f"arith.bitcast {src.text} -> {dst.text}")
+    dt = dst.dtype
+    return _cast(o, lambda x: np.array(x).view(dt))

@@ -1,0 +1,130 @@
+"""``builtin.unrealized_conversion_cast`` (the glue Mosaic GPU leaves between
+memrefs, LLVM structs and pointers, and between Warpgroup-level vectors and
+their registers) and ``func.call`` of the host runtime's
+``mosaic_gpu_init_tma_desc``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compiler import Op, Step, rule
+from ..errors import Unsupported
+from ..machine import TMA_MAGIC, Frame, TmaDescriptor
+from ..values import UNDEF, Bundle, MemRef
+from .memref import _contiguous_strides
+
+# TMA moves bits: each element type code is copied as an unsigned int of its size
+TMA_DTYPES = {5: np.uint16, 6: np.uint32, 7: np.uint16, 1: np.uint8, 2: np.uint16,
+              3: np.uint32, 4: np.uint64, 9: np.uint32, 10: np.uint64}
+
+
+class Opaque:
+    """A value only Warpgroup-level ops could use; reading it is Unsupported."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+@rule("builtin.unrealized_conversion_cast")
+def cast(o: Op) -> Step:
+    ins, outs = o.in_types, o.out_types
+    loc = o.loc
+    if len(ins) == 1 and len(outs) == 1:
+        a, b = ins[0], outs[0]
+        (src,), (out,) = o.ins, o.outs
+        if "token" in (a.kind, b.kind):
+            return lambda fr: fr.regs.__setitem__(out, None)
+        if a.kind == "struct" and b.kind == "memref":
+            def to_memref(fr: Frame) -> None:
+                alloc, aligned, offset, sizes, strides = (list(fr.regs[src]) + [UNDEF] * 5)[:5]
+                sizes = tuple(sizes) if sizes is not UNDEF else ()
+                strides = tuple(strides) if strides is not UNDEF else ()
+                fr.regs[out] = MemRef(b.space, b.dtype, alloc, aligned, offset, sizes, strides)
+            return to_memref
+        if a.kind == "memref" and b.kind == "struct":
+            return lambda fr: fr.regs.__setitem__(out, fr.regs[src].as_struct())
+        if a.kind == "memref" and b.kind == "memref":
+            if a.shape != b.shape:
+                why = f"cast {a.text} -> {b.text} (a Warpgroup-level view)"
+                return lambda fr: fr.regs.__setitem__(out, Opaque(why))
+            return lambda fr: fr.regs.__setitem__(out, fr.regs[src].with_(dtype=b.dtype))
+        if a.kind == "ptr" and b.kind == "memref":
+            if any(d < 0 for d in b.shape):
+                raise o.unsupported(f"cast of a pointer to {b.text}")
+            strides = _contiguous_strides(b.shape)
+            return lambda fr: fr.regs.__setitem__(
+                out, MemRef(b.space, b.dtype, fr.regs[src], fr.regs[src], 0, b.shape, strides))
+        if a.kind == "memref" and b.kind == "ptr":
+            def to_ptr(fr: Frame) -> None:
+                m = fr.regs[src]
+                fr.regs[out] = np.asarray(m.aligned + m.offset * m.itemsize, np.int64)
+            return to_ptr
+        if a.kind == "array" and b.kind == "ptr":
+            # a by-value kernel parameter block (TMA descriptors): give it an address
+            def param(fr: Frame) -> None:
+                region = fr.launch.params.get(out)
+                if region is None:
+                    data = np.asarray(fr.regs[src], np.uint8)
+                    region = fr.mem["global"].alloc(data.size, f"kernel parameter at {loc}")
+                    region.data[:data.size] = data
+                    fr.launch.params[out] = region
+                fr.regs[out] = np.asarray(region.base, np.int64)
+            return param
+        if b.kind == "vector" and o.has("layout") and a.kind in ("scalar", "vector"):
+            lay = str(o.attr("layout"))
+            return lambda fr: fr.regs.__setitem__(out, Bundle((fr.regs[src],), lay))
+    if len(outs) == 1 and outs[0].kind == "vector" and all(t.kind in ("vector", "scalar") for t in ins):
+        (out,) = o.outs
+        srcs = o.ins
+        lay = str(o.attr_or("layout", ""))
+        return lambda fr: fr.regs.__setitem__(out, Bundle(tuple(fr.regs[s] for s in srcs), lay))
+    if len(ins) == 1 and ins[0].kind == "vector":
+        (src,) = o.ins
+        outs_s = o.outs
+
+        def unbundle(fr: Frame) -> None:
+            v = fr.regs[src]
+            if not isinstance(v, Bundle) or len(v.parts) != len(outs_s):
+                raise Unsupported(f"unrealized_conversion_cast {ins[0].text} -> "
+                                  f"{len(outs_s)} registers of a value not built from them", loc)
+            for s, p in zip(outs_s, v.parts):
+                fr.regs[s] = p
+        return unbundle
+    raise o.unsupported(
+        f"unrealized_conversion_cast {[t.text for t in ins]} -> {[t.text for t in outs]}")
+
+
+def _i64s(fr: Frame, ptr, n: int, where: str) -> tuple[int, ...]:
+    raw = fr.mem["global"].read_bytes(int(ptr), 8 * n, where)
+    return tuple(int(v) for v in raw.view(np.int64))
+
+
+@rule("func.call")
+def call(o: Op) -> Step:
+    callee = str(o.attr("callee")).lstrip("@")
+    if callee != "mosaic_gpu_init_tma_desc":
+        raise o.unsupported(f"func.call @{callee}")
+    loc = o.loc
+    desc_p, base_p, dtype_p, rank_p, sizes_p, strides_p, swz_p, window_p = o.ins
+    elem_hint = None
+
+    def step(fr: Frame) -> None:
+        r = fr.regs
+        if fr.block is not None:
+            raise Unsupported("mosaic_gpu_init_tma_desc inside the kernel", loc)
+        rank = int(r[rank_p])
+        code = int(r[dtype_p])
+        if code not in TMA_DTYPES:
+            raise Unsupported(f"TMA element type code {code}", loc)
+        dt = np.dtype(TMA_DTYPES[code])
+        desc = TmaDescriptor(
+            base=int(r[base_p]), dtype=dt, sizes=_i64s(fr, r[sizes_p], rank, loc),
+            strides=_i64s(fr, r[strides_p], rank, loc), swizzle=int(r[swz_p]),
+            window=_i64s(fr, r[window_p], rank, loc))
+        key = len(fr.launch.tma) + 1
+        fr.launch.tma[key] = desc
+        tag = np.zeros(128, np.uint8)
+        tag[:16] = np.array([TMA_MAGIC, key], np.int64).view(np.uint8)
+        fr.mem["global"].write_bytes(int(r[desc_p]), tag, loc)
+    del elem_hint
+    return step

@@ -1,0 +1,253 @@
+"""``llvm.inline_asm``: the PTX strings Mosaic GPU's code generators emit,
+recognised one by one (after an optional ``@$N`` predicate); any other string
+raises :class:`Unsupported` naming it.
+
+Approximate instructions (``ex2.approx``, ``lg2.approx``, ``tanh.approx``,
+``sin/cos.approx``, ``rsqrt.approx``, ``sqrt.approx``) are modelled by the
+exact function, rounded once; the PTX ISA bounds the hardware's distance from
+it: ex2.approx.f32 2 ulp, lg2.approx.f32 2^-22 absolute/relative, sin/cos
+2^-20.9 absolute in [-pi, pi], rsqrt.approx/sqrt.approx 2^-23 relative-ish
+(1 ulp-ish), tanh.approx.f32 2^-10.987 relative (~2^13 ulp of f32!).
+``.ftz`` flushes subnormal inputs and outputs to zero as the hardware does."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .. import irtypes
+from ..compiler import Op, Step, rule
+from ..errors import Unsupported
+from ..machine import Frame
+from .gpu import full_block_barrier
+from .nvvm import effective, mbarrier_arrive, mbarrier_init, per_thread
+
+F32_TINY = np.float32(np.finfo(np.float32).tiny)
+
+
+def _ftz(x: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(x) < F32_TINY, np.zeros_like(x), x)
+
+
+def _f32(fn, ftz: bool):
+    def f(x):
+        x = np.asarray(x, np.float32)
+        if ftz:
+            x = _ftz(x)
+        with np.errstate(all="ignore"):
+            y = np.asarray(fn(x.astype(np.float64))).astype(np.float32)
+        return _ftz(y) if ftz else y
+    return f
+
+
+UNARY_F32 = {
+    "ex2.approx": np.exp2, "lg2.approx": np.log2, "sin.approx": np.sin, "cos.approx": np.cos,
+    "tanh.approx": np.tanh, "rsqrt.approx": lambda x: 1 / np.sqrt(x),
+    "sqrt.approx": np.sqrt, "rcp.approx": lambda x: 1 / x,
+}
+PACKED_TYPES = {"f16": np.float16, "bf16": irtypes.SCALARS["bf16"]}
+
+
+def _packed(fn, elem: str, n_args: int):
+    """A packed (x2) or single 16-bit instruction on i32/i16 registers."""
+    dt = np.dtype(PACKED_TYPES[elem])
+
+    def f(*regs):
+        xs = [np.asarray(r) for r in regs]
+        width = xs[0].dtype.itemsize
+        views = [np.array(x).view(np.uint16 if width == 2 else np.uint32) for x in xs]
+        if width == 4:
+            halves = [np.stack([v & 0xFFFF, v >> 16], -1).astype(np.uint16).view(dt) for v in views]
+        else:
+            halves = [v.view(dt) for v in views]
+        with np.errstate(all="ignore"):
+            y = np.asarray(fn(*[h.astype(np.float64) for h in halves])).astype(dt)
+        if width == 4:
+            u = y.view(np.uint16).astype(np.uint32)
+            return (u[..., 0] | (u[..., 1] << 16)).view(np.int32)
+        return y.view(np.int16)
+    return f
+
+
+BINARY = {"max.NaN": np.maximum, "min.NaN": np.minimum, "max": np.fmax, "min": np.fmin,
+          "add": np.add, "sub": np.subtract, "mul": np.multiply}
+
+
+def _prmt(a, b, c):
+    a = irtypes.unsigned(np.asarray(a, np.int32)).astype(np.uint64)
+    b = irtypes.unsigned(np.asarray(b, np.int32)).astype(np.uint64)
+    c = irtypes.unsigned(np.asarray(c, np.int32)).astype(np.uint64)
+    src = a | (b << np.uint64(32))
+    out = np.zeros(np.broadcast(a, b, c).shape, np.uint64)
+    for i in range(4):
+        sel = (c >> np.uint64(4 * i)) & np.uint64(0xF)
+        byte = (src >> ((sel & np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
+        sign = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        byte = np.where(sel & np.uint64(8), sign, byte)
+        out = out | (byte << np.uint64(8 * i))
+    return out.astype(np.uint32).view(np.int32)
+
+
+def _pure(o: Op, fn) -> Step:
+    ins, out = o.ins, o.outs[0]
+    if o.out_types[0].kind not in ("scalar", "vector"):
+        raise o.unsupported(f"inline asm returning {o.out_types[0].text}")
+
+    def step(fr: Frame) -> None:
+        fr.regs[out] = fn(*[fr.regs[i] for i in ins])
+    return step
+
+
+def _value_instr(o: Op, opcode: str, n_in: int) -> Step | None:
+    parts = opcode.split(".")
+    base = ".".join(parts[:2]) if len(parts) > 1 and parts[1] in ("approx", "NaN") else parts[0]
+    ftz = "ftz" in parts
+    ty = parts[-1]
+    if base in UNARY_F32 and n_in == 1:
+        if ty == "f32":
+            return _pure(o, _f32(UNARY_F32[base], ftz))
+        if ty in ("f16", "f16x2", "bf16", "bf16x2") and base == "tanh.approx":
+            return _pure(o, _packed(np.tanh, ty.removesuffix("x2"), 1))
+        return None
+    if base == "abs" and n_in == 1 and ty in ("f16", "f16x2", "bf16", "bf16x2"):
+        return _pure(o, _packed(np.abs, ty.removesuffix("x2"), 1))
+    if base in BINARY and n_in == 2:
+        fn = BINARY[base]
+        if ty == "f32":
+            return _pure(o, lambda a, b: fn(np.asarray(a, np.float32), np.asarray(b, np.float32))
+                         .astype(np.float32))
+        if ty in ("f16", "f16x2", "bf16", "bf16x2"):
+            return _pure(o, _packed(fn, ty.removesuffix("x2"), 2))
+        return None
+    if opcode == "prmt.b32" and n_in == 3:
+        return _pure(o, _prmt)
+    return None
+
+
+ASM_ARG = re.compile(r"\$(\d+)")
+
+
+def _parse(text: str) -> tuple[str | None, bool, str, list[str]]:
+    """(predicate operand, negated, opcode, args) of a one-instruction string."""
+    s = " ".join(text.replace("\n", " ").split()).strip()
+    if s.count(";") != 1 or not s.endswith(";") or "{" in s:
+        return None, False, "", []
+    s = s[:-1].strip()
+    pred, neg = None, False
+    m = re.match(r"@(!?)\$(\d+)\s+(.*)", s)
+    if m:
+        neg, pred, s = m.group(1) == "!", m.group(2), m.group(3)
+    opcode, _, rest = s.partition(" ")
+    args = [a.strip() for a in rest.split(",")] if rest.strip() else []
+    return pred, neg, opcode, args
+
+
+@rule("llvm.inline_asm")
+def inline_asm(o: Op) -> Step:
+    from jax._src.lib.mlir import ir
+    text = ir.StringAttr(o.attr("asm_string")).value
+    pred, neg, opcode, args = _parse(text)
+    loc = o.loc
+    hint = " (WGMMA and tcgen05 MMAs are not modelled yet)" if (
+        "wgmma" in text or "tcgen05" in text) else ""
+    unknown = Unsupported(f"inline PTX {text!r}{hint}", loc)
+    ins = o.ins
+    results = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
+    pred_slots = [ins[int(pred)]] if pred is not None else []
+    if neg:
+        raise unknown
+    if not text.strip():  # an optimization barrier: outputs tied to inputs, no code
+        cons = ir.StringAttr(o.attr("constraints")).value.split(",")
+        ins_c = [c for c in cons if not c.startswith("=") and not c.startswith("~")]
+        if len(ins_c) != len(ins) or any(not c.isdigit() for c in ins_c):
+            raise unknown
+        ties = {int(c): k for k, c in enumerate(ins_c)}
+        n_out = sum(1 for c in cons if c.startswith("="))
+        if sorted(ties) != list(range(n_out)) or len(results) != 1:
+            raise unknown
+
+        def barrier(fr: Frame) -> None:
+            vals = [fr.regs[ins[ties[j]]] for j in range(n_out)]
+            if n_out == 1:
+                fr.regs[o.outs[0]] = vals[0]
+            else:
+                fr.regs[o.outs[0]] = tuple(vals)
+        return barrier
+
+    def arg_slot(a: str) -> int:
+        m = ASM_ARG.fullmatch(a.strip("[]"))
+        if not m:
+            raise unknown
+        k = int(m.group(1)) - len(results)
+        return ins[k]
+
+    if not opcode:
+        raise unknown
+    # --- value instructions: `$0` is the result -----------------------------
+    if results and pred is None and args and args[0] == "$0":
+        n_in = len(args) - 1
+        if [f"${i}" for i in range(1, n_in + 1)] != args[1:] or n_in != len(ins):
+            raise unknown
+        step = _value_instr(o, opcode, n_in)
+        if step is None:
+            raise unknown
+        return step
+    # --- side effects -------------------------------------------------------------
+    outs = o.outs
+    if opcode in ("fence.mbarrier_init.release.cluster", "prefetch.tensormap",
+                  "fence.proxy.async.shared::cta", "fence.proxy.async", "griddepcontrol.wait",
+                  "griddepcontrol.launch_dependents", "fence.proxy.async.global",
+                  "fence.acq_rel.cta", "fence.sc.cta") or opcode.startswith("setmaxnreg."):
+        def noop(fr: Frame) -> None:
+            for out in outs:
+                fr.regs[out] = None
+        return noop
+    if opcode in ("bar.sync", "barrier.sync", "bar.sync.aligned", "barrier.sync.aligned"):
+        if len(args) == 1 and args[0] in ("0",):
+            return lambda fr: full_block_barrier(fr, text, loc)
+        return lambda fr: None  # a named barrier over a subset of threads: ordering only
+    if opcode in ("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned",
+                  "barrier.cluster.arrive.aligned", "barrier.cluster.arrive", "barrier.cluster.wait"):
+        return lambda fr: full_block_barrier(fr, text, loc)  # clusters of one block only
+    if opcode == "mbarrier.init.shared::cta.b64" and len(args) == 2:
+        a, n = arg_slot(args[0]), arg_slot(args[1])
+        return lambda fr: mbarrier_init(fr, a, n, effective(fr, pred_slots), loc)
+    if opcode in ("mbarrier.arrive.release.cta.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                  "mbarrier.arrive.shared.b64") and args and args[0] == "_":
+        a = arg_slot(args[1])
+        cnt = arg_slot(args[2]) if len(args) > 2 else None
+        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_slot=cnt)
+    if opcode == "mbarrier.complete_tx.shared::cta.b64" and len(args) == 2:
+        a, n = arg_slot(args[0]), arg_slot(args[1])
+
+        def complete_tx(fr: Frame) -> None:
+            b = fr.need_block("mbarrier.complete_tx", loc)
+            m = effective(fr, pred_slots)
+            addrs = per_thread(fr.regs[a], fr.T)[m]
+            tx = per_thread(fr.regs[n], fr.T)[m]
+            for ad, t in zip(addrs, tx):
+                b.barrier(ad, loc).complete_tx(int(t))
+        return complete_tx
+    if opcode == "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes" and len(args) == 4:
+        dst, src, n, bar = (arg_slot(a) for a in args)
+        return lambda fr: _bulk_copy(fr, pred_slots, dst, "shared", src, "global", n, bar, loc)
+    if opcode == "cp.async.bulk.global.shared::cta.bulk_group" and len(args) == 3:
+        dst, src, n = (arg_slot(a) for a in args)
+        return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc)
+    raise unknown
+
+
+
+def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_space: str,
+               n: int, bar: int | None, where: str) -> None:
+    """A non-tensor bulk copy of n bytes, complete when issued."""
+    b = fr.need_block("cp.async.bulk", where)
+    m = effective(fr, pred_slots)
+    r = fr.regs
+    for t in np.flatnonzero(m):
+        size = int(per_thread(r[n], fr.T)[t])
+        data = fr.mem[src_space].read_bytes(int(per_thread(r[src], fr.T)[t]), size, where).copy()
+        fr.mem[dst_space].write_bytes(int(per_thread(r[dst], fr.T)[t]), data, where)
+        if bar is not None:
+            b.barrier(per_thread(r[bar], fr.T)[t], where).complete_tx(size)

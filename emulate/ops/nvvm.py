@@ -1,0 +1,447 @@
+"""``nvvm``: warp collectives (``elect.sync``, ``shfl.sync``, ``ldmatrix``,
+``stmatrix``), mbarriers, TMA bulk tensor copies and fences.
+
+Ordering model: all threads of a block execute each op together, and an
+asynchronous copy is complete the moment it is issued (it completes its
+mbarrier's transaction bytes at once). Hence fences (``fence.proxy``),
+``cp.async.bulk.commit_group``/``wait_group`` and warp/warpgroup barriers
+order nothing further and are no-ops. An ``mbarrier.try_wait.parity`` whose
+phase has not completed can never complete in lockstep: it raises
+:class:`Unsupported` (e.g. warp-specialized producer/consumer kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tma
+from ..compiler import Op, Step, rule
+from ..errors import EmulationError, Unsupported
+from ..machine import Frame, MBarrier
+from ._util import thread_axis
+
+
+def operands(o: Op, name: str) -> list[int]:
+    """Slots of the operand group ``name`` (by the op class's accessor)."""
+    v = getattr(o.op.opview, name)
+    if v is None:
+        return []
+    if hasattr(v, "__len__") and not hasattr(v, "type"):
+        return [o.comp.slot(x) for x in v]
+    return [o.comp.slot(v)]
+
+
+def effective(fr: Frame, pred_slots: list[int]) -> np.ndarray:
+    """The per-thread mask of threads that execute a (predicated) op."""
+    m = np.ones(fr.T, bool) if fr.mask is None else fr.mask
+    for p in pred_slots:
+        m = m & np.broadcast_to(np.asarray(fr.regs[p], bool), (fr.T,))
+    return m
+
+
+def per_thread(x, T: int) -> np.ndarray:
+    x = np.asarray(x)
+    return x if x.ndim and x.shape[0] == T else np.broadcast_to(x, (T,) + x.shape)
+
+
+def _warps(fr: Frame, where: str) -> int:
+    if fr.T % 32:
+        raise Unsupported(f"warp collective in a block of {fr.T} threads", where)
+    return fr.T // 32
+
+
+def _check_full_warps(fr: Frame, what: str, where: str) -> None:
+    if fr.mask is None:
+        return
+    w = fr.mask.reshape(-1, 32)
+    if np.any(w.any(1) & ~w.all(1)):
+        raise Unsupported(f"{what} executed by part of a warp", where)
+
+
+@rule("nvvm.elect.sync")
+def elect_sync(o: Op) -> Step:
+    (out,) = o.outs
+    loc = o.loc
+    if o.ins:
+        raise o.unsupported("nvvm.elect.sync with a member mask")
+
+    def step(fr: Frame) -> None:
+        _warps(fr, loc)
+        m = (np.ones(fr.T, bool) if fr.mask is None else fr.mask).reshape(-1, 32)
+        first = np.zeros_like(m)
+        any_ = m.any(1)
+        first[np.flatnonzero(any_), m.argmax(1)[any_]] = True
+        fr.regs[out] = first.reshape(-1)
+    return step
+
+
+@rule("nvvm.shfl.sync")
+def shfl_sync(o: Op) -> Step:
+    kind = str(o.attr("kind")).split("<")[-1].rstrip(">")
+    _, val, off, clamp_s = o.ins
+    outs = o.outs
+    pair = o.has("return_value_and_is_valid")
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        r = fr.regs
+        T = fr.T
+        _warps(fr, loc)
+        v = per_thread(r[val], T)
+        lane = fr.block.lane
+        b = per_thread(r[off], T).astype(np.int64)
+        c = per_thread(r[clamp_s], T).astype(np.int64)
+        seg = (c >> 8) & 0x1F
+        clamp = c & 0x1F
+        max_lane = (lane & seg) | (clamp & ~seg)
+        min_lane = lane & seg
+        if kind == "idx":
+            j = min_lane | (b & ~seg & 0x1F)
+            ok = j <= max_lane
+        elif kind == "up":
+            j = lane - b
+            ok = j >= max_lane
+        elif kind == "down":
+            j = lane + b
+            ok = j <= max_lane
+        elif kind == "bfly":
+            j = lane ^ b
+            ok = j <= max_lane
+        else:
+            raise Unsupported(f"nvvm.shfl.sync kind {kind}", loc)
+        j = np.where(ok, j, lane)
+        src = fr.block.flat - lane + j
+        if fr.mask is not None and np.any(fr.mask & ~fr.mask[src]):
+            raise EmulationError(f"shfl.sync reads a lane that is not active at {loc}")
+        res = v[src]
+        if pair:
+            from ..values import insert
+            r[outs[0]] = insert(insert(None, (0,), res), (1,), ok)
+        else:
+            r[outs[0]] = res
+    return step
+
+
+# --- mbarriers ---------------------------------------------------------------
+
+def _addrs(fr: Frame, slot: int, m: np.ndarray) -> np.ndarray:
+    return per_thread(fr.regs[slot], fr.T).astype(np.int64)[m]
+
+
+def mbarrier_init(fr: Frame, addr_slot: int, count_slot: int, m: np.ndarray, where: str) -> None:
+    b = fr.need_block("mbarrier.init", where)
+    addrs = _addrs(fr, addr_slot, m)
+    counts = per_thread(fr.regs[count_slot], fr.T)[m]
+    for a, n in zip(addrs, counts):
+        b.smem.find(int(a), int(a) + 8, where)
+        b.barriers[int(a)] = MBarrier(int(n), int(n))
+
+
+def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
+                    tx_slot: int | None = None, count_slot: int | None = None) -> None:
+    b = fr.need_block("mbarrier.arrive", where)
+    addrs = _addrs(fr, addr_slot, m)
+    tx = per_thread(fr.regs[tx_slot], fr.T)[m].astype(np.int64) if tx_slot is not None else None
+    cnt = per_thread(fr.regs[count_slot], fr.T)[m].astype(np.int64) if count_slot is not None else None
+    for k, a in enumerate(np.unique(addrs)):
+        sel = addrs == a
+        bar = b.barrier(a, where)
+        if tx is not None:
+            bar.expect_tx(int(tx[sel].sum()))
+        bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
+
+
+def mbarrier_wait(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> None:
+    b = fr.need_block("mbarrier.try_wait", where)
+    m = effective(fr, [])
+    addrs = _addrs(fr, addr_slot, m)
+    par = per_thread(fr.regs[parity_slot], fr.T)[m].astype(np.int64) & 1
+    for a, p in set(zip(addrs.tolist(), par.tolist())):
+        bar = b.barrier(a, where)
+        if (bar.phase & 1) == p:
+            raise Unsupported(
+                f"mbarrier.try_wait.parity on a phase that has not completed (parity {p}, "
+                f"{bar.pending} arrivals and {bar.tx} transaction bytes outstanding): in "
+                "lockstep execution it never will -- warp-specialized kernels are not modelled",
+                where)
+
+
+def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np.ndarray:
+    b = fr.need_block("mbarrier.try_wait", where)
+    addrs = per_thread(fr.regs[addr_slot], fr.T).astype(np.int64)
+    par = per_thread(fr.regs[parity_slot], fr.T).astype(np.int64) & 1
+    m = effective(fr, [])
+    out = np.zeros(fr.T, bool)
+    for t in np.flatnonzero(m):
+        out[t] = (b.barrier(addrs[t], where).phase & 1) != par[t]
+    if not out[m].all():
+        raise Unsupported("polling an mbarrier whose phase has not completed (lockstep execution "
+                          "cannot let other threads progress)", where)
+    return out
+
+
+@rule("nvvm.mbarrier.init.shared", "nvvm.mbarrier.init")
+def init(o: Op) -> Step:
+    addr, count = operands(o, "addr")[0], operands(o, "count")[0]
+    pred = operands(o, "predicate")
+    loc = o.loc
+    return lambda fr: mbarrier_init(fr, addr, count, effective(fr, pred), loc)
+
+
+@rule("nvvm.mbarrier.arrive.expect_tx", "nvvm.mbarrier.arrive.expect_tx.shared")
+def arrive_expect_tx(o: Op) -> Step:
+    addr, tx = operands(o, "addr")[0], operands(o, "txcount")[0]
+    pred = operands(o, "predicate")
+    scope = str(o.attr_or("scope", "cta"))
+    if "cluster" in scope:
+        raise o.unsupported("mbarrier.arrive.expect_tx at cluster scope")
+    outs = o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        mbarrier_arrive(fr, addr, effective(fr, pred), loc, tx_slot=tx)
+        for out in outs:
+            fr.regs[out] = np.asarray(0, np.int64)
+    return step
+
+
+@rule("nvvm.mbarrier.arrive", "nvvm.mbarrier.arrive.shared")
+def arrive(o: Op) -> Step:
+    addr = operands(o, "addr")[0]
+    outs = o.outs
+    loc = o.loc
+    if "count" in dir(o.op.opview) and operands(o, "count"):
+        raise o.unsupported(f"{o.name} with a count")
+
+    def step(fr: Frame) -> None:
+        mbarrier_arrive(fr, addr, effective(fr, []), loc)
+        for out in outs:
+            fr.regs[out] = np.asarray(0, np.int64)
+    return step
+
+
+@rule("nvvm.mbarrier.arrive.nocomplete", "nvvm.mbarrier.arrive.nocomplete.shared")
+def arrive_nocomplete(o: Op) -> Step:
+    addr, count = operands(o, "addr")[0], operands(o, "count")[0]
+    outs = o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block(o.name, loc)
+        m = effective(fr, [])
+        addrs = _addrs(fr, addr, m)
+        cnt = per_thread(fr.regs[count], fr.T)[m]
+        for a, n in zip(addrs, cnt):
+            bar = b.barrier(a, loc)
+            bar.pending -= int(n)
+            if bar.pending <= 0:
+                raise EmulationError(f"mbarrier.arrive.nocomplete completed the phase at {loc}")
+        for out in outs:
+            fr.regs[out] = np.asarray(0, np.int64)
+    return step
+
+
+@rule("nvvm.mbarrier.try_wait.parity", "nvvm.mbarrier.try_wait.parity.shared")
+def try_wait_parity(o: Op) -> Step:
+    addr, phase = operands(o, "addr")[0], operands(o, "phase")[0]
+    loc = o.loc
+    outs = o.outs
+
+    def step(fr: Frame) -> None:
+        if outs:
+            fr.regs[outs[0]] = mbarrier_test(fr, addr, phase, loc)
+        else:
+            mbarrier_wait(fr, addr, phase, loc)
+    return step
+
+
+# --- TMA -----------------------------------------------------------------------
+
+def _coords(fr: Frame, slots: list[int], t: int) -> list[int]:
+    return [int(per_thread(fr.regs[s], fr.T)[t]) for s in slots]
+
+
+@rule("nvvm.cp.async.bulk.tensor.shared.cluster.global")
+def tma_load(o: Op) -> Step:
+    mode = str(o.attr_or("mode", "tile"))
+    if "tile>" not in mode and mode != "tile":
+        raise o.unsupported(f"TMA load in mode {mode}")
+    if operands(o, "multicastMask"):
+        raise o.unsupported("multicast TMA load")
+    if operands(o, "im2colOffsets"):
+        raise o.unsupported("im2col TMA load")
+    dst, desc = operands(o, "dstMem")[0], operands(o, "tmaDescriptor")[0]
+    bar = operands(o, "mbar")[0]
+    coords = operands(o, "coordinates")
+    pred = operands(o, "predicate")
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block("TMA load", loc)
+        m = effective(fr, pred)
+        for t in np.flatnonzero(m):
+            d = tma.descriptor(fr, per_thread(fr.regs[desc], fr.T)[t], loc)
+            n = tma.load(fr, d, int(per_thread(fr.regs[dst], fr.T)[t]), _coords(fr, coords, t), loc)
+            b.barrier(per_thread(fr.regs[bar], fr.T)[t], loc).complete_tx(n)
+    return step
+
+
+@rule("nvvm.cp.async.bulk.tensor.global.shared.cta")
+def tma_store(o: Op) -> Step:
+    mode = str(o.attr_or("mode", "tile"))
+    if "tile>" not in mode and mode != "tile":
+        raise o.unsupported(f"TMA store in mode {mode}")
+    src, desc = operands(o, "srcMem")[0], operands(o, "tmaDescriptor")[0]
+    coords = operands(o, "coordinates")
+    pred = operands(o, "predicate")
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        fr.need_block("TMA store", loc)
+        m = effective(fr, pred)
+        for t in np.flatnonzero(m):
+            d = tma.descriptor(fr, per_thread(fr.regs[desc], fr.T)[t], loc)
+            tma.store(fr, d, int(per_thread(fr.regs[src], fr.T)[t]), _coords(fr, coords, t), loc)
+    return step
+
+
+def _noop(o: Op) -> Step:
+    outs = o.outs
+
+    def step(fr: Frame) -> None:
+        for out in outs:
+            fr.regs[out] = None
+    return step
+
+
+for _n in ("nvvm.cp.async.bulk.commit.group", "nvvm.cp.async.bulk.wait_group", "nvvm.fence.proxy",
+           "nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire", "nvvm.fence.proxy.release",
+           "nvvm.prefetch.tensormap", "nvvm.setmaxregister", "nvvm.bar.warp.sync",
+           "nvvm.cp.async.bulk.tensor.prefetch"):
+    rule(_n)(_noop)
+
+
+@rule("nvvm.barrier0", "nvvm.barrier")
+def barrier(o: Op) -> Step:
+    from .gpu import full_block_barrier
+    loc = o.loc
+    if o.ins:
+        return _noop(o)  # a named barrier over a thread count: ordering only
+    return lambda fr: full_block_barrier(fr, o.name, loc)
+
+
+SREG = {
+    "nvvm.read.ptx.sreg.tid.x": lambda b: b.tid[0], "nvvm.read.ptx.sreg.tid.y": lambda b: b.tid[1],
+    "nvvm.read.ptx.sreg.tid.z": lambda b: b.tid[2],
+    "nvvm.read.ptx.sreg.ctaid.x": lambda b: b.block_id[0],
+    "nvvm.read.ptx.sreg.ctaid.y": lambda b: b.block_id[1],
+    "nvvm.read.ptx.sreg.ctaid.z": lambda b: b.block_id[2],
+    "nvvm.read.ptx.sreg.ntid.x": lambda b: b.block_dim[0],
+    "nvvm.read.ptx.sreg.ntid.y": lambda b: b.block_dim[1],
+    "nvvm.read.ptx.sreg.ntid.z": lambda b: b.block_dim[2],
+    "nvvm.read.ptx.sreg.nctaid.x": lambda b: b.grid[0],
+    "nvvm.read.ptx.sreg.nctaid.y": lambda b: b.grid[1],
+    "nvvm.read.ptx.sreg.nctaid.z": lambda b: b.grid[2],
+    "nvvm.read.ptx.sreg.laneid": lambda b: b.lane,
+    "nvvm.read.ptx.sreg.warpid": lambda b: b.flat // 32,
+}
+for _n, _f in SREG.items():
+    def _sreg(o: Op, f=_f) -> Step:
+        (out,) = o.outs
+        dt = o.out_types[0].dtype
+        loc = o.loc
+        return lambda fr: fr.regs.__setitem__(out, np.asarray(f(fr.need_block(o.name, loc))).astype(dt))
+    rule(_n)(_sreg)
+
+
+@rule("nvvm.vote.sync")
+def vote_sync(o: Op) -> Step:
+    kind = str(o.attr("kind")).split("<")[-1].rstrip(">")
+    _, pred = o.ins
+    (out,) = o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        _warps(fr, loc)
+        _check_full_warps(fr, "vote.sync", loc)
+        p = per_thread(fr.regs[pred], fr.T).astype(bool).reshape(-1, 32)
+        if kind == "ballot":
+            bits = (p.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(1)
+            fr.regs[out] = np.repeat(bits.astype(np.uint32).view(np.int32), 32)
+        elif kind == "any":
+            fr.regs[out] = np.repeat(p.any(1), 32)
+        elif kind == "all":
+            fr.regs[out] = np.repeat(p.all(1), 32)
+        else:
+            raise Unsupported(f"vote.sync {kind}", loc)
+    return step
+
+
+# --- ldmatrix / stmatrix -------------------------------------------------------
+
+def _matrix_shape(o: Op) -> None:
+    elt = str(o.attr_or("eltType", "b16"))
+    shape = str(o.attr_or("shape", "m = 8, n = 8"))
+    if "b16" not in elt or "m = 8, n = 8" not in shape:
+        raise o.unsupported(f"{o.name} of {elt} {shape}")
+
+
+@rule("nvvm.ldmatrix")
+def ldmatrix(o: Op) -> Step:
+    _matrix_shape(o)
+    num = int(o.attr("num").value)
+    trans = "col" in str(o.attr("layout"))
+    (ptr,), (out,) = o.ins, o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        W = _warps(fr, loc)
+        _check_full_warps(fr, "ldmatrix", loc)
+        addrs = per_thread(fr.regs[ptr], fr.T).astype(np.int64).reshape(W, 32)[:, :8 * num]
+        rows = addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2  # (W, num, 8 rows, 8 cols)
+        wm = None if fr.mask is None else np.broadcast_to(
+            fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
+        vals = fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
+        if trans:
+            vals = np.swapaxes(vals, -1, -2)
+        lane = np.arange(32)
+        lo = vals[:, :, lane // 4, 2 * (lane % 4)]  # (W, num, 32)
+        hi = vals[:, :, lane // 4, 2 * (lane % 4) + 1]
+        regs = (lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)).view(np.int32)
+        regs = np.transpose(regs, (0, 2, 1)).reshape(fr.T, num)
+        if num == 1:
+            fr.regs[out] = regs[:, 0]
+        else:
+            fr.regs[out] = tuple(regs[:, k] for k in range(num))
+    return step
+
+
+@rule("nvvm.stmatrix")
+def stmatrix(o: Op) -> Step:
+    _matrix_shape(o)
+    trans = "col" in str(o.attr("layout"))
+    ptr, *srcs = o.ins
+    num = len(srcs)
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        W = _warps(fr, loc)
+        _check_full_warps(fr, "stmatrix", loc)
+        regs = np.stack([per_thread(fr.regs[s], fr.T).astype(np.int32) for s in srcs], -1)
+        u = regs.view(np.uint32).reshape(W, 32, num)
+        lo = (u & 0xFFFF).astype(np.uint16)
+        hi = (u >> 16).astype(np.uint16)
+        vals = np.zeros((W, num, 8, 8), np.uint16)
+        lane = np.arange(32)
+        vals[:, :, lane // 4, 2 * (lane % 4)] = np.transpose(lo, (0, 2, 1))
+        vals[:, :, lane // 4, 2 * (lane % 4) + 1] = np.transpose(hi, (0, 2, 1))
+        if trans:
+            vals = np.swapaxes(vals, -1, -2)
+        addrs = per_thread(fr.regs[ptr], fr.T).astype(np.int64).reshape(W, 32)[:, :8 * num]
+        rows = addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2
+        wm = None if fr.mask is None else np.broadcast_to(
+            fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
+        fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc)
+    return step
+
+
+del thread_axis

@@ -1,0 +1,153 @@
+"""``scf``: structured control flow in lockstep.
+
+All threads of a block run every step together. ``scf.for`` and
+``scf.while`` need bounds/conditions that agree between the active threads
+(otherwise :class:`Unsupported`). ``scf.if`` on a condition that differs
+between threads runs each branch under a mask (the threads that took it) and
+merges the yielded values per thread, as a SIMT machine does; a branch no
+active thread takes is skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compiler import Op, Step, rule
+from ..errors import Unsupported
+from ..machine import Frame, uniform
+from ._util import thread_axis
+
+
+@rule("scf.for")
+def for_(o: Op) -> Step:
+    lb, ub, st, *inits = o.ins
+    body = o.region_block()
+    iv, *carried = body.args
+    outs = o.outs
+    loc = o.loc
+    idt = o.in_types[0].dtype
+
+    def step(fr: Frame) -> None:
+        r = fr.regs
+        lo = uniform(r[lb], fr, "scf.for lower bound", loc)
+        hi = uniform(r[ub], fr, "scf.for upper bound", loc)
+        s = uniform(r[st], fr, "scf.for step", loc)
+        vals = [r[i] for i in inits]
+        if lo is not None:
+            for i in range(int(lo), int(hi), int(s)):
+                r[iv] = np.asarray(i, idt)
+                for a, v in zip(carried, vals):
+                    r[a] = v
+                body.run(fr)
+                vals = [r[t] for t in body.term]
+        for out, v in zip(outs, vals):
+            r[out] = v
+    return step
+
+
+def _merge(cond: np.ndarray, a, b, vrank: int, where: str):
+    """Per thread: ``a`` where ``cond`` else ``b``."""
+    if isinstance(a, (np.ndarray, np.generic)) and isinstance(b, (np.ndarray, np.generic)):
+        return np.where(thread_axis(cond, vrank), a, b)
+    if a is b or a == b:
+        return a
+    raise Unsupported("scf.if yielding non-register values that differ between threads", where)
+
+
+@rule("scf.if")
+def if_(o: Op) -> Step:
+    (cond,) = o.ins
+    then = o.region_block(0)
+    has_else = len(o.op.regions) > 1 and len(o.op.regions[1].blocks) > 0
+    other = o.region_block(1) if has_else else None
+    outs = o.outs
+    vranks = [t.vrank for t in o.out_types]
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        r = fr.regs
+        c = np.asarray(r[cond])
+        if c.ndim == 0:
+            take: bool | None = bool(c)
+        else:
+            act = c if fr.mask is None else c[fr.mask]
+            take = True if act.all() else False if not act.any() else None
+        if take is not None:
+            branch = then if take else other
+            if branch is not None:
+                branch.run(fr)
+                for out, t in zip(outs, branch.term):
+                    r[out] = r[t]
+            return
+        saved = fr.mask
+        base = np.ones(fr.T, bool) if saved is None else saved
+        fr.mask = base & c
+        then.run(fr)
+        tv = [r[t] for t in then.term]
+        ev = []
+        if other is not None:
+            fr.mask = base & ~c
+            other.run(fr)
+            ev = [r[t] for t in other.term]
+        fr.mask = saved
+        for out, a, b, vr in zip(outs, tv, ev, vranks):
+            r[out] = _merge(c, a, b, vr, loc)
+    return step
+
+
+@rule("scf.while")
+def while_(o: Op) -> Step:
+    before = o.region_block(0)
+    after = o.region_block(1)
+    inits, outs = o.ins, o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        r = fr.regs
+        vals = [r[i] for i in inits]
+        while True:
+            for a, v in zip(before.args, vals):
+                r[a] = v
+            before.run(fr)
+            c, *fwd = before.term
+            go = uniform(r[c], fr, "scf.while condition", loc)
+            fwd_vals = [r[f] for f in fwd]
+            if not go:
+                for out, v in zip(outs, fwd_vals):
+                    r[out] = v
+                return
+            for a, v in zip(after.args, fwd_vals):
+                r[a] = v
+            after.run(fr)
+            vals = [r[t] for t in after.term]
+    return step
+
+
+@rule("scf.execute_region")
+def execute_region(o: Op) -> Step:
+    if len(o.op.regions[0].blocks) != 1:
+        raise o.unsupported("scf.execute_region with several blocks")
+    body = o.region_block()
+    outs = o.outs
+
+    def step(fr: Frame) -> None:
+        body.run(fr)
+        for out, t in zip(outs, body.term):
+            fr.regs[out] = fr.regs[t]
+    return step
+
+
+@rule("scf.index_switch")
+def index_switch(o: Op) -> Step:
+    cases = [int(c) for c in o.attr("cases")]
+    default = o.region_block(0)
+    blocks = [o.region_block(i + 1) for i in range(len(cases))]
+    (arg,), outs = o.ins, o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        v = uniform(fr.regs[arg], fr, "scf.index_switch selector", loc)
+        b = blocks[cases.index(int(v))] if v is not None and int(v) in cases else default
+        b.run(fr)
+        for out, t in zip(outs, b.term):
+            fr.regs[out] = fr.regs[t]
+    return step

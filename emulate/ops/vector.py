@@ -1,0 +1,243 @@
+"""``vector``: per-thread register vectors. A value of type vector<S> is an
+array of shape ``S`` (uniform) or ``(T, *S)`` (per thread); loads and stores
+go through :mod:`..memory` with the addresses the memref descriptor gives."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import irtypes
+from ..compiler import Op, Step, rule
+from ..machine import Frame
+from ..values import lead
+from ._util import unary
+from .memref import element_addresses, memref_of
+
+
+def _static(o: Op, name: str) -> list[int]:
+    return [int(v) for v in o.attr(name)]
+
+
+DYNAMIC = -9223372036854775808
+
+
+def _positions(o: Op, first_dynamic: int):
+    static = _static(o, "static_position")
+    dyn = o.ins[first_dynamic:]
+    return static, dyn
+
+
+def _index(fr: Frame, static, dyn, lead_axes: int):
+    pos, k = [], 0
+    for s in static:
+        if s == DYNAMIC:
+            v = np.asarray(fr.regs[dyn[k]])
+            k += 1
+            if v.ndim:
+                raise _dyn_err
+            pos.append(int(v))
+        else:
+            pos.append(s)
+    return (slice(None),) * lead_axes + tuple(pos)
+
+
+class _DynErr(Exception):
+    pass
+
+
+_dyn_err = _DynErr()
+
+
+@rule("vector.extract")
+def extract(o: Op) -> Step:
+    vr = o.in_types[0].vrank
+    static, dyn = _positions(o, 1)
+    src, out = o.ins[0], o.outs[0]
+    if not dyn:
+        pos = tuple(static)
+
+        def step(fr: Frame) -> None:
+            x = fr.regs[src]
+            fr.regs[out] = x[pos] if np.ndim(x) == vr else x[(slice(None),) + pos]
+        return step
+
+    def step_dyn(fr: Frame) -> None:
+        x = fr.regs[src]
+        try:
+            fr.regs[out] = x[_index(fr, static, dyn, lead(x, vr))]
+        except _DynErr:
+            raise o.unsupported("vector.extract at a per-thread position") from None
+    return step_dyn
+
+
+@rule("vector.insert")
+def insert(o: Op) -> Step:
+    vt = o.out_types[0]
+    vr = vt.vrank
+    static, dyn = _positions(o, 2)
+    val, dst, out = o.ins[0], o.ins[1], o.outs[0]
+
+    def step(fr: Frame) -> None:
+        r = fr.regs
+        v, d = np.asarray(r[val]), r[dst]
+        per_thread = lead(d, vr) or np.ndim(v) > len(vt.shape) - len(static)
+        if d is None or isinstance(d, type(None)):
+            d = np.zeros(vt.shape, vt.dtype)
+        d = np.asarray(d)
+        if per_thread and d.ndim == vr:
+            d = np.broadcast_to(d, (fr.T,) + d.shape)
+        res = np.array(d)
+        try:
+            idx = _index(fr, static, dyn, 1 if per_thread else 0)
+        except _DynErr:
+            raise o.unsupported("vector.insert at a per-thread position") from None
+        res[idx] = v
+        r[out] = res
+    return step
+
+
+@rule("vector.broadcast", "vector.splat")
+def broadcast(o: Op) -> Step:
+    src_t, dst_t = o.in_types[0], o.out_types[0]
+    svr, shape = src_t.vrank, dst_t.shape
+    (src,), (out,) = o.ins, o.outs
+
+    def step(fr: Frame) -> None:
+        x = np.asarray(fr.regs[src])
+        if np.ndim(x) > svr:  # per thread
+            xs = x.reshape((x.shape[0],) + (1,) * (len(shape) - svr) + x.shape[1:])
+            fr.regs[out] = np.broadcast_to(xs, (x.shape[0],) + shape)
+        else:
+            fr.regs[out] = np.broadcast_to(x, shape)
+    return step
+
+
+@rule("vector.bitcast")
+def bitcast(o: Op) -> Step:
+    src_t, dst_t = o.in_types[0], o.out_types[0]
+    if src_t.bits < 8 or dst_t.bits < 8 or dst_t.dtype == np.bool_:
+        raise o.unsupported(f"vector.bitcast {src_t.text} -> {dst_t.text}")
+    dt = dst_t.dtype
+    return unary(o, lambda x: np.array(x).view(dt))
+
+
+@rule("vector.shape_cast")
+def shape_cast(o: Op) -> Step:
+    svr, shape = o.in_types[0].vrank, o.out_types[0].shape
+
+    def f(x):
+        x = np.asarray(x)
+        return x.reshape(shape) if x.ndim == svr else x.reshape((x.shape[0],) + shape)
+    return unary(o, f)
+
+
+@rule("vector.extract_strided_slice")
+def extract_strided_slice(o: Op) -> Step:
+    offs, sizes = _static(o, "offsets"), _static(o, "sizes")
+    strides = _static(o, "strides")
+    vr = o.in_types[0].vrank
+    sl = tuple(slice(a, a + s * st, st) for a, s, st in zip(offs, sizes, strides))
+
+    def f(x):
+        return x[sl] if np.ndim(x) == vr else x[(slice(None),) + sl]
+    return unary(o, f)
+
+
+@rule("vector.insert_strided_slice")
+def insert_strided_slice(o: Op) -> Step:
+    offs, strides = _static(o, "offsets"), _static(o, "strides")
+    src_t, dst_t = o.in_types[0], o.out_types[0]
+    (src, dst), (out,) = o.ins, o.outs
+    lead_skip = dst_t.vrank - src_t.vrank
+
+    def step(fr: Frame) -> None:
+        s, d = np.asarray(fr.regs[src]), np.asarray(fr.regs[dst])
+        pt = lead(s, src_t.vrank) or lead(d, dst_t.vrank)
+        if pt:
+            s = np.broadcast_to(s, (fr.T,) + src_t.shape) if s.ndim == src_t.vrank else s
+            d = np.broadcast_to(d, (fr.T,) + dst_t.shape) if d.ndim == dst_t.vrank else d
+        res = np.array(d)
+        sl = tuple(offs[:lead_skip]) + tuple(
+            slice(a, a + n * st, st) for a, n, st in zip(offs[lead_skip:], src_t.shape, strides))
+        res[(slice(None),) * pt + sl] = s
+        fr.regs[out] = res
+    return step
+
+
+@rule("vector.from_elements")
+def from_elements(o: Op) -> Step:
+    shape = o.out_types[0].shape
+    dt = o.out_types[0].dtype
+    ins, (out,) = o.ins, o.outs
+
+    def step(fr: Frame) -> None:
+        xs = [np.asarray(fr.regs[i]) for i in ins]
+        if any(x.ndim for x in xs):
+            xs = [np.broadcast_to(x, (fr.T,)) for x in xs]
+            fr.regs[out] = np.stack(xs, axis=-1).astype(dt).reshape((fr.T,) + shape)
+        else:
+            fr.regs[out] = np.array(xs, dt).reshape(shape)
+    return step
+
+
+REDUCE = {"add": np.add, "mul": np.multiply, "maxsi": np.maximum, "minsi": np.minimum,
+          "maximumf": np.maximum, "minimumf": np.minimum, "maxnumf": np.fmax,
+          "minnumf": np.fmin, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+
+
+@rule("vector.reduction")
+def reduction(o: Op) -> Step:
+    kind = str(o.attr("kind")).split("<")[-1].rstrip(">")
+    if kind not in REDUCE or len(o.ins) != 1:
+        raise o.unsupported(f"vector.reduction <{kind}>")
+    fn = REDUCE[kind]
+    # Sequential (left to right) order, as LLVM's non-reassociative reduction.
+    def f(x):
+        x = np.asarray(x)
+        acc = x[..., 0]
+        for i in range(1, x.shape[-1]):
+            acc = fn(acc, x[..., i])
+        return acc
+    return unary(o, f)
+
+
+@rule("vector.fma")
+def vfma(o: Op) -> Step:
+    from .math import fma
+    return fma(o)
+
+
+def _load_store_common(o: Op, ref_index: int, vec_t: irtypes.T):
+    ref = o.ins[ref_index]
+    idx = o.ins[ref_index + 1:]
+    return ref, idx, vec_t.shape
+
+
+@rule("vector.load")
+def load(o: Op) -> Step:
+    vt = o.out_types[0]
+    ref, idx, vshape = _load_store_common(o, 0, vt)
+    (out,) = o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        m = memref_of(fr, ref)
+        addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
+        fr.regs[out] = fr.mem[m.space].load(addrs, m.dtype, fr.mask, loc)
+    return step
+
+
+@rule("vector.store")
+def store(o: Op) -> Step:
+    vt = o.in_types[0]
+    val = o.ins[0]
+    ref, idx, vshape = _load_store_common(o, 1, vt)
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        m = memref_of(fr, ref)
+        addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
+        fr.mem[m.space].store(addrs, fr.regs[val], m.dtype, fr.mask, loc)
+    return step
+
+

@@ -1,0 +1,86 @@
+"""Running a captured Lane-level module: host code once, then the launch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import irtypes, ops  # noqa: F401  (ops registers the rules)
+from .compiler import Compiler
+from .errors import EmulationError, Unsupported
+from .machine import Frame, Launch
+
+
+def _entry(module: Any):
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "llvm.emit_c_interface" in op.attributes:
+            return op
+    raise Unsupported("a module without a Mosaic GPU entry function (func.func with "
+                      "llvm.emit_c_interface)")
+
+
+def _kernel_args(func: Any) -> dict[int, irtypes.T]:
+    found: dict[int, irtypes.T] = {}
+
+    def walk(op: Any) -> None:
+        for region in op.regions:
+            for block in region.blocks:
+                for o in block.operations:
+                    o = o.operation
+                    if (o.name == "builtin.unrealized_conversion_cast"
+                            and "mosaic_gpu.from_kernel_arg_idx" in o.attributes):
+                        idx = int(o.attributes["mosaic_gpu.from_kernel_arg_idx"].value)
+                        found.setdefault(idx, irtypes.of(o.results[0]))
+                    walk(o)
+    walk(func)
+    return found
+
+
+def run_module(module: Any, inputs: Sequence[np.ndarray],
+               outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[np.ndarray, ...]:
+    """Runs ``module`` (a Lane-level Mosaic GPU module) on ``inputs``; returns
+    the output buffers, each of the given (shape, dtype)."""
+    func = _entry(module)
+    kargs = _kernel_args(func)
+    n = len(inputs) + len(outputs)
+    if sorted(kargs) != list(range(len(kargs))) or len(kargs) > n:
+        raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
+                          f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
+                          "not modelled)")
+    comp = Compiler()
+    body = comp.block(func.regions[0].blocks[0])
+    launch = Launch()
+    g = launch.memory["global"]
+    regions = []
+    for i in range(n):
+        if i < len(inputs):
+            t = kargs.get(i)
+            arr = np.asarray(inputs[i])
+            if t is not None:
+                if tuple(arr.shape) != tuple(t.shape):
+                    raise EmulationError(f"input {i} has shape {arr.shape}, the kernel wants {t.shape}")
+                arr = arr.astype(t.dtype)
+            arr = np.ascontiguousarray(arr)
+        else:
+            shape, dt = outputs[i - len(inputs)]
+            arr = np.zeros(shape, dt)
+        r = g.alloc(arr.nbytes, f"kernel argument {i}")
+        r.data[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
+        regions.append((r, arr.dtype, arr.shape))
+    table = g.alloc(8 * n, "kernel argument table")
+    table.data[:8 * n] = np.array([r.base for r, _, _ in regions], np.int64).view(np.uint8)
+    regs: list = [None] * comp.nslots
+    token_slot, buffers_slot = body.args
+    regs[token_slot] = np.asarray(0, np.int64)
+    regs[buffers_slot] = np.asarray(table.base, np.int64)
+    frame = Frame(regs, launch)
+    with np.errstate(all="ignore"):
+        body.run(frame)
+    out = []
+    for r, dt, shape in regions[len(inputs):]:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        out.append(r.data[:nbytes].copy().view(dt).reshape(shape))
+    return tuple(out)

@@ -1,0 +1,62 @@
+"""Comparing emulated outputs with references, and the test-kit hook.
+
+``emulate_pipeline(f, *args, pipeline=None)`` runs ``f`` on the emulator
+through smalti's pipeline (``pipeline`` as ``smalti.jax.installed`` takes it,
+or jax's own when ``jax_pipeline=True``); ``assert_close_ulp`` compares in
+units in the last place. A pytest fixture can be a one-liner over these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import run
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| in units in the last place of their (common float) dtype,
+    counting representable values between them; NaN == NaN."""
+    a, b = np.asarray(a), np.asarray(b)
+    bits = a.dtype.itemsize * 8
+    it = {16: np.int16, 32: np.int32, 64: np.int64}[bits]
+    ia = a.view(it).astype(np.int64)
+    ib = b.astype(a.dtype).view(it).astype(np.int64)
+    top = np.int64(1) << (bits - 1)
+    # map sign-magnitude to a monotone integer line
+    ia = np.where(ia < 0, -(ia + top), ia)
+    ib = np.where(ib < 0, -(ib + top), ib)
+    d = np.abs(ia - ib)
+    both_nan = np.isnan(a.astype(np.float32)) & np.isnan(b.astype(a.dtype).astype(np.float32))
+    return np.where(both_nan, 0, d)
+
+
+def assert_close_ulp(got: np.ndarray, want: np.ndarray, ulp: int) -> None:
+    """Bit-exact (``ulp == 0`` or integer dtypes) or within ``ulp`` ulp."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.dtype.kind in "iub" or ulp == 0:
+        same = got.view(np.uint8).reshape(-1) == np.asarray(want, got.dtype).view(np.uint8).reshape(-1)
+        if not same.all():
+            bad = np.flatnonzero(np.asarray(want, got.dtype).reshape(-1) != got.reshape(-1))
+            k = bad[:5] if bad.size else np.flatnonzero(~same)[:5]
+            raise AssertionError(f"{bad.size} elements differ (want exact), e.g. at flat {k}: "
+                                 f"got {got.reshape(-1)[k]}, want {want.reshape(-1)[k]}")
+        return
+    d = ulp_distance(got, want)
+    if d.max() > ulp:
+        k = np.argmax(d)
+        raise AssertionError(f"{int((d > ulp).sum())} elements beyond {ulp} ulp; worst "
+                             f"{int(d.max())} ulp at flat {k}: got {got.reshape(-1)[k]}, "
+                             f"want {want.reshape(-1)[k]}")
+
+
+def emulate_pipeline(f: Callable, *args: np.ndarray, pipeline: Any = None,
+                     jax_pipeline: bool = False, arch: tuple[int, int] = (9, 0)):
+    """Runs ``f`` on the emulator through smalti's pipeline (or jax's)."""
+    if jax_pipeline:
+        return run(f, *args, arch=arch)
+    import smalti.jax
+
+    with smalti.jax.installed(pipeline):  # None: the installed plugins
+        return run(f, *args, arch=arch)

@@ -1,0 +1,66 @@
+"""TMA bulk tensor copies, executed when issued.
+
+A descriptor (:class:`.machine.TmaDescriptor`) describes a row-major global
+tensor (sizes, element strides) and a box (``window``). A copy moves the box
+whose first element sits at the given coordinates (PTX order: innermost
+first). SMEM holds the box densely in row-major order, each byte address
+passed through the descriptor's swizzle (:func:`.memory.swizzle`). Loads fill
+elements outside the tensor with zeros and count the whole box toward the
+mbarrier's transaction bytes; stores skip them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import EmulationError, Unsupported
+from .machine import TMA_MAGIC, Frame, TmaDescriptor
+from .memory import swizzle
+
+
+def descriptor(fr: Frame, ptr: int, where: str) -> TmaDescriptor:
+    raw = fr.mem["global"].read_bytes(int(ptr), 16, where).view(np.int64)
+    if int(raw[0]) != TMA_MAGIC or int(raw[1]) not in fr.launch.tma:
+        raise EmulationError(f"TMA copy through {int(ptr):#x}, which holds no tensor map, at {where}")
+    return fr.launch.tma[int(raw[1])]
+
+
+def _box(desc: TmaDescriptor, coords_innermost_first: list[int]):
+    rank = len(desc.sizes)
+    if len(coords_innermost_first) != rank:
+        raise Unsupported(f"TMA copy with {len(coords_innermost_first)} coordinates for a "
+                          f"rank-{rank} tensor map")
+    start = list(reversed(coords_innermost_first))
+    idx = np.indices(desc.window, dtype=np.int64).reshape(rank, -1)
+    coords = idx + np.asarray(start, np.int64)[:, None]
+    inside = np.all((coords >= 0) & (coords < np.asarray(desc.sizes)[:, None]), axis=0)
+    gaddr = desc.base + (np.asarray(desc.strides)[:, None] * coords).sum(0) * desc.dtype.itemsize
+    return gaddr, inside
+
+
+def _smem_addresses(desc: TmaDescriptor, smem: int) -> np.ndarray:
+    n = int(np.prod(desc.window))
+    it = desc.dtype.itemsize
+    if desc.swizzle not in (0, 16):
+        row = desc.window[-1] * it
+        if row != desc.swizzle:
+            raise Unsupported(f"TMA box rows of {row} bytes under a {desc.swizzle}-byte swizzle")
+    lin = smem + np.arange(n, dtype=np.int64) * it
+    return swizzle(lin, desc.swizzle)
+
+
+def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str) -> int:
+    """Global -> SMEM; returns the bytes transferred (for complete_tx)."""
+    gaddr, inside = _box(desc, coords)
+    vals = np.zeros(gaddr.shape, desc.dtype)
+    if inside.any():
+        vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
+    fr.mem["shared"].store(_smem_addresses(desc, smem), vals, desc.dtype, None, where)
+    return vals.size * desc.dtype.itemsize
+
+
+def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str) -> None:
+    """SMEM -> global; elements outside the tensor are not written."""
+    gaddr, inside = _box(desc, coords)
+    vals = fr.mem["shared"].load(_smem_addresses(desc, smem), desc.dtype, None, where)
+    if inside.any():
+        fr.mem["global"].store(gaddr[inside], vals[inside], desc.dtype, None, where)
