@@ -9,20 +9,23 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
   (:mod:`.compiler`), one per op, by per-dialect rules (:mod:`.ops`).
 * **Host code** (kernel-argument unpacking, TMA descriptor set-up through
   ``mosaic_gpu_init_tma_desc``) runs once.
-* **The launch** runs every block of the grid in turn. Within a block all
-  threads execute in lockstep, vectorized: a register is a numpy array with a
-  leading thread axis (or without it when it is the same in every thread).
-  Divergent ``scf.if`` runs each branch under a mask of active threads;
-  stores, mbarrier arrivals and copies honour the mask and the ops'
-  predicates.
+* **The launch** runs every block of the grid in turn. Within a warpgroup
+  all threads execute in lockstep, vectorized: a register is a numpy array
+  with a leading thread axis (or without it when it is the same in every
+  thread). Divergent ``scf.if`` runs each branch under a mask of active
+  threads; stores, mbarrier arrivals and copies honour the mask and the ops'
+  predicates. A block of several warpgroups runs each as a coroutine
+  (:mod:`.sched`) that switches where it waits, so warp-specialized
+  producer/consumer kernels run.
 * **Memory** (:mod:`.memory`) is byte arrays: global buffers for the inputs
   and outputs, SMEM per block, addresses exactly as the IR computes them.
   TMA copies (:mod:`.tma`) read their descriptors and apply box, swizzle and
   out-of-bounds rules; mbarriers count arrivals and transaction bytes.
-* **Ordering.** In lockstep every op completes before the next starts, so
-  fences, async-group commits/waits and barriers are no-ops (an mbarrier
-  wait whose phase cannot have completed raises :class:`Unsupported`:
-  warp-specialized producer/consumer kernels are not modelled yet).
+* **Ordering.** Every op completes before the next starts and asynchronous
+  copies and WGMMAs complete when issued, so fences and async-group
+  commits/waits are no-ops; mbarrier waits and barriers block a warpgroup
+  until other warpgroups complete them (a wait nothing can complete raises
+  :class:`Unsupported`, naming what each warpgroup waits for).
 * **Numbers.** Integer ops are exact two's complement; f32/f16/bf16 + - * /
   round as IEEE (as PTX's ``.rn`` ops do; a ``mul``/``add`` pair that ptxas
   contracts into an ``fma`` may differ by 1 ulp); ``math`` functions and
@@ -30,8 +33,9 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
   :mod:`.ops.math` and :mod:`.ops.inline_asm` for the hardware's documented
   distance from that.
 
-Anything not modelled -- an op, an inline-PTX string, an intrinsic (WGMMA and
-tcgen05 included), a memory space -- raises :class:`Unsupported` naming it and
+WGMMA (:mod:`.ops.wgmma`) reads its SMEM matrix descriptors and register
+fragments as the PTX ISA documents them. Anything not modelled -- an op, an
+inline-PTX string, an intrinsic (tcgen05 included), a memory space -- raises :class:`Unsupported` naming it and
 its location, when execution reaches it. The emulator never guesses.
 """
 
@@ -69,8 +73,9 @@ def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tuple
     return _run(module, [np.asarray(a) for a in args], outs)
 
 
-def run_module(module: Any, inputs, outputs) -> tuple[np.ndarray, ...]:
-    """Runs an already lowered module; ``outputs`` lists (shape, dtype) pairs."""
+def run_module(module: Any, inputs, outputs=None) -> tuple[np.ndarray, ...]:
+    """Runs an already lowered module; ``outputs`` lists (shape, dtype) pairs
+    (by default: the kernel arguments after the inputs, as typed in the IR)."""
     from .runner import run_module as _run
 
     return _run(module, inputs, outputs)

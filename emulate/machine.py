@@ -4,6 +4,7 @@ the mask of active threads)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +83,32 @@ class Block:
         self.smem_region = self.smem.alloc(max(smem_bytes, 16), f"block {block_id} SMEM")
         self.barriers: dict[int, MBarrier] = {}
         self.scratch: list[Region] = []
+        # warpgroups as tasks (see .sched); shared by every group of the block
+        self.block_T = T
+        self.sched = None
+        self.named: dict[int, object] = {}
+        self.name = f"block {block_id}"
+
+    def group(self, first: int, n: int, name: str) -> "Block":
+        """The view of threads [first, first + n) of this block: their own ids,
+        the block's SMEM, mbarriers and scheduler."""
+        g = copy.copy(self)
+        bx, by, _ = self.block_dim
+        flat = np.arange(first, first + n, dtype=np.int64)
+        g.T, g.flat, g.lane, g.name = n, flat, flat % 32, name
+        g.tid = (flat % bx, (flat // bx) % by, flat // (bx * by))
+        return g
+
+    def named_barrier(self, ident: int, expected: int):
+        from .sched import NamedBarrier
+
+        b = self.named.get(ident)
+        if b is None or b.expected != expected:
+            if b is not None and b.arrived:
+                raise EmulationError(f"barrier {ident} used with {expected} and {b.expected} "
+                                     "threads at once")
+            b = self.named[ident] = NamedBarrier(expected)
+        return b
 
     def finish(self) -> None:
         self.smem.free(self.smem_region)

@@ -43,6 +43,7 @@ class Region:
 class Space:
     def __init__(self, name: str, base: int) -> None:
         self.name = name
+        self.base = base
         self.next = base
         self.bases: list[int] = []
         self.regions: list[Region] = []
@@ -59,6 +60,8 @@ class Space:
     def free(self, region: Region) -> None:
         i = self.regions.index(region)
         del self.regions[i], self.bases[i]
+        if not self.regions:  # e.g. each block's SMEM starts at the same address
+            self.next = self.base
 
     def find(self, lo: int, hi: int, where: str) -> Region:
         i = bisect.bisect(self.bases, lo) - 1

@@ -40,13 +40,18 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
 
 
 def run_module(module: Any, inputs: Sequence[np.ndarray],
-               outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> tuple[np.ndarray, ...]:
+               outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None
+               ) -> tuple[np.ndarray, ...]:
     """Runs ``module`` (a Lane-level Mosaic GPU module) on ``inputs``; returns
-    the output buffers, each of the given (shape, dtype)."""
+    the output buffers, each of the given (shape, dtype) -- by default, the
+    types of the kernel arguments after the inputs."""
     func = _entry(module)
     kargs = _kernel_args(func)
+    if outputs is None:
+        outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
+                   for i in range(len(inputs), len(kargs))]
     n = len(inputs) + len(outputs)
-    if sorted(kargs) != list(range(len(kargs))) or len(kargs) > n:
+    if any(i >= n for i in kargs):
         raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
                           f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
                           "not modelled)")

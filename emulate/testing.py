@@ -34,7 +34,9 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def assert_close_ulp(got: np.ndarray, want: np.ndarray, ulp: int) -> None:
     """Bit-exact (``ulp == 0`` or integer dtypes) or within ``ulp`` ulp."""
-    got, want = np.asarray(got), np.asarray(want)
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    if got.shape != want.shape:
+        raise AssertionError(f"shapes differ: got {got.shape}, want {want.shape}")
     if got.dtype.kind in "iub" or ulp == 0:
         same = got.view(np.uint8).reshape(-1) == np.asarray(want, got.dtype).view(np.uint8).reshape(-1)
         if not same.all():
@@ -60,3 +62,24 @@ def emulate_pipeline(f: Callable, *args: np.ndarray, pipeline: Any = None,
 
     with smalti.jax.installed(pipeline):  # None: the installed plugins
         return run(f, *args, arch=arch)
+
+
+def emulate_kernel(body: Callable, in_shapes, out_shapes, *args: np.ndarray,
+                   pipeline: Any = None, jax_pipeline: bool = False, **build: Any):
+    """Builds a Warpgroup-semantics kernel from a dialect-level ``body``
+    (``body(launch_ctx, *refs, smem)``, as :func:`smalti.kernels.build_kernel`
+    takes it, with its keyword arguments ``build``), infers layouts and lowers
+    it with smalti (``pipeline``: default the installed plugins) or jax's own
+    middle-end, and runs the result on ``args``."""
+    from smalti import kernels
+    from smalti.testing import lower_with, lower_with_jax
+
+    from . import run_module
+
+    kernel = kernels.build_kernel(body, in_shapes, out_shapes, **build)
+    if jax_pipeline:
+        lower_with_jax(kernel)
+    else:
+        lower_with(kernel, pipeline)
+    outs = [(tuple(o.shape), np.dtype(o.dtype)) for o in out_shapes]
+    return run_module(kernel.module, [np.asarray(a) for a in args], outs)

@@ -64,3 +64,47 @@ def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: s
     vals = fr.mem["shared"].load(_smem_addresses(desc, smem), desc.dtype, None, where)
     if inside.any():
         fr.mem["global"].store(gaddr[inside], vals[inside], desc.dtype, None, where)
+
+
+def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
+    """The (4, w) elements a ``tile::gather4``/``scatter4`` moves: four rows
+    (any row coordinates) of a rank-2 tensor map whose box is (1, w), each
+    starting at column ``col``."""
+    if len(desc.sizes) != 2 or desc.window[0] != 1:
+        raise Unsupported(f"tile::gather4/scatter4 through a tensor map of box {desc.window} "
+                          "(a rank-2 map with a (1, w) box is modelled)", where)
+    w = desc.window[1]
+    r = np.asarray(rows, np.int64).reshape(4, 1)
+    c = int(col) + np.arange(w, dtype=np.int64).reshape(1, w)
+    inside = (r >= 0) & (r < desc.sizes[0]) & (c >= 0) & (c < desc.sizes[1])
+    gaddr = desc.base + (r * desc.strides[0] + c * desc.strides[1]) * desc.dtype.itemsize
+    return gaddr.reshape(-1), inside.reshape(-1)
+
+
+def _gather4_smem(desc: TmaDescriptor, smem: int, where: str) -> np.ndarray:
+    """SMEM holds the four rows densely, one after the other (each ``w``
+    elements), through the swizzle as a box of 4 rows would be."""
+    w, it = desc.window[1], desc.dtype.itemsize
+    if desc.swizzle not in (0, 16) and w * it != desc.swizzle:
+        raise Unsupported(f"tile::gather4 rows of {w * it} bytes under a {desc.swizzle}-byte "
+                          "swizzle", where)
+    return swizzle(smem + np.arange(4 * w, dtype=np.int64) * it, desc.swizzle)
+
+
+def gather4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str) -> int:
+    """Global -> SMEM, four gathered rows; returns the bytes transferred.
+    Elements outside the tensor read as zero (and still count)."""
+    gaddr, inside = _gather4_box(desc, col, rows, where)
+    vals = np.zeros(gaddr.shape, desc.dtype)
+    if inside.any():
+        vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
+    fr.mem["shared"].store(_gather4_smem(desc, smem, where), vals, desc.dtype, None, where)
+    return vals.size * desc.dtype.itemsize
+
+
+def scatter4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str) -> None:
+    """SMEM -> global, four scattered rows; elements outside are not written."""
+    gaddr, inside = _gather4_box(desc, col, rows, where)
+    vals = fr.mem["shared"].load(_gather4_smem(desc, smem, where), desc.dtype, None, where)
+    if inside.any():
+        fr.mem["global"].store(gaddr[inside], vals[inside], desc.dtype, None, where)

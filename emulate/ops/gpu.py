@@ -10,6 +10,7 @@ import numpy as np
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Block, Frame, uniform
+from ..sched import Scheduler
 from ..values import MemRef
 
 DIMS = {"x": 0, "y": 1, "z": 2}
@@ -31,6 +32,25 @@ def launch(o: Op) -> Step:
     outs = o.outs
     loc = o.loc
 
+    def run_group(block: Block, r: list, fr: Frame) -> None:
+        bf = Frame(list(r), fr.launch, block)
+        br = bf.regs
+        for d in range(3):
+            br[args[d]] = np.asarray(block.block_id[d], np.int64)
+            br[args[3 + d]] = block.tid[d]
+            br[args[6 + d]] = np.asarray(block.grid[d], np.int64)
+            br[args[9 + d]] = np.asarray(block.block_dim[d], np.int64)
+        body.run(bf)
+
+    def run_block(block: Block, r: list, fr: Frame) -> None:
+        n = block.T // WARPGROUP
+        if block.T % WARPGROUP or n == 1:
+            run_group(block, r, fr)
+            return
+        block.sched = Scheduler()
+        groups = [block.group(k * WARPGROUP, WARPGROUP, f"warpgroup {k}") for k in range(n)]
+        block.sched.run([(g.name, lambda g=g: run_group(g, r, fr)) for g in groups])
+
     def step(fr: Frame) -> None:
         r = fr.regs
         grid = tuple(int(uniform(r[s], fr, "grid size", loc)) for s in grid_s)
@@ -40,20 +60,16 @@ def launch(o: Op) -> Step:
             for by in range(grid[1]):
                 for bx in range(grid[0]):
                     block = Block(fr.launch, (bx, by, bz), grid, bdim, smem)
-                    bf = Frame(list(r), fr.launch, block)
-                    br = bf.regs
-                    for d in range(3):
-                        br[args[d]] = np.asarray(block.block_id[d], np.int64)
-                        br[args[3 + d]] = block.tid[d]
-                        br[args[6 + d]] = np.asarray(grid[d], np.int64)
-                        br[args[9 + d]] = np.asarray(bdim[d], np.int64)
                     try:
-                        body.run(bf)
+                        run_block(block, r, fr)
                     finally:
                         block.finish()
         for out in outs:
             r[out] = None
     return step
+
+
+WARPGROUP = 128  # threads per task of a multi-warpgroup block (see ..sched)
 
 
 def _block_value(o: Op, get) -> Step:
@@ -83,9 +99,23 @@ def lane_id(o: Op) -> Step:
 
 
 def full_block_barrier(fr: Frame, what: str, where: str) -> None:
+    """Every thread of the block must arrive; other warpgroups run meanwhile."""
     if fr.mask is not None and not fr.mask.all():
-        raise Unsupported(f"{what} reached by only some threads (a barrier inside divergent "
-                          "code cannot be ordered in lockstep)", where)
+        raise Unsupported(f"{what} reached by only some threads of a warpgroup (a barrier "
+                          "inside divergent code cannot be ordered in lockstep)", where)
+    b = fr.block
+    if b is not None and b.sched is not None:
+        b.named_barrier(0, b.block_T).arrive(b.T, b.sched, f"{what} at {where}")
+
+
+def named_barrier(fr: Frame, ident: int, count: int, what: str, where: str) -> None:
+    """``bar.sync ident, count``: ``count`` threads (whole warps) must arrive."""
+    b = fr.block
+    if b is None or b.sched is None:
+        return  # one warpgroup in lockstep: every earlier step already happened
+    m = np.ones(b.T, bool) if fr.mask is None else fr.mask
+    warps = m.reshape(-1, 32).any(1)
+    b.named_barrier(ident, count).arrive(32 * int(warps.sum()), b.sched, f"{what} at {where}")
 
 
 @rule("gpu.barrier")

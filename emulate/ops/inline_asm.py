@@ -19,8 +19,8 @@ import numpy as np
 from .. import irtypes
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
-from ..machine import Frame
-from .gpu import full_block_barrier
+from ..machine import Frame, uniform
+from .gpu import full_block_barrier, named_barrier
 from .nvvm import effective, mbarrier_arrive, mbarrier_init, per_thread
 
 F32_TINY = np.float32(np.finfo(np.float32).tiny)
@@ -131,7 +131,7 @@ ASM_ARG = re.compile(r"\$(\d+)")
 def _parse(text: str) -> tuple[str | None, bool, str, list[str]]:
     """(predicate operand, negated, opcode, args) of a one-instruction string."""
     s = " ".join(text.replace("\n", " ").split()).strip()
-    if s.count(";") != 1 or not s.endswith(";") or "{" in s:
+    if s.count(";") != 1 or not s.endswith(";") or s.startswith("{"):
         return None, False, "", []
     s = s[:-1].strip()
     pred, neg = None, False
@@ -147,10 +147,12 @@ def _parse(text: str) -> tuple[str | None, bool, str, list[str]]:
 def inline_asm(o: Op) -> Step:
     from jax._src.lib.mlir import ir
     text = ir.StringAttr(o.attr("asm_string")).value
+    from . import wgmma
+    if wgmma.is_wgmma(text):
+        return wgmma.compile_wgmma(o, text)
     pred, neg, opcode, args = _parse(text)
     loc = o.loc
-    hint = " (WGMMA and tcgen05 MMAs are not modelled yet)" if (
-        "wgmma" in text or "tcgen05" in text) else ""
+    hint = " (tcgen05 MMAs are not modelled yet)" if "tcgen05" in text else ""
     unknown = Unsupported(f"inline PTX {text!r}{hint}", loc)
     ins = o.ins
     results = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
@@ -176,7 +178,7 @@ def inline_asm(o: Op) -> Step:
         return barrier
 
     def arg_slot(a: str) -> int:
-        m = ASM_ARG.fullmatch(a.strip("[]"))
+        m = ASM_ARG.fullmatch(a.strip("[]{} "))
         if not m:
             raise unknown
         k = int(m.group(1)) - len(results)
@@ -198,7 +200,11 @@ def inline_asm(o: Op) -> Step:
     if opcode in ("fence.mbarrier_init.release.cluster", "prefetch.tensormap",
                   "fence.proxy.async.shared::cta", "fence.proxy.async", "griddepcontrol.wait",
                   "griddepcontrol.launch_dependents", "fence.proxy.async.global",
-                  "fence.acq_rel.cta", "fence.sc.cta") or opcode.startswith("setmaxnreg."):
+                  "fence.acq_rel.cta", "fence.sc.cta", "cp.async.bulk.commit_group",
+                  "cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read",
+                  "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                  "wgmma.wait_group.sync.aligned"
+                  ) or opcode.startswith("setmaxnreg."):
         def noop(fr: Frame) -> None:
             for out in outs:
                 fr.regs[out] = None
@@ -206,7 +212,17 @@ def inline_asm(o: Op) -> Step:
     if opcode in ("bar.sync", "barrier.sync", "bar.sync.aligned", "barrier.sync.aligned"):
         if len(args) == 1 and args[0] in ("0",):
             return lambda fr: full_block_barrier(fr, text, loc)
-        return lambda fr: None  # a named barrier over a subset of threads: ordering only
+        if len(args) not in (1, 2):
+            raise unknown
+        ident, count = (_literal_or_slot(a, arg_slot) for a in (args + [None])[:2])
+
+        def bar_sync(fr: Frame) -> None:
+            i = _read(fr, ident, loc)
+            n = _read(fr, count, loc) if count is not None else fr.need_block(text, loc).block_T
+            if i == 0 and count is None:
+                return full_block_barrier(fr, text, loc)
+            named_barrier(fr, i, n, text, loc)
+        return bar_sync
     if opcode in ("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned",
                   "barrier.cluster.arrive.aligned", "barrier.cluster.arrive", "barrier.cluster.wait"):
         return lambda fr: full_block_barrier(fr, text, loc)  # clusters of one block only
@@ -216,8 +232,12 @@ def inline_asm(o: Op) -> Step:
     if opcode in ("mbarrier.arrive.release.cta.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
                   "mbarrier.arrive.shared.b64") and args and args[0] == "_":
         a = arg_slot(args[1])
-        cnt = arg_slot(args[2]) if len(args) > 2 else None
-        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_slot=cnt)
+        cnt = _literal_or_slot(args[2], arg_slot) if len(args) > 2 else None
+        if cnt is not None and cnt[0] == "lit":
+            k = cnt[1]
+            return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_const=k)
+        cs = cnt[1] if cnt is not None else None
+        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_slot=cs)
     if opcode == "mbarrier.complete_tx.shared::cta.b64" and len(args) == 2:
         a, n = arg_slot(args[0]), arg_slot(args[1])
 
@@ -235,8 +255,54 @@ def inline_asm(o: Op) -> Step:
     if opcode == "cp.async.bulk.global.shared::cta.bulk_group" and len(args) == 3:
         dst, src, n = (arg_slot(a) for a in args)
         return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc)
+    if opcode == GATHER4 and len(args) == 8:  # [smem], [desc, {col, r0..r3}], [bar]
+        smem, desc, col, *rows, bar = (arg_slot(a) for a in args)
+        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, bar, loc)
+    if opcode == SCATTER4 and len(args) == 7:  # [desc, {col, r0..r3}], [smem]
+        desc, col, *rows, smem = (arg_slot(a) for a in args)
+        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, None, loc)
     raise unknown
 
+
+
+def _literal_or_slot(a, arg_slot):
+    """An operand of a PTX string: ("lit", int) or ("reg", slot); None stays None."""
+    if a is None:
+        return None
+    a = a.strip()
+    if re.fullmatch(r"\d+", a):
+        return ("lit", int(a))
+    return ("reg", arg_slot(a))
+
+
+def _read(fr: Frame, operand, where: str) -> int:
+    kind, v = operand
+    return v if kind == "lit" else int(uniform(fr.regs[v], fr, "a barrier operand", where))
+
+
+GATHER4 = "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes"
+SCATTER4 = "cp.async.bulk.tensor.2d.global.shared::cta.tile::scatter4.bulk_group"
+
+
+def _gather4(fr: Frame, pred_slots, smem: int, desc: int, col: int, rows: list[int],
+             bar: int | None, where: str) -> None:
+    """TMA ``tile::gather4`` (``bar`` given) or ``tile::scatter4``, per issuing
+    thread, complete when issued."""
+    from .. import tma
+
+    b = fr.need_block("tile::gather4", where)
+    m = effective(fr, pred_slots)
+    r = fr.regs
+    for t in np.flatnonzero(m):
+        d = tma.descriptor(fr, per_thread(r[desc], fr.T)[t], where)
+        s = int(per_thread(r[smem], fr.T)[t])
+        c = int(per_thread(r[col], fr.T)[t])
+        rs = [int(per_thread(r[x], fr.T)[t]) for x in rows]
+        if bar is None:
+            tma.scatter4(fr, d, s, c, rs, where)
+        else:
+            n = tma.gather4(fr, d, s, c, rs, where)
+            b.barrier(per_thread(r[bar], fr.T)[t], where).complete_tx(n)
 
 
 def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_space: str,

@@ -1,13 +1,14 @@
 """``nvvm``: warp collectives (``elect.sync``, ``shfl.sync``, ``ldmatrix``,
 ``stmatrix``), mbarriers, TMA bulk tensor copies and fences.
 
-Ordering model: all threads of a block execute each op together, and an
+Ordering model: the threads of a warpgroup execute each op together, and an
 asynchronous copy is complete the moment it is issued (it completes its
-mbarrier's transaction bytes at once). Hence fences (``fence.proxy``),
-``cp.async.bulk.commit_group``/``wait_group`` and warp/warpgroup barriers
-order nothing further and are no-ops. An ``mbarrier.try_wait.parity`` whose
-phase has not completed can never complete in lockstep: it raises
-:class:`Unsupported` (e.g. warp-specialized producer/consumer kernels)."""
+mbarrier's transaction bytes at once). Hence fences (``fence.proxy``) and
+``cp.async.bulk.commit_group``/``wait_group`` order nothing further and are
+no-ops. An ``mbarrier.try_wait.parity`` whose phase has not completed blocks
+the warpgroup, and the block's other warpgroups run (:mod:`..sched`); in a
+block of one warpgroup nothing else can complete it: :class:`Unsupported`
+(warp specialization inside a warpgroup is not modelled)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from .. import tma
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
-from ..machine import Frame, MBarrier
+from ..machine import Frame, MBarrier, uniform
 from ._util import thread_axis
 
 
@@ -109,7 +110,7 @@ def shfl_sync(o: Op) -> Step:
         else:
             raise Unsupported(f"nvvm.shfl.sync kind {kind}", loc)
         j = np.where(ok, j, lane)
-        src = fr.block.flat - lane + j
+        src = np.arange(T) - lane + j  # within this warpgroup's threads
         if fr.mask is not None and np.any(fr.mask & ~fr.mask[src]):
             raise EmulationError(f"shfl.sync reads a lane that is not active at {loc}")
         res = v[src]
@@ -137,11 +138,14 @@ def mbarrier_init(fr: Frame, addr_slot: int, count_slot: int, m: np.ndarray, whe
 
 
 def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
-                    tx_slot: int | None = None, count_slot: int | None = None) -> None:
+                    tx_slot: int | None = None, count_slot: int | None = None,
+                    count_const: int | None = None) -> None:
     b = fr.need_block("mbarrier.arrive", where)
     addrs = _addrs(fr, addr_slot, m)
     tx = per_thread(fr.regs[tx_slot], fr.T)[m].astype(np.int64) if tx_slot is not None else None
     cnt = per_thread(fr.regs[count_slot], fr.T)[m].astype(np.int64) if count_slot is not None else None
+    if count_const is not None:
+        cnt = np.full(int(m.sum()), count_const, np.int64)
     for k, a in enumerate(np.unique(addrs)):
         sel = addrs == a
         bar = b.barrier(a, where)
@@ -150,32 +154,53 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
         bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
 
 
+def _not_lockstep(bar: MBarrier, p: int, what: str, where: str) -> Unsupported:
+    return Unsupported(
+        f"{what} on a phase that has not completed (parity {p}, {bar.pending} arrivals and "
+        f"{bar.tx} transaction bytes outstanding) in a block of one warpgroup: in lockstep "
+        "execution nothing else can complete it (warp specialization inside a warpgroup is "
+        "not modelled)", where)
+
+
 def mbarrier_wait(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> None:
+    """Blocks until the phase of parity ``p`` has completed, i.e. the barrier's
+    current phase parity is no longer ``p``; other warpgroups run meanwhile."""
     b = fr.need_block("mbarrier.try_wait", where)
     m = effective(fr, [])
     addrs = _addrs(fr, addr_slot, m)
     par = per_thread(fr.regs[parity_slot], fr.T)[m].astype(np.int64) & 1
-    for a, p in set(zip(addrs.tolist(), par.tolist())):
+    for a, p in sorted(set(zip(addrs.tolist(), par.tolist()))):
         bar = b.barrier(a, where)
-        if (bar.phase & 1) == p:
-            raise Unsupported(
-                f"mbarrier.try_wait.parity on a phase that has not completed (parity {p}, "
-                f"{bar.pending} arrivals and {bar.tx} transaction bytes outstanding): in "
-                "lockstep execution it never will -- warp-specialized kernels are not modelled",
-                where)
+        if (bar.phase & 1) != p:
+            continue
+        if b.sched is None:
+            raise _not_lockstep(bar, p, "mbarrier.try_wait.parity", where)
+        b.sched.wait_until(lambda bar=bar, p=p: (bar.phase & 1) != p,
+                           f"mbarrier {a:#x} phase parity {p} at {where}")
 
 
 def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np.ndarray:
+    """``try_wait`` with a result: whether the phase completed. A failed poll
+    lets the other warpgroups run first (the caller spins on it)."""
     b = fr.need_block("mbarrier.try_wait", where)
     addrs = per_thread(fr.regs[addr_slot], fr.T).astype(np.int64)
     par = per_thread(fr.regs[parity_slot], fr.T).astype(np.int64) & 1
     m = effective(fr, [])
-    out = np.zeros(fr.T, bool)
-    for t in np.flatnonzero(m):
-        out[t] = (b.barrier(addrs[t], where).phase & 1) != par[t]
+
+    def test() -> np.ndarray:
+        out = np.zeros(fr.T, bool)
+        for t in np.flatnonzero(m):
+            out[t] = (b.barrier(addrs[t], where).phase & 1) != par[t]
+        return out
+
+    out = test()
     if not out[m].all():
-        raise Unsupported("polling an mbarrier whose phase has not completed (lockstep execution "
-                          "cannot let other threads progress)", where)
+        if b.sched is None:
+            t = np.flatnonzero(m & ~out)[0]
+            raise _not_lockstep(b.barrier(addrs[t], where), int(par[t]), "polling an mbarrier",
+                                where)
+        b.sched.poll(f"a poll of mbarrier {int(addrs[np.flatnonzero(m)[0]]):#x} at {where}")
+        out = test()
     return out
 
 
@@ -316,17 +341,32 @@ def _noop(o: Op) -> Step:
 for _n in ("nvvm.cp.async.bulk.commit.group", "nvvm.cp.async.bulk.wait_group", "nvvm.fence.proxy",
            "nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire", "nvvm.fence.proxy.release",
            "nvvm.prefetch.tensormap", "nvvm.setmaxregister", "nvvm.bar.warp.sync",
-           "nvvm.cp.async.bulk.tensor.prefetch"):
+           "nvvm.cp.async.bulk.tensor.prefetch", "nvvm.wgmma.fence.aligned",
+           "nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned"):
     rule(_n)(_noop)
 
 
 @rule("nvvm.barrier0", "nvvm.barrier")
 def barrier(o: Op) -> Step:
-    from .gpu import full_block_barrier
+    from .gpu import full_block_barrier, named_barrier
     loc = o.loc
-    if o.ins:
-        return _noop(o)  # a named barrier over a thread count: ordering only
-    return lambda fr: full_block_barrier(fr, o.name, loc)
+    if not o.ins:
+        return lambda fr: full_block_barrier(fr, o.name, loc)
+    ident = operands(o, "barrierId")
+    count = operands(o, "numberOfThreads")
+    if len(ident) != 1 or len(count) > 1:
+        raise o.unsupported(f"{o.name} with {len(o.ins)} operands")
+
+    def step(fr: Frame) -> None:
+        i = int(uniform(fr.regs[ident[0]], fr, "a barrier id", loc))
+        if not count:
+            if i == 0:
+                return full_block_barrier(fr, o.name, loc)
+            n = fr.need_block(o.name, loc).block_T
+        else:
+            n = int(uniform(fr.regs[count[0]], fr, "a barrier's thread count", loc))
+        named_barrier(fr, i, n, o.name, loc)
+    return step
 
 
 SREG = {

@@ -118,7 +118,7 @@ def bitcast(o: Op) -> Step:
     if src_t.bits < 8 or dst_t.bits < 8 or dst_t.dtype == np.bool_:
         raise o.unsupported(f"vector.bitcast {src_t.text} -> {dst_t.text}")
     dt = dst_t.dtype
-    return unary(o, lambda x: np.array(x).view(dt))
+    return unary(o, lambda x: np.ascontiguousarray(x).view(dt))
 
 
 @rule("vector.shape_cast")
@@ -241,3 +241,25 @@ def store(o: Op) -> Step:
     return step
 
 
+
+
+@rule("vector.shuffle")
+def shuffle(o: Op) -> Step:
+    """``vector.shuffle %a, %b [m...]``: element ``i`` of the result is element
+    ``m[i]`` of ``a`` and ``b`` concatenated along their leading dim."""
+    mask = np.asarray(_static(o, "mask"), np.int64)
+    ta, tb = o.in_types
+    if ta.vrank != 1 or tb.vrank != 1:
+        raise o.unsupported(f"vector.shuffle of {ta.text}")
+    if np.any(mask < 0):
+        raise o.unsupported("vector.shuffle with poison (-1) positions")
+    (a, b), (out,) = o.ins, o.outs
+
+    def step(fr: Frame) -> None:
+        x, y = np.asarray(fr.regs[a]), np.asarray(fr.regs[b])
+        if x.ndim != y.ndim:
+            x = np.broadcast_to(x, (fr.T,) + x.shape[-1:]) if x.ndim == 1 else x
+            y = np.broadcast_to(y, (fr.T,) + y.shape[-1:]) if y.ndim == 1 else y
+        both = np.concatenate([x, y], axis=-1)
+        fr.regs[out] = both[..., mask]
+    return step

@@ -15,6 +15,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import smalti
@@ -201,3 +202,15 @@ def test_the_readme_explains_every_environment_variable():
     assert "SMALTI_STRICT_ARCH" in variables and "SMALTI_TRACE" in variables
     text = README.read_text()
     assert [v for v in sorted(variables) if v not in text] == []
+
+
+def test_the_readmes_emulator_example_runs_as_shown():
+    text = README.read_text()
+    section = text[text.index("## Run a kernel on the CPU"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[:code.index("```")]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    x, y, z = scope["x"], scope["y"], scope["z"]
+    np.testing.assert_array_equal(y, z)  # both pipelines compute the same
+    np.testing.assert_allclose(y, np.exp(x) * 2, rtol=1e-6)

@@ -4,13 +4,12 @@ compared with numpy."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import smalti.emulate as emu
 import smalti.jax
-from smalti.emulate.testing import assert_close_ulp, emulate_pipeline
+from smalti.emulate.testing import assert_close_ulp
 from tests.emulate.kernels import WG, S, normal
 
 fma_mod = pytest.importorskip("smalti_example_plugin")
@@ -33,15 +32,3 @@ def test_smalti_and_jax_pipelines_agree_on_a_shared_kernel():
     with smalti.jax.installed():
         (ours,) = emu.run(call, x)
     assert_close_ulp(ours, theirs, 0)
-
-
-def test_smalti_nd_gather_is_refused_not_guessed():
-    """smalti collapses a 3-D gather to jax's 2-D TMA gather4, which the
-    emulator does not model yet: it says so instead of answering."""
-    from tests.hopper.test_beyond_jax import gather_kernel
-
-    call, structs = gather_kernel((128, 4, 64), (), plgpu.SMEM((16, 4, 64), jnp.float16))
-    x = normal((128, 4, 64), np.float16)
-    idx = np.arange(16, dtype=np.int32) * 3
-    with pytest.raises(emu.Unsupported, match="gather4"):
-        emulate_pipeline(call, x, idx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import smalti.emulate as emu
@@ -12,34 +13,43 @@ from smalti.emulate import memory, tma
 from tests.emulate.kernels import WG, S, cases, normal
 
 
-def test_wgmma_is_unsupported_and_named():
-    def body(a_gmem, b_gmem, o_gmem, a, b, acc, bar):
+def test_a_wgmma_form_not_modelled_is_unsupported_and_named():
+    """WGMMA into an f16 accumulator: its accumulation rounding is not
+    documented, so the emulator refuses it rather than guess."""
+    def body(a_gmem, b_gmem, o_gmem, a, b, bar):
         plgpu.copy_gmem_to_smem(a_gmem, a, bar)
         plgpu.barrier_wait(bar)
         plgpu.copy_gmem_to_smem(b_gmem, b, bar)
         plgpu.barrier_wait(bar)
-        plgpu.wgmma(acc, a, b)
-        plgpu.wgmma_wait(0)
-        o_gmem[...] = acc[...]
+
+        def scope(acc):
+            plgpu.wgmma(acc, a, b)
+            plgpu.wgmma_wait(0)
+            return acc[...]
+        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 64), jnp.float16))
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    call = plgpu.kernel(body, out_type=S((64, 64), jnp.float32), compiler_params=WG,
+    call = plgpu.kernel(body, out_type=S((64, 64), jnp.float16), compiler_params=WG,
                         scratch_types=[plgpu.SMEM((64, 64), jnp.float16, transforms=t),
                                        plgpu.SMEM((64, 64), jnp.float16, transforms=t),
-                                       plgpu.ACC((64, 64), jnp.float32), plgpu.Barrier()])
+                                       plgpu.Barrier()])
     x = normal((64, 64), np.float16)
-    with pytest.raises(emu.Unsupported, match=r"wgmma.*not modelled.* at loc\("):
+    with pytest.raises(emu.Unsupported, match=r"WGMMA with a \.f16 accumulator.* at loc\("):
         emu.run(call, x, x)
 
 
-def test_a_wrong_swizzle_would_be_noticed(monkeypatch):
+@pytest.mark.parametrize("name,output", [("tma_smem_swizzle128", 1), ("tma_gather4_swizzle128", 1),
+                                         ("tma_scatter4_swizzle128", 0)])
+def test_a_wrong_swizzle_would_be_noticed(monkeypatch, name, output):
     """The TMA swizzle and jax's register-side swizzled addressing must agree:
     with TMA's swizzle switched off the round trip no longer matches."""
-    case = next(c for c in cases() if c.name == "tma_smem_swizzle128")
+    case = next(c for c in cases() if c.name == name)
+    want = case.ref(*case.args)
+    want = want if isinstance(want, tuple) else (want,)
     good = emu.run(case.fn, *case.args)
-    np.testing.assert_array_equal(good[1], case.ref(*case.args)[1])
+    np.testing.assert_array_equal(good[output], want[output])
     monkeypatch.setattr(tma, "swizzle", lambda addr, _: addr)
     bad = emu.run(case.fn, *case.args)
-    assert not np.array_equal(bad[1], case.ref(*case.args)[1])
+    assert not np.array_equal(bad[output], want[output])
     assert memory.swizzle is not tma.swizzle
 
 
@@ -48,3 +58,42 @@ def test_unknown_inline_ptx_is_unsupported():
 
     assert _parse("@$1 prefetch.tensormap [$0];") == ("1", False, "prefetch.tensormap", ["[$0]"])
     assert _parse("{ .reg .b32 r; mov.b32 r, $1; }")[2] == ""  # multi-instruction: not parsed
+
+
+def test_warpgroups_that_wait_for_each_other_are_a_named_deadlock():
+    """Each warpgroup waits on a barrier only the other would arrive on, after
+    its own wait: on the GPU the kernel hangs; the emulator says where each waits."""
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    def body(o_gmem, a, b):
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.barrier_wait(a)
+            plgpu.barrier_arrive(b)
+
+        @pl.when(wg == 1)
+        def _():
+            plgpu.barrier_wait(b)
+            plgpu.barrier_arrive(a)
+        o_gmem[...] = jnp.zeros((128,), jnp.float32)
+
+    call = plgpu.kernel(body, out_type=S((128,), jnp.float32), compiler_params=WG,
+                        scratch_types=[plgpu.Barrier(), plgpu.Barrier()],
+                        num_threads=2, thread_name="wg")
+    with pytest.raises(emu.Unsupported, match=r"warpgroup 0 waits for mbarrier .* phase parity 0"
+                       r" at loc\(.*warpgroup 1 waits for mbarrier"):
+        emu.run(call)
+
+
+def test_a_wait_nothing_can_complete_in_one_warpgroup_is_unsupported():
+    def body(o_gmem, a):
+        plgpu.barrier_wait(a)
+        o_gmem[...] = jnp.zeros((128,), jnp.float32)
+
+    call = plgpu.kernel(body, out_type=S((128,), jnp.float32), compiler_params=WG,
+                        scratch_types=[plgpu.Barrier()])
+    with pytest.raises(emu.Unsupported, match="phase that has not completed .* one warpgroup"):
+        emu.run(call)

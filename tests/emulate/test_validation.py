@@ -17,7 +17,7 @@ CASES = {c.name: c for c in cases()}
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_numpy(name):
     case = CASES[name]
-    got = emu.run(case.fn, *case.args)
+    got = emu.run(case.fn, *case.args, arch=case.arch)
     want = case.ref(*case.args)
     want = want if isinstance(want, tuple) else (want,)
     assert len(got) == len(want)

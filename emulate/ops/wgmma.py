@@ -1,0 +1,214 @@
+"""``wgmma.mma_async`` as jax's WGMMA code generator (``mosaic_gpu/wgmma.py``)
+emits it: one PTX block per instruction,
+
+    { .reg .pred p; setp.ne.b32 p, $U, 0;
+      wgmma.mma_async.sync.aligned.m64nNkK.D.A.B {d...}, A, $Bdesc, p, imm...; }
+
+computing D (64 x N) = A (64 x K) @ B (K x N) + (p ? D : 0) for the whole
+warpgroup, complete when issued (``wgmma.fence``/``commit_group``/
+``wait_group`` order nothing further in lockstep).
+
+Operands, per the PTX ISA ("Asynchronous Warpgroup Level Matrix Multiply-
+Accumulate", matrix descriptors and shared memory layouts):
+
+* **SMEM matrix descriptors** (64 bits): start address >> 4 in bits 0-13,
+  leading byte offset (LBO) >> 4 in bits 16-29, stride byte offset (SBO) >> 4
+  in bits 32-45, base offset in bits 49-51 (must be 0 here), swizzle in bits
+  62-63 (1: 128 B, 2: 64 B, 3: 32 B; 0, no swizzle, is not modelled -- jax
+  never emits it). The matrix is read through the canonical layouts of
+  swizzle width S bytes, for element (mn, k) of an M/N x K operand with
+  ``e``-byte elements:
+
+  - K-major (``imm-trans`` 0): ``(mn % 8) * S + (mn // 8) * SBO + k * e``
+  - MN-major (``imm-trans`` 1): ``(mn * e) % S + (mn * e // S) * LBO + (k % 8) * S
+    + (k // 8) * SBO``
+
+  each byte address then passed through the S-byte swizzle
+  (:func:`..memory.swizzle`).
+* **A in registers** (f16/bf16): four b32 registers per thread, the halves
+  ``h = 0..7`` at row ``16 * warp + lane // 4 + 8 * ((h // 2) % 2)``, column
+  ``2 * (lane % 4) + h % 2 + 8 * (h // 4)``.
+* **D** (f32 or s32): N/2 registers per thread, register ``i`` at row
+  ``16 * warp + lane // 4 + 8 * ((i // 2) % 2)``, column
+  ``8 * (i // 4) + 2 * (lane % 4) + i % 2``.
+
+Numbers: f16/bf16 products are exact in float64; each instruction adds its
+K products to D in float64 and rounds to f32 once. The hardware's
+accumulation order and intermediate precision are not documented: compare
+with a bound of the order of (K + 1) eps sum_k |a b| per output, not bit for
+bit. s8 x s8 -> s32 is exact (wrapping). tf32, fp8, f16 accumulators and
+8-bit A in registers raise :class:`Unsupported`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .. import irtypes
+from ..compiler import Op, Step
+from ..errors import Unsupported
+from ..machine import Frame, uniform
+from ..memory import swizzle as swizzle_addr
+
+WGMMA = re.compile(
+    r"\{\s*\.reg \.pred p;\s*setp\.ne\.b32 p, \$(\d+), 0;\s*"
+    r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(\d+)\.(\w+)\.(\w+)\.(\w+)\s+"
+    r"\{([^}]*)\},\s*(\{[^}]*\}|\$\d+),\s*\$(\d+),\s*p((?:,\s*\$\d+)*);\s*\}\s*$")
+
+ELEMENTS = {"f16": np.dtype(np.float16), "bf16": irtypes.SCALARS["bf16"], "s8": np.dtype(np.int8)}
+SWIZZLES = {1: 128, 2: 64, 3: 32}
+
+
+def is_wgmma(text: str) -> bool:
+    return "wgmma.mma_async" in text
+
+
+def _num(s: str) -> int:
+    return int(s.strip().lstrip("$"))
+
+
+def compile_wgmma(o: Op, text: str) -> Step:
+    loc = o.loc
+    m = WGMMA.match(" ".join(text.replace("\\0A", " ").split()))
+    if not m:
+        raise Unsupported(f"inline PTX {text!r} (a WGMMA form not modelled)", loc)
+    use_out, n, k, dty, aty, bty, d_list, a_op, b_op, imms = m.groups()
+    n, k = int(n), int(k)
+    d_regs = [_num(x) for x in d_list.split(",")]
+    if dty not in ("f32", "s32"):
+        raise Unsupported(f"WGMMA with a .{dty} accumulator (its accumulation rounding is not "
+                          "modelled)", loc)
+    if aty not in ELEMENTS or bty not in ELEMENTS or aty != bty:
+        raise Unsupported(f"WGMMA of .{aty} x .{bty} (f16, bf16 and s8 are modelled)", loc)
+    el = ELEMENTS[aty]
+    is_int = aty == "s8"
+    if k * el.itemsize != 32 or len(d_regs) != n // 2:
+        raise Unsupported(f"WGMMA m64n{n}k{k} with {len(d_regs)} accumulator registers", loc)
+    n_out = len(d_regs)  # "=f"/"=r" outputs $0..; then the tied inputs
+    ins = o.ins
+
+    def slot(dollar: int) -> int:
+        i = dollar - n_out
+        if not 0 <= i < len(ins):
+            raise Unsupported(f"inline PTX {text!r}: operand ${dollar} out of range", loc)
+        return ins[i]
+
+    tied = [slot(n_out + i) for i in range(n_out)]
+    a_in_regs = a_op.startswith("{")
+    if a_in_regs:
+        if el.itemsize != 2:
+            raise Unsupported("WGMMA with 8-bit A in registers", loc)
+        a_slots = [slot(_num(x)) for x in a_op.strip("{}").split(",")]
+        if len(a_slots) != 4:
+            raise Unsupported(f"WGMMA with {len(a_slots)} A registers", loc)
+    else:
+        a_slots = [slot(_num(a_op))]
+    b_slot = slot(int(b_op))
+    use_slot = slot(int(use_out))
+    imm_slots = [slot(_num(x)) for x in imms.split(",") if x.strip()]
+    if el.itemsize == 2:
+        want = 3 if a_in_regs else 4  # scale-a, scale-b, [trans-a,] trans-b
+        if len(imm_slots) != want:
+            raise Unsupported(f"inline PTX {text!r}: {len(imm_slots)} immediates", loc)
+    elif imm_slots:
+        raise Unsupported(f"inline PTX {text!r}: immediates for an integer WGMMA", loc)
+    (out,) = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
+    acc_dt = np.dtype(np.float32) if dty == "f32" else np.dtype(np.int32)
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block("wgmma.mma_async", loc)
+        if fr.T != 128 or (fr.mask is not None and not fr.mask.all()):
+            raise Unsupported("wgmma.mma_async issued by other than one whole warpgroup", loc)
+        r = fr.regs
+        vals = [uniform(r[s], fr, "a WGMMA immediate", loc) for s in imm_slots]
+        scale_a, scale_b = (int(vals[0]), int(vals[1])) if vals else (1, 1)
+        if el.itemsize == 2:
+            trans_a = int(vals[2]) if not a_in_regs else 0
+            trans_b = int(vals[-1])
+        else:
+            trans_a = trans_b = 0
+        if a_in_regs:
+            a = _a_from_registers(fr, a_slots, el)
+        else:
+            desc = int(uniform(r[a_slots[0]], fr, "the WGMMA A descriptor", loc))
+            a = _read_operand(fr, desc, 64, k, el, trans_a, loc)
+        desc_b = int(uniform(r[b_slot], fr, "the WGMMA B descriptor", loc))
+        bm = _read_operand(fr, desc_b, n, k, el, trans_b, loc)  # (N, K)
+        del b
+        rows, cols = _d_positions(n)
+        prod = (a.astype(np.int64) @ bm.astype(np.int64).T) if is_int else \
+            (a.astype(np.float64) @ bm.astype(np.float64).T)
+        prod = prod * (scale_a * scale_b)
+        use = np.asarray(r[use_slot]).reshape(-1)
+        if np.any(use != use[0]):
+            raise Unsupported("a WGMMA scale-d that differs between threads", loc)
+        acc = np.stack([_per_thread_scalar(r[s], fr.T) for s in tied], axis=1)  # (T, N/2)
+        got = prod[rows, cols]
+        if acc_dt.kind == "f":
+            res = (got + (acc.astype(np.float64) if use[0] else 0.0)).astype(np.float32)
+        else:
+            res = (got + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
+                .astype(np.uint32).view(np.int32)
+        r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
+    return step
+
+
+def _per_thread_scalar(v, T: int) -> np.ndarray:
+    """A vector<1xT> register (per thread (T, 1), or uniform (1,)) as (T,)."""
+    v = np.asarray(v)
+    if v.ndim == 2:
+        return v[:, 0]
+    return np.broadcast_to(v.reshape(-1)[:1], (T,))
+
+
+def _d_positions(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of accumulator register i of each thread: (128, N/2) each."""
+    t = np.arange(128)[:, None]
+    i = np.arange(n // 2)[None, :]
+    warp, lane = t // 32, t % 32
+    rows = 16 * warp + lane // 4 + 8 * ((i // 2) % 2)
+    cols = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    return rows, cols
+
+
+def _a_from_registers(fr: Frame, slots: list[int], el: np.dtype) -> np.ndarray:
+    """The 64 x 16 A tile held in four b32 registers per thread."""
+    regs = np.stack([np.broadcast_to(np.asarray(fr.regs[s]).reshape(-1), (fr.T,))
+                     for s in slots], axis=1).astype(np.int32).view(np.uint32)  # (T, 4)
+    halves = np.stack([regs & 0xFFFF, regs >> 16], axis=-1).astype(np.uint16).reshape(fr.T, 8)
+    t = np.arange(fr.T)[:, None]
+    h = np.arange(8)[None, :]
+    warp, lane = t // 32, t % 32
+    rows = 16 * warp + lane // 4 + 8 * ((h // 2) % 2)
+    cols = 2 * (lane % 4) + h % 2 + 8 * (h // 4)
+    a = np.zeros((64, 16), np.uint16)
+    a[rows, cols] = halves
+    return a.view(el)
+
+
+def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: int,
+                  where: str) -> np.ndarray:
+    """The (mn, k) operand a matrix descriptor points at."""
+    desc &= (1 << 64) - 1
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    base_offset = (desc >> 49) & 0x7
+    mode = desc >> 62
+    if mode not in SWIZZLES:
+        raise Unsupported("a WGMMA matrix descriptor without swizzle", where)
+    if base_offset:
+        raise Unsupported(f"a WGMMA matrix descriptor with base offset {base_offset}", where)
+    s = SWIZZLES[mode]
+    e = el.itemsize
+    i = np.arange(mn, dtype=np.int64)[:, None]
+    j = np.arange(k, dtype=np.int64)[None, :]
+    if trans == 0:  # K-major
+        off = (i % 8) * s + (i // 8) * sbo + j * e
+    else:  # MN-major
+        off = (i * e) % s + (i * e // s) * lbo + (j % 8) * s + (j // 8) * sbo
+    # the descriptor holds address bits 4..17 of a shared-window address
+    addr = swizzle_addr(start + off, s)
+    return fr.mem["shared"].load(addr, el, None, where)
