@@ -1,7 +1,8 @@
 """How fast the emulator runs lowered kernels: prints one line per kernel
 (lowered ops, lowering seconds, emulation seconds with compilation): kernels
 jax lowers (elementwise, TMA + swizzle, reductions, grids, WGMMA, a
-warp-specialized pipeline, a TMA gather) and kernels only smalti lowers.
+warp-specialized pipeline, a TMA gather, clusters of 2 and 4 blocks) and
+kernels only smalti lowers.
 
     .venv/bin/python -m benchmarks.emulate
 """
@@ -115,6 +116,13 @@ def kernels():
         gather, out_type=S((64, 128), jnp.float16), compiler_params=WG,
         scratch_types=[plgpu.SMEM((64, 128), jnp.float16), plgpu.Barrier()]), \
         [x.astype(np.float16), np.arange(64, dtype=np.int32)[::-1] * 2]
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' kernel builders
+    from tests.emulate import test_cluster as tc
+
+    x4 = np.random.default_rng(4).standard_normal((3, 2, 64, 64)).astype(np.float16)
+    yield "3 clusters of 2: st.async exchange (64, 64)", tc.exchange_kernel(), [x4]
+    yield "cluster of 4: multicast TMA (64, 64) f16", tc.multicast_kernel(4), [x4[0, 0]]
 
 
 def smalti_kernels():

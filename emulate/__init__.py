@@ -9,13 +9,18 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
   (:mod:`.compiler`), one per op, by per-dialect rules (:mod:`.ops`).
 * **Host code** (kernel-argument unpacking, TMA descriptor set-up through
   ``mosaic_gpu_init_tma_desc``) runs once.
-* **The launch** runs every block of the grid in turn. Within a warpgroup
+* **The launch** runs every cluster of the grid in turn (without a cluster,
+  every block); the blocks of a cluster run together, each with its own
+  SMEM, reachable from its peers through ``mapa``'s shared::cluster
+  addresses (st.async, remote mbarrier arrivals, multicast TMA,
+  ``barrier.cluster``). Within a warpgroup
   all threads execute in lockstep, vectorized: a register is a numpy array
   with a leading thread axis (or without it when it is the same in every
   thread). Divergent ``scf.if`` runs each branch under a mask of active
   threads; stores, mbarrier arrivals and copies honour the mask and the ops'
-  predicates. A block of several warpgroups runs each as a coroutine
-  (:mod:`.sched`) that switches where it waits, so warp-specialized
+  predicates. A block of several warpgroups (or a cluster of several
+  blocks) runs each warpgroup as a coroutine (:mod:`.sched`) that switches
+  where it waits, so warp-specialized
   producer/consumer kernels run.
 * **Memory** (:mod:`.memory`) is byte arrays: global buffers for the inputs
   and outputs, SMEM per block, addresses exactly as the IR computes them.

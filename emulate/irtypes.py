@@ -37,7 +37,7 @@ class T:
     dtype: np.dtype | None = None  # element dtype (scalar, vector, memref)
     elem: str = ""  # element type text
     shape: tuple[int, ...] = ()  # vector / memref shape (-1 for dynamic)
-    space: str = "global"  # memref / ptr: 'global' or 'shared'
+    space: str = "global"  # memref / ptr: 'global', 'shared', 'cluster' (shared::cluster)
 
     @property
     def bits(self) -> int:
@@ -59,6 +59,8 @@ def _space(text: str) -> str:
         return "shared"
     if "tensor_memory" in text or "ptr<6>" in text:
         return "tmem"
+    if "ptr<7>" in text or re.search(r", 7( : i\d+)? ?>$", text):
+        return "cluster"  # shared::cluster
     m = re.search(r"ptr<(\d+)>", text)
     if m and m.group(1) not in ("0", "1", "4", "5"):
         return "addrspace" + m.group(1)
@@ -84,7 +86,7 @@ def parse(text: str) -> T:
         return T(text, "vector", dt, e, tuple(int(d) for d in dims))
     if text.startswith("memref<"):
         body = text[len("memref<"):-1]
-        head = re.split(r", (?=strided|affine|#|\d+ ?>|\d+$)", body)[0]
+        head = re.split(r", (?=strided|affine|#|\d+ ?>|\d+$|\d+ : i\d+$)", body)[0]
         parts = head.split("x")
         dims, el = parts[:-1], parts[-1]
         e, dt = _elem(el)

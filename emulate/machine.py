@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import EmulationError, Unsupported
-from .memory import Memory, Region
+from .memory import SMEM_BASE, ClusterSpace, Memory, Region, Space
 
 
 @dataclass
@@ -63,12 +63,34 @@ class Launch:
 TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes
 
 
+class Cluster:
+    """The blocks of one cluster, run together: their SMEM spaces (by CTA
+    rank) make up ``shared::cluster``; ``barrier.cluster`` counts every thread."""
+
+    def __init__(self, cluster_id: tuple[int, int, int], dims: tuple[int, int, int],
+                 nclusters: tuple[int, int, int]) -> None:
+        self.cluster_id = cluster_id
+        self.dims = dims
+        self.nclusters = nclusters
+        self.size = dims[0] * dims[1] * dims[2]
+        self.spaces = [Space("shared", SMEM_BASE) for _ in range(self.size)]
+        self.space = ClusterSpace(self.spaces)
+        self.blocks: list["Block"] = []  # by CTA rank
+        self.threads = 0  # in every block together
+        self.arrived = 0  # threads that arrived at barrier.cluster in this generation
+        self.generation = 0
+
+    def position(self, rank: int) -> tuple[int, int, int]:
+        cx, cy, _ = self.dims
+        return (rank % cx, (rank // cx) % cy, rank // (cx * cy))
+
+
 class Block:
     """One thread block: its thread ids, SMEM and mbarriers."""
 
     def __init__(self, launch: Launch, block_id: tuple[int, int, int],
                  grid: tuple[int, int, int], block_dim: tuple[int, int, int],
-                 smem_bytes: int) -> None:
+                 smem_bytes: int, cluster: Cluster | None = None, rank: int = 0) -> None:
         self.launch = launch
         self.block_id = block_id
         self.grid = grid
@@ -79,8 +101,16 @@ class Block:
         self.tid = (flat % bx, (flat // bx) % by, flat // (bx * by))
         self.flat = flat
         self.lane = flat % 32
-        self.smem = launch.memory["shared"]
+        if cluster is None:  # a cluster of one: this block alone
+            cluster = Cluster(block_id, (1, 1, 1), grid)
+        self.cluster, self.rank = cluster, rank
+        self.cluster_pos = cluster.position(rank)
+        cluster.blocks.append(self)
+        cluster.threads += T
+        self.smem = cluster.spaces[rank]
+        self.memory = launch.memory.for_block(self.smem, cluster.space if cluster.size > 1 else None)
         self.smem_region = self.smem.alloc(max(smem_bytes, 16), f"block {block_id} SMEM")
+        self.cluster_gen = -1  # the generation of barrier.cluster this group arrived at
         self.barriers: dict[int, MBarrier] = {}
         self.scratch: list[Region] = []
         # warpgroups as tasks (see .sched); shared by every group of the block
@@ -111,9 +141,21 @@ class Block:
         return b
 
     def finish(self) -> None:
-        self.smem.free(self.smem_region)
         for r in self.scratch:
             self.launch.memory["global"].free(r)
+
+    def peer(self, rank: int, where: str) -> "Block":
+        """The block of CTA rank ``rank`` in this block's cluster."""
+        if not 0 <= int(rank) < self.cluster.size:
+            raise EmulationError(f"CTA rank {int(rank)} in a cluster of {self.cluster.size} at {where}")
+        return self.cluster.blocks[int(rank)]
+
+    def remote_barrier(self, addr: int, where: str) -> MBarrier:
+        """The mbarrier at a shared::cluster address (any block of the cluster)."""
+        from .memory import split_cluster_address
+
+        rank, local = split_cluster_address(int(addr), self.cluster.size, where)
+        return self.peer(int(rank), where).barrier(int(local), where)
 
     def barrier(self, addr: int, where: str) -> MBarrier:
         try:
@@ -132,7 +174,7 @@ class Frame:
         self.mask: np.ndarray | None = None
         self.block = block
         self.launch = launch
-        self.mem = launch.memory
+        self.mem = launch.memory if block is None else block.memory
         self.T = block.T if block is not None else 1
 
     def active(self) -> np.ndarray:

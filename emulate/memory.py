@@ -1,8 +1,10 @@
 """Address spaces as byte arrays.
 
-Two spaces: ``global`` (generic addresses: kernel arguments, the TMA descriptor
-parameter block, host-side scratch, per-thread ``alloca``s) and ``shared`` (one
-block's SMEM, dynamic shared memory at address 1024). Each space holds regions
+Spaces: ``global`` (generic addresses: kernel arguments, the TMA descriptor
+parameter block, host-side scratch, per-thread ``alloca``s), ``shared`` (one
+block's SMEM, dynamic shared memory at address 1024: every block has its own
+space at the same addresses) and, in a cluster of several blocks, ``cluster``
+(``shared::cluster``: every block's SMEM, by CTA rank, :class:`ClusterSpace`). Each space holds regions
 (numpy ``uint8`` arrays) at distinct, widely spaced base addresses; an access
 must lie within one region and be aligned to its element size, or
 :class:`EmulationError` is raised -- as the GPU would fault."""
@@ -38,6 +40,13 @@ class Region:
         if v is None:
             v = self.views[dtype] = self.data.view(dtype)
         return v
+
+
+def _full_mask(mask: np.ndarray, shape) -> np.ndarray:
+    """A per-thread mask (or one per element) broadcast to ``shape``."""
+    if mask.shape == tuple(shape):
+        return mask
+    return np.broadcast_to(mask.reshape(mask.shape + (1,) * (len(shape) - 1)), shape)
 
 
 class Space:
@@ -77,7 +86,7 @@ class Space:
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
         a = np.asarray(addrs, np.int64)
         if mask is not None and a.ndim:
-            m = np.broadcast_to(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a.shape)
+            m = _full_mask(mask, a.shape)
             active = a[m]
             if active.size == 0:
                 return None, None, None
@@ -118,9 +127,81 @@ class Space:
         r.data[addr - r.base: addr - r.base + data.size] = data
 
 
+# shared::cluster addresses (``mapa``'s results, ``!llvm.ptr<7>``): the CTA
+# rank in the cluster, plus one, above bit 40, over the CTA's own SMEM address
+CLUSTER_SHIFT = 40
+
+
+def cluster_address(rank, addr):
+    return ((np.asarray(rank, np.int64) + 1) << CLUSTER_SHIFT) | np.asarray(addr, np.int64)
+
+
+def split_cluster_address(addr, n: int, where: str):
+    """(CTA rank, CTA-relative SMEM address) of shared::cluster addresses."""
+    a = np.asarray(addr, np.int64)
+    rank = (a >> CLUSTER_SHIFT) - 1
+    if np.any((rank < 0) | (rank >= n)):
+        bad = int(a.flat[int(np.argmax(((rank < 0) | (rank >= n)).reshape(-1)))])
+        raise EmulationError(f"shared::cluster address {bad:#x} names no block of this cluster of "
+                             f"{n} (only mapa's results are modelled) at {where}")
+    return rank, a & ((1 << CLUSTER_SHIFT) - 1)
+
+
+class ClusterSpace:
+    """``shared::cluster``: every block's SMEM of one cluster, addressed by
+    :func:`cluster_address` (each block's own SMEM space at the same base)."""
+
+    name = "shared::cluster"
+
+    def __init__(self, spaces: list) -> None:
+        self.spaces = spaces  # by CTA rank
+
+    def _each(self, addrs, mask, where):
+        """(the block's space, CTA-relative addresses, which elements) per rank."""
+        a = np.asarray(addrs, np.int64)
+        m = None if mask is None or a.ndim == 0 else _full_mask(mask, a.shape)
+        act = a if m is None else a[m]
+        if act.size == 0:
+            return
+        ranks, _ = split_cluster_address(act, len(self.spaces), where)
+        rank, local = (a >> CLUSTER_SHIFT) - 1, a & ((1 << CLUSTER_SHIFT) - 1)
+        for r in np.unique(ranks):
+            sel = rank == r
+            if m is not None:
+                sel = sel & m
+            yield self.spaces[int(r)], local, (None if sel.ndim == 0 else sel)
+
+    def load(self, addrs, dtype: np.dtype, mask=None, where: str = "") -> np.ndarray:
+        out = np.zeros(np.shape(addrs), dtype)
+        for space, local, sel in self._each(addrs, mask, where):
+            v = space.load(local, dtype, sel, where)
+            out = v if sel is None else np.where(sel, v, out)
+        return out
+
+    def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "") -> None:
+        for space, local, sel in self._each(addrs, mask, where):
+            space.store(local, values, dtype, sel, where)
+
+    def read_bytes(self, addr: int, n: int, where: str = "") -> np.ndarray:
+        rank, local = split_cluster_address(addr, len(self.spaces), where)
+        return self.spaces[int(rank)].read_bytes(int(local), n, where)
+
+    def write_bytes(self, addr: int, data: np.ndarray, where: str = "") -> None:
+        rank, local = split_cluster_address(addr, len(self.spaces), where)
+        self.spaces[int(rank)].write_bytes(int(local), data, where)
+
+
 class Memory:
     def __init__(self) -> None:
         self.spaces = {"global": Space("global", GLOBAL_BASE), "shared": Space("shared", SMEM_BASE)}
+
+    def for_block(self, shared: Space, cluster: "ClusterSpace | None") -> "Memory":
+        """This memory's global space with one block's SMEM (and its cluster's)."""
+        m = Memory.__new__(Memory)
+        m.spaces = {"global": self.spaces["global"], "shared": shared}
+        if cluster is not None:
+            m.spaces["cluster"] = cluster
+        return m
 
     def __getitem__(self, name: str) -> Space:
         try:

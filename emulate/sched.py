@@ -141,8 +141,8 @@ class Scheduler:
         waits = [(t, t.waiting_for) for t in self.tasks if not t.done and t.cond is not None]
         waits += list(extra)
         what = "; ".join(f"{t.name} waits for {w}" for t, w in waits)
-        return Unsupported(f"a block whose warpgroups all wait for each other ({what}): the "
-                           "kernel would hang, or waits for something not modelled")
+        return Unsupported(f"warpgroups of a block (or cluster) that all wait for each other "
+                           f"({what}): the kernel would hang, or waits for something not modelled")
 
     def _main(self, task: Task, body: Callable[[], None]) -> None:
         task.ready.wait()

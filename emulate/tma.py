@@ -48,13 +48,16 @@ def _smem_addresses(desc: TmaDescriptor, smem: int) -> np.ndarray:
     return swizzle(lin, desc.swizzle)
 
 
-def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str) -> int:
-    """Global -> SMEM; returns the bytes transferred (for complete_tx)."""
+def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str,
+         smem_space=None) -> int:
+    """Global -> SMEM (this block's, or ``smem_space``: a multicast
+    destination); returns the bytes transferred (for complete_tx)."""
     gaddr, inside = _box(desc, coords)
     vals = np.zeros(gaddr.shape, desc.dtype)
     if inside.any():
         vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
-    fr.mem["shared"].store(_smem_addresses(desc, smem), vals, desc.dtype, None, where)
+    space = fr.mem["shared"] if smem_space is None else smem_space
+    space.store(_smem_addresses(desc, smem), vals, desc.dtype, None, where)
     return vals.size * desc.dtype.itemsize
 
 

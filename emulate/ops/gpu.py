@@ -1,5 +1,6 @@
-"""``gpu``: the launch (every block of the grid, one after another, each with
-all its threads in lockstep), thread/block ids, barriers and dynamic SMEM.
+"""``gpu``: the launch (every cluster of the grid, one after another; the
+blocks of a cluster together, their warpgroups as tasks of one schedule, each
+with all its threads in lockstep), thread/block ids, barriers and dynamic SMEM.
 ``gpu.barrier`` orders nothing in lockstep execution (every earlier step has
 already happened in every thread); it must be reached by all threads."""
 
@@ -8,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..compiler import Op, Step, rule
-from ..errors import Unsupported
-from ..machine import Block, Frame, uniform
+from ..errors import EmulationError, Unsupported
+from ..machine import Block, Cluster, Frame, uniform
 from ..sched import Scheduler
 from ..values import MemRef
 
@@ -23,10 +24,12 @@ def _dim(o: Op) -> int:
 @rule("gpu.launch")
 def launch(o: Op) -> Step:
     seg = o.segments()
-    if any(seg[7:10]):
-        raise o.unsupported("gpu.launch with a cluster (cluster launches are not modelled)")
     grid_s, block_s = [s[0] for s in seg[1:4]], [s[0] for s in seg[4:7]]
-    smem_s = seg[10][0] if len(seg) > 10 and seg[10] else None
+    cluster_s = [s[0] for s in seg[7:10]] if len(seg) > 10 and all(seg[7:10]) else None
+    if len(seg) > 10 and any(seg[7:10]) and cluster_s is None:
+        raise o.unsupported("gpu.launch with a partial cluster size")
+    smem_seg = seg[10] if len(seg) > 10 else (seg[7] if len(seg) == 8 else [])
+    smem_s = smem_seg[0] if smem_seg else None
     body = o.region_block()
     args = body.args
     outs = o.outs
@@ -40,30 +43,54 @@ def launch(o: Op) -> Step:
             br[args[3 + d]] = block.tid[d]
             br[args[6 + d]] = np.asarray(block.grid[d], np.int64)
             br[args[9 + d]] = np.asarray(block.block_dim[d], np.int64)
+            if len(args) >= 18:  # cluster ids and sizes
+                br[args[12 + d]] = np.asarray(block.cluster.cluster_id[d], np.int64)
+                br[args[15 + d]] = np.asarray(block.cluster.dims[d], np.int64)
         body.run(bf)
 
-    def run_block(block: Block, r: list, fr: Frame) -> None:
+    def groups(block: Block) -> list[Block]:
         n = block.T // WARPGROUP
         if block.T % WARPGROUP or n == 1:
-            run_group(block, r, fr)
+            return [block]
+        return [block.group(k * WARPGROUP, WARPGROUP, f"{block.name} warpgroup {k}")
+                for k in range(n)]
+
+    def run_cluster(blocks: list[Block], r: list, fr: Frame) -> None:
+        tasks = [g for b in blocks for g in groups(b)]
+        if len(tasks) == 1:
+            run_group(tasks[0], r, fr)
             return
-        block.sched = Scheduler()
-        groups = [block.group(k * WARPGROUP, WARPGROUP, f"warpgroup {k}") for k in range(n)]
-        block.sched.run([(g.name, lambda g=g: run_group(g, r, fr)) for g in groups])
+        sched = Scheduler()
+        for b in blocks:
+            b.sched = sched
+        for g in tasks:
+            g.sched = sched
+        sched.run([(g.name, lambda g=g: run_group(g, r, fr)) for g in tasks])
 
     def step(fr: Frame) -> None:
         r = fr.regs
         grid = tuple(int(uniform(r[s], fr, "grid size", loc)) for s in grid_s)
         bdim = tuple(int(uniform(r[s], fr, "block size", loc)) for s in block_s)
+        cdim = (1, 1, 1) if cluster_s is None else tuple(
+            int(uniform(r[s], fr, "cluster size", loc)) for s in cluster_s)
+        if any(g % c for g, c in zip(grid, cdim)):
+            raise EmulationError(f"a grid of {grid} blocks in clusters of {cdim} at {loc}")
+        ncl = tuple(g // c for g, c in zip(grid, cdim))
         smem = int(uniform(r[smem_s], fr, "dynamic SMEM size", loc)) if smem_s is not None else 0
-        for bz in range(grid[2]):
-            for by in range(grid[1]):
-                for bx in range(grid[0]):
-                    block = Block(fr.launch, (bx, by, bz), grid, bdim, smem)
+        for kz in range(ncl[2]):
+            for ky in range(ncl[1]):
+                for kx in range(ncl[0]):
+                    cl = Cluster((kx, ky, kz), cdim, ncl)
+                    blocks = []
+                    for rank in range(cl.size):
+                        px, py, pz = cl.position(rank)
+                        bid = (kx * cdim[0] + px, ky * cdim[1] + py, kz * cdim[2] + pz)
+                        blocks.append(Block(fr.launch, bid, grid, bdim, smem, cl, rank))
                     try:
-                        run_block(block, r, fr)
+                        run_cluster(blocks, r, fr)
                     finally:
-                        block.finish()
+                        for b in blocks:
+                            b.finish()
         for out in outs:
             r[out] = None
     return step
@@ -86,10 +113,17 @@ rule("gpu.thread_id")(lambda o: _block_value(o, lambda b, d: b.tid[d]))
 rule("gpu.block_id")(lambda o: _block_value(o, lambda b, d: np.asarray(b.block_id[d], np.int64)))
 rule("gpu.block_dim")(lambda o: _block_value(o, lambda b, d: np.asarray(b.block_dim[d], np.int64)))
 rule("gpu.grid_dim")(lambda o: _block_value(o, lambda b, d: np.asarray(b.grid[d], np.int64)))
-rule("gpu.cluster_id", "gpu.cluster_block_id")(
-    lambda o: _block_value(o, lambda b, d: np.asarray(b.block_id[d] if o.name == "gpu.cluster_id" else 0, np.int64)))
-rule("gpu.cluster_dim", "gpu.cluster_dim_blocks")(
-    lambda o: _block_value(o, lambda b, d: np.asarray(b.grid[d] if o.name == "gpu.cluster_dim" else 1, np.int64)))
+# gpu.cluster_id: the cluster's index in the grid; gpu.cluster_block_id: the
+# block's position in its cluster; gpu.cluster_dim: clusters in the grid;
+# gpu.cluster_dim_blocks: blocks in a cluster
+rule("gpu.cluster_id")(lambda o: _block_value(
+    o, lambda b, d: np.asarray(b.cluster.cluster_id[d], np.int64)))
+rule("gpu.cluster_block_id")(lambda o: _block_value(
+    o, lambda b, d: np.asarray(b.cluster_pos[d], np.int64)))
+rule("gpu.cluster_dim")(lambda o: _block_value(
+    o, lambda b, d: np.asarray(b.cluster.nclusters[d], np.int64)))
+rule("gpu.cluster_dim_blocks")(lambda o: _block_value(
+    o, lambda b, d: np.asarray(b.cluster.dims[d], np.int64)))
 
 
 @rule("gpu.lane_id")
@@ -116,6 +150,40 @@ def named_barrier(fr: Frame, ident: int, count: int, what: str, where: str) -> N
     m = np.ones(b.T, bool) if fr.mask is None else fr.mask
     warps = m.reshape(-1, 32).any(1)
     b.named_barrier(ident, count).arrive(32 * int(warps.sum()), b.sched, f"{what} at {where}")
+
+
+def cluster_arrive(fr: Frame, what: str, where: str) -> None:
+    """``barrier.cluster.arrive``: this warpgroup's threads arrive at the
+    cluster barrier (every thread of every block of the cluster completes it)."""
+    if fr.mask is not None and not fr.mask.all():
+        raise Unsupported(f"{what} reached by only some threads of a warpgroup", where)
+    g = fr.need_block(what, where)
+    cl = g.cluster
+    if g.cluster_gen >= 0:
+        raise EmulationError(f"{what} twice without barrier.cluster.wait at {where}")
+    g.cluster_gen = cl.generation
+    cl.arrived += g.T
+    if cl.arrived >= cl.threads:
+        cl.arrived = 0
+        cl.generation += 1
+
+
+def cluster_wait(fr: Frame, what: str, where: str) -> None:
+    """``barrier.cluster.wait``: blocks until every thread of the cluster has
+    arrived in the generation this warpgroup arrived in."""
+    if fr.mask is not None and not fr.mask.all():
+        raise Unsupported(f"{what} reached by only some threads of a warpgroup", where)
+    g = fr.need_block(what, where)
+    cl, gen = g.cluster, g.cluster_gen
+    if gen < 0:
+        raise Unsupported(f"{what} without barrier.cluster.arrive (it would hang)", where)
+    g.cluster_gen = -1
+    if cl.generation > gen:
+        return
+    if g.sched is None:
+        raise Unsupported(f"{what} that {cl.threads - cl.arrived} threads have not reached, "
+                          "which nothing else can reach", where)
+    g.sched.wait_until(lambda: cl.generation > gen, f"{what} at {where}")
 
 
 @rule("gpu.barrier")

@@ -20,7 +20,7 @@ from .. import irtypes
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
-from .gpu import full_block_barrier, named_barrier
+from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
 from .nvvm import effective, mbarrier_arrive, mbarrier_init, per_thread
 
 F32_TINY = np.float32(np.finfo(np.float32).tiny)
@@ -184,6 +184,10 @@ def inline_asm(o: Op) -> Step:
         k = int(m.group(1)) - len(results)
         return ins[k]
 
+    m = REMOTE_ARRIVE.fullmatch(" ".join(text.split()))
+    if m and not results:  # jax's arrival on a peer block's mbarrier (ClusterBarrier)
+        p_s, a_s, r_s = (ins[int(m.group(k))] for k in (2, 3, 4))
+        return lambda fr: _remote_arrive(fr, p_s, a_s, r_s, loc)
     if not opcode:
         raise unknown
     # --- value instructions: `$0` is the result -----------------------------
@@ -223,9 +227,32 @@ def inline_asm(o: Op) -> Step:
                 return full_block_barrier(fr, text, loc)
             named_barrier(fr, i, n, text, loc)
         return bar_sync
-    if opcode in ("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned",
-                  "barrier.cluster.arrive.aligned", "barrier.cluster.arrive", "barrier.cluster.wait"):
-        return lambda fr: full_block_barrier(fr, text, loc)  # clusters of one block only
+    if opcode in ("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.arrive.aligned",
+                  "barrier.cluster.arrive", "barrier.cluster.arrive.relaxed",
+                  "barrier.cluster.arrive.release.aligned", "barrier.cluster.arrive.release") \
+            and not args and pred is None:
+        return lambda fr: cluster_arrive(fr, text, loc)
+    if opcode in ("barrier.cluster.wait.aligned", "barrier.cluster.wait",
+                  "barrier.cluster.wait.acquire.aligned", "barrier.cluster.wait.acquire") \
+            and not args and pred is None:
+        return lambda fr: cluster_wait(fr, text, loc)
+    if opcode.startswith(ST_ASYNC) and len(args) >= 3:
+        ty = opcode[len(ST_ASYNC):]
+        vec = 1
+        if ty.startswith(".v2") or ty.startswith(".v4"):
+            vec, ty = int(ty[2]), ty[3:]
+        width = {".b32": 4, ".u32": 4, ".s32": 4, ".f32": 4, ".b64": 8, ".u64": 8, ".s64": 8,
+                 ".f64": 8}.get(ty)
+        if width is None or len(args) != vec + 2:
+            raise unknown
+        a, bar = arg_slot(args[0]), arg_slot(args[-1])
+        vals = [arg_slot(x) for x in args[1:-1]]
+        return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc)
+    if opcode == "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" \
+            and len(args) == 3 and args[0] == "_":
+        a, tx = arg_slot(args[1]), arg_slot(args[2])
+        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, tx_slot=tx,
+                                          remote=True)
     if opcode == "mbarrier.init.shared::cta.b64" and len(args) == 2:
         a, n = arg_slot(args[0]), arg_slot(args[1])
         return lambda fr: mbarrier_init(fr, a, n, effective(fr, pred_slots), loc)
@@ -278,6 +305,53 @@ def _literal_or_slot(a, arg_slot):
 def _read(fr: Frame, operand, where: str) -> int:
     kind, v = operand
     return v if kind == "lit" else int(uniform(fr.regs[v], fr, "a barrier operand", where))
+
+
+REMOTE_ARRIVE = re.compile(
+    r"\{ \.reg \.b32 (\w+); @\$(\d+) mapa\.shared::cluster\.u32 \1, \$(\d+), \$(\d+); "
+    r"@\$\2 mbarrier\.arrive\.shared::cluster\.b64 _, \[\1\]; \}")
+
+
+def _remote_arrive(fr: Frame, pred: int, addr: int, rank: int, where: str) -> None:
+    """``mapa`` + ``mbarrier.arrive.shared::cluster``: each thread whose
+    predicate holds arrives once on the barrier at its SMEM offset in the block
+    of CTA rank ``rank``."""
+    b = fr.need_block("mbarrier.arrive.shared::cluster", where)
+    m = effective(fr, [pred])
+    addrs = per_thread(fr.regs[addr], fr.T).astype(np.int64)[m]
+    ranks = per_thread(fr.regs[rank], fr.T).astype(np.int64)[m]
+    for (a, k) in sorted(set(zip(addrs.tolist(), ranks.tolist()))):
+        n = int(((addrs == a) & (ranks == k)).sum())
+        b.peer(k, where).barrier(a, where).arrive(n, where)
+
+
+ST_ASYNC = "st.async.cluster.shared::cluster.mbarrier::complete_tx::bytes"
+
+
+def _st_async(fr: Frame, pred_slots, addr: int, vals: list[int], width: int, bar: int,
+              where: str) -> None:
+    """``st.async``: each thread stores its value(s) at a shared::cluster
+    address (usually another block's SMEM) and completes their bytes on the
+    mbarrier at a shared::cluster address, when issued."""
+    b = fr.need_block("st.async", where)
+    m = effective(fr, pred_slots)
+    if not m.any():
+        return
+    r = fr.regs
+    bits = np.dtype(np.uint32 if width == 4 else np.uint64)
+    addrs = per_thread(r[addr], fr.T).astype(np.int64)
+    space = fr.mem["cluster"] if b.cluster.size > 1 else None
+    if space is None:
+        raise Unsupported("st.async outside a cluster of several blocks", where)
+    for k, v in enumerate(vals):
+        x = np.asarray(r[v])
+        if x.dtype.itemsize != width:
+            raise Unsupported(f"st.async of {width} bytes from a {x.dtype} register", where)
+        x = per_thread(np.array(x).view(bits), fr.T)
+        space.store(addrs + k * width, x, bits, m, where)
+    bars = per_thread(r[bar], fr.T).astype(np.int64)[m]
+    for a in np.unique(bars):
+        b.remote_barrier(int(a), where).complete_tx(int((bars == a).sum()) * width * len(vals))
 
 
 GATHER4 = "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes"

@@ -139,7 +139,9 @@ def mbarrier_init(fr: Frame, addr_slot: int, count_slot: int, m: np.ndarray, whe
 
 def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
                     tx_slot: int | None = None, count_slot: int | None = None,
-                    count_const: int | None = None) -> None:
+                    count_const: int | None = None, remote: bool = False) -> None:
+    """Arrivals (and expected transaction bytes) of the threads in ``m``; with
+    ``remote``, the addresses are shared::cluster ones (any block's barrier)."""
     b = fr.need_block("mbarrier.arrive", where)
     addrs = _addrs(fr, addr_slot, m)
     tx = per_thread(fr.regs[tx_slot], fr.T)[m].astype(np.int64) if tx_slot is not None else None
@@ -148,7 +150,7 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
         cnt = np.full(int(m.sum()), count_const, np.int64)
     for k, a in enumerate(np.unique(addrs)):
         sel = addrs == a
-        bar = b.barrier(a, where)
+        bar = b.remote_barrier(a, where) if remote else b.barrier(a, where)
         if tx is not None:
             bar.expect_tx(int(tx[sel].sum()))
         bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
@@ -216,14 +218,17 @@ def init(o: Op) -> Step:
 def arrive_expect_tx(o: Op) -> Step:
     addr, tx = operands(o, "addr")[0], operands(o, "txcount")[0]
     pred = operands(o, "predicate")
-    scope = str(o.attr_or("scope", "cta"))
-    if "cluster" in scope:
-        raise o.unsupported("mbarrier.arrive.expect_tx at cluster scope")
+    # scope = cluster orders the arrival for the whole cluster: with every op
+    # complete when issued, it is the arrival itself; a shared::cluster
+    # address (ptr<7>, from mapa) may name another block's barrier
+    remote = o.in_types[0].space == "cluster"
+    if o.in_types[0].space not in ("shared", "cluster"):
+        raise o.unsupported(f"{o.name} on a {o.in_types[0].text}")
     outs = o.outs
     loc = o.loc
 
     def step(fr: Frame) -> None:
-        mbarrier_arrive(fr, addr, effective(fr, pred), loc, tx_slot=tx)
+        mbarrier_arrive(fr, addr, effective(fr, pred), loc, tx_slot=tx, remote=remote)
         for out in outs:
             fr.regs[out] = np.asarray(0, np.int64)
     return step
@@ -236,9 +241,10 @@ def arrive(o: Op) -> Step:
     loc = o.loc
     if "count" in dir(o.op.opview) and operands(o, "count"):
         raise o.unsupported(f"{o.name} with a count")
+    remote = o.in_types[0].space == "cluster"
 
     def step(fr: Frame) -> None:
-        mbarrier_arrive(fr, addr, effective(fr, []), loc)
+        mbarrier_arrive(fr, addr, effective(fr, []), loc, remote=remote)
         for out in outs:
             fr.regs[out] = np.asarray(0, np.int64)
     return step
@@ -290,8 +296,7 @@ def tma_load(o: Op) -> Step:
     mode = str(o.attr_or("mode", "tile"))
     if "tile>" not in mode and mode != "tile":
         raise o.unsupported(f"TMA load in mode {mode}")
-    if operands(o, "multicastMask"):
-        raise o.unsupported("multicast TMA load")
+    mcast = operands(o, "multicastMask")
     if operands(o, "im2colOffsets"):
         raise o.unsupported("im2col TMA load")
     dst, desc = operands(o, "dstMem")[0], operands(o, "tmaDescriptor")[0]
@@ -305,8 +310,16 @@ def tma_load(o: Op) -> Step:
         m = effective(fr, pred)
         for t in np.flatnonzero(m):
             d = tma.descriptor(fr, per_thread(fr.regs[desc], fr.T)[t], loc)
-            n = tma.load(fr, d, int(per_thread(fr.regs[dst], fr.T)[t]), _coords(fr, coords, t), loc)
-            b.barrier(per_thread(fr.regs[bar], fr.T)[t], loc).complete_tx(n)
+            smem = int(per_thread(fr.regs[dst], fr.T)[t])
+            at = int(per_thread(fr.regs[bar], fr.T)[t])
+            if mcast:  # the box lands at the same offset of every block in the mask
+                mask = int(per_thread(fr.regs[mcast[0]], fr.T)[t]) & 0xFFFF
+                targets = [b.peer(k, loc) for k in range(16) if mask >> k & 1]
+            else:
+                targets = [b]
+            for tb in targets:
+                n = tma.load(fr, d, smem, _coords(fr, coords, t), loc, smem_space=tb.smem)
+                tb.barrier(at, loc).complete_tx(n)
     return step
 
 
@@ -369,6 +382,31 @@ def barrier(o: Op) -> Step:
     return step
 
 
+@rule("nvvm.mapa")
+def mapa(o: Op) -> Step:
+    """``mapa``: the shared::cluster address of the same SMEM offset in the
+    block of CTA rank ``b`` (:func:`..memory.cluster_address`)."""
+    if o.in_types[0].space != "shared" or o.out_types[0].space != "cluster":
+        raise o.unsupported(f"nvvm.mapa from {o.in_types[0].text} to {o.out_types[0].text}")
+    (a, rank), (out,) = o.ins, o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block("mapa", loc)
+        rk = np.asarray(fr.regs[rank], np.int64)
+        if np.any((rk < 0) | (rk >= b.cluster.size)):
+            raise EmulationError(f"mapa to CTA rank {rk.max()} in a cluster of {b.cluster.size} "
+                                 f"at {loc}")
+        fr.regs[out] = _mapa_address(b, rk, fr.regs[a])
+    return step
+
+
+def _mapa_address(b, rank, addr):
+    from ..memory import cluster_address
+
+    return cluster_address(rank, addr)
+
+
 SREG = {
     "nvvm.read.ptx.sreg.tid.x": lambda b: b.tid[0], "nvvm.read.ptx.sreg.tid.y": lambda b: b.tid[1],
     "nvvm.read.ptx.sreg.tid.z": lambda b: b.tid[2],
@@ -382,6 +420,20 @@ SREG = {
     "nvvm.read.ptx.sreg.nctaid.y": lambda b: b.grid[1],
     "nvvm.read.ptx.sreg.nctaid.z": lambda b: b.grid[2],
     "nvvm.read.ptx.sreg.laneid": lambda b: b.lane,
+    "nvvm.read.ptx.sreg.cluster.ctarank": lambda b: b.rank,
+    "nvvm.read.ptx.sreg.cluster.nctarank": lambda b: b.cluster.size,
+    "nvvm.read.ptx.sreg.cluster.ctaid.x": lambda b: b.cluster_pos[0],
+    "nvvm.read.ptx.sreg.cluster.ctaid.y": lambda b: b.cluster_pos[1],
+    "nvvm.read.ptx.sreg.cluster.ctaid.z": lambda b: b.cluster_pos[2],
+    "nvvm.read.ptx.sreg.cluster.nctaid.x": lambda b: b.cluster.dims[0],
+    "nvvm.read.ptx.sreg.cluster.nctaid.y": lambda b: b.cluster.dims[1],
+    "nvvm.read.ptx.sreg.cluster.nctaid.z": lambda b: b.cluster.dims[2],
+    "nvvm.read.ptx.sreg.clusterid.x": lambda b: b.cluster.cluster_id[0],
+    "nvvm.read.ptx.sreg.clusterid.y": lambda b: b.cluster.cluster_id[1],
+    "nvvm.read.ptx.sreg.clusterid.z": lambda b: b.cluster.cluster_id[2],
+    "nvvm.read.ptx.sreg.nclusterid.x": lambda b: b.cluster.nclusters[0],
+    "nvvm.read.ptx.sreg.nclusterid.y": lambda b: b.cluster.nclusters[1],
+    "nvvm.read.ptx.sreg.nclusterid.z": lambda b: b.cluster.nclusters[2],
     "nvvm.read.ptx.sreg.warpid": lambda b: b.flat // 32,
 }
 for _n, _f in SREG.items():

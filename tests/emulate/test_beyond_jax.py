@@ -25,7 +25,6 @@ from jax._src.lib.mlir.dialects import arith, math as mlir_math, vector
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from smalti.emulate import Unsupported
 from smalti.emulate.testing import assert_close_ulp, emulate_kernel, emulate_pipeline
 from tests.plugins import test_vector_ops as tv
 
@@ -333,12 +332,46 @@ def test_nd_scatter(gmem_shape, smem_shape, tiling):
     assert_close_ulp(got, want, 0)
 
 
-def test_scalar_async_store_smem_to_a_peer_is_unsupported():
-    """``async_store_smem`` of a scalar (``st.async`` into a peer block's SMEM
-    over a cluster of 2) runs only with clusters, which the emulator does not
-    model: it refuses the launch rather than answer."""
+def test_scalar_async_store_smem_to_a_peer():
+    """``async_store_smem`` of a scalar: smalti's ``st.async`` of one element
+    into the peer block's SMEM over a cluster of 2 (the hopper text test's
+    kernel). Each block's SMEM then holds x[3] at element 5; the rest of it
+    was never written (zeros on the emulator, undefined on the GPU)."""
     from tests.hopper.test_beyond_jax import scalar_store_kernel
 
-    call, structs = scalar_store_kernel()
-    with pytest.raises(Unsupported, match="cluster"):
-        emulate_pipeline(call, normal((128,)))
+    call, _ = scalar_store_kernel()
+    x = normal((128,))
+    (got,) = emulate_pipeline(call, x)
+    assert_close_ulp(got[5], x[3], 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_scalar_async_store_smem_exchange(dtype):
+    """Each block of a cluster of 2 fills its SMEM with its own row, then
+    (after a cluster barrier) stores one element of its row into element 5 of
+    the peer's SMEM with a scalar ``async_store_smem``: every element of both
+    outputs is checked."""
+    from tests.emulate.test_cluster import scalar_exchange_kernel
+
+    call = scalar_exchange_kernel(dtype)
+    x = (RNG.standard_normal((2, 128)) * 100).astype(dtype)
+    want = x.copy()
+    want[:, 5] = x[::-1, 3]
+    (got,) = emulate_pipeline(call, x)
+    assert_close_ulp(got, want, 0)
+
+
+def test_scalar_async_store_smem_of_64_bits():
+    """The ``.b64`` form (f64 under jax_enable_x64)."""
+    from tests.emulate.test_cluster import scalar_exchange_kernel
+
+    jax.config.update("jax_enable_x64", True)
+    try:
+        call = scalar_exchange_kernel(np.float64)
+        x = RNG.standard_normal((2, 128))
+        want = x.copy()
+        want[:, 5] = x[::-1, 3]
+        (got,) = emulate_pipeline(call, x)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert_close_ulp(got, want, 0)
