@@ -8,6 +8,7 @@ sm_110), not on sm_120; cluster launch control exists from sm_100 on.
 from __future__ import annotations
 
 from smalti.hookspec import hookimpl
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import BLACKWELL_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry
 
 from smalti.blackwell import cluster_launch_control, mma, smem_to_tmem, tmem
@@ -58,7 +59,10 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     rule("mosaic_gpu.async_store_sparse_metadata_smem_to_tmem", **warp)(
         smem_to_tmem.lower_async_store_sparse_metadata_smem_to_tmem)
     rule("mosaic_gpu.tcgen05_mma", **warp)(mma.lower_tcgen05_mma)
-    rule("mosaic_gpu.tcgen05_commit_arrive", **warp)(mma.lower_tcgen05_commit_arrive)
+    rule("mosaic_gpu.tcgen05_commit_arrive", **warp, jax=SINCE_0_12)(
+        mma.lower_tcgen05_commit_arrive)
+    rule("mosaic_gpu.tcgen05_commit_arrive", **warp, jax=BEFORE_0_12)(
+        mma.lower_tcgen05_commit_arrive_jax_0_11)
     rule("mosaic_gpu.try_cluster_cancel", archs=BLACKWELL_AND_LATER)(
         cluster_launch_control.lower_try_cluster_cancel)
     rule("mosaic_gpu.query_cluster_cancel", archs=BLACKWELL_AND_LATER)(

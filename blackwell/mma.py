@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
@@ -152,7 +153,23 @@ def lower_tcgen05_mma(ctx: LoweringContext, op: mgpu.TcGen05MMAOp) -> list[ir.Va
 
 def lower_tcgen05_commit_arrive(ctx: LoweringContext,
                                 op: mgpu.TcGen05CommitArriveOp) -> list[ir.Value]:
-    """The barrier completes once the MMAs issued so far have."""
+    """The barrier completes once the MMAs issued so far have (jax >= 0.12:
+    one lane commits, where the op's own predicate also holds; the code
+    generator guards the commit itself, after reading the barrier)."""
+    check_collective(ctx, op)
+    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
+    predicate = ctx.single_lane_predicate
+    if op.predicate is not None:
+        predicate = arith.andi(predicate, op.predicate)
+    tcgen05.commit_arrive(barrier.barrier_ref, is_collective(op), ctx.launch_context,
+                          predicate=predicate)
+    return []
+
+
+def lower_tcgen05_commit_arrive_jax_0_11(ctx: LoweringContext,
+                                         op: mgpu.TcGen05CommitArriveOp) -> list[ir.Value]:
+    """jax 0.11: the op has no predicate; the whole commit, barrier read
+    included, runs on one lane."""
     check_collective(ctx, op)
     barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
     with mgpu_utils.when(ctx.single_lane_predicate):

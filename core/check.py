@@ -21,7 +21,7 @@ from jax._src.lib.mlir import ir
 from smalti.diagnostics import PluginError, SmaltiError
 from smalti.kernels import make_context
 from smalti.pipeline import Discovery
-from smalti.registry import Arch, RuleKind, RuleRecord
+from smalti.registry import Arch, RuleKind, RuleRecord, installed_jax
 
 #: The architectures Mosaic GPU compiles for. A rule supporting none of them
 #: can never be used.
@@ -87,9 +87,12 @@ def _without_target(records: list[RuleRecord]) -> list[tuple[RuleRecord, SmaltiE
 def _unknown_ops(records: list[RuleRecord],
                  context: ir.Context) -> list[tuple[RuleRecord, SmaltiError]]:
     found, seen = [], set()
+    jax = installed_jax()
     for record in records:
         if record.kind is RuleKind.PALLAS or (record.plugin, record.key) in seen:
             continue  # Pallas rules are keyed by primitive, not op
+        if not record.jax.supports(jax):
+            continue  # a rule for another jax, whose dialect may differ (mosaic_gpu.wait)
         seen.add((record.plugin, record.key))
         dialect, dot, _ = record.key.partition(".")
         if not dot or not context.is_dialect_loaded(dialect):

@@ -31,6 +31,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.caching import per_context
 from smalti.records import HashedRecord
+from smalti.registry import installed_jax
 
 
 class MemorySpace(enum.Enum):
@@ -340,6 +341,12 @@ def remove_unit_dims(layout: fa.TiledLayout, axes: tuple[int, ...]) -> fa.TiledL
 # --- relayouts ----------------------------------------------------------------
 
 
+#: jax 0.12's code generators also convert WGMMA registers back to the 2x
+#: upcast layout (and layout inference allows that cast); 0.11's do not. A
+#: fact of the installed jax, resolved once at import.
+_WGMMA_TO_UPCAST_2X = installed_jax() >= (0, 12)
+
+
 def _tiled_relayout_supported(src: fa.TiledLayout, dst: fa.TiledLayout, bitwidth: int) -> bool:
     transposes = {
         (fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT),
@@ -347,7 +354,8 @@ def _tiled_relayout_supported(src: fa.TiledLayout, dst: fa.TiledLayout, bitwidth
     }
     if (src, dst) in transposes or (dst, src) in transposes:
         return True
-    if (src, dst) == (fa.WGMMA_LAYOUT_UPCAST_2X, fa.WGMMA_LAYOUT):
+    if (src, dst) == (fa.WGMMA_LAYOUT_UPCAST_2X, fa.WGMMA_LAYOUT) or (
+            _WGMMA_TO_UPCAST_2X and (src, dst) == (fa.WGMMA_LAYOUT, fa.WGMMA_LAYOUT_UPCAST_2X)):
         return fa.can_relayout_wgmma_2x_to_wgmma(bitwidth)
     if (src, dst) == (fa.WGMMA_LAYOUT_UPCAST_4X, fa.WGMMA_LAYOUT_UPCAST_2X):
         return fa.can_relayout_wgmma_4x_to_wgmma_2x(bitwidth)

@@ -9,6 +9,7 @@ only.
 from __future__ import annotations
 
 from smalti.hookspec import hookimpl
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import (HOPPER_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry,
                              PallasRegistry)
 
@@ -24,8 +25,10 @@ def smalti_register_constraint_rules(registry: ConstraintRegistry) -> None:
     tma_rule("mosaic_gpu.async_load", "mosaic_gpu.async_store", archs=HOPPER_AND_LATER)(
         tma.async_copy)
     tma_rule("mosaic_gpu.async_prefetch", archs=HOPPER_AND_LATER)(tma.prefetch)
-    tma_rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER)(
+    tma_rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=SINCE_0_12)(
         smem_stores.async_store_smem)
+    tma_rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=BEFORE_0_12)(
+        smem_stores.async_store_smem_jax_0_11)
     tma_rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(wgmma.wgmma)
 
 
@@ -37,9 +40,13 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     rule("mosaic_gpu.async_load", **warp)(tma.lower_async_load)
     rule("mosaic_gpu.async_store", **warp)(tma.lower_async_store)
     rule("mosaic_gpu.async_prefetch", **warp)(tma.lower_async_prefetch)
-    rule("mosaic_gpu.arrive_expect_tx", **warp)(tma.lower_arrive_expect_tx)
-    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER)(
+    rule("mosaic_gpu.arrive_expect_tx", **warp, jax=SINCE_0_12)(tma.lower_arrive_expect_tx)
+    rule("mosaic_gpu.arrive_expect_tx", **warp, jax=BEFORE_0_12)(
+        tma.lower_arrive_expect_tx_jax_0_11)
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=SINCE_0_12)(
         smem_stores.lower_async_store_smem)
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=BEFORE_0_12)(
+        smem_stores.lower_async_store_smem_jax_0_11)
     rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(wgmma.lower_wgmma)
 
 

@@ -271,7 +271,10 @@ def lower_async_load(ctx: LoweringContext, op: mgpu.AsyncLoadOp) -> list[ir.Valu
         else lc.AsyncCopyImplementation.TMA
     ctx.launch_context.async_copy(
         src_ref=copy.gmem, dst_ref=copy.smem, gmem_slice=copy.slices, barrier=barrier,
-        collective=[gpu.Dimension(ir.IntegerAttr(axis).value) for axis in op.collective or []],
+        # A tuple: jax 0.12 compares it with (gpu.Dimension.x,) for leader
+        # tracking (0.11 takes any sequence).
+        collective=tuple(gpu.Dimension(ir.IntegerAttr(axis).value)
+                         for axis in op.collective or []),
         arrive=False, swizzle=copy.swizzle, gmem_transform=copy.gmem_transforms,
         leader_tracked=_leader_tracking(op.leader_tracked),
         oob_mode=lc.OOBFillMode(ir.IntegerAttr(op.oob_fill_mode).value),
@@ -312,10 +315,10 @@ def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Va
     return []
 
 
-def lower_arrive_expect_tx(ctx: LoweringContext, op: mgpu.ArriveExpectTxOp) -> list[ir.Value]:
+def _uniform_tx_bytes(ctx: LoweringContext, op: mgpu.ArriveExpectTxOp, lanes: int) -> ir.Value:
+    """What each lane adds to the barrier's expected bytes: an equal share when
+    the (constant) count divides among the lanes, else all of it on one lane."""
     i32 = ir.IntegerType.get_signless(32)
-    warp = ctx.thread_semantics == mgpu_utils.ThreadSubset.WARP
-    lanes = mgpu_utils.WARP_SIZE if warp else mgpu_utils.WARPGROUP_SIZE
     expected = op.expect_tx
     if isinstance(expected, ir.Value):
         owner = expected.owner
@@ -327,13 +330,41 @@ def lower_arrive_expect_tx(ctx: LoweringContext, op: mgpu.ArriveExpectTxOp) -> l
         dynamic = None
     if constant is not None and constant % lanes == 0:
         # Every lane arrives with its share: cheaper than a single arrival.
-        tx_bytes = mgpu_utils.c(constant // lanes, i32)
-    else:
-        total = dynamic if dynamic is not None else mgpu_utils.c(constant, i32)
-        tx_bytes = arith.select(ctx.single_lane_predicate, total, mgpu_utils.c(0, i32))
+        return mgpu_utils.c(constant // lanes, i32)
+    total = dynamic if dynamic is not None else mgpu_utils.c(constant, i32)
+    return arith.select(ctx.single_lane_predicate, total, mgpu_utils.c(0, i32))
+
+
+def _lanes(ctx: LoweringContext) -> tuple[bool, int]:
+    warp = ctx.thread_semantics == mgpu_utils.ThreadSubset.WARP
+    return warp, mgpu_utils.WARP_SIZE if warp else mgpu_utils.WARPGROUP_SIZE
+
+
+def lower_arrive_expect_tx(ctx: LoweringContext, op: mgpu.ArriveExpectTxOp) -> list[ir.Value]:
+    """jax >= 0.12: the barrier is read first; a tensor-core barrier expects the
+    whole count from one lane, ordered after the threads' earlier work."""
+    warp, lanes = _lanes(ctx)
     barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
+    if barrier.orders_tensor_core:
+        barrier.barrier_ref.arrive_expect_tx(op.expect_tx, predicate=ctx.single_lane_predicate,
+                                             tensor_core_order_scope=ctx.thread_semantics)
+        return []
+    tx_bytes = _uniform_tx_bytes(ctx, op, lanes)
     if warp:
         # The barrier expects 128 arrivals; a warp's 32 threads arrive 4 times.
+        barrier.barrier_ref.arrive(arrival_count=3, can_complete=False)
+    barrier.barrier_ref.arrive_expect_tx(tx_bytes)
+    return []
+
+
+def lower_arrive_expect_tx_jax_0_11(ctx: LoweringContext,
+                                    op: mgpu.ArriveExpectTxOp) -> list[ir.Value]:
+    """jax 0.11: the share is computed before the barrier is read, and every
+    barrier (tensor-core ones too) gets per-lane shares."""
+    warp, lanes = _lanes(ctx)
+    tx_bytes = _uniform_tx_bytes(ctx, op, lanes)
+    barrier = mgpu_utils.DialectBarrierRef.from_barrier_memref(op.barrier)
+    if warp:
         barrier.barrier_ref.arrive(arrival_count=3, can_complete=False)
     barrier.barrier_ref.arrive_expect_tx(tx_bytes)
     return []

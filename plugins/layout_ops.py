@@ -12,11 +12,12 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.constraints import Excludes, Relayout
 from smalti.diagnostics import SmaltiValueError
 from smalti.layouts import RegisterLayout, describe_register_layout, register_layout_fits
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, malformed_op
 
 
-def layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
+def _layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder, strict: bool) -> None:
     """The result has the requested layout; the operand must be convertible to it."""
     source, result = b.variable(b.operand(0)), b.variable(b.result(0))
     layout = mgpu_layouts.from_layout_attr(op.new_layout)
@@ -33,7 +34,17 @@ def layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
         )
     b.assign(result, RegisterLayout.of(layout))
     bitwidth = mgpu_utils.bitwidth(ir.VectorType(op.x.type).element_type)
-    b.require(Relayout(source, result, bitwidth, strict=False))
+    b.require(Relayout(source, result, bitwidth, strict=strict))
+
+
+def layout_cast(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
+    """jax >= 0.12: a ``strict`` cast allows no register conversion (splats aside)."""
+    _layout_cast(op, b, strict=op.strict is not None and bool(op.strict.value))
+
+
+def layout_cast_jax_0_11(op: mgpu.LayoutCastOp, b: ConstraintBuilder) -> None:
+    """jax 0.11: casts have no ``strict`` attribute; every one may convert."""
+    _layout_cast(op, b, strict=False)
 
 
 def optimization_barrier(op: mgpu.OptimizationBarrierOp, b: ConstraintBuilder) -> None:
@@ -54,7 +65,8 @@ def broadcasted_iota(op: mgpu.BroadcastedIotaOp, b: ConstraintBuilder) -> None:
 
 
 def register_constraints(registry: ConstraintRegistry) -> None:
-    registry.constraint_rule("mosaic_gpu.layout_cast")(layout_cast)
+    registry.constraint_rule("mosaic_gpu.layout_cast", jax=SINCE_0_12)(layout_cast)
+    registry.constraint_rule("mosaic_gpu.layout_cast", jax=BEFORE_0_12)(layout_cast_jax_0_11)
     registry.constraint_rule("mosaic_gpu.optimization_barrier")(optimization_barrier)
     registry.constraint_rule("mosaic_gpu.broadcasted_iota")(broadcasted_iota)
 

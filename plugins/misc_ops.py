@@ -41,6 +41,7 @@ from smalti.layouts import (
     smem_transforms_fit,
     smem_transforms_from_attribute,
 )
+from smalti.plugins.versions import BEFORE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 from smalti.sites import memory_space_of
@@ -438,7 +439,8 @@ def lower_return(ctx: LoweringContext, op: mgpu.ReturnOp) -> list[ir.Value]:
 def register_lowerings(registry: LoweringRegistry) -> None:
     registry.lowering_rule("mosaic_gpu.initialize_barrier")(lower_initialize_barrier)
     registry.lowering_rule("mosaic_gpu.arrive", warp_semantics=True)(lower_arrive)
-    registry.lowering_rule("mosaic_gpu.wait")(lower_wait)
+    # jax 0.12 removed mosaic_gpu.wait from the dialect (waits are Lane-level).
+    registry.lowering_rule("mosaic_gpu.wait", jax=BEFORE_0_12)(lower_wait)
     # Like jax, not under warp semantics (jax refuses it there, smalti too).
     registry.lowering_rule("mosaic_gpu.assume_multiple")(lower_assume_multiple)
     registry.lowering_rule("mosaic_gpu.debug_print")(lower_debug_print)

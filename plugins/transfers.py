@@ -7,6 +7,9 @@ admit a transfer, preferably free of bank conflicts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -15,6 +18,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Excludes, TransferableSmem, TransferKind
 from smalti.layouts import smem_transforms_from_attribute
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
 from smalti.sites import memory_space_of
@@ -43,28 +47,49 @@ def transferable(registers, smem, ref: ir.Value, kind: str,
                             tiled_register_layouts(arch))
 
 
+def _load_kind(op) -> str:
+    return TransferKind.UNOPTIMIZED if (op.optimized is not None and not op.optimized.value) \
+        else TransferKind.OPTIMIZED
+
+
 def vector_load(op: mgpu.VectorLoadOp, b: ConstraintBuilder) -> None:
     result = b.variable(b.result(0))
     b.require(Excludes(result, fa.WGSplatFragLayout))  # a load is never uniform
     if _is_smem(op.source):
-        kind = TransferKind.UNOPTIMIZED if (op.optimized is not None and not op.optimized.value) \
-            else TransferKind.OPTIMIZED
-        b.require(transferable(result, b.variable(b.operand(0)), op.source, kind, b.arch))
+        b.require(transferable(result, b.variable(b.operand(0)), op.source, _load_kind(op),
+                               b.arch))
+
+
+def store_kind(op, unset: str) -> str:
+    """The transfer a store's ``optimized`` attribute asks for; ``unset``
+    where it has none (what that means depends on the jax version)."""
+    if op.optimized is None:
+        return unset
+    return TransferKind.OPTIMIZED if op.optimized.value else TransferKind.UNOPTIMIZED
+
+
+def _vector_store(op: mgpu.VectorStoreOp, b: ConstraintBuilder, unset: str) -> None:
+    value = b.variable(b.operand(0))
+    if _is_smem(op.destination):
+        b.require(transferable(value, b.variable(b.operand(1)), op.destination,
+                               store_kind(op, unset), b.arch))
 
 
 def vector_store(op: mgpu.VectorStoreOp, b: ConstraintBuilder) -> None:
-    value = b.variable(b.operand(0))
-    if _is_smem(op.destination):
-        if op.optimized is None:
-            kind = TransferKind.DOWNGRADABLE
-        else:
-            kind = TransferKind.OPTIMIZED if op.optimized.value else TransferKind.UNOPTIMIZED
-        b.require(transferable(value, b.variable(b.operand(1)), op.destination, kind, b.arch))
+    """jax >= 0.12: a store without ``optimized`` must be optimized, like a load."""
+    _vector_store(op, b, unset=TransferKind.OPTIMIZED)
+
+
+def vector_store_jax_0_11(op: mgpu.VectorStoreOp, b: ConstraintBuilder) -> None:
+    """jax 0.11: a store without ``optimized`` may be downgraded to an
+    unoptimized one (untiled refs), as its lowering retries."""
+    _vector_store(op, b, unset=TransferKind.DOWNGRADABLE)
 
 
 def register_constraints(registry: ConstraintRegistry) -> None:
     registry.constraint_rule("mosaic_gpu.vector_load")(vector_load)
-    registry.constraint_rule("mosaic_gpu.vector_store")(vector_store)
+    registry.constraint_rule("mosaic_gpu.vector_store", jax=SINCE_0_12)(vector_store)
+    registry.constraint_rule("mosaic_gpu.vector_store", jax=BEFORE_0_12)(vector_store_jax_0_11)
 
 
 # --- lowering -------------------------------------------------------------------------
@@ -82,6 +107,24 @@ def _optimized(op) -> bool | None:
     return op.optimized.value if op.optimized is not None else None
 
 
+class Transfers:
+    """How a load or store without an ``optimized`` attribute is lowered: the
+    one place where jax 0.11 and 0.12 differ for vector_load, vector_store and
+    async_store_smem."""
+
+    def __init__(self, gmem_unset: bool,
+                 run: Callable[[Callable[[bool], Any], bool | None], Any]) -> None:
+        self.gmem_unset = gmem_unset  # GMEM transfers: what unset means
+        self._run = run  # SMEM transfers: run(transfer, optimized | None)
+
+    def gmem(self, op: ir.OpView) -> bool:
+        optimized = _optimized(op)
+        return self.gmem_unset if optimized is None else optimized
+
+    def smem(self, transfer: Callable[[bool], Any], op: ir.OpView) -> Any:
+        return self._run(transfer, _optimized(op))
+
+
 def retry_unoptimized(transfer, optimized: bool | None):
     """Runs ``transfer(optimized)``; when optimization was only preferred
     (``None``), falls back to an unoptimized transfer if no plan exists. The
@@ -94,7 +137,20 @@ def retry_unoptimized(transfer, optimized: bool | None):
         return transfer(False)
 
 
-def lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Value]:
+def require_optimized(transfer, optimized: bool | None):
+    """Runs ``transfer(optimized)``, optimized unless the op says otherwise:
+    no fallback (a missing plan is the op's error)."""
+    return transfer(True if optimized is None else optimized)
+
+
+#: jax >= 0.12: an unset ``optimized`` means optimized, in every memory.
+JAX_0_12 = Transfers(gmem_unset=True, run=require_optimized)
+#: jax 0.11: unoptimized in GMEM; in SMEM optimized if a plan exists.
+JAX_0_11 = Transfers(gmem_unset=False, run=retry_unoptimized)
+
+
+def _lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp,
+                       transfers: Transfers) -> list[ir.Value]:
     [layout_attr] = ctx.out_layouts(op)
     layout = mgpu_layouts.from_layout_attr(layout_attr)
     signed = default_is_signed(ir.VectorType(op.result.type).element_type)
@@ -116,10 +172,9 @@ def lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Va
     if not isinstance(layout, fa.TiledLayout):
         raise ctx.fail(op, f"a load cannot produce the layout {layout_attr}",
                        fix="load into a strided or tiled layout")
-    optimized = _optimized(op)
     if ir.MemRefType(ref.type).memory_space is None:  # global memory
         array = fa.FragmentedArray.load_untiled(ref, layout=layout, is_signed=signed,
-                                                optimized=bool(optimized))
+                                                optimized=transfers.gmem(op))
         return [ctx.to_ir(array, op.result.type)]
     if smem is None:
         raise ctx.fail(op, f"unsupported memory space {ir.MemRefType(ref.type).memory_space}",
@@ -134,10 +189,11 @@ def lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Va
         def load(optimized: bool) -> fa.FragmentedArray:
             return fa.FragmentedArray.load_untiled(ref, layout=layout, swizzle=swizzle,
                                                    is_signed=signed, optimized=optimized)
-    return [ctx.to_ir(retry_unoptimized(load, optimized), op.result.type)]
+    return [ctx.to_ir(transfers.smem(load, op), op.result.type)]
 
 
-def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.Value]:
+def _lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp,
+                        transfers: Transfers) -> list[ir.Value]:
     atomic = str(mgpu.AtomicOpType(op.atomic_type.value)) if op.atomic_type is not None else None
     [layout] = ctx.in_layouts(op)
     array = ctx.from_ir(op.valueToStore, layout)
@@ -145,10 +201,9 @@ def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.
         mgpu_utils.warpgroup_barrier()  # earlier reads of the ref are done
     ref = op.destination
     memory_space = ir.MemRefType(ref.type).memory_space
-    optimized = _optimized(op)
     if memory_space is None:  # global memory
         target = mgpu_utils.MultimemRef(ref) if op.multimem.value else ref
-        array.store_untiled(target, optimized=bool(optimized), atomic=atomic)
+        array.store_untiled(target, optimized=transfers.gmem(op), atomic=atomic)
     elif memory_space == mgpu_utils.smem():
         [transforms] = ctx.in_transforms(op)
         smem = smem_transforms_from_attribute(transforms)
@@ -162,7 +217,7 @@ def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.
         else:
             def store(optimized: bool) -> None:
                 array.store_untiled(ref, optimized=optimized, swizzle=swizzle, atomic=atomic)
-        retry_unoptimized(store, optimized)
+        transfers.smem(store, op)
     else:
         raise ctx.fail(op, f"unsupported memory space {memory_space}",
                        fix="store to global or shared memory")
@@ -171,6 +226,25 @@ def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.
     return []
 
 
+def lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Value]:
+    return _lower_vector_load(ctx, op, JAX_0_12)
+
+
+def lower_vector_load_jax_0_11(ctx: LoweringContext, op: mgpu.VectorLoadOp) -> list[ir.Value]:
+    return _lower_vector_load(ctx, op, JAX_0_11)
+
+
+def lower_vector_store(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.Value]:
+    return _lower_vector_store(ctx, op, JAX_0_12)
+
+
+def lower_vector_store_jax_0_11(ctx: LoweringContext, op: mgpu.VectorStoreOp) -> list[ir.Value]:
+    return _lower_vector_store(ctx, op, JAX_0_11)
+
+
 def register_lowerings(registry: LoweringRegistry) -> None:
-    registry.lowering_rule("mosaic_gpu.vector_load")(lower_vector_load)
-    registry.lowering_rule("mosaic_gpu.vector_store")(lower_vector_store)
+    rule = registry.lowering_rule
+    rule("mosaic_gpu.vector_load", jax=SINCE_0_12)(lower_vector_load)
+    rule("mosaic_gpu.vector_load", jax=BEFORE_0_12)(lower_vector_load_jax_0_11)
+    rule("mosaic_gpu.vector_store", jax=SINCE_0_12)(lower_vector_store)
+    rule("mosaic_gpu.vector_store", jax=BEFORE_0_12)(lower_vector_store_jax_0_11)

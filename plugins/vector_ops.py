@@ -42,6 +42,7 @@ from smalti.constraints import (
 )
 from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import RegisterLayout
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, malformed_op
 
@@ -459,7 +460,7 @@ def lower_vector_concat(ctx: LoweringContext, op: mgpu.VectorConcatOp) -> list[i
 # combining kind -> (FragmentedArray reduction, signedness, how to fold in the accumulator)
 KINDS: dict[str, tuple[str, bool | None, Callable[[Array, Array], Array]]] = {
     "add": ("add", None, operator.add),
-    "mul": ("prod", None, operator.mul),  # beyond jax
+    "mul": ("prod", None, operator.mul),  # jax 0.12 too (beyond jax 0.11)
     "maxsi": ("max", True, Array.max),
     "maxui": ("max", False, Array.max),
     "maximumf": ("max", None, Array.max),
@@ -479,19 +480,32 @@ def _kind(ctx: LoweringContext, op: ir.OpView) -> tuple[str, bool | None, Callab
     return KINDS[name]
 
 
-def lower_vector_reduction(ctx: LoweringContext, op: vector.ReductionOp) -> list[ir.Value]:
+def acc_ilp(op: ir.OpView) -> int | None:
+    """jax >= 0.12: the accumulators each thread keeps in flight (Pallas sets
+    ``acc_ilp``; the code generator picks when it is absent)."""
+    attributes = op.operation.attributes
+    return ir.IntegerAttr(attributes["acc_ilp"]).value if "acc_ilp" in attributes else None
+
+
+def no_acc_ilp(op: ir.OpView) -> int | None:
+    """jax 0.11: ``acc_ilp`` is not read; the code generator always picks."""
+    return None
+
+
+def _lower_vector_reduction(ctx: LoweringContext, op: vector.ReductionOp,
+                            ilp: Callable[[ir.OpView], int | None]) -> list[ir.Value]:
     """A reduction of the whole vector to a scalar, through 4 elements of SMEM scratch."""
     kind, signed, _ = _kind(ctx, op)
     [layout] = ctx.in_layouts(op)
     ty = ir.VectorType(op.vector.type)
     scratch = _smem_scratch(ctx, op, ty.element_type, 4)
     array = ctx.from_ir(op.vector, layout, signed)
-    result = array.reduce(kind, range(ty.rank), scratch)
+    result = array.reduce(kind, range(ty.rank), scratch, acc_ilp=ilp(op))
     return [result.registers.item()]
 
 
-def lower_multi_reduction(ctx: LoweringContext,
-                          op: vector.MultiDimReductionOp) -> list[ir.Value]:
+def _lower_multi_reduction(ctx: LoweringContext, op: vector.MultiDimReductionOp,
+                           ilp: Callable[[ir.OpView], int | None]) -> list[ir.Value]:
     """Reduces the source along one dim, then folds in the accumulator."""
     kind, signed, fold = _kind(ctx, op)
     [in_layout, acc_layout] = ctx.in_layouts(op)
@@ -518,8 +532,27 @@ def lower_multi_reduction(ctx: LoweringContext,
         size = ir.IntegerAttr(op.operation.attributes["scratch_size"]).value
         scratch = _smem_scratch(ctx, op, element_type,
                                 size * 8 // mgpu_utils.bitwidth(element_type))
-    result = fold(source.reduce(kind, dims[0], scratch), acc)
+    result = fold(source.reduce(kind, dims[0], scratch, acc_ilp=ilp(op)), acc)
     return [ctx.to_ir(result, op.result.type)]
+
+
+def lower_vector_reduction(ctx: LoweringContext, op: vector.ReductionOp) -> list[ir.Value]:
+    return _lower_vector_reduction(ctx, op, acc_ilp)
+
+
+def lower_vector_reduction_jax_0_11(ctx: LoweringContext,
+                                    op: vector.ReductionOp) -> list[ir.Value]:
+    return _lower_vector_reduction(ctx, op, no_acc_ilp)
+
+
+def lower_multi_reduction(ctx: LoweringContext,
+                          op: vector.MultiDimReductionOp) -> list[ir.Value]:
+    return _lower_multi_reduction(ctx, op, acc_ilp)
+
+
+def lower_multi_reduction_jax_0_11(ctx: LoweringContext,
+                                   op: vector.MultiDimReductionOp) -> list[ir.Value]:
+    return _lower_multi_reduction(ctx, op, no_acc_ilp)
 
 
 def _crosses_warps(layout: fa.FragmentedLayout, rank: int, axis: int) -> bool:
@@ -550,5 +583,8 @@ def register_lowerings(registry: LoweringRegistry) -> None:
     registry.lowering_rule("vector.extract")(lower_extract)
     registry.lowering_rule("vector.insert_strided_slice")(lower_insert_strided_slice)
     registry.lowering_rule("mosaic_gpu.vector_concat")(lower_vector_concat)
-    registry.lowering_rule("vector.reduction")(lower_vector_reduction)
-    registry.lowering_rule("vector.multi_reduction")(lower_multi_reduction)
+    rule = registry.lowering_rule
+    rule("vector.reduction", jax=SINCE_0_12)(lower_vector_reduction)
+    rule("vector.reduction", jax=BEFORE_0_12)(lower_vector_reduction_jax_0_11)
+    rule("vector.multi_reduction", jax=SINCE_0_12)(lower_multi_reduction)
+    rule("vector.multi_reduction", jax=BEFORE_0_12)(lower_multi_reduction_jax_0_11)

@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
 
 import smalti
 from smalti import kernels
+from smalti.registry import installed_jax
 
 _DUMP_NAME = re.compile(r', mosaic_gpu.dump_basename = "[^"]*"')
 
@@ -40,6 +42,44 @@ def smalti_infer(kernel: kernels.Kernel, arch=(9, 0)) -> None:
 
 def smalti_lower(kernel: kernels.Kernel) -> None:
     smalti.lower(kernel.module, kernel.launch_context)
+
+
+#: The code generators' own exceptions: jax lets them escape as they are;
+#: smalti reports them as SM203, a NotImplementedError with their message.
+CODEGEN_EXCEPTIONS = (fa.TransferPlanDerivationError, fa.UnsupportedTransferError,
+                      fa.TxMatrixIneligible)
+
+
+def assert_same_refusal(theirs: BaseException, ours: BaseException | None) -> None:
+    """smalti refused what jax refused, the same way: a SmaltiError of jax's
+    built-in class (ValueError, NotImplementedError) keeping jax's message —
+    or, where a code generator refused, SM203 with the generator's message."""
+    assert ours is not None, f"jax refuses with {type(theirs).__name__}: {theirs}; smalti does not"
+    assert isinstance(ours, smalti.SmaltiError), ours
+    phrase = str(theirs).splitlines()[0]
+    if isinstance(theirs, CODEGEN_EXCEPTIONS):
+        assert ours.code == "SM203" and isinstance(ours, NotImplementedError), ours
+    else:
+        builtin = next(c for c in (NotImplementedError, ValueError) if isinstance(theirs, c))
+        assert isinstance(ours, builtin), ours
+    assert phrase in str(ours), (phrase, str(ours))
+
+
+#: jax 0.11.2, smalti's first target, lowers every kernel of the
+#: differential suite: a refusal there is a broken test, not a result.
+REFUSALS_COMPARED = installed_jax() >= (0, 12)
+
+
+def refusal(call: Callable[[], object]) -> BaseException | None:
+    """What ``call`` raises, or None. Under jax 0.11 nothing is compared:
+    what it raises propagates."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - any refusal is compared
+        if not REFUSALS_COMPARED:
+            raise
+        return error
+    return None
 
 
 def build_twice(body: Callable[..., None], in_shapes: Sequence[jax.ShapeDtypeStruct],
@@ -85,7 +125,12 @@ def assert_same_as_jax(
     smalti_infer(candidate, arch)
     assert normalized(candidate.module) == normalized(reference.module), "inferred layouts differ"
     if lower:
-        jax_lower(reference)
+        # What the installed jax's own lowering refuses (jax 0.12 requires
+        # optimized transfers where 0.11 fell back), smalti must refuse alike.
+        theirs = refusal(lambda: jax_lower(reference))
+        if theirs is not None:
+            assert_same_refusal(theirs, refusal(lambda: smalti_lower(candidate)))
+            return reference, candidate
         smalti_lower(candidate)
         assert normalized(candidate.module) == normalized(reference.module), "lowered IR differs"
     return reference, candidate

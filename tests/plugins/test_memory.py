@@ -26,7 +26,8 @@ import smalti
 from smalti import kernels
 from smalti.plugins import memory
 from smalti.rules import LoweringContext
-from tests.differential import jax_infer, jax_lower, normalized, walk_ops
+from tests.differential import (assert_same_refusal, jax_infer, jax_lower, normalized, refusal,
+                                walk_ops)
 
 F32, F16, BF16 = jnp.float32, jnp.float16, jnp.bfloat16
 
@@ -52,7 +53,11 @@ def same_as_jax(body, in_shapes, out_shapes, smem, *, grid=(1, 1, 1),
     smalti.infer_layouts(candidate.module)
     assert normalized(candidate.module) == normalized(reference.module), "inferred layouts differ"
     inferred = attributes(candidate)
-    jax_lower(reference)
+    theirs = refusal(lambda: jax_lower(reference))
+    if theirs is not None:  # the installed jax refuses it: smalti must too
+        assert_same_refusal(theirs, refusal(
+            lambda: smalti.lower(candidate.module, candidate.launch_context)))
+        return Checked(inferred, "")
     smalti.lower(candidate.module, candidate.launch_context)
     lowered = normalized(candidate.module)
     assert lowered == normalized(reference.module), "lowered IR differs"
@@ -74,9 +79,14 @@ def wgmma(x: ir.Value) -> ir.Value:
 
 
 def through(ref: ir.Value, x_ref: ir.Value, out_ref: ir.Value, *, load_from=None) -> None:
-    """x -> WGMMA registers -> ``ref`` -> registers -> out."""
-    mgpu.vector_store(wgmma(mgpu.vector_load(x_ref)), ref)
-    mgpu.vector_store(mgpu.vector_load(ref if load_from is None else load_from), out_ref)
+    """x -> WGMMA registers -> ``ref`` -> registers -> out.
+
+    The GMEM transfers are unoptimized, as jax 0.11 lowers them when unset:
+    jax 0.12 requires an unset one to be optimized, which no plan allows for
+    WGMMA-laid 16-bit values in global memory."""
+    mgpu.vector_store(wgmma(mgpu.vector_load(x_ref, optimized=False)), ref)
+    mgpu.vector_store(mgpu.vector_load(ref if load_from is None else load_from), out_ref,
+                      optimized=False)
 
 
 def index(value: int) -> ir.Value:
@@ -314,10 +324,11 @@ def test_slices_with_one_alias_id_share_transforms(alias):
 
 def test_cluster_ref():
     def body(ctx, x_ref, out_ref, smem):
-        mgpu.vector_store(wgmma(mgpu.vector_load(x_ref)), smem)
+        mgpu.vector_store(wgmma(mgpu.vector_load(x_ref, optimized=False)), smem)
         one = arith.constant(ir.IntegerType.get_signless(32), 1)
         remote = mgpu.get_cluster_ref(smem, x=one)
-        mgpu.vector_store(mgpu.vector_load(remote), out_ref)
+        # Unoptimized in GMEM under every jax (see through()).
+        mgpu.vector_store(mgpu.vector_load(remote), out_ref, optimized=False)
 
     shape = sds((128, 128), F16)
     inferred, lowered = same_as_jax(body, [shape], [shape], shape, grid=(2, 1, 1),

@@ -53,6 +53,22 @@ def cast(x: ir.Value, layout) -> ir.Value:
     return mgpu.layout_cast(x, mgpu_layouts.to_layout_attr(layout))
 
 
+#: jax 0.12 removed mosaic_gpu.wait from the dialect: a Warpgroup kernel
+#: (Pallas' barrier_wait too) waits with Lane-level code instead.
+HAS_WAIT_OP = hasattr(mgpu, "wait")
+NO_WAIT_OP = pytest.mark.skipif(not HAS_WAIT_OP,
+                                reason="mosaic_gpu.wait is not in this jax's dialect (0.12)")
+
+
+def wait(barrier: ir.Value, parity: ir.Value) -> None:
+    """Waits on ``barrier`` (a barrier memref): the mosaic_gpu.wait op where
+    the dialect has it, else the Lane-level wait jax 0.12's Pallas emits."""
+    if HAS_WAIT_OP:
+        mgpu.wait(barrier, parity)
+    else:
+        mosaic_gpu.utils.DialectBarrierRef.from_barrier_memref(barrier).wait_parity(parity)
+
+
 def i1(value: int) -> ir.Value:
     return arith.constant(ir.IntegerType.get_signless(1), value)
 
@@ -131,10 +147,12 @@ def infer_then_lower_printing(capsys, body, in_shapes, out_shapes, scratch=()) -
 ])
 def test_print_layout_of_a_vector(capsys, layout, expected):
     def body(ctx, x_ref, out_ref, smem):
-        x = mgpu.vector_load(x_ref)
+        # Unoptimized GMEM transfers: what jax 0.11 does when unset, and what
+        # jax 0.12 (which requires unset ones optimized) can do for every layout.
+        x = mgpu.vector_load(x_ref, optimized=False)
         x = splat(x, 1.0) if layout == "splat" else cast(x, layout)
         mgpu.print_layout("layout: {}", x)
-        mgpu.vector_store(x, out_ref)
+        mgpu.vector_store(x, out_ref, optimized=False)
 
     shape = sds((128, 128), F32)
     text = infer_then_lower_printing(capsys, body, [shape], [shape])
@@ -146,12 +164,12 @@ def test_print_layout_of_an_smem_ref(capsys, register_layout):
     shape = sds((128, 128), F16)
 
     def body(ctx, x_ref, out_ref, smem):
-        x = mgpu.vector_load(x_ref)
+        x = mgpu.vector_load(x_ref, optimized=False)  # unoptimized in GMEM, as above
         if register_layout is not None:
             x = cast(x, register_layout)
         mgpu.vector_store(x, smem)
         mgpu.print_layout("smem: {}", smem)
-        mgpu.vector_store(mgpu.vector_load(smem), out_ref)
+        mgpu.vector_store(mgpu.vector_load(smem), out_ref, optimized=False)
 
     text = infer_then_lower_printing(capsys, body, [shape], [shape], shape)
     assert text.startswith("smem: (")
@@ -215,13 +233,14 @@ def test_arrive_and_wait_around_vector_stores(orders_tensor_core, with_predicate
         predicate = i1(1) if with_predicate else None
         barriers[1].arrive(orders_tensor_core=orders_tensor_core, predicate=predicate)
         if not orders_tensor_core:  # jax cannot lower waits on tensor-core barriers
-            mgpu.wait(barriers[1].as_barrier_memref(), i1(0))
+            wait(barriers[1].as_barrier_memref(), i1(0))
         mgpu.vector_store(mlir_math.exp(x), out_ref)
 
     shape = sds((128, 128), F32)
     same_as_jax(body, [shape], [shape], barrier)
 
 
+@NO_WAIT_OP
 def test_wait_on_a_tensor_core_barrier_fences_the_tensor_core():
     """jax's lowering asserts here; smalti waits and orders the tensor core."""
     barrier = mosaic_gpu.Barrier(arrival_count=1, num_barriers=1, orders_tensor_core=True)
@@ -237,6 +256,42 @@ def test_wait_on_a_tensor_core_barrier_fences_the_tensor_core():
     text = normalized(kernel.module)
     assert "mbarrier.try_wait.parity" in text
     assert "tcgen05.fence" in text
+
+
+# --- strict layout casts (jax >= 0.12) ------------------------------------------------
+
+#: jax 0.12 added a ``strict`` attribute to mosaic_gpu.layout_cast.
+HAS_STRICT_CAST = "strict" in dir(mgpu.LayoutCastOp)
+NO_STRICT_CAST = pytest.mark.skipif(
+    not HAS_STRICT_CAST, reason="mosaic_gpu.layout_cast has no strict attribute before jax 0.12")
+
+
+@NO_STRICT_CAST
+def test_a_strict_layout_cast_allows_no_relayout():
+    def body(ctx, x_ref, out_ref, smem):
+        x = cast(mgpu.vector_load(x_ref, optimized=False), fa.WGMMA_LAYOUT)
+        y = mgpu.layout_cast(x, mgpu_layouts.to_layout_attr(fa.WGMMA_TRANSPOSED_LAYOUT),
+                             strict=True)
+        mgpu.vector_store(y, out_ref, optimized=False)
+
+    shape = sds((128, 128), F32)
+    reference, candidate = build_twice(body, [shape], [shape])
+    with pytest.raises(ValueError, match="Failed to infer a possible set of layouts"):
+        jax_infer(reference)
+    with pytest.raises(smalti.SmaltiValueError, match="Failed to infer a possible set of layouts"):
+        smalti_infer(candidate)
+
+
+@NO_STRICT_CAST
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_cast_with_the_strict_attribute_is_inferred_like_jax(strict):
+    def body(ctx, x_ref, out_ref, smem):
+        x = mgpu.vector_load(x_ref, optimized=False)
+        y = mgpu.layout_cast(x, mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT), strict=strict)
+        mgpu.vector_store(mlir_math.exp(y), out_ref, optimized=False)
+
+    shape = sds((128, 128), F32)
+    same_as_jax(body, [shape], [shape])
 
 
 # --- assume_multiple ------------------------------------------------------------------
@@ -412,7 +467,7 @@ def test_warp_map_arrives_per_warp(orders_tensor_core):
 
         warp_map([ref], per_warp)
         if not orders_tensor_core:
-            mgpu.wait(ref, i1(0))
+            wait(ref, i1(0))
 
     shape = sds((128, 128), F32)
     _, candidate = same_as_jax(body, [shape], [shape], barrier)
@@ -453,7 +508,8 @@ def test_vector_op_inside_a_warp_map_is_refused_before_lowering_starts():
     assert normalized(candidate.module) == inferred  # nothing was rewritten
 
 
-@pytest.mark.parametrize("op", ["debug_print", "assume_multiple", "wait", "mma"])
+@pytest.mark.parametrize("op", ["debug_print", "assume_multiple",
+                                pytest.param("wait", marks=NO_WAIT_OP), "mma"])
 def test_ops_jax_does_not_lower_per_warp_are_refused(op):
     barrier = mosaic_gpu.Barrier(arrival_count=1, num_barriers=1)
     shape = sds((64, 32), F32)
@@ -696,9 +752,9 @@ def test_barriers_custom_primitive_warp_map_and_printing_in_one_kernel(capsys):
         mgpu.vector_store(y, out_ref)
         first, second = barriers[0].as_barrier_memref(), barriers[1].as_barrier_memref()
         warp_map([first], lambda bar: mgpu.ArriveOp(bar, orders_tensor_core=False))
-        mgpu.wait(first, i1(0))
+        wait(first, i1(0))
         barriers[1].arrive()
-        mgpu.wait(second, i1(0))
+        wait(second, i1(0))
         mgpu.vector_store(mlir_math.exp(y), out_ref)
 
     text = infer_then_lower_printing(capsys, body, [shape], [shape], barrier)

@@ -187,6 +187,29 @@ def test_multi_reduction(kind, dtype, init, axis, layout):
     assert_same_as_jax(body, [sds((128, 128), dtype)], [sds((128,), dtype)])
 
 
+@pytest.mark.parametrize("acc_ilp", [1, 2, 4])
+@pytest.mark.parametrize("whole", [False, True], ids=["multi_reduction", "reduction"])
+def test_reductions_with_an_acc_ilp_attribute(acc_ilp, whole):
+    """Pallas sets ``acc_ilp`` (accumulators in flight per thread): jax 0.12's
+    lowering passes it to the code generator, jax 0.11's ignores it."""
+    def body(ctx, x_ref, out_ref, smem):
+        if whole:
+            x = load(x_ref)
+            total = reduce_all(KIND.ADD, x)
+            total.owner.attributes["acc_ilp"] = i32_attr(acc_ilp)
+            mgpu.vector_store(add(x, vector.broadcast(x.type, total)), out_ref)
+        else:
+            reduced = reduce(KIND.ADD, load(x_ref, fa.WGMMA_LAYOUT), 1, 0.0)
+            reduced.owner.attributes["acc_ilp"] = i32_attr(acc_ilp)
+            mgpu.vector_store(reduced, out_ref)
+
+    # (64, 256) rows: 32 registers per thread to accumulate, where acc_ilp
+    # changes the code.
+    shapes = ([sds((512,), F32)], [sds((512,), F32)]) if whole else \
+        ([sds((64, 256), F32)], [sds((64,), F32)])
+    assert_same_as_jax(body, *shapes)
+
+
 @pytest.mark.parametrize("layout", TILED, ids=["WGMMA", "TCGEN05"])
 def test_broadcast_back_of_a_reduction_follows_from_the_reduced_value(layout):
     """A reduction of a value that is never splat is never splat, and neither
