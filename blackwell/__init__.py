@@ -45,7 +45,8 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     # issued by a single warp (inside mosaic_gpu.warp_map).
     warp = dict(archs=TCGEN05, warp_semantics=True)
     rule("mosaic_gpu.tmem_alloc", archs=TCGEN05)(tmem.lower_tmem_alloc)
-    rule("mosaic_gpu.tmem_dealloc", archs=TCGEN05)(tmem.lower_tmem_dealloc)
+    rule("mosaic_gpu.tmem_dealloc", archs=TCGEN05, check=tmem.check_tmem_dealloc)(
+        tmem.lower_tmem_dealloc)
     rule("mosaic_gpu.tmem_relinquish_alloc_permit", archs=TCGEN05)(
         tmem.lower_tmem_relinquish_alloc_permit)
     rule("mosaic_gpu.tmem_layout_cast", **warp)(tmem.lower_tmem_layout_cast)

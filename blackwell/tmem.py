@@ -133,22 +133,35 @@ def lower_tmem_relinquish_alloc_permit(ctx: LoweringContext,
     return []
 
 
+def _not_an_allocation(op: mgpu.TmemDeallocOp) -> SmaltiValueError:
+    return SmaltiValueError(
+        "SM146", f"{op.tmem_ref.get_name()} is not a TMEM allocation: tmem_dealloc frees "
+        "what tmem_alloc returned, not a view of it",
+        op=op, values={"tmem_ref": str(op.tmem_ref.type)},
+        fix="pass the result of mosaic_gpu.tmem_alloc itself to tmem_dealloc")
+
+
+def check_tmem_dealloc(op: mgpu.TmemDeallocOp) -> None:
+    """Before rewriting: the freed ref is a tmem_alloc's result (not a cast or
+    a view of it), whose lowering records what tmem_dealloc needs."""
+    owner = op.tmem_ref.owner
+    if isinstance(owner, ir.Block) or owner.name != "mosaic_gpu.tmem_alloc":
+        raise _not_an_allocation(op)
+
+
 def lower_tmem_dealloc(ctx: LoweringContext, op: mgpu.TmemDeallocOp) -> list[ir.Value]:
     """Frees the columns of the allocation, as recorded by ``tmem_alloc``."""
     check_tmem_operand(op, op.tmem_ref, "tmem_ref")
     cast = address_cast(op.tmem_ref)
     if "collective" not in cast.attributes or "packing" not in cast.attributes:
-        raise SmaltiValueError(
-            "SM146", f"{op.tmem_ref.get_name()} is not a TMEM allocation: tmem_dealloc frees "
-            "what tmem_alloc returned, not a view of it",
-            op=op, values={"tmem_ref": str(op.tmem_ref.type)},
-            fix="pass the result of mosaic_gpu.tmem_alloc itself to tmem_dealloc")
+        raise _not_an_allocation(op)
     collective = ir.BoolAttr(cast.attributes["collective"]).value
     packing = ir.IntegerAttr(cast.attributes["packing"]).value
     columns = ir.MemRefType(op.tmem_ref.type).shape[1] // packing
     with mgpu_utils.when(ctx.single_warp_per_block_predicate):
         tcgen05.tmem_dealloc(cast.operands[0], columns, collective, exact=False)
     return []
+
 
 
 def lower_tmem_layout_cast(ctx: LoweringContext, op: mgpu.TmemLayoutCastOp) -> list[ir.Value]:

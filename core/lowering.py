@@ -27,6 +27,7 @@ from smalti.diagnostics import (
     SmaltiNotImplementedError,
     SmaltiValueError,
     describe_op,
+    format_location,
 )
 from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
@@ -43,7 +44,6 @@ _CODEGEN_REJECTIONS = (
 )
 
 _SKIP = object()  # the op needs no lowering
-_UNDECIDED = object()
 
 
 class LoweringReport(Fields):
@@ -92,9 +92,6 @@ class _Lowerer:
         self.required = pipeline.required_prefixes
         self.report = LoweringReport()
         self.ctx: LoweringContext | None = None
-        # What validation decided for each op, reused while rewriting:
-        # a rule, None (only traverse its regions) or _SKIP.
-        self.plan: dict[ir.Operation, RuleRecord | None | object] = {}
 
     def _decision(self, op: ir.Operation, operands: LayoutValues, results: LayoutValues
                   ) -> RuleRecord | None | object:
@@ -152,23 +149,25 @@ class _Lowerer:
             stack += children
 
     def decide(self, op: ir.Operation) -> RuleRecord | None | object:
-        decision = self.plan.get(op, _UNDECIDED)
-        if decision is _UNDECIDED:
-            decision = self.plan[op] = self._decision(
-                op, layout_values(op.operands), layout_values(op.results))
-        return decision
+        # Decided again rather than remembered from validation: an
+        # ir.Operation hashes by its contents (attributes, operands), which
+        # rewriting changes, and an op erased by a rewrite is invalidated,
+        # so a dict keyed by ops both misses and raises "the operation has
+        # been invalidated" (profiler kernels: issue 28).
+        return self._decision(op, layout_values(op.operands), layout_values(op.results))
 
     def validate(self) -> None:
-        plan = self.plan
         for op, warp in self.ops_to_check():
             # Each op's layout values read once, for its decision and its check.
             operands, results = layout_values(op.operands), layout_values(op.results)
-            record = plan[op] = self._decision(op, operands, results)
+            record = self._decision(op, operands, results)
             if record is None or record is _SKIP:
                 continue
             if warp and not record.warp_semantics:
                 raise _no_warp_semantics(record, op)
             _check_layout_attributes(op, operands, results)
+            if record.check is not None:  # the rule's own check (registered with check=)
+                _run_check(record, op)
         if self.fallbacks_used:
             self.report.arch_fallbacks += arch_policy.warn_fallbacks(
                 self.fallbacks_used, self.table, self.pipeline.rules[RuleKind.LOWERING],
@@ -190,7 +189,9 @@ class _Lowerer:
         with operation.location:
             try:
                 results = record.function(self.ctx, op.operation.opview)
-            except SmaltiError:
+            except SmaltiError as e:
+                if e.op is None:  # raised by a helper that did not know the op
+                    _blame(e, operation)
                 raise
             except Exception as e:
                 # Validation did not verify the ops (a walk too many): an
@@ -254,6 +255,29 @@ def _checked_results(results: object, record: RuleRecord,
             op=operation, fix=f"fix the plugin {record.plugin!r}: return one ir.Value per "
             "result of the op (a list), or RECURSED")
     return values
+
+
+def _blame(error: SmaltiError, op: ir.Operation) -> None:
+    """Names ``op`` (being lowered) in ``error``."""
+    error.op = describe_op(op)
+    error.location = format_location(op.location)
+    error.args = (error.render(),)
+
+
+def _run_check(record: RuleRecord, op: ir.Operation) -> None:
+    try:
+        record.check(op.opview)  # type: ignore[misc]
+    except SmaltiError:
+        raise
+    except Exception as e:
+        problem = verifier_failure(op)
+        if problem is not None:
+            raise invalid_op(op, problem, lowering=True) from e
+        raise PluginError(
+            "SM005", f"the check of lowering rule {record.name} of plugin {record.plugin!r} "
+            f"raised {type(e).__name__}: {e}", op=op,
+            fix=[f"report this to the authors of {record.plugin!r}",
+                 f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"]) from e
 
 
 def _no_warp_semantics(record: RuleRecord, op: ir.Operation) -> SmaltiError:
@@ -403,7 +427,7 @@ def lower(module: ir.Module, launch_context: lc.LaunchContext, *, auto_barriers:
             lowerer.run(launch_context, auto_barriers)
         finally:
             # The context refers back to the lowerer (ctx.lower_op): leave no
-            # cycle holding the lowerer and its plan until a collection.
+            # cycle holding the lowerer until a collection.
             lowerer.ctx = None
     lowerer.report.seconds = time.perf_counter() - start
     return lowerer.report

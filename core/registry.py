@@ -140,7 +140,7 @@ class RuleRecord(Record):
     """One rule as registered: what it handles, where it came from."""
 
     __slots__ = ("kind", "key", "function", "plugin", "archs", "overrides", "target",
-                 "opaque_regions", "warp_semantics", "warp_regions", "jax")
+                 "opaque_regions", "warp_semantics", "warp_regions", "jax", "check")
     kind: RuleKind
     key: str  # op name, or a Pallas primitive's name
     function: Callable[..., Any]
@@ -160,14 +160,19 @@ class RuleRecord(Record):
     #: The jax versions the rule is for (a pipeline built under another
     #: leaves it out).
     jax: JaxVersions
+    #: A lowering rule's check, ``check(op)``: raises a smalti error for an op
+    #: the rule cannot lower, for a reason visible before rewriting (lowering
+    #: runs it on every such op before the first rewrite).
+    check: Callable[[Any], None] | None
 
     def __init__(self, kind: RuleKind, key: str, function: Callable[..., Any], plugin: str,
                  archs: Architectures = ANY_ARCH, overrides: str | None = None,
                  target: Any = None, opaque_regions: bool = False,
                  warp_semantics: bool = False, warp_regions: bool = False,
-                 jax: JaxVersions = ANY_JAX) -> None:
+                 jax: JaxVersions = ANY_JAX, check: Callable[[Any], None] | None = None
+                 ) -> None:
         self._set(kind, key, function, plugin, archs, overrides, target, opaque_regions,
-                  warp_semantics, warp_regions, jax)
+                  warp_semantics, warp_regions, jax, check)
 
     @property
     def name(self) -> str:
@@ -183,7 +188,7 @@ class _Registry:
         self.records: list[RuleRecord] = []
 
     def _check(self, key: Any, function: Any, archs: Any, overrides: Any,
-               jax: Any = ANY_JAX) -> None:
+               jax: Any = ANY_JAX, check: Any = None) -> None:
         problems = []
         if not isinstance(key, str) or not key:
             problems.append(f"op name {key!r} is not a non-empty string")
@@ -195,6 +200,8 @@ class _Registry:
             problems.append(f"overrides={overrides!r} is not a plugin name")
         if not isinstance(jax, JaxVersions):
             problems.append(f"jax={jax!r} is not a smalti.registry.JaxVersions")
+        if check is not None and not callable(check):
+            problems.append(f"check={check!r} is not callable")
         if problems:
             raise PluginError(
                 "SM006",
@@ -205,11 +212,12 @@ class _Registry:
 
     def _add(self, key: str, function: Callable[..., Any], archs: Architectures,
              overrides: str | None, target: Any = None, jax: JaxVersions = ANY_JAX,
-             **flags: bool) -> None:
-        self._check(key, function, archs, overrides, jax)
+             check: Callable[[Any], None] | None = None, **flags: bool) -> None:
+        self._check(key, function, archs, overrides, jax, check)
         self.records.append(
             RuleRecord(self.kind, key, function, self.plugin, archs, overrides, target,
-                       jax=jax, **{name: bool(value) for name, value in flags.items()})
+                       jax=jax, check=check,
+                       **{name: bool(value) for name, value in flags.items()})
         )
 
 
@@ -233,11 +241,11 @@ class _OpRuleRegistry(_Registry):
 
     def __call__(
         self, *op_names: str, archs: Architectures = ANY_ARCH, overrides: str | None = None,
-        jax: JaxVersions = ANY_JAX, **flags: bool,
+        jax: JaxVersions = ANY_JAX, **options: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def decorate(rule: Callable[..., Any]) -> Callable[..., Any]:
             for name in op_names:
-                self.add(name, rule, archs=archs, overrides=overrides, jax=jax, **flags)
+                self.add(name, rule, archs=archs, overrides=overrides, jax=jax, **options)
             return rule
 
         return decorate
@@ -276,6 +284,7 @@ class LoweringRegistry(_OpRuleRegistry):
         warp_semantics: bool = False,
         warp_regions: bool = False,
         jax: JaxVersions = ANY_JAX,
+        check: Callable[[Any], None] | None = None,
     ) -> None:
         """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
 
@@ -284,18 +293,21 @@ class LoweringRegistry(_OpRuleRegistry):
         WARP); ``warp_regions=True`` that it lowers the op's regions under warp
         semantics; ``opaque_regions=True`` that the op's regions are Lane-level
         code, not checked before lowering; ``jax`` the jax versions the rule is
-        for."""
+        for. ``check(op)``, if given, runs on every op of the rule before
+        lowering rewrites anything, and raises a smalti error for one the rule
+        cannot lower (so that no module is left half-lowered)."""
         self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions,
-                  warp_semantics=warp_semantics, warp_regions=warp_regions, jax=jax)
+                  warp_semantics=warp_semantics, warp_regions=warp_regions, jax=jax,
+                  check=check)
 
     def lowering_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
                       overrides: str | None = None, opaque_regions: bool = False,
                       warp_semantics: bool = False, warp_regions: bool = False,
-                      jax: JaxVersions = ANY_JAX):
+                      jax: JaxVersions = ANY_JAX, check: Callable[[Any], None] | None = None):
         """Decorator: registers the decorated function for each op name."""
         return self(*op_names, archs=archs, overrides=overrides,
                     opaque_regions=opaque_regions, warp_semantics=warp_semantics,
-                    warp_regions=warp_regions, jax=jax)
+                    warp_regions=warp_regions, jax=jax, check=check)
 
     def require_lowering(self, prefix: str) -> None:
         """Every op whose name starts with ``prefix`` must be lowered by a rule:

@@ -340,6 +340,39 @@ def _carve(ctx: LoweringContext, op: ir.OpView, ref_type: ir.MemRefType, offset:
     return builtin.unrealized_conversion_cast([ref_type], [view])
 
 
+def _require_transforms(op: ir.OpView, name: str, ref: ir.Value) -> None:
+    """``op`` carries ``name`` with one entry for ``ref``, or SM201 now.
+
+    Inference gives transforms only to refs in ``#gpu.address_space<workgroup>``
+    (like jax): a ref in another spelling of it (``3``) or another space gets
+    none, and the rule would fail after others rewrote the module."""
+    attributes = op.operation.attributes
+    if name in attributes and len(ir.ArrayAttr(attributes[name])) == 1:
+        return
+    space = ir.MemRefType(ref.type).memory_space
+    reason = ("" if memory_space_of(ref) is MemorySpace.SMEM else
+              f": its ref is in memory space {space}, not #gpu.address_space<workgroup>, "
+              "so layout inference gives it no transforms")
+    raise SmaltiValueError(
+        "SM201", f"{op.operation.name} does not have an {name} attribute{reason}",
+        op=op, values={"ref": str(ref.type)},
+        fix=["allocate the ref in #gpu.address_space<workgroup> (not 3 or another space)",
+             "run smalti.infer_layouts(module) before lowering",
+             f"or set {name} by hand with one entry"])
+
+
+def _check_slice_smem(op: mgpu.SliceSMEMOp) -> None:
+    if memory_space_of(op.result) is not None or isinstance(
+            ir.MemRefType(op.result.type).element_type, mgpu.BarrierType):
+        return  # barriers take no transforms; SMEM ones are checked by core
+    _require_transforms(op, "out_transforms", op.result)
+
+
+def _check_with_transforms(op: mgpu.WithTransformsOp) -> None:
+    _require_transforms(op, "in_transforms", op.ref)
+    _require_transforms(op, "out_transforms", op.result)
+
+
 def lower_slice_smem(ctx: LoweringContext, op: mgpu.SliceSMEMOp) -> list[ir.Value]:
     """A view of the dynamic SMEM; non-barrier refs in their tiled form."""
     ref_type = ir.MemRefType(op.result.type)
@@ -354,6 +387,7 @@ def lower_slice_smem(ctx: LoweringContext, op: mgpu.SliceSMEMOp) -> list[ir.Valu
 def lower_with_transforms(ctx: LoweringContext, op: mgpu.WithTransformsOp) -> list[ir.Value]:
     """Nothing to do at run time: the producer already laid the ref out."""
     return [_wrap_result(ctx, op, _physical(ctx, op, op.ref))]
+
 
 
 def lower_get_cluster_ref(ctx: LoweringContext, op: mgpu.GetClusterRefOp) -> list[ir.Value]:
@@ -656,8 +690,11 @@ def lower_store(ctx: LoweringContext, op: memref.StoreOp) -> list[ir.Value]:
 def register_lowerings(registry: LoweringRegistry) -> None:
     # Views and slices are also taken by a single warp (inside warp_map).
     warp = registry.lowering_rule
-    warp("mosaic_gpu.slice_smem", warp_semantics=True)(lower_slice_smem)
-    warp("mosaic_gpu.with_transforms", warp_semantics=True)(lower_with_transforms)
+    # Their checks run before lowering rewrites anything.
+    warp("mosaic_gpu.slice_smem", warp_semantics=True, check=_check_slice_smem)(
+        lower_slice_smem)
+    warp("mosaic_gpu.with_transforms", warp_semantics=True, check=_check_with_transforms)(
+        lower_with_transforms)
     registry.lowering_rule("mosaic_gpu.get_cluster_ref")(lower_get_cluster_ref)
     warp("memref.subview", warp_semantics=True)(lower_subview)
     warp("memref.cast", warp_semantics=True)(lower_cast)

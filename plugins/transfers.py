@@ -20,6 +20,7 @@ from smalti.constraints import Excludes, TransferableSmem, TransferKind
 from smalti.layouts import smem_transforms_from_attribute
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
+from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
 from smalti.sites import memory_space_of
 from smalti.layouts import MemorySpace
@@ -149,8 +150,29 @@ JAX_0_12 = Transfers(gmem_unset=True, run=require_optimized)
 JAX_0_11 = Transfers(gmem_unset=False, run=retry_unoptimized)
 
 
+def check_vector_load(op: mgpu.VectorLoadOp) -> None:
+    """Before rewriting: the load's layout (and SMEM transforms) are ones it
+    can be lowered with."""
+    [layout_attr] = LoweringContext.out_layouts(op)
+    layout = mgpu_layouts.from_layout_attr(layout_attr)
+    if isinstance(layout, fa.WGStridedFragLayout):
+        if not _is_smem(op.source):
+            return
+        [transforms] = LoweringContext.in_transforms(op)
+        smem = smem_transforms_from_attribute(transforms)
+        if smem.tiling is not None or smem.swizzle is not None:
+            raise SmaltiNotImplementedError(
+                "SM203", "Transformed or swizzled strided loads are not supported",  # jax's
+                op=op, values={"transforms": str(transforms)},
+                fix="load with a tiled register layout, or drop the transforms")
+    elif not isinstance(layout, fa.TiledLayout):
+        raise SmaltiValueError("SM203", f"a load cannot produce the layout {layout_attr}",
+                               op=op, fix="load into a strided or tiled layout")
+
+
 def _lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp,
                        transfers: Transfers) -> list[ir.Value]:
+    """(:func:`check_vector_load` has checked the layout and transforms.)"""
     [layout_attr] = ctx.out_layouts(op)
     layout = mgpu_layouts.from_layout_attr(layout_attr)
     signed = default_is_signed(ir.VectorType(op.result.type).element_type)
@@ -162,16 +184,8 @@ def _lower_vector_load(ctx: LoweringContext, op: mgpu.VectorLoadOp,
     smem = smem_transforms_from_attribute(transforms) if transforms is not None else None
 
     if isinstance(layout, fa.WGStridedFragLayout):
-        if smem is not None and (smem.tiling is not None or smem.swizzle is not None):
-            raise ctx.unsupported(op, "Transformed or swizzled strided loads are not supported",
-                                  transforms=str(transforms),
-                                  fix="load with a tiled register layout, or drop the "
-                                      "transforms")
         array = fa.FragmentedArray.load_strided(ref, is_signed=signed, vec_size=layout.vec_size)
         return [ctx.to_ir(array, op.result.type)]
-    if not isinstance(layout, fa.TiledLayout):
-        raise ctx.fail(op, f"a load cannot produce the layout {layout_attr}",
-                       fix="load into a strided or tiled layout")
     if ir.MemRefType(ref.type).memory_space is None:  # global memory
         array = fa.FragmentedArray.load_untiled(ref, layout=layout, is_signed=signed,
                                                 optimized=transfers.gmem(op))
@@ -244,7 +258,8 @@ def lower_vector_store_jax_0_11(ctx: LoweringContext, op: mgpu.VectorStoreOp) ->
 
 def register_lowerings(registry: LoweringRegistry) -> None:
     rule = registry.lowering_rule
-    rule("mosaic_gpu.vector_load", jax=SINCE_0_12)(lower_vector_load)
-    rule("mosaic_gpu.vector_load", jax=BEFORE_0_12)(lower_vector_load_jax_0_11)
+    rule("mosaic_gpu.vector_load", jax=SINCE_0_12, check=check_vector_load)(lower_vector_load)
+    rule("mosaic_gpu.vector_load", jax=BEFORE_0_12, check=check_vector_load)(
+        lower_vector_load_jax_0_11)
     rule("mosaic_gpu.vector_store", jax=SINCE_0_12)(lower_vector_store)
     rule("mosaic_gpu.vector_store", jax=BEFORE_0_12)(lower_vector_store_jax_0_11)

@@ -628,3 +628,13 @@ def test_jax_versions_read_as_ranges():
     assert smalti.JaxVersions(before="0.12").supports((0, 11, 2))
     assert not smalti.JaxVersions(before="0.12").supports((0, 12, 0, 1))
     assert smalti.JaxVersions(since="0.12").supports((0, 12, 0, 1))
+
+
+def test_a_lowering_rules_check_must_be_callable():
+    bad = {"bad": lowering_plugin("fake.op", lower_old, check="not a function")}
+    [problem] = smalti.build_pipeline(plugins=bad, autoload=False).problems
+    assert "check='not a function' is not callable" in str(problem.error)
+    good = {"good": lowering_plugin("fake.op", lower_old, check=lambda op: None)}
+    [record] = smalti.build_pipeline(plugins=good, autoload=False).rules[RuleKind.LOWERING][
+        "fake.op"]
+    assert callable(record.check)

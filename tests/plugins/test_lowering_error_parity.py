@@ -18,7 +18,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 import smalti
 from smalti import kernels
-from tests.differential import jax_lower
+from tests.differential import jax_lower, normalized
 
 BF16_128x128 = jax.ShapeDtypeStruct((128, 128), jnp.bfloat16)
 
@@ -56,8 +56,10 @@ def test_lowering_refuses_like_jax(op):
     with pytest.raises(error, match=phrase):
         jax_lower(build(body))
     kernel = build(body)
+    before = normalized(kernel.module)
     with pytest.raises(smalti.SmaltiError) as raised:
         smalti.lower(kernel.module, kernel.launch_context)
     assert isinstance(raised.value, error), str(raised.value)
     assert phrase in raised.value.message
     assert raised.value.code == "SM203" and f"mosaic_gpu.{op}" in raised.value.op
+    assert normalized(kernel.module) == before  # refused before the first rewrite
