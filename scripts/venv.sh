@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv with a Python >= 3.12 (jax 0.11.2 needs it) and installs smalti
-# into it, editable. `scripts/venv.sh test` also installs the test dependencies
+# Creates .venv with a Python >= 3.12 (jax needs it) and installs smalti into
+# it, editable, with jax 0.11.2 (JAX=0.12.0.1 for the other supported jax;
+# VENV=path for another environment). `scripts/venv.sh test` also installs the test dependencies
 # and the example third-party plugin (non-editable, so that it is found through
 # its entry point like any plugin installed from an index).
 set -euo pipefail
@@ -26,13 +27,18 @@ if [ -z "$python" ]; then
   exit 1
 fi
 
-if [ ! -x .venv/bin/python ] || ! supported .venv/bin/python; then
-  rm -rf .venv
-  "$python" -m venv .venv
+# VENV: where (default .venv); JAX: the jax and jaxlib version to install
+# (default 0.11.2, smalti's first target; 0.12.0.1 is supported too).
+venv="${VENV:-.venv}"
+jax="${JAX:-0.11.2}"
+if [ ! -x "$venv/bin/python" ] || ! supported "$venv/bin/python"; then
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
 fi
 extras=""
 [ "${1:-}" = "test" ] && extras="[test]"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extras}"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${extras}" \
+  "jax==$jax" "jaxlib==$jax"
 if [ "${1:-}" = "test" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check ./examples/smalti-example-plugin
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./examples/smalti-example-plugin
 fi
