@@ -695,6 +695,24 @@ broadcast the condition to a vector with `vector.broadcast`).
 """,
     ),
     Code(
+        "SM206",
+        "A Pallas primitive cannot be lowered with these operands or parameters",
+        """
+A plugin lowers this Pallas primitive for Warpgroup semantics (jax has no
+such lowering), but not in the form the kernel uses: an operand dtype it
+does not cover, a parameter it does not support (for example `accuracy=` on
+a transcendental function), or a function body it cannot trace. The message
+names the primitive, its operand types, the kernel's source line and what to
+write instead.
+""",
+        before="""
+o_ref[...] = jnp.tan(x_ref[...].astype(jnp.float64))
+""",
+        after="""
+o_ref[...] = jnp.tan(x_ref[...]).astype(o_ref.dtype)   # f32, f16 or bf16
+""",
+    ),
+    Code(
         "SM301",
         "The command-line input could not be read",
         """

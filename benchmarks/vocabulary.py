@@ -1,0 +1,244 @@
+"""Which ordinary jax functions lower inside a Pallas Mosaic GPU kernel
+(Warpgroup semantics), with jax 0.11.2 alone and with smalti (its installed
+plugins plus ``smalti.vocabulary``), and whether smalti's lowering computes
+jnp's answer on the emulator.
+
+    .venv/bin/python -m benchmarks.vocabulary            # the table
+    .venv/bin/python -m benchmarks.vocabulary --only floor,expm1
+
+Each function is applied to a (64, 128) f32 block (integers for the bit
+functions) that the kernel brings into 128-byte-swizzled SMEM by TMA; a 2-D
+result goes back the same way, a smaller one is stored from registers.
+Columns:
+
+- *lowers with jax*: Pallas' lowering and jax's middle-end succeed;
+- *lowers with smalti*: the same under ``smalti.jax.installed(pipeline)``;
+- *emulated equal*: smalti's lowering, run by the emulator, matches: for the
+  functions ``smalti.vocabulary`` adds, the exact answer within the bound of
+  ``tests/vocabulary/cases.py`` (bit for bit with jnp for the exact ones);
+  for the others, jnp on the CPU within ``rtol=1e-5, atol=1e-6``
+  (bit for bit for integer results).
+
+The last column is the first line of the error where smalti does not lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import numpy as np
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import smalti
+import smalti.emulate
+import smalti.jax
+import smalti.vocabulary
+from smalti.emulate.testing import ulp_distance
+from tests.vocabulary import cases as C
+
+WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+RNG = np.random.default_rng(27)
+
+
+@dataclass
+class Entry:
+    name: str
+    fn: Callable[..., Any]
+    args: list[np.ndarray]
+    equal: Callable[[np.ndarray, list[np.ndarray]], bool]
+
+
+def _transforms(dtype):
+    cols = 128 // np.dtype(dtype).itemsize
+    return (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(128))
+
+
+def kernel(fn, args):
+    """As in issue 27: the inputs brought into 128-byte-swizzled SMEM by TMA;
+    a 2-D result written back the same way, any other stored from registers."""
+    out = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args))
+    n = len(args)
+    tma_out = len(out.shape) == 2 and out.shape[1] * np.dtype(out.dtype).itemsize >= 128 \
+        and out.shape[0] % 8 == 0
+
+    def body(*refs):
+        gins, gout, sins = refs[:n], refs[n], refs[n + 1:2 * n + 1]
+        bar = refs[-1]
+        for g, s in zip(gins, sins):
+            plgpu.copy_gmem_to_smem(g, s, bar)
+        plgpu.barrier_wait(bar)
+        result = fn(*(s[...] for s in sins))
+        if tma_out:
+            sout = refs[2 * n + 1]
+            sout[...] = result
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(sout, gout)
+            plgpu.wait_smem_to_gmem(0)
+        else:
+            gout[...] = result
+
+    scratch = [plgpu.SMEM(a.shape, a.dtype, transforms=_transforms(a.dtype)) for a in args]
+    if tma_out:
+        scratch.append(plgpu.SMEM(out.shape, out.dtype, transforms=_transforms(out.dtype)))
+    scratch.append(plgpu.Barrier(num_arrivals=n))
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(out.shape, out.dtype),
+                        scratch_types=scratch, compiler_params=WG)
+
+
+def from_case(case: C.Case, dtype) -> Entry:
+    args = case.gen(np.random.default_rng(27), dtype)
+
+    def equal(got, args):
+        with np.errstate(all="ignore"):
+            want = np.asarray(case.truth(*args)).astype(got.dtype)
+        ok = ulp_distance(got, want).max() <= case.ulp[np.dtype(dtype)] if got.dtype.kind == "f" \
+            else np.array_equal(got, want)
+        if case.exact:
+            ok = ok and np.array_equal(got, np.asarray(jax.jit(case.fn)(*args)), equal_nan=True)
+        return bool(ok)
+    return Entry(case.name, case.fn, args, equal)
+
+
+def like_jnp(fn):
+    def equal(got, args):
+        want = np.asarray(jax.jit(fn)(*args))
+        if want.dtype.kind in "iub":
+            return bool(np.array_equal(got, want))
+        return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True))
+    return equal
+
+
+def x32(scale=1.0, shift=0.0):
+    return (RNG.standard_normal(C.SHAPE) * scale + shift).astype(np.float32)
+
+
+def i32():
+    return RNG.integers(-2 ** 31, 2 ** 31 - 1, C.SHAPE, dtype=np.int64).astype(np.int32)
+
+
+def _layer_norm(x):
+    m = jnp.mean(x, axis=1, keepdims=True)
+    v = jnp.var(x, axis=1, keepdims=True)
+    return (x - m) * lax.rsqrt(v + 1e-5)
+
+
+#: The issue's functions that smalti.vocabulary does not (yet) add, and the
+#: everyday ones jax lowers itself, as (name, fn, inputs).
+OTHERS: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
+    # jax lowers these already
+    ("exp", jnp.exp, lambda: [x32()]), ("log", jnp.log, lambda: [np.exp(x32())]),
+    ("tanh", jnp.tanh, lambda: [x32()]), ("sin", jnp.sin, lambda: [x32()]),
+    ("cos", jnp.cos, lambda: [x32()]), ("sqrt", jnp.sqrt, lambda: [np.exp(x32())]),
+    ("rsqrt", lax.rsqrt, lambda: [np.exp(x32())]), ("erf", lax.erf, lambda: [x32()]),
+    ("abs", jnp.abs, lambda: [x32()]), ("round", jnp.round, lambda: [x32(4)]),
+    ("square", jnp.square, lambda: [x32()]), ("sigmoid", jax.nn.sigmoid, lambda: [x32()]),
+    ("sign", jnp.sign, lambda: [x32()]), ("clz", lax.clz, lambda: [i32()]),
+    ("atan2", jnp.arctan2, lambda: [x32(), x32()]), ("x**3", lambda x: x ** 3, lambda: [x32()]),
+    ("maximum", jnp.maximum, lambda: [x32(), x32()]), ("max rows", lambda x: x.max(1),
+                                                       lambda: [x32()]),
+    ("remainder", jnp.remainder, lambda: [x32(4), x32(1, 3)]),
+    ("mean keepdims", lambda x: x - x.mean(1, keepdims=True), lambda: [x32()]),
+    ("prod rows", lambda x: x.prod(0), lambda: [x32(0.1, 1)]),
+    # the issue's list
+    ("erfc", lax.erfc, lambda: [x32()]), ("erf_inv", lax.erf_inv, lambda: [x32(0.3)]),
+    ("lgamma", lax.lgamma, lambda: [np.exp(x32())]), ("digamma", lax.digamma,
+                                                      lambda: [np.exp(x32())]),
+    ("copysign", jnp.copysign, lambda: [x32(), x32()]),
+    ("argmax", lambda x: jnp.argmax(x, 1), lambda: [x32()]),
+    ("argmin", lambda x: jnp.argmin(x, 1), lambda: [x32()]),
+    ("any", lambda x: jnp.any(x > 2, 1).astype(jnp.int32), lambda: [x32()]),
+    ("all", lambda x: jnp.all(x > -2, 1).astype(jnp.int32), lambda: [x32()]),
+    ("sum (all)", jnp.sum, lambda: [x32()]),
+    ("transpose", lambda x: x.T, lambda: [x32()]), ("rev", lambda x: x[::-1], lambda: [x32()]),
+    ("pad", lambda x: jnp.pad(x[:, :64], ((0, 0), (0, 64))), lambda: [x32()]),
+    ("roll", lambda x: jnp.roll(x, 3, 1), lambda: [x32()]),
+    ("outer broadcast", lambda x: x[:, :1] + x[:1, :], lambda: [x32()]),
+    ("cumsum", lambda x: jnp.cumsum(x, 1), lambda: [x32()]),
+    ("cummax", lambda x: lax.cummax(x, 1), lambda: [x32()]),
+    ("sort", lambda x: jnp.sort(x, 1), lambda: [x32()]),
+    ("top_k", lambda x: lax.top_k(x, 8)[0], lambda: [x32()]),
+    ("dot", lambda x: x @ x.T, lambda: [x32()]),
+    ("softmax", jax.nn.softmax, lambda: [x32()]), ("log_softmax", jax.nn.log_softmax,
+                                                   lambda: [x32()]),
+    ("logsumexp", lambda x: jsp.logsumexp(x, 1), lambda: [x32()]),
+    ("relu", jax.nn.relu, lambda: [x32()]), ("relu6", jax.nn.relu6, lambda: [x32(4)]),
+    ("softplus", jax.nn.softplus, lambda: [x32()]), ("log_sigmoid", jax.nn.log_sigmoid,
+                                                     lambda: [x32()]),
+    ("logaddexp", jnp.logaddexp, lambda: [x32(), x32()]),
+    ("mish", jax.nn.mish, lambda: [x32()]), ("gelu", jax.nn.gelu, lambda: [x32()]),
+    ("silu", jax.nn.silu, lambda: [x32()]),
+    ("var", lambda x: jnp.var(x, 1), lambda: [x32()]),
+    ("std", lambda x: jnp.std(x, 1), lambda: [x32()]),
+    ("layer norm", _layer_norm, lambda: [x32()]),
+]
+
+
+def entries() -> list[Entry]:
+    out = [from_case(c, c.dtypes[0]) for c in C.ALL]
+    out += [Entry(name, fn, gen(), like_jnp(fn)) for name, fn, gen in OTHERS]
+    return out
+
+
+def _lowers(k, args) -> tuple[bool, str]:
+    try:
+        smalti.emulate.lower(k, *args)
+        return True, ""
+    except Exception as e:  # noqa: BLE001 -- the table reports any failure
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return False, f"{type(e).__name__}: {first}"[:90]
+
+
+def row(entry: Entry, pipeline) -> tuple[str, bool, bool, bool | None, str]:
+    k = kernel(entry.fn, entry.args)
+    with_jax, _ = _lowers(k, entry.args)
+    with smalti.jax.installed(pipeline):
+        with_smalti, why = _lowers(k, entry.args)
+        equal = None
+        if with_smalti:
+            try:
+                (got,) = smalti.emulate.run(k, *entry.args)
+                equal = entry.equal(got, entry.args)
+            except Exception as e:  # noqa: BLE001
+                why = f"emulator: {type(e).__name__}: {str(e).splitlines()[0]}"[:90]
+                equal = False
+    return entry.name, with_jax, with_smalti, equal, why
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated function names")
+    args = parser.parse_args(argv)
+    pipeline = smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary})
+    todo = entries()
+    if args.only:
+        names = set(args.only.split(","))
+        todo = [e for e in todo if e.name in names]
+    yes = {True: "yes", False: "no", None: "-"}
+    print(f"{'function':<18} | {'lowers with jax':<15} | {'lowers with smalti':<18} | "
+          f"{'emulated equal':<14} | why not")
+    print("-" * 100)
+    rows = []
+    for e in todo:
+        r = row(e, pipeline)
+        rows.append(r)
+        print(f"{r[0]:<18} | {yes[r[1]]:<15} | {yes[r[2]]:<18} | {yes[r[3]]:<14} | {r[4]}",
+              flush=True)
+    n = len(rows)
+    jax_n = sum(r[1] for r in rows)
+    smalti_n = sum(r[2] for r in rows)
+    equal_n = sum(bool(r[3]) for r in rows)
+    print("-" * 100)
+    print(f"{n} functions: jax lowers {jax_n}, smalti lowers {smalti_n} "
+          f"({100 * smalti_n / n:.0f}%), emulated equal {equal_n} of {smalti_n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

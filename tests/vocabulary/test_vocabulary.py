@@ -1,0 +1,223 @@
+"""What smalti.vocabulary's lowerings compute, on the emulator.
+
+Every function of ``cases.py`` is lowered in a Pallas Mosaic GPU kernel with
+Warpgroup semantics -- which jax 0.11.2 refuses -- and run on the CPU by
+smalti's emulator, per dtype; the result is compared with the exact answer
+(float64, rounded to the dtype) within the case's ulp bound, and, for the
+exact functions, bit for bit with jnp on the CPU. Inputs include signed
+zeros, infinities, NaN, values at the overflow edges and values near the
+points where a naive formula cancels. Blocks arrive both by plain ``x_ref[...]``
+loads and by TMA into 128-byte-swizzled SMEM.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import smalti
+import smalti.emulate
+import smalti.jax
+import smalti.vocabulary
+from smalti.diagnostics import SmaltiError
+from smalti.emulate.testing import assert_close_ulp, ulp_distance
+from tests.vocabulary import cases as C
+
+WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    return smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary})
+
+
+def plain_kernel(fn, in_dtypes, out_dtype):
+    def body(*refs):
+        *ins, out = refs
+        out[...] = fn(*(r[...] for r in ins))
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(C.SHAPE, out_dtype),
+                        compiler_params=WG)
+
+
+def tma_kernel(fn, in_dtypes, out_dtype):
+    """Inputs by TMA into 128-byte-swizzled SMEM, the result back by TMA."""
+    n = len(in_dtypes)
+
+    def transforms(dtype):
+        cols = 128 // np.dtype(dtype).itemsize
+        return (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(128))
+
+    def body(*refs):
+        gins, gout, smem_ins, smem_out, bar = refs[:n], refs[n], refs[n + 1:2 * n + 1], \
+            refs[2 * n + 1], refs[2 * n + 2]
+        for g, s in zip(gins, smem_ins):
+            plgpu.copy_gmem_to_smem(g, s, bar)
+        plgpu.barrier_wait(bar)
+        smem_out[...] = fn(*(s[...] for s in smem_ins))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem_out, gout)
+        plgpu.wait_smem_to_gmem(0)
+
+    scratch = [plgpu.SMEM(C.SHAPE, d, transforms=transforms(d)) for d in in_dtypes]
+    scratch += [plgpu.SMEM(C.SHAPE, out_dtype, transforms=transforms(out_dtype)),
+                plgpu.Barrier(num_arrivals=n)]
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(C.SHAPE, out_dtype),
+                        scratch_types=scratch, compiler_params=WG)
+
+
+def emulate(pipeline, case, dtype, build=plain_kernel, seed=27):
+    rng = np.random.default_rng(seed)
+    args = case.gen(rng, dtype)
+    out_dtype = case.out_dtype(np.dtype(dtype))
+    kernel = build(case.fn, [a.dtype for a in args], out_dtype)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(kernel, *args)
+    return args, got
+
+
+def check(case, dtype, args, got):
+    with np.errstate(over="ignore"):
+        want = np.asarray(case.truth(*args)).astype(got.dtype)
+    assert_close_ulp(got, want, case.ulp[np.dtype(dtype)])
+    if case.exact:
+        assert_close_ulp(got, np.asarray(jax.jit(case.fn)(*args)), 0)
+
+
+PARAMS = [pytest.param(c, d, id=f"{c.name}-{np.dtype(d).name}") for c in C.ALL for d in c.dtypes]
+
+
+@pytest.mark.parametrize("case,dtype", PARAMS)
+def test_function(pipeline, case, dtype):
+    check(case, dtype, *emulate(pipeline, case, dtype))
+
+
+TMA = ["floor", "expm1", "sinh", "acosh", "cbrt", "pow", "population_count"]
+
+
+@pytest.mark.parametrize("name", TMA)
+def test_through_swizzled_smem(pipeline, name):
+    case = C.BY_NAME[name]
+    dtype = case.dtypes[1] if len(case.dtypes) > 1 else case.dtypes[0]  # f16 / uint32
+    check(case, dtype, *emulate(pipeline, case, dtype, build=tma_kernel))
+
+
+def test_jax_alone_refuses_them():
+    """Without the plugin Pallas raises for these (the reason they are here)."""
+    x = np.ones(C.SHAPE, np.float32)
+    for fn in (jnp.floor, jnp.expm1, jnp.arcsinh, jnp.cbrt, lambda x: x ** 0):
+        with pytest.raises(NotImplementedError):
+            smalti.emulate.run(plain_kernel(fn, [np.float32], np.float32), x)
+
+
+def test_blocked_by_name():
+    """Blocking the plugin by name restores Pallas' refusal, smalti still in use."""
+    blocked = smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary},
+                                    block=["smalti.vocabulary"])
+    x = np.ones(C.SHAPE, np.float32)
+    with smalti.jax.installed(blocked), pytest.raises(NotImplementedError):
+        smalti.emulate.run(plain_kernel(jnp.floor, [np.float32], np.float32), x)
+
+
+def test_jax_rule_kept_where_jax_has_one(pipeline):
+    """integer_pow with y >= 2 or y == -1 is jax's own rule: same answer as
+    without the plugin, bit for bit."""
+    x = np.random.default_rng(2).standard_normal(C.SHAPE).astype(np.float32)
+    for y in (2, 3, 6, -1):
+        kernel = plain_kernel(lambda v: lax.integer_pow(v, y), [np.float32], np.float32)
+        (theirs,) = smalti.emulate.run(kernel, x)
+        with smalti.jax.installed(pipeline):
+            (ours,) = smalti.emulate.run(kernel, x)
+        assert_close_ulp(ours, theirs, 0)
+
+
+def test_acosh_near_one(pipeline):
+    """acosh(1 + k eps), where log(x + sqrt(x*x - 1)) would cancel: within 4 ulp."""
+    eps = np.finfo(np.float32).eps
+    x = (1 + eps * np.arange(1, C.SHAPE[0] * C.SHAPE[1] + 1)).astype(np.float32)
+    x = x.reshape(C.SHAPE)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(plain_kernel(jnp.arccosh, [np.float32], np.float32), x)
+    want = np.arccosh(x.astype(np.float64)).astype(np.float32)
+    assert ulp_distance(got, want).max() <= 4
+
+
+@pytest.mark.parametrize("fn", [jax.nn.softmax, jax.nn.log_softmax], ids=["softmax", "log_softmax"])
+def test_softmax(pipeline, fn):
+    """jax.nn.softmax needs stop_gradient, which Pallas lacks and the plugin
+    lowers as the identity. Bound as in tests/emulate/test_beyond_jax.py:
+    exp, -, / round once each, the 128-term sum <= 129 eps relative."""
+    x = (np.random.default_rng(5).standard_normal(C.SHAPE) * 4).astype(np.float32)
+    # From swizzled SMEM: a plain GMEM load has a strided layout, which no
+    # reduction accepts (SM101), as in jax.
+    kernel = tma_kernel(fn, [np.float32], np.float32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(kernel, x)
+    x64 = x.astype(np.float64)
+    shifted = x64 - x64.max(1, keepdims=True)
+    eps = float(np.finfo(np.float32).eps)
+    if fn is jax.nn.softmax:
+        want = np.exp(shifted) / np.exp(shifted).sum(1, keepdims=True)
+        bound = (128 + 4) * eps * want + 1e-45
+    else:
+        lse = np.log(np.exp(shifted).sum(1, keepdims=True))
+        want = shifted - lse
+        bound = 4 * eps * (np.abs(shifted) + np.abs(lse)) + 130 * eps
+    assert np.all(np.abs(got - want) <= bound)
+
+
+# --- refusals: smalti errors with a code, the primitive, the line and a fix ----------------
+
+
+def _refusal(pipeline, fn, *args):
+    kernel = plain_kernel(fn, [a.dtype for a in args], args[0].dtype)
+    with smalti.jax.installed(pipeline), pytest.raises(SmaltiError) as info:
+        smalti.emulate.run(kernel, *args)
+    return info.value
+
+
+def test_accuracy_is_refused_with_a_fix(pipeline):
+    x = np.ones(C.SHAPE, np.float32)
+    error = _refusal(pipeline, lambda v: lax.tan(v, accuracy=lax.Tolerance(atol=1e-3)), x)
+    assert error.code == "SM206" and isinstance(error, NotImplementedError)
+    assert "tan" in error.message and error.fixes
+    assert error.location and "test_vocabulary.py" in error.location
+
+
+# --- jax.custom_jvp functions ---------------------------------------------------------------
+
+
+def _relu_kernel(fn):
+    return plain_kernel(fn, [np.float32], np.float32)
+
+
+def test_custom_jvp_is_stopped_by_pallas_resource_estimation(pipeline):
+    """Today: Pallas' resource estimation raises on ``custom_jvp_call`` before
+    any smalti hook runs (what core needs to fix: a way for a plugin to
+    register a Pallas resource estimator)."""
+    x = np.ones(C.SHAPE, np.float32)
+    with smalti.jax.installed(pipeline), pytest.raises(NotImplementedError,
+                                                       match="Resource estimation"):
+        smalti.emulate.run(_relu_kernel(jax.nn.relu), x)
+
+
+@pytest.mark.parametrize("fn", [jax.nn.relu, jax.nn.relu6], ids=["relu", "relu6"])
+def test_custom_jvp_lowering_once_estimated(pipeline, monkeypatch, fn):
+    """The plugin's ``custom_jvp_call`` lowering (the function's body), with a
+    resource estimator put in place here the way a core hook would: exact.
+    (softplus, log_sigmoid, logaddexp and mish lower too, but use f32 abs,
+    whose inline PTX the emulator does not model yet.)"""
+    import jax._src.custom_derivatives as custom
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    def estimate(ctx, *avals, call_jaxpr, **params):
+        return pallas_lowering._estimate_resources(ctx, call_jaxpr.jaxpr)
+
+    monkeypatch.setitem(pallas_lowering._resource_estimators, custom.custom_jvp_call_p, estimate)
+    x = (np.random.default_rng(3).standard_normal(C.SHAPE) * 4).astype(np.float32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_relu_kernel(fn), x)
+    assert_close_ulp(got, np.asarray(jax.jit(fn)(x)), 0)
