@@ -133,7 +133,7 @@ def register_constraints(registry: ConstraintRegistry) -> None:
 # --- lowering rules -------------------------------------------------------------------
 
 
-def _layout(ctx: LoweringContext, op: ir.OpView) -> ir.Attribute:
+def shared_layout(ctx: LoweringContext, op: ir.OpView) -> ir.Attribute:
     """The single layout shared by an elementwise op's operands and result."""
     [layout] = ctx.out_layouts(op)
     if any(l != layout for l in ctx.in_layouts(op)):
@@ -145,7 +145,7 @@ def _layout(ctx: LoweringContext, op: ir.OpView) -> ir.Attribute:
 
 def lower_binary(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
     impl, signed = BINARY[op.operation.name]
-    lhs, rhs = ctx.operand_arrays(op, signed, layout=_layout(ctx, op))
+    lhs, rhs = ctx.operand_arrays(op, signed, layout=shared_layout(ctx, op))
     return [ctx.to_ir(impl(lhs, rhs), op.result.type)]
 
 
@@ -158,14 +158,14 @@ def _is_approx(op: ir.OpView) -> bool:
 
 def lower_unary(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
     impl, signed, has_approx = UNARY[op.operation.name]
-    [x] = ctx.operand_arrays(op, signed, layout=_layout(ctx, op))
+    [x] = ctx.operand_arrays(op, signed, layout=shared_layout(ctx, op))
     result = impl(x, approx=True) if has_approx and _is_approx(op) else impl(x)
     return [ctx.to_ir(result, op.result.type)]
 
 
 def lower_conversion(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
     source_signed, target_signed = CONVERSIONS[op.operation.name]
-    [x] = ctx.operand_arrays(op, source_signed, layout=_layout(ctx, op))
+    [x] = ctx.operand_arrays(op, source_signed, layout=shared_layout(ctx, op))
     target = ir.VectorType(op.result.type).element_type
     return [ctx.to_ir(x.astype(target, is_signed=target_signed), op.result.type)]
 
@@ -173,7 +173,7 @@ def lower_conversion(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
 def lower_cmpi(ctx: LoweringContext, op: arith.CmpIOp) -> list[ir.Value]:
     predicate = str(arith.CmpIPredicate(op.predicate.value)).lower()
     impl, signed = CMPI[predicate]
-    lhs, rhs = ctx.operand_arrays(op, signed, layout=_layout(ctx, op))
+    lhs, rhs = ctx.operand_arrays(op, signed, layout=shared_layout(ctx, op))
     return [ctx.to_ir(impl(lhs, rhs), op.result.type)]
 
 
@@ -183,12 +183,12 @@ def lower_cmpf(ctx: LoweringContext, op: arith.CmpFOp) -> list[ir.Value]:
         raise ctx.fail(op, f"the float comparison {predicate!r} is not supported on vectors",
                        supported=", ".join(CMPF),
                        fix="use one of the ordered comparisons or une")
-    lhs, rhs = ctx.operand_arrays(op, layout=_layout(ctx, op))
+    lhs, rhs = ctx.operand_arrays(op, layout=shared_layout(ctx, op))
     return [ctx.to_ir(CMPF[predicate](lhs, rhs), op.result.type)]
 
 
 def lower_bitcast(ctx: LoweringContext, op: arith.BitcastOp) -> list[ir.Value]:
-    [x] = ctx.operand_arrays(op, layout=_layout(ctx, op))
+    [x] = ctx.operand_arrays(op, layout=shared_layout(ctx, op))
     target = ir.VectorType(op.result.type).element_type
     return [ctx.to_ir(x.bitcast(target, output_is_signed=default_is_signed(target)),
                       op.result.type)]
@@ -202,7 +202,7 @@ def lower_select(ctx: LoweringContext, op: arith.SelectOp) -> list[ir.Value]:
             "be lowered: the condition must be a vector of i1 of the operands' shape",
             fix="broadcast the condition with vector.broadcast first", lowering=True,
             condition=str(op.condition.type), operands=str(op.result.type))
-    condition, on_true, on_false = ctx.operand_arrays(op, layout=_layout(ctx, op))
+    condition, on_true, on_false = ctx.operand_arrays(op, layout=shared_layout(ctx, op))
     return [ctx.to_ir(condition.select(on_true, on_false), op.result.type)]
 
 
@@ -221,7 +221,7 @@ def _is_splat_one(value: ir.Value) -> bool:
 
 
 def lower_divf(ctx: LoweringContext, op: arith.DivFOp) -> list[ir.Value]:
-    layout = _layout(ctx, op)
+    layout = shared_layout(ctx, op)
     element = ir.VectorType(op.lhs.type).element_type
     # E8M0 has no general division, but 1 / x (a reciprocal scale) exists.
     if isinstance(element, ir.Float8E8M0FNUType) and _is_splat_one(op.lhs):

@@ -16,6 +16,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 
+from smalti.plugins.elementwise import shared_layout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import LoweringContext, same_layout
 
@@ -33,24 +34,15 @@ def _in_f32(element: ir.Type, *arrays: Array, fn) -> Array:
     return fn(*arrays)
 
 
-def _layout(ctx: LoweringContext, op: ir.OpView) -> ir.Attribute:
-    [layout] = ctx.out_layouts(op)
-    if any(l != layout for l in ctx.in_layouts(op)):
-        raise ctx.fail(op, "operands and result of an elementwise op must share one layout",
-                       in_layouts=str(ctx.in_layouts(op)), out_layouts=str(layout),
-                       fix="give every operand the result's layout (re-run infer_layouts)")
-    return layout
-
-
 def lower_floor(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
-    [x] = ctx.operand_arrays(op, layout=_layout(ctx, op))
+    [x] = ctx.operand_arrays(op, layout=shared_layout(ctx, op))
     element = ir.VectorType(op.result.type).element_type
     result = _in_f32(element, x, fn=lambda a: a._pointwise(mlir_math.floor))
     return [ctx.to_ir(result, op.result.type)]
 
 
 def lower_powf(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
-    x, y = ctx.operand_arrays(op, layout=_layout(ctx, op))
+    x, y = ctx.operand_arrays(op, layout=shared_layout(ctx, op))
     element = ir.VectorType(op.result.type).element_type
     result = _in_f32(element, x, y, fn=lambda a, b: a ** b)  # FragmentedArray.__pow__: math.powf
     return [ctx.to_ir(result, op.result.type)]
