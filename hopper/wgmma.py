@@ -19,10 +19,11 @@ from jax.experimental.mosaic.gpu import wgmma as wgmma_instruction
 from smalti.caching import per_context
 from smalti.constraints import Equal, OneOf, Transposed
 from smalti.diagnostics import SmaltiValueError
-from smalti.layouts import RegisterLayout, SmemTransforms
+from smalti.layouts import MemorySpace, RegisterLayout, SmemTransforms
 from smalti.layouts import smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
-from smalti.rules import ConstraintBuilder, LoweringContext
+from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
+from smalti.sites import memory_space_of
 
 
 def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
@@ -81,7 +82,21 @@ def _pinned(b: ConstraintBuilder, op, sites, eight_bit: bool, what: str) -> None
     b.assign(var, pinned)
 
 
+def _require_smem(op: mgpu.WGMMAOp, value: ir.Value, what: str) -> None:
+    """WGMMA reads its memory operands from shared memory, which is where
+    they get transforms: another memory space is the kernel's error."""
+    if memory_space_of(value) is not MemorySpace.SMEM:
+        raise malformed_op(
+            op, f"the {what} of mosaic_gpu.wgmma must be a ref in shared memory "
+            f"(#gpu.address_space<workgroup>), not a {value.type}",
+            fix=f"copy the {what} to SMEM (e.g. with TMA) and pass the SMEM ref",
+            operand=str(value.type))
+
+
 def wgmma(op: mgpu.WGMMAOp, b: ConstraintBuilder) -> None:
+    _require_smem(op, op.b, "'b' operand")
+    if not isinstance(op.a.type, ir.VectorType):
+        _require_smem(op, op.a, "'a' operand")
     _pinned(b, op, (b.operand(0), b.result(0)), False, "accumulator")
     rhs_site = b.operand(2)
     rhs = b.variable(rhs_site)

@@ -297,6 +297,13 @@ def wgmma_with_a_narrow_b() -> None:
     sink(op.result)
 
 
+def wgmma_with_b_in_gmem() -> None:
+    acc = undef(vec((64, 64)))
+    op = create("mosaic_gpu.wgmma", [vec((64, 64))],
+                [acc, undef(smem((64, 64), f16())), undef(ref((64, 64), f16()))])
+    sink(op.result)
+
+
 def custom_primitive(vectors: int, layout: fa.FragmentedLayout) -> Callable[[], None]:
     """A custom primitive on ``vectors`` vector<128xf32>, declaring one ``layout``."""
     def build() -> None:
@@ -428,6 +435,8 @@ CASES: dict[str, Case] = {
     "slices of two shapes under one alias": Case(
         ("mosaic_gpu.slice_smem",), slices_sharing_an_alias, VE, "SM106",
         "Shape mismatch between slices with alias_id 0"),
+    "wgmma with b in global memory": Case(("mosaic_gpu.wgmma",), wgmma_with_b_in_gmem, VE,
+                                          "SM108", "must be a ref in shared memory"),
     "wgmma with a narrow b": Case(("mosaic_gpu.wgmma",), wgmma_with_a_narrow_b, VE, "SM121",
                                   "No valid tiling found for SMEM reference"),
     "async_store_smem_to_tmem of f64": Case(
