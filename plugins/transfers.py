@@ -33,10 +33,12 @@ def _is_smem(value: ir.Value) -> bool:
 def tiled_register_layouts(arch: tuple[int, int]) -> tuple[fa.FragmentedLayout, ...]:
     """Register layouts to try for a value moved to or from a tiled SMEM ref."""
     wgmma = (fa.WGMMA_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT)
-    if arch >= (10, 0):
-        # Larger tcgen05 tiles first; WGMMA tiles also fit smaller shapes.
-        return (fa.TCGEN05_LAYOUT, fa.TCGEN05_TRANSPOSED_LAYOUT, *wgmma)
-    return wgmma
+    if arch == (9, 0):
+        return wgmma
+    # Larger tcgen05 tiles first; WGMMA tiles also fit smaller shapes. Like
+    # jax, every architecture but sm_90 is treated so (sm_80 and sm_120 too),
+    # so that the same layouts are inferred.
+    return (fa.TCGEN05_LAYOUT, fa.TCGEN05_TRANSPOSED_LAYOUT, *wgmma)
 
 
 def transferable(registers, smem, ref: ir.Value, kind: str,

@@ -26,8 +26,8 @@ import smalti
 from smalti import kernels
 from smalti.plugins import memory
 from smalti.rules import LoweringContext
-from tests.differential import (assert_same_refusal, jax_infer, jax_lower, normalized, refusal,
-                                walk_ops)
+from tests.differential import (assert_same_as_jax, assert_same_refusal, jax_infer, jax_lower,
+                                normalized, refusal, walk_ops)
 
 F32, F16, BF16 = jnp.float32, jnp.float16, jnp.bfloat16
 
@@ -616,3 +616,17 @@ def test_tmem_views_lower_like_jax(view):
         texts.append(str(module))
     assert texts[0] == texts[1]
     assert "memref.subview" not in texts[1] and "memref.cast" not in texts[1]
+
+
+@pytest.mark.parametrize("arch", [(8, 0), (9, 0), (10, 0), (12, 0)])
+def test_tiled_smem_loads_get_jaxs_register_layout_on_every_architecture(arch):
+    """jax's inference tries WGMMA layouts first for tiled SMEM only on sm_90
+    and TCGEN05 ones everywhere else: smalti infers the same attributes."""
+    def body(ctx, x_ref, out_ref, smem):
+        transforms = ir.ArrayAttr.get([mgpu.TileTransformAttr.get((64, 64)),
+                                       mgpu.SwizzleTransformAttr.get(128)])
+        tiled = mgpu.with_transforms(smem, transforms)
+        mgpu.vector_store(mgpu.vector_load(tiled), out_ref, optimized=False)
+
+    shape = sds((128, 128), F16)
+    assert_same_as_jax(body, [shape], [shape], lower=False, arch=arch, smem_scratch=shape)
