@@ -406,22 +406,6 @@ def lower_custom_primitive(ctx: LoweringContext,
     return list(terminator.operation.operands)
 
 
-def check_warp_map(op: mgpu.WarpMapOp) -> None:
-    """Before rewriting: each operand has the type of the body argument it
-    binds (the verifier does not insist), or the body's ops, lowered against
-    the operand, would fail half-way."""
-    body = _entry_block(op)
-    for index, (value, argument) in enumerate(zip(op.operation.operands, body.arguments,
-                                                  strict=True)):
-        if value.type != argument.type:
-            raise malformed_op(
-                op, f"mosaic_gpu.warp_map binds operand #{index} of type {value.type} to a "
-                f"body argument of type {argument.type}", lowering=True,
-                fix="give the body argument the operand's type (or cast the operand to the "
-                    "argument's type before the warp_map)",
-                operand=str(value.type), argument=str(argument.type))
-
-
 def lower_warp_map(ctx: LoweringContext, op: mgpu.WarpMapOp) -> list[ir.Value]:
     """Lowers the body in place of the op, under warp semantics."""
     body = _entry_block(op)
@@ -465,6 +449,5 @@ def register_lowerings(registry: LoweringRegistry) -> None:
     registry.lowering_rule("mosaic_gpu.mma")(lower_mma)
     registry.lowering_rule("mosaic_gpu.custom_primitive", opaque_regions=True,
                            warp_semantics=True)(lower_custom_primitive)
-    registry.lowering_rule("mosaic_gpu.warp_map", warp_regions=True, check=check_warp_map)(
-        lower_warp_map)
+    registry.lowering_rule("mosaic_gpu.warp_map", warp_regions=True)(lower_warp_map)
     registry.lowering_rule("mosaic_gpu.return")(lower_return)
