@@ -228,11 +228,59 @@ class _Lowerer:
 
     def run(self, launch_context: lc.LaunchContext, auto_barriers: bool) -> None:
         self.validate()
-        self.ctx = _make_context(self.module, launch_context, auto_barriers, self.arch,
-                                 self.lower_op)
-        with ir.InsertionPoint(self.module.body):
-            for op in list(self.module.body.operations):
-                self.lower_op(op)
+        # What only rewriting can find (a code generator's refusal, a body op
+        # that cannot take a rebound value) must not leave the module
+        # half-lowered either: it is put back as validation left it.
+        snapshot = _Snapshot(self.module)
+        try:
+            self.ctx = _make_context(self.module, launch_context, auto_barriers, self.arch,
+                                     self.lower_op)
+            with ir.InsertionPoint(self.module.body):
+                for op in list(self.module.body.operations):
+                    self.lower_op(op)
+        except SmaltiError:
+            snapshot.restore(self.module)
+            raise
+        finally:
+            snapshot.discard()
+
+
+class _Snapshot:
+    """A copy of a module (a clone costs about a millisecond for thousands of
+    ops, next to seconds of lowering), to put back in place of what a failed
+    rewrite left."""
+
+    def __init__(self, module: ir.Module) -> None:
+        self.copy: ir.Operation | None = module.operation.clone()
+        try:
+            self.copy.parent  # the bindings clone at the caller's insertion point, if any
+        except ValueError:  # "Detached operations have no parent": nowhere, as wanted
+            pass
+        else:
+            self.copy.detach_from_parent()
+
+    def discard(self) -> None:
+        if self.copy is not None:
+            self.copy.erase()
+            self.copy = None
+
+    def restore(self, module: ir.Module) -> None:
+        assert self.copy is not None  # restored at most once, before discard()
+        operation = module.operation
+        for op in reversed(list(module.body.operations)):
+            op.erase()  # top-level ops (functions, globals) use no value of another
+        here = ir.InsertionPoint(module.body)
+        for op in list(self.copy.regions[0].blocks[0].operations):
+            op.detach_from_parent()
+            here.insert(op)
+        saved = self.copy.attributes
+        kept = {saved[i].name: saved[i].attr for i in range(len(saved))}
+        attributes = operation.attributes
+        for name in [attributes[i].name for i in range(len(attributes))]:
+            if name not in kept:
+                del attributes[name]
+        for name, value in kept.items():
+            attributes[name] = value
 
 
 def _checked_results(results: object, record: RuleRecord,

@@ -20,18 +20,7 @@ from tests.fuzz import mutants
 REPRODUCERS = sorted((Path(__file__).parent / "reproducers").glob("*.mlir"))
 #: Reproducers of bugs still open, with why (docs/robustness.md; strict
 #: xfail: fixing one fails its mark).
-OPEN = {
-    name: "a mosaic_gpu.warp_map passes a ref (cast to a dynamic offset) into a body "
-    "argument of another type; the verifier accepts it, and the subview inside fails "
-    "mid-rewrite (SM201, jax: ValueError); refusing every such type mismatch up front "
-    "would refuse kernels jax lowers (4 mutants), so the check must know what the body "
-    "does with the argument"
-    for name in ("blackwell_matmul-102440", "blackwell_matmul-104372", "blackwell_matmul-107201",
-                 "blackwell_matmul-200811", "blackwell_matmul-201639", "blackwell_matmul-202881",
-                 "blackwell_matmul-203456", "blackwell_matmul-204606",
-                 "blackwell_matmul_collective-102694", "blackwell_matmul_collective-105638",
-                 "blackwell_matmul_collective-203618")
-}
+OPEN: dict[str, str] = {}
 
 pytestmark = pytest.mark.filterwarnings("ignore::smalti.ArchitectureWarning")
 
