@@ -579,7 +579,9 @@ def test_multimem_load_reduce(dtype, reduction, layout):
         y = mgpu.multimem_load_reduce(x_ref, kind)
         if layout is not None:
             y = cast(y, layout)
-        mgpu.vector_store(y, out_ref)
+        # Unoptimized, as jax 0.11 lowers an unset GMEM store: jax 0.12 has
+        # no optimized plan for WGMMA-laid 16-bit values in GMEM.
+        mgpu.vector_store(y, out_ref, optimized=False)
 
     shape = sds((128, 128), dtype)
     _, candidate = same_as_jax(body, [shape], [shape])
