@@ -110,6 +110,8 @@ def _value_instr(o: Op, opcode: str, n_in: int) -> Step | None:
         if ty in ("f16", "f16x2", "bf16", "bf16x2") and base == "tanh.approx":
             return _pure(o, _packed(np.tanh, ty.removesuffix("x2"), 1))
         return None
+    if base == "abs" and n_in == 1 and ty == "f32":  # exact (abs.ftz flushes subnormals)
+        return _pure(o, _f32(np.abs, ftz))
     if base == "abs" and n_in == 1 and ty in ("f16", "f16x2", "bf16", "bf16x2"):
         return _pure(o, _packed(np.abs, ty.removesuffix("x2"), 1))
     if base in BINARY and n_in == 2:

@@ -76,6 +76,21 @@ rule("math.isinf")(lambda o: unary(o, np.isinf))
 rule("math.isfinite")(lambda o: unary(o, np.isfinite))
 
 
+@rule("math.ctlz")
+def ctlz(o: Op) -> Step:
+    """Leading zero bits, in the operand's own width (the width for 0)."""
+    def f(x):
+        x = np.asarray(x)
+        bits = x.dtype.itemsize * 8
+        u = x.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
+        u = u.astype(np.uint64)
+        length = np.zeros(u.shape, np.int64)
+        for k in range(bits):  # exact for every width, unlike a float log2
+            length = np.where((u >> np.uint64(k)) != 0, k + 1, length)
+        return (bits - length).astype(x.dtype)
+    return unary(o, f)
+
+
 @rule("math.ctpop")
 def ctpop(o: Op) -> Step:
     def f(x):

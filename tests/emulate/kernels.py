@@ -63,6 +63,17 @@ def _elementwise(name, dtype, fn, ref, ulp, shape=(128, 128), gen=normal):
                 lambda x, y: ref(f64(x), f64(y)).astype(dtype), ulp)
 
 
+def _clz32(x):
+    """Leading zeros of 32-bit integers, by Python's bit_length."""
+    return np.vectorize(lambda v: 32 - int(v).bit_length(), otypes=[np.int32])(
+        np.asarray(x).view(np.uint32).astype(np.int64))
+
+
+def _with_edges(x):
+    x.flat[:4] = [0, -1, 1, np.iinfo(np.int32).min]
+    return x
+
+
 def _swizzled_copy(swizzle, dtype=np.float16):
     cols = swizzle // np.dtype(dtype).itemsize
 
@@ -643,6 +654,13 @@ def cases() -> list[Case]:
         _elementwise("i32_max_select", np.int32, lambda x, y: jnp.where(x > y, x - y, jnp.maximum(x, -y)),
                      lambda x, y: np.where(x > y, x - y, np.maximum(x, -y)), 0,
                      gen=lambda s, d: ints(s)),
+        # abs.f32 (inline PTX) and math.ctlz, with zeros and all-ones among the inputs
+        _elementwise("f32_abs", np.float32, lambda x, y: jnp.abs(x) - y,
+                     lambda x, y: np.abs(x) - y, 0),
+        _elementwise("i32_clz", np.int32, lambda x, y: lax.clz(x) + lax.clz(y),
+                     lambda x, y: _clz32(x) + _clz32(y), 0,
+                     gen=lambda s, d: _with_edges(RNG.integers(-2**31, 2**31, s, np.int64)
+                                                  .astype(np.int32))),
         _swizzled_copy(32), _swizzled_copy(64), _swizzled_copy(128),
         _swizzled_copy(128, np.float32),
         _tma_oob(), _tma_gather("gather", 0), _tma_gather("gather", 128),
