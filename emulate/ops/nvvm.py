@@ -229,8 +229,7 @@ def arrive_expect_tx(o: Op) -> Step:
 
     def step(fr: Frame) -> None:
         mbarrier_arrive(fr, addr, effective(fr, pred), loc, tx_slot=tx, remote=remote)
-        for out in outs:
-            fr.regs[out] = np.asarray(0, np.int64)
+        _no_state(fr, outs)
     return step
 
 
@@ -245,8 +244,7 @@ def arrive(o: Op) -> Step:
 
     def step(fr: Frame) -> None:
         mbarrier_arrive(fr, addr, effective(fr, []), loc, remote=remote)
-        for out in outs:
-            fr.regs[out] = np.asarray(0, np.int64)
+        _no_state(fr, outs)
     return step
 
 
@@ -266,9 +264,15 @@ def arrive_nocomplete(o: Op) -> Step:
             bar.pending -= int(n)
             if bar.pending <= 0:
                 raise EmulationError(f"mbarrier.arrive.nocomplete completed the phase at {loc}")
-        for out in outs:
-            fr.regs[out] = np.asarray(0, np.int64)
+        _no_state(fr, outs)
     return step
+
+
+def _no_state(fr: Frame, outs) -> None:
+    """An arrival's result, the barrier state token: nothing in lockstep reads
+    it but a test, which the emulator answers from the barrier itself."""
+    for out in outs:
+        fr.regs[out] = np.asarray(0, np.int64)
 
 
 @rule("nvvm.mbarrier.try_wait.parity", "nvvm.mbarrier.try_wait.parity.shared")
