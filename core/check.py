@@ -84,12 +84,16 @@ def _without_target(records: list[RuleRecord]) -> list[tuple[RuleRecord, SmaltiE
     return found
 
 
+#: Rule kinds keyed by a Pallas primitive's name, not by an op's.
+_PRIMITIVE_KINDS = frozenset({RuleKind.PALLAS, RuleKind.PALLAS_RESOURCES})
+
+
 def _unknown_ops(records: list[RuleRecord],
                  context: ir.Context) -> list[tuple[RuleRecord, SmaltiError]]:
     found, seen = [], set()
     jax = installed_jax()
     for record in records:
-        if record.kind is RuleKind.PALLAS or (record.plugin, record.key) in seen:
+        if record.kind in _PRIMITIVE_KINDS or (record.plugin, record.key) in seen:
             continue  # Pallas rules are keyed by primitive, not op
         if not record.jax.supports(jax):
             continue  # a rule for another jax, whose dialect may differ (mosaic_gpu.wait)

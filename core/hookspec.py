@@ -100,6 +100,13 @@ def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     lowering rule: ``fn(ctx, *args, **params)`` returning the result
     ``ir.Value`` (or a sequence of them).
 
+    A primitive whose lowering takes scratch SMEM, or whose parameters hold
+    a jaxpr, also needs a resource estimator: Pallas sizes a kernel's scratch
+    before lowering it, counting primitives it has no estimator for as free
+    and refusing those that carry a jaxpr. Its signature is Pallas':
+    ``fn(ctx, *avals, **params)`` returning Pallas' ``Resources``.
+
     :param registry: add lowerings with
-        ``registry.pallas_lowering(primitive, overrides=...)``.
+        ``registry.pallas_lowering(primitive, overrides=...)`` and estimators
+        with ``registry.resource_estimator(primitive, overrides=...)``.
     """

@@ -103,11 +103,16 @@ def _resolve(primitive: Any) -> Any:
     return primitive
 
 
-def _pallas_rules() -> dict[Any, Any]:
+def _pallas_tables() -> dict[RuleKind, dict[Any, Any]]:
+    """Pallas' tables that plugins add to: Warpgroup lowerings and resource
+    estimators, each keyed by primitive."""
     from jax._src.pallas.mosaic_gpu import core as gpu_core
     from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
-    return pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+    return {
+        RuleKind.PALLAS: pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS],
+        RuleKind.PALLAS_RESOURCES: pallas_lowering._resource_estimators,
+    }
 
 
 def is_installed() -> bool:
@@ -120,13 +125,14 @@ def install(pipeline: Pipeline | None = None) -> None:
         if _state["depth"] == 0:
             pipeline = pipeline or default_pipeline()
             original = mgpu_core.lower_mgpu_module
-            rules = _pallas_rules()
             saved = []
-            for records in pipeline.rules[RuleKind.PALLAS].values():
-                for record in records:
-                    primitive = _resolve(record.target)
-                    saved.append((primitive, rules.get(primitive, _MISSING)))
-                    rules[primitive] = _allowing_unregistered_dialects(record.function)
+            for kind, table in _pallas_tables().items():
+                for records in pipeline.rules[kind].values():
+                    for record in records:
+                        primitive = _resolve(record.target)
+                        saved.append((table, primitive, table.get(primitive, _MISSING)))
+                        table[primitive] = _allowing_unregistered_dialects(record.function) \
+                            if kind is RuleKind.PALLAS else record.function
             mgpu_core.lower_mgpu_module = _lower_mgpu_module_with(pipeline, original)
             _state.update(original=original, saved=saved, pipeline=pipeline)
         _state["depth"] += 1
@@ -142,12 +148,11 @@ def uninstall() -> None:
             return
         mgpu_core.lower_mgpu_module = _state.pop("original")
         _restore_unregistered_dialects()
-        rules = _pallas_rules()
-        for primitive, previous in reversed(_state.pop("saved")):
+        for table, primitive, previous in reversed(_state.pop("saved")):
             if previous is _MISSING:
-                rules.pop(primitive, None)
+                table.pop(primitive, None)
             else:
-                rules[primitive] = previous
+                table[primitive] = previous
         _state.pop("pipeline")
 
 

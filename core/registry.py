@@ -134,6 +134,7 @@ class RuleKind(enum.Enum):
     CONSTRAINT = "constraint"
     LOWERING = "lowering"
     PALLAS = "pallas"
+    PALLAS_RESOURCES = "pallas resource estimation"
 
 
 class RuleRecord(Record):
@@ -212,10 +213,11 @@ class _Registry:
 
     def _add(self, key: str, function: Callable[..., Any], archs: Architectures,
              overrides: str | None, target: Any = None, jax: JaxVersions = ANY_JAX,
-             check: Callable[[Any], None] | None = None, **flags: bool) -> None:
+             check: Callable[[Any], None] | None = None, kind: RuleKind | None = None,
+             **flags: bool) -> None:
         self._check(key, function, archs, overrides, jax, check)
         self.records.append(
-            RuleRecord(self.kind, key, function, self.plugin, archs, overrides, target,
+            RuleRecord(kind or self.kind, key, function, self.plugin, archs, overrides, target,
                        jax=jax, check=check,
                        **{name: bool(value) for name, value in flags.items()})
         )
@@ -334,6 +336,28 @@ class PallasRegistry(_Registry):
         Pallas).
         """
 
+        return self._primitive_rule(primitive, RuleKind.PALLAS, overrides, jax)
+
+    def resource_estimator(self, primitive: Any, *, overrides: str | None = None,
+                           jax: JaxVersions = ANY_JAX):
+        """Decorator: estimates the resources Pallas reserves for ``primitive``.
+
+        Pallas sizes a kernel's scratch SMEM, barriers and TMEM before lowering
+        it, by walking the kernel's jaxpr with a table of estimators; a
+        primitive with none counts as needing nothing, and one whose
+        parameters hold a jaxpr (``custom_jvp_call``) makes estimation fail.
+        Register an estimator for a primitive whose lowering takes scratch
+        (``ctx.module_ctx.scratch_view``) or that carries a jaxpr.
+
+        The function has Pallas' estimator signature: ``fn(ctx, *avals,
+        **params)``, returning a
+        ``jax._src.pallas.mosaic_gpu.lowering.Resources``. ``primitive`` is as
+        for :meth:`pallas_lowering`.
+        """
+        return self._primitive_rule(primitive, RuleKind.PALLAS_RESOURCES, overrides, jax)
+
+    def _primitive_rule(self, primitive: Any, kind: RuleKind, overrides: str | None,
+                        jax: JaxVersions):
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(primitive, str) and primitive.count(":") == 1:
                 name = primitive.split(":")[1]
@@ -342,11 +366,11 @@ class PallasRegistry(_Registry):
             if name is None:
                 raise PluginError(
                     "SM006",
-                    f"plugin {self.plugin!r} registered a Pallas lowering for "
+                    f"plugin {self.plugin!r} registered a Pallas {kind.value} rule for "
                     f"{primitive!r}, which is not a jax primitive",
                     fix="pass the primitive object (e.g. my_op_p) or 'module:my_op_p'",
                 )
-            self._add(name, fn, ANY_ARCH, overrides, target=primitive, jax=jax)
+            self._add(name, fn, ANY_ARCH, overrides, target=primitive, jax=jax, kind=kind)
             return fn
 
         return decorate

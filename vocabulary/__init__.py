@@ -33,6 +33,8 @@ Why a plugin of its own, not part of :mod:`smalti.plugins`:
 
 from __future__ import annotations
 
+import importlib
+
 from smalti.hookspec import hookimpl
 from smalti.registry import ConstraintRegistry, LoweringRegistry, PallasRegistry
 
@@ -41,57 +43,85 @@ from smalti.vocabulary import math_ops
 SMALTI_HOOK_VERSION = 1
 
 #: The Pallas primitives this plugin lowers, as ``"module:attribute"``
-#: references (resolved only once smalti is installed into jax), with the function of :mod:`smalti.vocabulary.primitives`
-#: that lowers each.
+#: references (resolved only once smalti is installed into jax), with the
+#: function that lowers each, as ``"module:function"`` within this package
+#: (imported on first use: those modules import Pallas, which building a
+#: pipeline must not).
 PRIMITIVES: dict[str, str] = {
-    "jax._src.lax.lax:floor_p": "lower_floor",
-    "jax._src.lax.lax:ceil_p": "lower_ceil",
-    "jax._src.lax.lax:is_finite_p": "lower_is_finite",
-    "jax._src.lax.lax:expm1_p": "lower_expm1",
-    "jax._src.lax.lax:log1p_p": "lower_log1p",
-    "jax._src.lax.lax:pow_p": "lower_pow",
-    "jax._src.lax.lax:integer_pow_p": "lower_integer_pow",
-    "jax._src.lax.lax:tan_p": "lower_tan",
-    "jax._src.lax.lax:sinh_p": "lower_sinh",
-    "jax._src.lax.lax:cosh_p": "lower_cosh",
-    "jax._src.lax.lax:asinh_p": "lower_asinh",
-    "jax._src.lax.lax:acosh_p": "lower_acosh",
-    "jax._src.lax.lax:atanh_p": "lower_atanh",
-    "jax._src.lax.lax:asin_p": "lower_asin",
-    "jax._src.lax.lax:acos_p": "lower_acos",
-    "jax._src.lax.lax:atan_p": "lower_atan",
-    "jax._src.lax.lax:cbrt_p": "lower_cbrt",
-    "jax._src.lax.lax:population_count_p": "lower_population_count",
-    "jax._src.lax.lax:nextafter_p": "lower_nextafter",
-    "jax._src.ad_util:stop_gradient_p": "lower_stop_gradient",
-    "jax._src.custom_derivatives:custom_jvp_call_p": "lower_custom_jvp_call",
+    # elementwise math (primitives.py)
+    "jax._src.lax.lax:floor_p": "primitives:lower_floor",
+    "jax._src.lax.lax:ceil_p": "primitives:lower_ceil",
+    "jax._src.lax.lax:is_finite_p": "primitives:lower_is_finite",
+    "jax._src.lax.lax:expm1_p": "primitives:lower_expm1",
+    "jax._src.lax.lax:log1p_p": "primitives:lower_log1p",
+    "jax._src.lax.lax:pow_p": "primitives:lower_pow",
+    "jax._src.lax.lax:integer_pow_p": "primitives:lower_integer_pow",
+    "jax._src.lax.lax:tan_p": "primitives:lower_tan",
+    "jax._src.lax.lax:sinh_p": "primitives:lower_sinh",
+    "jax._src.lax.lax:cosh_p": "primitives:lower_cosh",
+    "jax._src.lax.lax:asinh_p": "primitives:lower_asinh",
+    "jax._src.lax.lax:acosh_p": "primitives:lower_acosh",
+    "jax._src.lax.lax:atanh_p": "primitives:lower_atanh",
+    "jax._src.lax.lax:asin_p": "primitives:lower_asin",
+    "jax._src.lax.lax:acos_p": "primitives:lower_acos",
+    "jax._src.lax.lax:atan_p": "primitives:lower_atan",
+    "jax._src.lax.lax:cbrt_p": "primitives:lower_cbrt",
+    "jax._src.lax.lax:population_count_p": "primitives:lower_population_count",
+    "jax._src.lax.lax:nextafter_p": "primitives:lower_nextafter",
+    "jax._src.ad_util:stop_gradient_p": "primitives:lower_stop_gradient",
+    "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
+    # special functions (special.py)
+    # reductions (reductions.py)
+    # data movement (movement.py)
+    # scans and sorting (scans.py, sorting.py)
+    # dot_general of register values (dot.py)
 }
+
+#: Pallas resource estimators (how much scratch SMEM a primitive needs), in
+#: the same form as :data:`PRIMITIVES`.
+RESOURCE_ESTIMATORS: dict[str, str] = {
+    "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:estimate_custom_jvp_call",
+    # reductions (reductions.py)
+    # data movement (movement.py)
+    # scans and sorting (scans.py, sorting.py)
+    # dot_general of register values (dot.py)
+}
+
+
+#: The modules holding constraint and lowering rules for the dialect ops the
+#: vocabulary emits that :mod:`smalti.plugins` has no rule for (each has
+#: ``register_constraints`` and ``register_lowerings``; none imports Pallas).
+RULE_MODULES = (math_ops,)
 
 
 @hookimpl
 def smalti_register_constraint_rules(registry: ConstraintRegistry) -> None:
-    math_ops.register_constraints(registry)
+    for module in RULE_MODULES:
+        module.register_constraints(registry)
 
 
 @hookimpl
 def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
-    math_ops.register_lowerings(registry)
+    for module in RULE_MODULES:
+        module.register_lowerings(registry)
 
 
-def _deferred(name: str):
-    """The lowering ``name`` of :mod:`.primitives`, imported on first use
-    (that module imports Pallas, which building a pipeline must not)."""
+def _deferred(reference: str):
+    """The function ``"module:function"`` of this package, imported on first
+    use (those modules import Pallas, which building a pipeline must not)."""
+    module, _, name = reference.partition(":")
 
-    def lower(ctx, *args, **params):
-        from smalti.vocabulary import primitives
+    def call(ctx, *args, **params):
+        function = getattr(importlib.import_module(f"smalti.vocabulary.{module}"), name)
+        return function(ctx, *args, **params)
 
-        return getattr(primitives, name)(ctx, *args, **params)
-
-    lower.__name__ = lower.__qualname__ = name
-    return lower
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 @hookimpl
 def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
-    for primitive, name in PRIMITIVES.items():
-        registry.pallas_lowering(primitive)(_deferred(name))
+    for primitive, reference in PRIMITIVES.items():
+        registry.pallas_lowering(primitive)(_deferred(reference))
+    for primitive, reference in RESOURCE_ESTIMATORS.items():
+        registry.resource_estimator(primitive)(_deferred(reference))

@@ -317,11 +317,8 @@ def lower_stop_gradient(ctx, x):
 
 def lower_custom_jvp_call(ctx, *args, call_jaxpr, num_consts, **params):
     """The function's own body (its JVP rule is irrelevant inside a kernel).
-
-    Not reached through Pallas today: Pallas' resource estimation, which runs
-    before any lowering, raises ``Resource estimation does not support
-    custom_jvp_call`` first. It takes effect once smalti can register a
-    resource estimator for the primitive (see docs/vocabulary.md)."""
+    Reached because :func:`estimate_custom_jvp_call` lets Pallas' resource
+    estimation, which runs first, through."""
     del params
     jaxpr, consts = (call_jaxpr.jaxpr, call_jaxpr.consts) if hasattr(call_jaxpr, "consts") \
         else (call_jaxpr, ())
@@ -329,6 +326,14 @@ def lower_custom_jvp_call(ctx, *args, call_jaxpr, num_consts, **params):
         raise refuse(ctx, "a custom_jvp function that closes over array constants",
                      fix="pass the constants to the function as arguments")
     return pallas_lowering.lower_jaxpr_to_mosaic_gpu(ctx.module_ctx, ctx.launch_ctx, jaxpr, args)
+
+
+def estimate_custom_jvp_call(ctx, *avals, call_jaxpr, **params):
+    """What the function's body needs: Pallas' own estimate of the body's
+    jaxpr (Pallas refuses any primitive whose parameters hold a jaxpr)."""
+    del avals, params
+    jaxpr = call_jaxpr.jaxpr if hasattr(call_jaxpr, "consts") else call_jaxpr
+    return pallas_lowering._estimate_resources(ctx, jaxpr)
 
 
 # --- bit counting -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
 import smalti
 import smalti.jax
-from smalti.registry import PallasRegistry
+from smalti.registry import PallasRegistry, RuleKind
 from tests.official import capture_modules as lower_capturing_modules
 
 
@@ -92,6 +92,52 @@ def test_pallas_lowerings_of_plugins_are_in_force_and_removed_after():
     with smalti.jax.installed(pipeline):
         assert rules[primitive].__qualname__.endswith("lowering")
     assert rules.get(primitive) is before
+
+
+def test_resource_estimators_of_plugins_size_the_kernel_and_are_removed_after():
+    """A plugin's resource estimator is what Pallas' resource estimation
+    consults for its primitive while smalti is installed: here it reserves
+    scratch SMEM for a primitive Pallas counts as free; uninstalling restores
+    Pallas' table."""
+    from jax._src.pallas.mosaic_gpu import primitives
+
+    primitive = primitives.print_layout_p
+    estimators = pallas_lowering._resource_estimators
+
+    class Plugin:
+        @smalti.hookimpl
+        def smalti_register_pallas_lowerings(self, registry: PallasRegistry) -> None:
+            @registry.resource_estimator(primitive)
+            def estimate(ctx, *avals, **params):
+                return pallas_lowering.Resources(smem_scratch_bytes=4096)
+
+    def body(x):
+        plgpu.print_layout("{}", x)
+        return x
+
+    jaxpr = jax.make_jaxpr(body)(jnp.ones((128,), jnp.float32)).jaxpr
+    ctx = pallas_lowering.ResourceEstimatorContext(
+        reduction_scratch_bytes=0, axis_names=pallas_lowering._AxisNames(grid=()),
+        lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+    pipeline = smalti.build_pipeline(plugins={"estimator": Plugin()}, autoload=False)
+    assert [r.key for r in pipeline.ops("estimator")[RuleKind.PALLAS_RESOURCES]] == \
+        ["print_layout"]
+    assert primitive not in estimators
+    assert pallas_lowering._estimate_resources(ctx, jaxpr).smem_scratch_bytes == 0
+    with smalti.jax.installed(pipeline):
+        assert pallas_lowering._estimate_resources(ctx, jaxpr).smem_scratch_bytes == 4096
+    assert primitive not in estimators
+
+
+def test_a_resource_estimator_needs_a_primitive():
+    class Plugin:
+        @smalti.hookimpl
+        def smalti_register_pallas_lowerings(self, registry: PallasRegistry) -> None:
+            registry.resource_estimator(42)(lambda ctx: None)
+
+    pipeline = smalti.build_pipeline(plugins={"bad": Plugin()}, autoload=False)
+    [problem] = pipeline.problems
+    assert problem.error.code == "SM006" and "not a jax primitive" in problem.error.message
 
 
 def test_errors_inside_jax_are_smalti_errors():
