@@ -328,9 +328,16 @@ def lower_custom_jvp_call(ctx, *args, call_jaxpr, num_consts, **params):
     return pallas_lowering.lower_jaxpr_to_mosaic_gpu(ctx.module_ctx, ctx.launch_ctx, jaxpr, args)
 
 
+def lower_custom_vjp_call(ctx, *args, call_jaxpr, num_consts, **params):
+    """The function's own body, as for ``custom_jvp_call`` (its forward and
+    backward rules are irrelevant inside a kernel)."""
+    return lower_custom_jvp_call(ctx, *args, call_jaxpr=call_jaxpr, num_consts=num_consts)
+
+
 def estimate_custom_jvp_call(ctx, *avals, call_jaxpr, **params):
     """What the function's body needs: Pallas' own estimate of the body's
-    jaxpr (Pallas refuses any primitive whose parameters hold a jaxpr)."""
+    jaxpr (Pallas refuses any primitive whose parameters hold a jaxpr).
+    Also the estimate of ``custom_vjp_call``, whose body is ``call_jaxpr`` too."""
     del avals, params
     jaxpr = call_jaxpr.jaxpr if hasattr(call_jaxpr, "consts") else call_jaxpr
     return pallas_lowering._estimate_resources(ctx, jaxpr)

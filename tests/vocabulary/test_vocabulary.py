@@ -237,6 +237,28 @@ def test_custom_jvp_functions_lower_and_compute_jnp(pipeline):
     _assert_near_jnp(got, np.asarray(jax.jit(jnp.logaddexp)(x, y)), "logaddexp")
 
 
+def test_custom_vjp_functions_lower_to_their_body(pipeline):
+    """A ``jax.custom_vjp`` function (Pallas: "Resource estimation does not
+    support custom_vjp_call") computes its forward body; the backward rule
+    is never called inside a kernel."""
+    @jax.custom_vjp
+    def clipped(x):
+        return jnp.clip(x, -1.0, 1.0) * 2.0
+
+    def backward(residual, g):
+        raise AssertionError("not called in a forward kernel")
+
+    clipped.defvjp(lambda x: (clipped(x), x), backward)
+    x = (np.random.default_rng(5).standard_normal(C.SHAPE) * 2).astype(np.float32)
+    x[0, :4] = [np.nan, -np.inf, np.inf, -0.0]
+    kernel = _relu_kernel(clipped)
+    with pytest.raises(NotImplementedError, match="does not support custom_vjp_call"):
+        smalti.emulate.lower(kernel, x)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(kernel, x)
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(clipped)(x)))
+
+
 def test_custom_jvp_estimate_is_the_body_s(pipeline):
     """The estimator the vocabulary registers for ``custom_jvp_call`` reports
     what the function's body needs (a body with a reduction: Pallas'
