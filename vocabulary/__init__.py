@@ -70,6 +70,7 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.lax:nextafter_p": "primitives:lower_nextafter",
     "jax._src.ad_util:stop_gradient_p": "primitives:lower_stop_gradient",
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
+    "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:lower_custom_vjp_call",
     # special functions (special.py)
     # reductions (reductions.py)
     # data movement (movement.py)
@@ -81,6 +82,7 @@ PRIMITIVES: dict[str, str] = {
 #: the same form as :data:`PRIMITIVES`.
 RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:estimate_custom_jvp_call",
+    "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:estimate_custom_jvp_call",
     # reductions (reductions.py)
     # data movement (movement.py)
     # scans and sorting (scans.py, sorting.py)
