@@ -69,6 +69,7 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.lax:population_count_p": "primitives:lower_population_count",
     "jax._src.lax.lax:nextafter_p": "primitives:lower_nextafter",
     "jax._src.ad_util:stop_gradient_p": "primitives:lower_stop_gradient",
+    "jax._src.lax.lax:copy_p": "primitives:lower_copy",
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
     "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:lower_custom_vjp_call",
     # special functions (special.py)

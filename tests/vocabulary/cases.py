@@ -249,6 +249,8 @@ CASES += [
     Case("nextafter", jnp.nextafter, g_nextafter, _nextafter, _all(0), exact=True),
     Case("stop_gradient", lax.stop_gradient, g_rounding, _ufunc(lambda x: x), _all(0),
          exact=True),
+    Case("copy", lambda x: jnp.array(x, copy=True), g_rounding, _ufunc(lambda x: x), _all(0),
+         exact=True),
 ]
 
 INT_CASES: list[Case] = [
