@@ -115,6 +115,17 @@ def _pallas_tables() -> dict[RuleKind, dict[Any, Any]]:
     }
 
 
+def replaced_rule(primitive: Any) -> Any:
+    """The Pallas Warpgroup lowering that a plugin's rule for ``primitive``
+    replaced while smalti is installed (jax's own, or ``None`` where Pallas
+    has none), so that the plugin can hand it the cases jax handles."""
+    primitive = _resolve(primitive)
+    for table, saved, previous in _state.get("saved", ()):
+        if saved is primitive and table is _pallas_tables()[RuleKind.PALLAS]:
+            return None if previous is _MISSING else previous
+    return _pallas_tables()[RuleKind.PALLAS].get(primitive)
+
+
 def is_installed() -> bool:
     return _state["depth"] > 0
 

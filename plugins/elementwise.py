@@ -167,7 +167,17 @@ def lower_conversion(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
     source_signed, target_signed = CONVERSIONS[op.operation.name]
     [x] = ctx.operand_arrays(op, source_signed, layout=shared_layout(ctx, op))
     target = ir.VectorType(op.result.type).element_type
+    if op.operation.name == "arith.trunci" and target == ir.IntegerType.get_signless(1):
+        return [ctx.to_ir(_lowest_bit(x), op.result.type)]
     return [ctx.to_ir(x.astype(target, is_signed=target_signed), op.result.type)]
+
+
+def _lowest_bit(x: Array) -> Array:
+    """``arith.trunci`` to ``i1`` keeps the lowest bit: ``(x & 1) != 0``
+    (beyond jax, whose ``FragmentedArray.astype`` has no 1-bit target)."""
+    ne = arith.CmpIPredicate.ne
+    return (x & 1)._pointwise(lambda a, b: arith.cmpi(ne, a, b), 0, output_is_signed=False,
+                              restrict_bitwidth=False)
 
 
 def lower_cmpi(ctx: LoweringContext, op: arith.CmpIOp) -> list[ir.Value]:

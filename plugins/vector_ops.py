@@ -10,8 +10,9 @@ the :class:`~smalti.constraints.Reshaped` layout of its source.
 Beyond jax, these rules also handle vectors of rank > 2 whose leading dims
 are not tiled (reductions and broadcasts over them), reductions that keep
 the reduced dim as a size-1 dim (``jnp.mean(x, axis=-1, keepdims=True)``),
-shape casts that add or drop size-1 dims, splat sources of reductions and
-``vector.broadcast`` of a vector.
+shape casts that add or drop size-1 dims, shape casts that flatten a tiled
+layout to rank 1 (``jnp.sum(x)``, ``jnp.argmax(x)``; see flatten.py), splat
+sources of reductions and ``vector.broadcast`` of a vector.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from smalti.constraints import (
 )
 from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import RegisterLayout
+from smalti.plugins.flatten import Flattened, FlattenedFrom, flatten_registers, flatten_tiled
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed, malformed_op
@@ -204,6 +206,11 @@ def shape_cast(op: vector.ShapeCastOp, b: ConstraintBuilder) -> None:
     """Source and result layouts are each other's reshapes."""
     source_shape, result_shape = _shape(op.source), _shape(op.result)
     source, result = b.variable(b.operand(0)), b.variable(b.result(0))
+    if len(result_shape) == 1 and len(source_shape) > 1:
+        # Beyond jax: a tiled source flattens too (flatten.py), one way.
+        b.require(Equal(result, Flattened(source, source_shape, result_shape)),
+                  FlattenedFrom(source, result, source_shape, result_shape))
+        return
     # Stated both ways, so that either side determines the other.
     b.require(Equal(result, Reshaped(source, source_shape, result_shape)),
               Equal(source, Reshaped(result, result_shape, source_shape)))
@@ -392,6 +399,9 @@ def lower_shape_cast(ctx: LoweringContext, op: vector.ShapeCastOp) -> list[ir.Va
     shape = tuple(ty.shape)
     array = ctx.from_ir(op.source, in_layout)
     target = _layout(out_layout)
+    flat = _flattening(array, shape, target)
+    if flat is not None:
+        return [ctx.to_ir(_with_registers(array, flat, target), ty)]
     if isinstance(target, fa.TiledLayout) and target != array.layout:
         # Beyond jax: only size-1 dims change, and with them the tiling; the
         # registers stay as they are.
@@ -402,6 +412,19 @@ def lower_shape_cast(ctx: LoweringContext, op: vector.ShapeCastOp) -> list[ir.Va
         return [ctx.to_ir(_with_registers(array, array.registers.reshape(registers_shape),
                                           target), ty)]
     return [ctx.to_ir(array.reshape(shape), ty)]
+
+
+def _flattening(array: Array, shape: tuple[int, ...], target: fa.FragmentedLayout
+                ) -> np.ndarray | None:
+    """Beyond jax: the registers of a tiled ``array`` flattened to the 1-D
+    tiled ``target`` (a transpose of the register array, see flatten.py)."""
+    if len(shape) != 1 or len(array.shape) < 2 or not isinstance(array.layout, fa.TiledLayout) \
+            or not isinstance(target, fa.TiledLayout):
+        return None
+    found = flatten_tiled(array.layout, array.shape)
+    if found is None or found[0] != target:
+        return None
+    return flatten_registers(array.registers, found[1], target, shape[0])
 
 
 # --- lowering: slices and concatenation ----------------------------------------------------

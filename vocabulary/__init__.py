@@ -39,6 +39,7 @@ from smalti.hookspec import hookimpl
 from smalti.registry import ConstraintRegistry, LoweringRegistry, PallasRegistry
 
 from smalti.vocabulary import math_ops
+from smalti.vocabulary import gather_ops  # data movement (movement.py)
 
 SMALTI_HOOK_VERSION = 1
 
@@ -73,10 +74,35 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
     "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:lower_custom_vjp_call",
     # special functions (special.py)
+    "jax._src.lax.special:erfc_p": "special:lower_erfc",
+    "jax._src.lax.special:erf_inv_p": "special:lower_erf_inv",
+    "jax._src.lax.special:lgamma_p": "special:lower_lgamma",
+    "jax._src.lax.special:digamma_p": "special:lower_digamma",
+    "jax._src.lax.special:bessel_i0e_p": "special:lower_bessel_i0e",
+    "jax._src.lax.special:bessel_i1e_p": "special:lower_bessel_i1e",
     # reductions (reductions.py)
+    "jax._src.lax.lax:argmax_p": "reductions:lower_argmax",
+    "jax._src.lax.lax:argmin_p": "reductions:lower_argmin",
+    "jax._src.lax.lax:reduce_or_p": "reductions:lower_reduce_or",
+    "jax._src.lax.lax:reduce_and_p": "reductions:lower_reduce_and",
+    "jax._src.lax.lax:reduce_xor_p": "reductions:lower_reduce_xor",
+    "jax._src.lax.lax:select_n_p": "reductions:lower_select_n",
+    "jax._src.lax.lax:convert_element_type_p": "reductions:lower_convert_element_type",
+    "jax._src.lax.lax:not_p": "reductions:lower_not",
     # data movement (movement.py)
+    "smalti.vocabulary.movement:take_p": "movement:lower_take",
+    "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
+    "jax._src.lax.lax:rev_p": "movement:lower_rev",
+    "jax._src.lax.lax:pad_p": "movement:lower_pad",
+    "jax._src.lax.slicing:slice_p": "movement:lower_slice",
+    "jax._src.lax.lax:concatenate_p": "movement:lower_concatenate",
+    "jax._src.pjit:jit_p": "movement:lower_jit",
+    "jax._src.lax.lax:tile_p": "movement:lower_tile",
+    "jax._src.lax.slicing:dynamic_slice_p": "movement:lower_dynamic_slice",
+    "jax._src.lax.slicing:dynamic_update_slice_p": "movement:lower_dynamic_update_slice",
     # scans and sorting (scans.py, sorting.py)
     # dot_general of register values (dot.py)
+    "jax._src.lax.lax:dot_general_p": "dot:lower_dot_general",
 }
 
 #: Pallas resource estimators (how much scratch SMEM a primitive needs), in
@@ -85,16 +111,32 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:estimate_custom_jvp_call",
     "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:estimate_custom_jvp_call",
     # reductions (reductions.py)
+    "jax._src.lax.lax:reduce_prod_p": "reductions:estimate_reduction",
+    "jax._src.lax.lax:argmax_p": "reductions:estimate_reduction",
+    "jax._src.lax.lax:argmin_p": "reductions:estimate_reduction",
+    "jax._src.lax.lax:reduce_or_p": "reductions:estimate_reduction",
+    "jax._src.lax.lax:reduce_and_p": "reductions:estimate_reduction",
+    "jax._src.lax.lax:reduce_xor_p": "reductions:estimate_reduction",
     # data movement (movement.py)
+    "smalti.vocabulary.movement:take_p": "movement:take_estimate",
+    "jax._src.lax.lax:transpose_p": "movement:estimate_one",
+    "jax._src.lax.lax:rev_p": "movement:estimate_one",
+    "jax._src.lax.lax:pad_p": "movement:estimate_one",
+    "jax._src.lax.slicing:slice_p": "movement:estimate_slice",
+    "jax._src.lax.lax:tile_p": "movement:estimate_one",
+    "jax._src.lax.slicing:dynamic_slice_p": "movement:estimate_one",
+    "jax._src.lax.slicing:dynamic_update_slice_p": "movement:estimate_update",
+    "jax._src.lax.lax:concatenate_p": "movement:estimate_concatenate",
     # scans and sorting (scans.py, sorting.py)
     # dot_general of register values (dot.py)
+    "jax._src.lax.lax:dot_general_p": "dot:estimate_dot_general",
 }
 
 
 #: The modules holding constraint and lowering rules for the dialect ops the
 #: vocabulary emits that :mod:`smalti.plugins` has no rule for (each has
 #: ``register_constraints`` and ``register_lowerings``; none imports Pallas).
-RULE_MODULES = (math_ops,)
+RULE_MODULES = (math_ops, gather_ops,)
 
 
 @hookimpl

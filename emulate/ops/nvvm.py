@@ -1,4 +1,4 @@
-"""``nvvm``: warp collectives (``elect.sync``, ``shfl.sync``, ``ldmatrix``,
+"""``nvvm``: warp collectives (``elect.sync``, ``shfl.sync``, ``redux.sync``, ``ldmatrix``,
 ``stmatrix``), mbarriers, TMA bulk tensor copies and fences.
 
 Ordering model: the threads of a warpgroup execute each op together, and an
@@ -56,6 +56,14 @@ def _check_full_warps(fr: Frame, what: str, where: str) -> None:
     w = fr.mask.reshape(-1, 32)
     if np.any(w.any(1) & ~w.all(1)):
         raise Unsupported(f"{what} executed by part of a warp", where)
+
+
+def _by_warp(fr: Frame, value, dtype, what: str, where: str) -> np.ndarray:
+    """``value`` per thread as a (warps, 32) array, for a collective of whole
+    warps (``what``: its name in errors)."""
+    _warps(fr, where)
+    _check_full_warps(fr, what, where)
+    return per_thread(fr.regs[value], fr.T).astype(dtype).reshape(-1, 32)
 
 
 @rule("nvvm.elect.sync")
@@ -457,9 +465,7 @@ def vote_sync(o: Op) -> Step:
     loc = o.loc
 
     def step(fr: Frame) -> None:
-        _warps(fr, loc)
-        _check_full_warps(fr, "vote.sync", loc)
-        p = per_thread(fr.regs[pred], fr.T).astype(bool).reshape(-1, 32)
+        p = _by_warp(fr, pred, bool, "vote.sync", loc)
         if kind == "ballot":
             bits = (p.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(1)
             fr.regs[out] = np.repeat(bits.astype(np.uint32).view(np.int32), 32)
@@ -469,6 +475,53 @@ def vote_sync(o: Op) -> Step:
             fr.regs[out] = np.repeat(p.all(1), 32)
         else:
             raise Unsupported(f"vote.sync {kind}", loc)
+    return step
+
+
+_REDUX = {
+    "add": lambda v: v.astype(np.int64).sum(1), "and": np.bitwise_and.reduce,
+    "or": np.bitwise_or.reduce, "xor": np.bitwise_xor.reduce,
+    "min": lambda v: v.min(1), "max": lambda v: v.max(1),
+    "umin": lambda v: v.view(np.uint32).min(1), "umax": lambda v: v.view(np.uint32).max(1),
+}
+
+
+@rule("nvvm.redux.sync")
+def redux_sync(o: Op) -> Step:
+    """A reduction of a 32-bit value over the 32 lanes of each warp, every
+    lane getting the result (the full-warp mask jax uses). f32 ``fmax``/``fmin``
+    (Blackwell) propagate NaN with ``nan``, else ignore it."""
+    kind = str(o.attr("kind")).split("<")[-1].rstrip(">").split()[-1]
+    if kind in ("fmax", "fmin"):
+        return _redux_f32(o, kind)
+    if kind not in _REDUX:
+        raise o.unsupported(f"nvvm.redux.sync kind {kind}")
+    val, mask = o.ins
+    (out,) = o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        v = _by_warp(fr, val, np.int32, "redux.sync", loc)
+        if np.any(per_thread(fr.regs[mask], fr.T).astype(np.int64) & 0xFFFFFFFF != 0xFFFFFFFF):
+            raise Unsupported("nvvm.redux.sync with a partial member mask", loc)
+        fn = _REDUX[kind]
+        res = fn(v) if kind not in ("and", "or", "xor") else fn(v, axis=1)
+        fr.regs[out] = np.repeat(np.asarray(res).astype(np.int64).astype(np.uint32)
+                                 .view(np.int32), 32)
+    return step
+
+
+def _redux_f32(o: Op, kind: str) -> Step:
+    nan = o.has("nan")
+    fn = {("fmax", True): np.max, ("fmin", True): np.min,
+          ("fmax", False): np.fmax.reduce, ("fmin", False): np.fmin.reduce}[kind, nan]
+    val, mask = o.ins
+    (out,) = o.outs
+    loc = o.loc
+
+    def step(fr: Frame) -> None:
+        v = _by_warp(fr, val, np.float32, "redux.sync", loc)
+        fr.regs[out] = np.repeat(fn(v, axis=1).astype(np.float32), 32)
     return step
 
 

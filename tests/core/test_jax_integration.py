@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import pytest
 from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -127,6 +128,29 @@ def test_resource_estimators_of_plugins_size_the_kernel_and_are_removed_after():
     with smalti.jax.installed(pipeline):
         assert pallas_lowering._estimate_resources(ctx, jaxpr).smem_scratch_bytes == 4096
     assert primitive not in estimators
+
+
+def test_replaced_rule_is_jax_s_own_while_installed():
+    """``smalti.jax.replaced_rule``: what a plugin's Pallas lowering replaced
+    (for handing jax the cases it handles), and Pallas' current rule for a
+    primitive no plugin replaces."""
+    from jax._src.pallas.mosaic_gpu import primitives
+
+    primitive = primitives.print_layout_p
+    rules = pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+    jax_rule = rules[primitive]
+
+    class Plugin:
+        @smalti.hookimpl
+        def smalti_register_pallas_lowerings(self, registry: PallasRegistry) -> None:
+            registry.pallas_lowering(primitive)(lambda ctx, *args, **params: [])
+
+    pipeline = smalti.build_pipeline(plugins={"p": Plugin()}, autoload=False)
+    with smalti.jax.installed(pipeline):
+        assert rules[primitive] is not jax_rule
+        assert smalti.jax.replaced_rule(primitive) is jax_rule
+        assert smalti.jax.replaced_rule(lax.exp_p) is rules[lax.exp_p]
+    assert smalti.jax.replaced_rule(primitive) is jax_rule
 
 
 def test_a_resource_estimator_needs_a_primitive():

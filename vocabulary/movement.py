@@ -1,0 +1,562 @@
+"""Data movement inside Pallas Mosaic GPU kernels: ``take`` and the
+primitives built on it.
+
+``take(x, indices)`` is ``x.reshape(-1)[indices]``: a gather of arbitrary
+elements of a register value. It is a jax primitive of smalti's own
+(``take_p``, with an abstract eval and a CPU lowering through jnp), so
+decompositions (transpose, flip, pad, roll, scans, sorting) are written as
+ordinary jax functions with iota arithmetic for the indices, and run on the
+CPU as well as in a kernel.
+
+In a kernel (Warpgroup semantics) ``take`` goes through SMEM: it takes a
+1-D scratch view of ``x.size`` elements, writes ``x`` into it with
+``vector.scatter`` at each element's row-major linear index and reads it
+back with ``vector.gather`` at ``indices`` (rules in
+:mod:`smalti.vocabulary.gather_ops`: a scalar store/load per register
+element, between warpgroup barriers). Several Pallas warpgroups would share
+the scratch, so such kernels are refused (SM206), as jax does for
+reductions over all axes.
+
+Built on it (``_lower_fun`` decompositions; exact, since values only move):
+``transpose`` (any permutation of a 1-D/2-D block), ``rev``, ``pad``
+(low/high, negative, interior; the pad value by a select), ``tile``,
+``dynamic_slice`` and ``dynamic_update_slice`` (traced starts, clamped as
+jax clamps them), ``slice`` with strides or unaligned bounds,
+``concatenate`` of unaligned pieces (one take per operand and selects) and,
+in a ``jax.jit`` (``jnp.roll``'s ``_roll_static``), slices fused into the
+unaligned concatenation they feed: pieces of odd widths have no register
+layout at all. ``slice`` and ``concatenate`` of pieces on the tiles of
+jax's layouts go to jax's own rules (same IR, no scratch); so does every
+``jit`` with nothing to fuse.
+Each primitive has a resource estimator reserving its scratch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax._src import core as jax_core
+from jax._src.interpreters import mlir
+
+__all__ = ["take", "take_p", "take_estimate"]
+
+
+take_p = jax_core.Primitive("smalti_take")
+
+
+def take(x: jax.Array, indices: jax.Array) -> jax.Array:
+    """``x.reshape(-1)[indices]``: every index must be in ``[0, x.size)``
+    (unchecked in a kernel). ``x`` is 1-D or 2-D; ``indices`` is an int32
+    array of at most 2 dimensions; the result has ``indices.shape`` and
+    ``x.dtype``."""
+    x = jnp.asarray(x)
+    indices = jnp.asarray(indices)
+    if x.ndim not in (1, 2):
+        raise ValueError(f"take: x must be 1-D or 2-D, got shape {x.shape}")
+    if indices.ndim > 2:
+        raise ValueError(f"take: indices must have at most 2 dimensions, got {indices.shape}")
+    if indices.dtype != jnp.int32:
+        indices = indices.astype(jnp.int32)
+    return take_p.bind(x, indices)
+
+
+@take_p.def_abstract_eval
+def _take_abstract_eval(x, indices):
+    return jax_core.ShapedArray(indices.shape, x.dtype)
+
+
+def _take_impl(x, indices):
+    return jnp.take(x.reshape(-1), indices, mode="clip")
+
+
+take_p.def_impl(_take_impl)
+mlir.register_lowering(take_p, mlir.lower_fun(_take_impl, multiple_results=False))
+
+
+def take_estimate(ctx, x_aval, indices_aval, **params):
+    """The scratch ``take`` writes ``x`` into: ``x.size`` elements."""
+    del ctx, indices_aval, params
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    return pallas_lowering.Resources(
+        smem_scratch_bytes=int(x_aval.size) * np.dtype(x_aval.dtype).itemsize)
+
+
+# --- Pallas Warpgroup lowering -----------------------------------------------------------
+
+
+def _refuse(ctx, message: str, fix):
+    from smalti.vocabulary.primitives import refuse
+
+    return refuse(ctx, message, fix=fix)
+
+
+def lower_take(ctx, x, indices):
+    """Scatter ``x`` into a 1-D scratch view at its row-major linear indices,
+    gather the requested ones back."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, vector
+    from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    x_aval, idx_aval = ctx.avals_in
+    dtype = np.dtype(x_aval.dtype)
+    if ctx.module_ctx.axis_names is not None and ctx.module_ctx.axis_names.wg is not None:
+        raise _refuse(ctx, "several Pallas warpgroups would share its SMEM scratch",
+                      fix="call it in a kernel of one warpgroup (no num_threads / thread_name), "
+                          "or move the data through an SMEM ref of your own")
+    if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
+        raise _refuse(ctx, f"operands of dtype {dtype} are not supported",
+                      fix="move 8-, 16- or 32-bit values (x.astype(jnp.int32) for booleans)")
+    if x_aval.ndim not in (1, 2):
+        raise _refuse(ctx, f"a {x_aval.ndim}-D operand is not supported",
+                      fix="reshape it to 1-D or 2-D first")
+    if idx_aval.ndim == 0:
+        raise _refuse(ctx, "0-d indices are not supported",
+                      fix="take indices of shape (1,) and reshape the result")
+    n = int(x_aval.size)
+    element = mgpu_utils.dtype_to_ir_type(dtype)
+    i32 = ir.IntegerType.get_signless(32)
+    i1 = ir.IntegerType.get_signless(1)
+    x = pallas_lowering._ensure_ir_value(x, dtype)
+    indices = pallas_lowering._ensure_ir_value(indices, np.dtype(np.int32))
+    shape = tuple(x_aval.shape)
+
+    def vec(shape, ty):
+        return ir.VectorType.get(shape, ty)
+
+    def splat(shape, ty, value):
+        return arith.constant(vec(shape, ty), ir.DenseElementsAttr.get_splat(
+            vec(shape, ty), ir.IntegerAttr.get(ty, value) if isinstance(ty, ir.IntegerType)
+            else ir.FloatAttr.get(ty, value)))
+
+    # the row-major linear index of each element of x
+    linear = mgpu_dialect.broadcasted_iota(vec(shape, i32), len(shape) - 1)
+    if len(shape) == 2:
+        rows = mgpu_dialect.broadcasted_iota(vec(shape, i32), 0)
+        linear = arith.addi(arith.muli(rows, splat(shape, i32, shape[1])), linear)
+    out_shape = tuple(idx_aval.shape)
+    zero = arith.constant(ir.IndexType.get(), 0)
+    with ctx.module_ctx.scratch_view(jax.ShapeDtypeStruct((n,), dtype)) as ref:
+        vector.scatter(None, ref, [zero], linear, splat(shape, i1, 1), x)
+        pass_thru = splat(out_shape, element, 0)
+        return vector.gather(vec(out_shape, element), ref, [zero], indices,
+                             splat(out_shape, i1, 1), pass_thru)
+
+
+# --- decompositions on take ----------------------------------------------------------------
+#
+# Each output element's source is computed with iota arithmetic (int32) as a
+# linear index into the operand; elements with no source (padding) take the
+# pad value by a select. All exact: values are only moved.
+
+
+def _iotas(shape: tuple[int, ...]) -> list[jax.Array]:
+    return [jax.lax.broadcasted_iota(jnp.int32, shape, d) for d in range(len(shape))]
+
+
+def _linear(positions: list[jax.Array], shape: tuple[int, ...]) -> jax.Array:
+    """The row-major linear index of ``positions`` (one array per dim) in ``shape``."""
+    index = positions[-1]
+    stride = 1
+    for d in range(len(shape) - 2, -1, -1):
+        stride *= shape[d + 1]
+        index = index + positions[d] * stride
+    return index
+
+
+def _clamp(i: jax.Array, n: int) -> jax.Array:
+    """``i`` clamped into ``[0, n)``."""
+    return jax.lax.min(jax.lax.max(i, jnp.zeros_like(i)), jnp.full_like(i, n - 1))
+
+
+def transpose_f(x: jax.Array, permutation: tuple[int, ...]) -> jax.Array:
+    out_shape = tuple(x.shape[p] for p in permutation)
+    out = _iotas(out_shape)
+    source = [None] * x.ndim
+    for d, p in enumerate(permutation):
+        source[p] = out[d]
+    return take(x, _linear(source, x.shape))
+
+
+def rev_f(x: jax.Array, dimensions: tuple[int, ...]) -> jax.Array:
+    source = [(n - 1) - i if d in dimensions else i
+              for d, (i, n) in enumerate(zip(_iotas(x.shape), x.shape))]
+    return take(x, _linear(source, x.shape))
+
+
+def pad_f(x: jax.Array, value: jax.Array, padding_config) -> jax.Array:
+    """Output position p of a dim padded (lo, hi, interior) holds x[q / (interior + 1)]
+    where q = p - lo is a non-negative multiple of interior + 1 below
+    n * (interior + 1); the pad value elsewhere."""
+    out_shape = tuple(int(lo) + n + max(n - 1, 0) * int(interior) + int(hi)
+                      for n, (lo, hi, interior) in zip(x.shape, padding_config))
+    source, valid = [], None
+    for i, n, (lo, _, interior) in zip(_iotas(out_shape), x.shape, padding_config):
+        step = int(interior) + 1
+        q = i - int(lo)
+        s = jax.lax.div(q, jnp.int32(step)) if step > 1 else q
+        ok = (q >= 0) & (s < n)
+        if step > 1:
+            ok = ok & (jax.lax.rem(q, jnp.int32(step)) == 0)
+        source.append(_clamp(s, n))
+        valid = ok if valid is None else valid & ok
+    taken = take(x, _linear(source, x.shape))
+    fill = jax.lax.broadcast_in_dim(value.astype(x.dtype), out_shape, ())
+    return jax.lax.select(valid, taken, fill)
+
+
+def concatenate_f(*xs: jax.Array, dimension: int, views=None) -> jax.Array:
+    """One take per operand, of the positions it covers (clamped elsewhere),
+    chosen by the position along ``dimension``. ``views[k]``, if given, is
+    ``(start_indices, strides, shape)``: operand k is that strided slice of
+    ``xs[k]`` (a slice fused into the concatenation)."""
+    views = views or (None,) * len(xs)
+    shapes = [x.shape if v is None else v[2] for x, v in zip(xs, views)]
+    out_shape = list(shapes[0])
+    out_shape[dimension] = sum(shape[dimension] for shape in shapes)
+    out_shape = tuple(out_shape)
+    positions = _iotas(out_shape)
+    along = positions[dimension]
+    result, start = None, 0
+    for x, view, shape in zip(xs, views, shapes):
+        n = shape[dimension]
+        local = list(positions)
+        local[dimension] = _clamp(along - start, n)
+        if view is not None:
+            starts, strides, _ = view
+            local = [int(lo) + i * int(st) for i, lo, st in zip(local, starts, strides)]
+        piece = take(x, _linear(local, x.shape))
+        result = piece if result is None else jax.lax.select(along >= start, piece, result)
+        start += n
+    return result
+
+
+def slice_f(x: jax.Array, start_indices, limit_indices, strides) -> jax.Array:
+    strides = strides or (1,) * x.ndim
+    out_shape = tuple(max(0, -(-(hi - lo) // s))
+                      for lo, hi, s in zip(start_indices, limit_indices, strides))
+    source = [i * int(s) + int(lo) if s != 1 else i + int(lo)  # no multiply by 1
+              for i, lo, s in zip(_iotas(out_shape), start_indices, strides)]
+    return take(x, _linear(source, x.shape))
+
+
+def tile_f(x: jax.Array, reps: tuple[int, ...]) -> jax.Array:
+    out_shape = tuple(n * r for n, r in zip(x.shape, reps))
+    source = [jax.lax.rem(i, jnp.int32(n)) if r != 1 else i
+              for i, n, r in zip(_iotas(out_shape), x.shape, reps)]
+    return take(x, _linear(source, x.shape))
+
+
+def _start(start: jax.Array, n: int, size: int) -> jax.Array:
+    """A dynamic start index as jax clamps it: into ``[0, n - size]``; broadcast later."""
+    start = start.astype(jnp.int32)
+    return jax.lax.max(jax.lax.min(start, jnp.int32(n - size)), jnp.int32(0))
+
+
+def _spread(scalar: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    return jax.lax.broadcast_in_dim(scalar, shape, ())
+
+
+def dynamic_slice_f(x: jax.Array, *starts: jax.Array, slice_sizes) -> jax.Array:
+    out_shape = tuple(slice_sizes)
+    source = [i + _spread(_start(s, n, size), out_shape)
+              for i, s, n, size in zip(_iotas(out_shape), starts, x.shape, slice_sizes)]
+    return take(x, _linear(source, x.shape))
+
+
+def dynamic_update_slice_f(x: jax.Array, update: jax.Array, *starts: jax.Array) -> jax.Array:
+    """x, with ``update`` over the window at the (clamped) starts: a take of
+    update's elements, selected inside the window."""
+    local, inside = [], None
+    for i, s, n, size in zip(_iotas(x.shape), starts, x.shape, update.shape):
+        q = i - _spread(_start(s, n, size), x.shape)
+        ok = (q >= 0) & (q < size)
+        local.append(_clamp(q, size))
+        inside = ok if inside is None else inside & ok
+    return jax.lax.select(inside, take(update, _linear(local, update.shape)), x)
+
+
+# --- Pallas rules: jax's own where it has one -----------------------------------------------
+
+
+def _rank_ok(ctx, *, what: str) -> None:
+    for aval in (*ctx.avals_in[:1], *ctx.avals_out):
+        if aval.ndim not in (1, 2):
+            raise _refuse(ctx, f"{what} of {aval.ndim}-D arrays is not supported",
+                          fix="reshape to 1-D or 2-D blocks first")
+        if aval.size == 0:
+            raise _refuse(ctx, f"{what} to or from an empty array is not supported",
+                          fix="drop the empty operand")
+
+
+def _lowered(fn):
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    return pallas_lowering._lower_fun(fn)
+
+
+def lower_transpose(ctx, x, *, permutation):
+    _rank_ok(ctx, what="transpose")
+    if tuple(permutation) == tuple(range(len(permutation))):
+        return x
+    return _lowered(transpose_f)(ctx, x, permutation=tuple(permutation))
+
+
+def lower_rev(ctx, x, *, dimensions):
+    _rank_ok(ctx, what="rev")
+    if not dimensions:
+        return x
+    return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
+
+
+def lower_pad(ctx, x, value, *, padding_config):
+    _rank_ok(ctx, what="pad")
+    config = tuple((int(lo), int(hi), int(interior)) for lo, hi, interior in padding_config)
+    return _lowered(pad_f)(ctx, x, value, padding_config=config)
+
+
+def lower_tile(ctx, x, *, reps):
+    _rank_ok(ctx, what="tile")
+    if all(r == 1 for r in reps):
+        return x
+    return _lowered(tile_f)(ctx, x, reps=tuple(reps))
+
+
+def lower_dynamic_slice(ctx, x, *starts, slice_sizes):
+    _rank_ok(ctx, what="dynamic_slice")
+    return _lowered(dynamic_slice_f)(ctx, x, *starts, slice_sizes=tuple(slice_sizes))
+
+
+def lower_dynamic_update_slice(ctx, x, update, *starts):
+    _rank_ok(ctx, what="dynamic_update_slice")
+    if ctx.avals_in[1].size == 0:
+        return x
+    return _lowered(dynamic_update_slice_f)(ctx, x, update, *starts)
+
+
+# The smallest first-level tiles of jax's 2-D register layouts (WGMMA_LAYOUT;
+# TMEM_NATIVE_LAYOUT) and 1-D ones (TMA_INDICES_4_LAYOUT): a piece whose
+# offsets and sizes are multiples of one of them may be sliced or
+# concatenated by jax's own rule, so it is left to that rule (kernels jax
+# lowers keep their IR); any other piece jax cannot lower, and a take moves it.
+_TILES_2D = ((64, 8), (128, 2))
+_TILE_1D = 4
+
+
+def _jax_may_tile(shape: tuple[int, ...], offsets: tuple[int, ...],
+                  sizes: tuple[int, ...]) -> bool:
+    values = list(zip(offsets, sizes))
+    if len(shape) == 1:
+        return all(o % _TILE_1D == 0 and s % _TILE_1D == 0 for o, s in values)
+    lead, (rows, cols) = values[:-2], values[-2:]
+    if any(s != n or o for (o, s), n in zip(lead, shape)):
+        return False
+    return any(all(v % t == 0 for v in rows) and all(v % u == 0 for v in cols)
+               for t, u in _TILES_2D)
+
+
+def _holdable(shape: tuple[int, ...]) -> bool:
+    """Whether some register layout may hold a vector of ``shape``: a
+    strided one (a multiple of 128 elements), a tiled one (see the tiles
+    above) or, for a 2-D shape with a unit dim, a reduced one (which a
+    broadcast asks for). Conservative: false only where none can."""
+    if math.prod(shape) % 128 == 0:
+        return True
+    if len(shape) == 1:
+        return shape[0] % _TILE_1D == 0
+    if len(shape) != 2 or 1 in shape:
+        return True
+    rows, cols = shape
+    return any(rows % t == 0 and cols % u == 0 for t, u in _TILES_2D)
+
+
+def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
+    """jax's rule for unit strides where a tiled layout may hold the slice;
+    a take otherwise (strided or unaligned slices, which jax refuses)."""
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    [aval] = ctx.avals_in
+    unit = strides is None or all(s == 1 for s in strides)
+    sizes = tuple(hi - lo for lo, hi in zip(start_indices, limit_indices))
+    if unit and _jax_may_tile(tuple(aval.shape), tuple(start_indices), sizes):
+        return pallas_lowering._slice_lowering_rule_wg(
+            ctx, x, limit_indices=limit_indices, start_indices=start_indices, strides=None)
+    _rank_ok(ctx, what="slice")
+    shape = tuple(ctx.avals_out[0].shape)
+    if not _holdable(shape):
+        raise _refuse(
+            ctx, f"a slice of shape {shape}: no register layout holds an array of that shape",
+            fix=["concatenate the slices inside a jax.jit function (as jnp.roll does): "
+                 "slices feeding a concatenation there are fused into it",
+                 "or slice whole multiples of 8 columns (64 rows), or take() the elements "
+                 "you need from the whole block"])
+    return _lowered(slice_f)(ctx, x, start_indices=tuple(start_indices),
+                             limit_indices=tuple(limit_indices),
+                             strides=None if strides is None else tuple(strides))
+
+
+def _concatenate_aligned(avals, dimension: int) -> bool:
+    """Whether every operand may fall on tiles of the result."""
+    shape = list(avals[0].shape)
+    shape[dimension] = sum(a.shape[dimension] for a in avals)
+    start = 0
+    for aval in avals:
+        offsets = [0] * aval.ndim
+        offsets[dimension] = start
+        if not _jax_may_tile(tuple(shape), tuple(offsets), tuple(aval.shape)):
+            return False
+        start += aval.shape[dimension]
+    return True
+
+
+def lower_concatenate(ctx, *xs, dimension):
+    """jax's rule where every piece may fall on tiles; takes otherwise."""
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    avals = ctx.avals_in
+    aligned = _concatenate_aligned(avals, dimension)
+    if aligned:
+        return pallas_lowering._concatenate_lowering_rule_wg(ctx, *xs, dimension=dimension)
+    for aval in avals:
+        if aval.ndim not in (1, 2) or aval.size == 0:
+            raise _refuse(ctx, "concatenate of empty or more than 2-D operands is not "
+                          "supported", fix="reshape to 1-D or 2-D blocks and drop empty ones")
+    return _lowered(concatenate_f)(ctx, *xs, dimension=dimension)
+
+
+# --- resource estimators: the scratch the takes above need ----------------------------------
+
+
+def _scratch(*avals) -> object:
+    """The largest operand's bytes: the takes run one after another, each
+    releasing its scratch."""
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    size = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
+    return pallas_lowering.Resources(smem_scratch_bytes=size)
+
+
+def estimate_one(ctx, x_aval, *avals, **params):
+    """transpose, rev, pad: one take of the first operand."""
+    del ctx, avals, params
+    return _scratch(x_aval)
+
+
+def estimate_update(ctx, x_aval, update_aval, *avals, **params):
+    """dynamic_update_slice: one take of the update."""
+    del ctx, x_aval, avals, params
+    return _scratch(update_aval)
+
+
+def estimate_slice(ctx, x_aval, *, start_indices, limit_indices, strides):
+    """Nothing where jax's rule slices (see :func:`lower_slice`)."""
+    del ctx
+    unit = strides is None or all(s == 1 for s in strides)
+    sizes = tuple(hi - lo for lo, hi in zip(start_indices, limit_indices))
+    if unit and _jax_may_tile(tuple(x_aval.shape), tuple(start_indices), sizes):
+        return _scratch()
+    return _scratch(x_aval)
+
+
+def estimate_concatenate(ctx, *avals, dimension):
+    """Nothing where jax's rule concatenates (see :func:`lower_concatenate`)."""
+    del ctx
+    if _concatenate_aligned(avals, dimension):
+        return _scratch()
+    return _scratch(*avals)
+
+
+# --- slices fused into a concatenation (jnp.roll) --------------------------------------------
+
+
+def _fusable(jaxpr) -> dict:
+    """The unaligned concatenations of ``jaxpr`` (jax's rule cannot lower
+    them) and, for each, the slices among its operands that only it uses:
+    ``{concatenate eqn index: {operand position: slice eqn}}``. A slice of an
+    odd width (``jnp.roll``'s pieces) has no register layout, so it can only
+    be lowered fused with its consumer."""
+    from jax._src.lax import lax as lax_internal
+    from jax._src.lax import slicing
+
+    uses: dict = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if isinstance(v, jax_core.Var):
+                uses[v] = uses.get(v, 0) + 1
+    for v in jaxpr.outvars:
+        if isinstance(v, jax_core.Var):
+            uses[v] = uses.get(v, 0) + 1
+    producers = {eqn.outvars[0]: eqn for eqn in jaxpr.eqns if eqn.primitive is slicing.slice_p}
+    found = {}
+    for k, eqn in enumerate(jaxpr.eqns):
+        if eqn.primitive is not lax_internal.concatenate_p:
+            continue
+        avals = [v.aval for v in eqn.invars]
+        if _concatenate_aligned(avals, eqn.params["dimension"]) or \
+                any(a.ndim not in (1, 2) for a in avals):
+            continue
+        sliced = {i: producers[v] for i, v in enumerate(eqn.invars)
+                  if isinstance(v, jax_core.Var) and v in producers and uses[v] == 1
+                  and producers[v].invars[0].aval.ndim in (1, 2)}
+        if sliced:
+            found[k] = sliced
+    return found
+
+
+def _fused_body(jaxpr, found: dict):
+    """``jaxpr`` evaluated with each found concatenation taking from the
+    slices' sources directly (the slices themselves skipped)."""
+    skipped = {id(e) for sliced in found.values() for e in sliced.values()}
+
+    def body(*args):
+        env = dict(zip(jaxpr.invars, args))
+
+        def read(v):
+            return v.val if isinstance(v, jax_core.Literal) else env[v]
+
+        for k, eqn in enumerate(jaxpr.eqns):
+            if id(eqn) in skipped:
+                continue
+            if k in found:
+                xs, views = [], []
+                for i, v in enumerate(eqn.invars):
+                    producer = found[k].get(i)
+                    if producer is None:
+                        xs.append(read(v))
+                        views.append(None)
+                        continue
+                    params = producer.params
+                    xs.append(read(producer.invars[0]))
+                    views.append((tuple(params["start_indices"]),
+                                  tuple(params["strides"] or (1,) * v.aval.ndim),
+                                  tuple(v.aval.shape)))
+                outs = [concatenate_f(*xs, dimension=eqn.params["dimension"],
+                                      views=tuple(views))]
+            else:
+                subfuns, params = eqn.primitive.get_bind_params(eqn.params)
+                outs = eqn.primitive.bind(*subfuns, *map(read, eqn.invars), **params)
+                if not eqn.primitive.multiple_results:
+                    outs = [outs]
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    return body
+
+
+def lower_jit(ctx, *args, jaxpr, **params):
+    """jax's rule, except that slices feeding an unaligned concatenation
+    (which jax cannot lower: ``jnp.roll`` by an unaligned shift) are fused
+    into it."""
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    inner = jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr
+    found = _fusable(inner) if not getattr(jaxpr, "consts", ()) else {}
+    if not found:
+        return pallas_lowering._pjit_lowering_rule(ctx, *args, jaxpr=jaxpr, **params)
+    return pallas_lowering._lower_fun(_fused_body(inner, found))(ctx, *args)
