@@ -101,6 +101,13 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.slicing:dynamic_slice_p": "movement:lower_dynamic_slice",
     "jax._src.lax.slicing:dynamic_update_slice_p": "movement:lower_dynamic_update_slice",
     # scans and sorting (scans.py, sorting.py)
+    "jax._src.lax.control_flow.loops:cumsum_p": "scans:lower_cumsum",
+    "jax._src.lax.control_flow.loops:cumprod_p": "scans:lower_cumprod",
+    "jax._src.lax.control_flow.loops:cummax_p": "scans:lower_cummax",
+    "jax._src.lax.control_flow.loops:cummin_p": "scans:lower_cummin",
+    "jax._src.lax.control_flow.loops:cumlogsumexp_p": "scans:lower_cumlogsumexp",
+    "jax._src.lax.lax:sort_p": "sorting:lower_sort",
+    "jax._src.lax.lax:top_k_p": "sorting:lower_top_k",
     # dot_general of register values (dot.py)
     "jax._src.lax.lax:dot_general_p": "dot:lower_dot_general",
 }
@@ -128,6 +135,13 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.lax.slicing:dynamic_update_slice_p": "movement:estimate_update",
     "jax._src.lax.lax:concatenate_p": "movement:estimate_concatenate",
     # scans and sorting (scans.py, sorting.py)
+    "jax._src.lax.control_flow.loops:cumsum_p": "scans:estimate_scan",
+    "jax._src.lax.control_flow.loops:cumprod_p": "scans:estimate_scan",
+    "jax._src.lax.control_flow.loops:cummax_p": "scans:estimate_scan",
+    "jax._src.lax.control_flow.loops:cummin_p": "scans:estimate_scan",
+    "jax._src.lax.control_flow.loops:cumlogsumexp_p": "scans:estimate_scan",
+    "jax._src.lax.lax:sort_p": "sorting:estimate_sort",
+    "jax._src.lax.lax:top_k_p": "sorting:estimate_top_k",
     # dot_general of register values (dot.py)
     "jax._src.lax.lax:dot_general_p": "dot:estimate_dot_general",
 }

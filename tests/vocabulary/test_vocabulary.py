@@ -287,3 +287,17 @@ def test_custom_jvp_estimate_is_the_body_s(pipeline):
             avals, params = call_of(fn)
             assert estimate(ctx, *avals, **params).smem_scratch_bytes == scratch
     assert custom.custom_jvp_call_p not in pallas_lowering._resource_estimators
+
+
+# --- the documentation ------------------------------------------------------------------------
+
+
+def test_every_primitive_the_plugin_lowers_is_documented():
+    """docs/vocabulary.md names (as `primitive`) every Pallas primitive the
+    plugin registers a lowering or an estimator for."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "vocabulary.md").read_text()
+    registered = {ref.split(":")[1].removesuffix("_p")
+                  for ref in [*smalti.vocabulary.PRIMITIVES, *smalti.vocabulary.RESOURCE_ESTIMATORS]}
+    assert registered and not {name for name in registered if f"`{name}`" not in doc}

@@ -1,0 +1,229 @@
+"""Cumulative reductions inside Pallas Mosaic GPU kernels: ``cumsum``,
+``cumprod``, ``cummax``, ``cummin``, ``cumlogsumexp`` (``jnp.cumsum``,
+``jnp.cumprod``, ``lax.cummax``, ``lax.cummin``, ``lax.cumlogsumexp``),
+along either axis of a 1-D or 2-D block, ``reverse=`` included.
+
+How: a Hillis--Steele scan written as a jax function over
+:func:`smalti.vocabulary.movement.take` and lowered by Pallas' ``_lower_fun``.
+Step ``s = 1, 2, 4, ...`` (``ceil(log2 n)`` steps for ``n`` elements along
+the axis) combines every element with the one ``s`` places before it (after
+it, for ``reverse=True``), fetched with one ``take``:
+``x = where(pos >= s, x (+) take(x, idx - s), x)``. Hillis--Steele needs
+half the ``take`` steps of a work-efficient (Blelloch) scan, and a ``take``
+(an SMEM round trip) is what costs.
+
+Accuracy. Each partial result after step ``t`` is a sum (product, ...) of a
+contiguous run of up to ``2**t`` elements, combined as a balanced tree of
+depth ``t``, so, with ``u = eps / 2`` the unit roundoff of the compute type:
+
+- integer ``cumsum``/``cumprod`` (wrapping), ``cummax``, ``cummin``: exact
+  (bit for bit equal to jnp); float ``cummax``/``cummin`` too: IEEE
+  754-2019 maximum/minimum written out with compares and selects (NaN
+  propagates, ``-0.0 < +0.0``, as in XLA), not ``lax.max`` (PTX
+  ``max.NaN.f32``, whose choice between ``-0.0`` and ``+0.0`` is not relied on);
+- float ``cumsum``: ``|err_i| <= ceil(log2 n) * u * sum_{j<=i} |x_j|``
+  (a sequential sum's bound has ``i`` in place of ``ceil(log2 n)``);
+- float ``cumprod``: ``|err_i| <= i * u * |prod_{j<=i} x_j|`` to first
+  order (``i`` multiplications, as sequentially; no overflow/underflow);
+- ``cumlogsumexp``: each combine is ``m + log1p(exp(-|a - b|))``,
+  ``m = max(a, b)`` (a few ulp; its sensitivity to its inputs is at most 1),
+  so ``|err_i| <= ceil(log2 n) * 4 * eps * (|r_i| + 1)``.
+
+f16 and bf16 sums, products and log-sum-exps are computed in f32 and
+rounded once (the bounds above with f32's ``u``, plus half an ulp of the
+result type); their ``cummax``/``cummin`` are computed in f32 too (exact).
+Integers narrower than 32 bits are computed in int32 (exact: sums and
+products wrap modulo ``2**bits`` when truncated back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from smalti.vocabulary.movement import take
+
+#: The longest axis a scan or sort handles (each ``take`` is an SMEM round
+#: trip of the whole block; longer axes want a multi-block algorithm).
+MAX_AXIS = 256
+#: The largest block (elements) handled: (128, 256).
+MAX_ELEMENTS = 128 * 256
+SIXTEEN_BIT_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+# --- geometry of a block along one axis --------------------------------------------------
+
+
+def positions(shape: tuple[int, ...], axis: int) -> jnp.ndarray:
+    """Each element's index along ``axis`` (int32)."""
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def linear(shape: tuple[int, ...]) -> jnp.ndarray:
+    """Each element's row-major linear index (what ``take`` indexes)."""
+    if len(shape) == 1:
+        return lax.broadcasted_iota(jnp.int32, shape, 0)
+    return lax.broadcasted_iota(jnp.int32, shape, 0) * shape[1] \
+        + lax.broadcasted_iota(jnp.int32, shape, 1)
+
+
+def stride(shape: tuple[int, ...], axis: int) -> int:
+    """The linear distance between neighbours along ``axis``."""
+    return shape[1] if (len(shape) == 2 and axis == 0) else 1
+
+
+# --- the scan -----------------------------------------------------------------------------
+
+
+def scan(x: jnp.ndarray, combine: Callable, *, axis: int, reverse: bool) -> jnp.ndarray:
+    """Inclusive scan of ``x`` along ``axis`` with the associative ``combine``
+    (Hillis--Steele: ``ceil(log2 n)`` takes)."""
+    shape = x.shape
+    n = shape[axis]
+    pos = positions(shape, axis)
+    lin = linear(shape)
+    if reverse:  # distance to the end, neighbours after
+        dist, step = (n - 1) - pos, stride(shape, axis)
+    else:
+        dist, step = pos, -stride(shape, axis)
+    s = 1
+    while s < n:
+        has = dist >= s
+        source = jnp.where(has, lin + step * s, lin)
+        x = jnp.where(has, combine(take(x, source), x), x)
+        s *= 2
+    return x
+
+
+def logaddexp_f32(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+    """log(exp a + exp b) = m + log1p(exp(-|a - b|)), m = max(a, b); both
+    -inf (or m = +inf) gives m; NaN propagates."""
+    from smalti.vocabulary.primitives import log1p_f32
+
+    m = lax.max(a, b)
+    r = m + log1p_f32(lax.exp(-lax.abs(a - b)))
+    return lax.select(lax.abs(m) == jnp.inf, m, r)
+
+
+def max_f(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+    """IEEE 754-2019 maximum (XLA's): NaN if either is, -0.0 < +0.0. Written
+    out because ``lax.max`` lowers to PTX ``max.NaN.f32``, whose choice
+    between zeros of opposite signs this does not rely on."""
+    r = lax.select((a > b) | (a != a), a, b)
+    return lax.select((a == 0) & (b == 0), a + b, r)  # -0 + +0 = +0, -0 + -0 = -0
+
+
+def min_f(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+    """IEEE 754-2019 minimum: NaN if either is, -0.0 < +0.0."""
+    r = lax.select((a < b) | (a != a), a, b)
+    return lax.select((a == 0) & (b == 0), -(-a - b), r)  # -0 unless both are +0
+
+
+COMBINE: dict[str, Callable] = {
+    "cumsum": lax.add,
+    "cumprod": lax.mul,
+    "cummax": lax.max,
+    "cummin": lax.min,
+    "cumlogsumexp": logaddexp_f32,
+}
+FLOAT_COMBINE: dict[str, Callable] = {**COMBINE, "cummax": max_f, "cummin": min_f}
+
+
+def compute_dtype(name: str, dtype: np.dtype) -> np.dtype:
+    """The dtype a scan of ``dtype`` values is computed in."""
+    dtype = np.dtype(dtype)
+    if dtype in SIXTEEN_BIT_FLOATS:
+        return np.dtype(np.float32)
+    if dtype.kind in "iu" and dtype.itemsize < 4:
+        return np.dtype(np.int32)
+    return dtype
+
+
+def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.ndarray:
+    """``lax.<name>(x, axis, reverse)`` as a scan of ``take`` steps (computed
+    in :func:`compute_dtype`, converted back once)."""
+    wide = compute_dtype(name, x.dtype)
+    y = x.astype(wide) if wide != x.dtype else x
+    combine = (FLOAT_COMBINE if jnp.issubdtype(wide, jnp.floating) else COMBINE)[name]
+    y = scan(y, combine, axis=axis, reverse=reverse)
+    return y.astype(x.dtype) if wide != x.dtype else y
+
+
+# --- Pallas rules --------------------------------------------------------------------------
+
+
+def check_block(ctx, shape: tuple[int, ...], axis: int, what: str) -> None:
+    """The block and axis limits every scan and sort shares (SM206)."""
+    from smalti.vocabulary.primitives import refuse
+
+    if ctx.module_ctx.axis_names.wg is not None:
+        raise refuse(ctx, f"{what} in a kernel of several Pallas warpgroups",
+                     fix="compute it in a kernel of one warpgroup (no num_threads=), or "
+                         "under plgpu.kernel(..., num_threads=1)")
+    if len(shape) not in (1, 2):
+        raise refuse(ctx, f"{what} of a {len(shape)}-D value",
+                     fix="reshape the block to 1-D or 2-D first")
+    if shape[axis] > MAX_AXIS:
+        raise refuse(ctx, f"{what} along an axis of {shape[axis]} elements (at most {MAX_AXIS})",
+                     fix=[f"split the axis into pieces of at most {MAX_AXIS}",
+                          "or combine the per-piece results outside the kernel"])
+    if int(np.prod(shape)) > MAX_ELEMENTS:
+        raise refuse(ctx, f"{what} of a block of {int(np.prod(shape))} elements "
+                          f"(at most {MAX_ELEMENTS}, e.g. (128, 256))",
+                     fix="use a smaller block (BlockSpec / a loop over sub-blocks)")
+
+
+def _check_dtype(ctx, name: str, dtype: np.dtype) -> None:
+    from smalti.vocabulary.primitives import refuse
+
+    dtype = np.dtype(dtype)
+    floats = [np.dtype(np.float32), *SIXTEEN_BIT_FLOATS]
+    ok = dtype in floats if name == "cumlogsumexp" else \
+        (dtype in floats or (dtype.kind in "iu" and dtype.itemsize <= 4))
+    if not ok:
+        allowed = "float32, float16 or bfloat16" if name == "cumlogsumexp" \
+            else "float32, float16, bfloat16 or an integer of at most 32 bits"
+        raise refuse(ctx, f"operands of dtype {dtype} are not supported",
+                     fix=f"compute in {allowed} (x.astype(jnp.float32))")
+
+
+def _rule(name: str):
+    def rule(ctx, x, *, axis: int, reverse: bool):
+        from smalti.vocabulary.primitives import _lower_fun
+
+        [aval] = ctx.avals_in
+        _check_dtype(ctx, name, aval.dtype)
+        check_block(ctx, tuple(aval.shape), axis, name)
+        fn = partial(cumulative, name=name, axis=int(axis), reverse=bool(reverse))
+        return _lower_fun(fn)(ctx, x)
+
+    rule.__name__ = rule.__qualname__ = f"lower_{name}"
+    return rule
+
+
+lower_cumsum = _rule("cumsum")
+lower_cumprod = _rule("cumprod")
+lower_cummax = _rule("cummax")
+lower_cummin = _rule("cummin")
+lower_cumlogsumexp = _rule("cumlogsumexp")
+
+
+def take_scratch(ctx, source_shape: tuple[int, ...], dtype) -> object:
+    """The scratch of the largest ``take`` a decomposition makes: one of a
+    ``source_shape`` value of ``dtype`` (``take``'s own estimate)."""
+    from jax._src import core as jax_core
+
+    from smalti.vocabulary.movement import take_estimate
+
+    source = jax_core.ShapedArray(tuple(source_shape), np.dtype(dtype))
+    return take_estimate(ctx, source, jax_core.ShapedArray(tuple(source_shape), np.int32))
+
+
+def estimate_scan(ctx, x_aval, *, axis: int, reverse: bool):
+    """Every step takes from the whole block, in the compute dtype."""
+    del axis, reverse
+    return take_scratch(ctx, tuple(x_aval.shape), compute_dtype("cumsum", x_aval.dtype))

@@ -1,0 +1,379 @@
+"""Sorting inside Pallas Mosaic GPU kernels: ``sort`` (``jnp.sort``,
+``jnp.argsort``, ``lax.sort`` of several operands with ``num_keys``) and
+``top_k`` (``lax.top_k``), along either axis of a 1-D or 2-D block.
+
+How: a bitonic sorting network along the sorted axis, written as a jax
+function over :func:`smalti.vocabulary.movement.take` and lowered by Pallas'
+``_lower_fun``. Each element carries a list of int32 *words* compared
+lexicographically; a stage (``log2(P) (log2(P) + 1) / 2`` of them for a
+power-of-two length ``P``) fetches every word of the partner ``i ^ j`` with
+one ``take`` each and keeps the smaller or the larger pair of words. Other
+lengths are padded to the next power of two with words greater than any
+element's (and cut off again by the ``take`` that reads the result).
+
+Words (what makes the order exactly lax's):
+
+- a float's key is its bit pattern as an integer, the magnitude bits
+  flipped for negative values (``s ^ 0x7fffffff`` if ``s < 0``): integer
+  order is then IEEE total order. ``sort`` first makes every zero ``+0`` and
+  every NaN one NaN, as lax.sort does (so ``-0.0`` and ``0.0`` are equal
+  and keep their order, NaNs sort last in their order); ``top_k`` does not,
+  as lax.top_k does not (``+NaN > inf > ... > 0.0 > -0.0 > ... > -NaN``).
+  Integers are their own key (unsigned ones offset by ``2**31``);
+- stability (lax.sort's ``is_stable=True``, which jnp.sort and argsort use,
+  and top_k's lower index first among ties) comes from a last word, the
+  element's index along the axis: every pair of words then differs. A
+  16-bit key (f16, bf16, integers of at most 16 bits) and the index share
+  one word (``key * 65536 + index``), so a stage is one ``take``;
+- a single operand sorted on its own needs no index word where equal keys
+  are equal values (integers), and a float32 one folds its index into the
+  keys of zeros and NaNs only (the one place where equal keys may be
+  different values, ``-0.0``/``0.0`` and NaN payloads): again one ``take``
+  per stage, and one more for those elements' values.
+
+top_k needs only the ``k`` smallest (of the descending keys): it sorts runs
+of ``r`` (the power of two from ``k``), then halves the block each round,
+keeping of each pair of runs the ``r`` smallest (the elementwise minimum of
+one run and the other reversed is a bitonic sequence, which ``log2 r``
+half-cleaner stages sort), so later takes move ever less.
+
+Outputs: each operand is read once at the sorted indices with one ``take``;
+top_k's values are decoded from their (bijective) keys. Everything is exact:
+bit for bit lax.sort's and lax.top_k's answer.
+
+Cost, in ``take`` steps for ``P`` along the axis (``S = log2 P (log2 P + 1)
+/ 2``, 28 for ``P = 128``), times the words per element (1 or 2):
+``jnp.sort`` ``S + 1``; ``argsort`` and multi-operand sorts ``S`` plus one
+per operand; ``top_k(x, 8)`` of 128 ``6`` at full size, then ``5`` per
+halving round.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from smalti.vocabulary.movement import take
+from smalti.vocabulary.scans import check_block, linear, positions, stride, take_scratch
+
+INT32_MAX = 2 ** 31 - 1
+INT32_MIN = -(2 ** 31)
+#: f32 sort keys of NaNs (greater than +inf's, 0x7f800000, by more than
+#: the 256 indices folded into it).
+NAN_BASE = 0x7FC00000
+#: f32 sort keys of positive numbers are moved up by this, so that zeros can
+#: take the keys 0 .. 255 (their index).
+ZERO_ROOM = 255
+FLOATS = tuple(np.dtype(d) for d in (jnp.float32, jnp.float16, jnp.bfloat16))
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+def is_narrow(dtype) -> bool:
+    """Whether ``dtype``'s keys fit 16 bits (and so share a word with the index)."""
+    return np.dtype(dtype).itemsize <= 2
+
+
+def _magnitude(dtype) -> int:
+    return 0x7FFF if np.dtype(dtype).itemsize == 2 else 0x7FFFFFFF
+
+
+def total_order_key(x: jnp.ndarray) -> jnp.ndarray:
+    """An int32 key whose order is IEEE total order (floats) or the value
+    order (integers); one-to-one. 16-bit types give keys in [-2**15, 2**15)."""
+    dtype = np.dtype(x.dtype)
+    if dtype in FLOATS:
+        narrow = dtype.itemsize == 2
+        s = lax.bitcast_convert_type(x, jnp.int16 if narrow else jnp.int32)
+        s = s.astype(jnp.int32) if narrow else s
+        return jnp.where(s < 0, s ^ _magnitude(dtype), s)
+    if dtype == np.dtype(np.uint32):
+        return lax.bitcast_convert_type(x, jnp.int32) ^ INT32_MIN
+    if dtype.kind == "u" and dtype.itemsize == 2:
+        return x.astype(jnp.int32) - 2 ** 15
+    return x.astype(jnp.int32)
+
+
+def from_total_order_key(key: jnp.ndarray, dtype) -> jnp.ndarray:
+    """The value of :func:`total_order_key` ``key`` (its inverse)."""
+    dtype = np.dtype(dtype)
+    if dtype in FLOATS:
+        narrow = dtype.itemsize == 2
+        s = jnp.where(key < 0, key ^ _magnitude(dtype), key)
+        return lax.bitcast_convert_type(s.astype(jnp.int16) if narrow else s, dtype)
+    if dtype == np.dtype(np.uint32):
+        return lax.bitcast_convert_type(key ^ INT32_MIN, jnp.uint32)
+    if dtype.kind == "u" and dtype.itemsize == 2:
+        return (key + 2 ** 15).astype(dtype)
+    return key.astype(dtype)
+
+
+def sort_key(x: jnp.ndarray) -> jnp.ndarray:
+    """lax.sort's key: total order after making zeros +0 and NaNs one NaN."""
+    key = total_order_key(x)
+    if np.dtype(x.dtype) in FLOATS:
+        key = jnp.where(x == 0, 0, key)
+        key = jnp.where(x != x, _magnitude(x.dtype), key)
+    return key
+
+
+# --- the network ------------------------------------------------------------------------------
+
+
+def _less(a: list[jnp.ndarray], b: list[jnp.ndarray]) -> jnp.ndarray:
+    """Lexicographic a < b of lists of int32 words."""
+    lt = a[-1] < b[-1]
+    for x, y in zip(a[-2::-1], b[-2::-1]):
+        lt = jnp.where(x == y, lt, x < y)
+    return lt
+
+
+def _stages(p: int, runs: int | None = None):
+    """The bitonic network sorting runs of ``runs`` (default ``p``; powers
+    of two) elements, all ascending: for each merge of runs of ``k``, first
+    each element against its mirror in the run (``i ^ (k - 1)``), then
+    against ``i ^ j`` for ``j = k/4, ..., 1``; the element whose bit ``k/2``
+    (``j``) is clear keeps the smaller. Yields (partner mask, half bit)."""
+    k = 2
+    while k <= (runs or p):
+        yield k - 1, k // 2
+        yield from _half_cleaners(k // 2)
+        k *= 2
+
+
+def _half_cleaners(k: int):
+    """The stages sorting bitonic runs of ``k``: ``i ^ j``, ``j = k/2, ..., 1``."""
+    j = k // 2
+    while j >= 1:
+        yield j, j
+        j //= 2
+
+
+def bitonic_sort(words: list[jnp.ndarray], axis: int, stages=None) -> list[jnp.ndarray]:
+    """Sort the elements (lists of int32 words, compared lexicographically)
+    along ``axis``, whose length must be a power of two: a bitonic network
+    (``stages``, default :func:`_stages` of the whole axis), one ``take``
+    per word and stage. Elements must differ in some word, or be equal
+    values (then which one lands where does not matter)."""
+    shape = words[0].shape
+    pos = positions(shape, axis)
+    lin = linear(shape)
+    st = stride(shape, axis)
+    power_of_two = st & (st - 1) == 0
+    for mask, half in (_stages(shape[axis]) if stages is None else stages):
+        # the partner's linear index: only the bits of pos * st change
+        partner = lin ^ (mask * st) if power_of_two else lin + ((pos ^ mask) - pos) * st
+        theirs = [take(w, partner) for w in words]
+        keep_min = (pos & half) == 0
+        # distinct elements: theirs > mine is not(theirs < mine)
+        swap = _less(theirs, words) == keep_min
+        words = [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
+    return words
+
+
+def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
+    """The ``k`` smallest elements along ``axis`` (a power of two long),
+    ascending, first along the axis of a shorter result: runs of ``r`` (the
+    power of two from ``k``) are sorted, then each pair of runs is replaced
+    by the ``r`` smallest of the two (the elementwise minimum of one run and
+    the other reversed, a bitonic sequence, sorted by half-cleaners) until
+    one run is left: each round halves what the takes move."""
+    r = _padded_length(k)
+    length = words[0].shape[axis]
+    if 2 * r > length:
+        return bitonic_sort(words, axis)
+    words = bitonic_sort(words, axis, _stages(length, r))
+    while length > r:
+        length //= 2
+        shape = tuple(length if d == axis else s for d, s in enumerate(words[0].shape))
+        pos = positions(shape, axis)
+        offset = pos & (r - 1)
+        start = (pos - offset) * 2  # of the pair of runs
+        first = [_gather_along(w, start + offset, axis) for w in words]
+        second = [_gather_along(w, start + (2 * r - 1) - offset, axis) for w in words]
+        less = _less(first, second)
+        words = [jnp.where(less, a, b) for a, b in zip(first, second)]
+        words = bitonic_sort(words, axis, _half_cleaners(r))
+    return words
+
+
+def _padded_length(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _pad(words: list[jnp.ndarray], axis: int, p: int) -> list[jnp.ndarray]:
+    """The words on a length-``p`` axis, past the end INT32_MAX (greater
+    than any element's words but an index)."""
+    shape = words[0].shape
+    n = shape[axis]
+    if p == n:
+        return words
+    padded = tuple(p if d == axis else s for d, s in enumerate(shape))
+    pos = positions(padded, axis)
+    other = positions(padded, 1 - axis) if len(shape) == 2 else None
+    source = jnp.minimum(pos, n - 1)
+    if other is not None:
+        source = source * shape[1] + other if axis == 0 else other * shape[1] + source
+    return [jnp.where(pos < n, take(w, source), INT32_MAX) for w in words]
+
+
+def _read(word: jnp.ndarray, axis: int, out_shape: tuple[int, ...]) -> jnp.ndarray:
+    """``word``'s first ``out_shape[axis]`` elements along ``axis`` (a no-op
+    where that is all of it)."""
+    if tuple(word.shape) == tuple(out_shape):
+        return word
+    pos = positions(out_shape, axis)
+    if len(out_shape) == 1:
+        return take(word, pos)
+    other = positions(out_shape, 1 - axis)
+    cols = word.shape[1]
+    return take(word, pos * cols + other if axis == 0 else other * cols + pos)
+
+
+def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
+    """``x`` read at ``index`` along ``axis`` (``index``'s shape; the other
+    coordinate its own)."""
+    if x.ndim == 1:
+        return take(x, index)
+    other = positions(index.shape, 1 - axis)
+    cols = x.shape[1]
+    return take(x, index * cols + other if axis == 0 else other * cols + index)
+
+
+def _with_index(keys: list[jnp.ndarray], narrow_last: bool, shape, axis: int):
+    """The key words with the index added: packed into the last key word
+    when that is a 16-bit key, else as a word of its own."""
+    pos = positions(shape, axis)
+    if narrow_last:
+        return [*keys[:-1], jnp.where(keys[-1] == INT32_MAX, INT32_MAX,
+                                       keys[-1] * 65536 + pos)], True
+    return [*keys, pos], False
+
+
+def _index_of(words: list[jnp.ndarray], packed: bool) -> jnp.ndarray:
+    return words[-1] & 0xFFFF if packed else words[-1]
+
+
+# --- sort -------------------------------------------------------------------------------------
+
+
+def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int) -> list[jnp.ndarray]:
+    """lax.sort(operands, dimension, is_stable=True, num_keys): stable,
+    lexicographic on the first ``num_keys`` operands."""
+    shape = tuple(operands[0].shape)
+    n = shape[dimension]
+    if n == 1:
+        return list(operands)
+    p = _padded_length(n)
+    x = operands[0]
+    dtype = np.dtype(x.dtype)
+    if len(operands) == 1 and dtype.kind in "iu":
+        # equal keys are equal values: no index needed
+        [word] = bitonic_sort(_pad([total_order_key(x)], dimension, p), dimension)
+        return [from_total_order_key(_read(word, dimension, shape), dtype)]
+    if len(operands) == 1 and dtype == np.dtype(np.float32):
+        return [_sort_f32(x, dimension, p)]
+    keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
+    padded = keys[0].shape
+    words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension)
+    words = bitonic_sort(words, dimension)
+    index = _index_of([_read(words[-1], dimension, shape)], packed)
+    return [_gather_along(o, index, dimension) for o in operands]
+
+
+def _sort_f32(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
+    """One float32 operand: its index folded into the keys of zeros
+    (0 .. 255) and NaNs (NAN_BASE + index), the only elements whose equal
+    keys may be different values; positive keys moved up to make room."""
+    pos = positions(x.shape, axis)
+    key = total_order_key(x)
+    key = jnp.where(key > 0, key + ZERO_ROOM, key)
+    key = jnp.where(x == 0, pos, key)
+    key = jnp.where(x != x, NAN_BASE + pos, key)
+    [word] = bitonic_sort(_pad([key], axis, p), axis)
+    word = _read(word, axis, x.shape)
+    zero = (word >= 0) & (word <= ZERO_ROOM)
+    nan = word >= NAN_BASE
+    index = jnp.where(zero, word, jnp.where(nan, word - NAN_BASE, 0))
+    special = _gather_along(x, index, axis)
+    value = from_total_order_key(jnp.where(word > ZERO_ROOM, word - ZERO_ROOM, word), x.dtype)
+    return jnp.where(zero | nan, special, value)
+
+
+# --- top_k ------------------------------------------------------------------------------------
+
+
+def top_k_f(x: jnp.ndarray, *, k: int, axis: int) -> list[jnp.ndarray]:
+    """lax.top_k: the ``k`` largest along ``axis`` in IEEE total order,
+    descending, the lower index first among equal values; and their indices."""
+    shape = tuple(x.shape)
+    n = shape[axis]
+    out_shape = tuple(k if d == axis else s for d, s in enumerate(shape))
+    p = _padded_length(n)
+    descending = ~total_order_key(x)  # one-to-one, order reversed
+    [key] = _pad([descending], axis, p)
+    words, packed = _with_index([key], is_narrow(x.dtype), key.shape, axis)
+    words = [_read(w, axis, out_shape) for w in smallest(words, axis, k)]
+    index = _index_of(words, packed)
+    key = (words[0] >> 16) if packed else words[0]  # arithmetic shift: the signed key
+    return [from_total_order_key(~key, x.dtype), index]
+
+
+# --- Pallas rules -----------------------------------------------------------------------------
+
+
+def _check_dtypes(ctx, what: str) -> None:
+    from smalti.vocabulary.primitives import refuse
+
+    for aval in ctx.avals_in:
+        dtype = np.dtype(aval.dtype)
+        if not (dtype in FLOATS or (dtype.kind in "iu" and dtype.itemsize <= 4)):
+            raise refuse(ctx, f"{what} of operands of dtype {dtype} is not supported",
+                         fix="sort float32, float16, bfloat16 or integers of at most 32 bits "
+                             "(x.astype(jnp.int32) for booleans, float64 as float32)")
+
+
+def lower_sort(ctx, *operands, dimension: int, is_stable: bool, num_keys: int):
+    """lax.sort; ``is_stable=False`` is sorted stably too (a valid order)."""
+    from smalti.vocabulary.primitives import _lower_fun
+
+    del is_stable
+    _check_dtypes(ctx, "sort")
+    check_block(ctx, tuple(ctx.avals_in[0].shape), dimension, "sort")
+    fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys))
+    return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
+
+
+def lower_top_k(ctx, x, *, k: int, axis: int = -1, is_stable: bool = True):
+    from smalti.vocabulary.primitives import _lower_fun
+
+    del is_stable
+    [aval] = ctx.avals_in
+    axis = int(axis) % len(aval.shape)
+    _check_dtypes(ctx, "top_k")
+    check_block(ctx, tuple(aval.shape), axis, "top_k")
+    return _lower_fun(partial(top_k_f, k=int(k), axis=axis))(ctx, x)
+
+
+def _padded_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return tuple(_padded_length(s) if d == axis else s for d, s in enumerate(shape))
+
+
+def estimate_sort(ctx, *avals, dimension: int, is_stable: bool, num_keys: int):
+    """The largest take: an int32 word of the padded block, or an operand."""
+    del is_stable, num_keys
+    padded = _padded_shape(tuple(avals[0].shape), dimension)
+    biggest = max([(int(np.prod(padded)) * 4, padded, np.int32)]
+                  + [(int(a.size) * np.dtype(a.dtype).itemsize, tuple(a.shape), a.dtype)
+                     for a in avals], key=lambda t: t[0])
+    return take_scratch(ctx, biggest[1], biggest[2])
+
+
+def estimate_top_k(ctx, aval, *, k: int, axis: int = -1, is_stable: bool = True):
+    del k, is_stable
+    axis = int(axis) % len(aval.shape)
+    return take_scratch(ctx, _padded_shape(tuple(aval.shape), axis), np.int32)
