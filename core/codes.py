@@ -701,7 +701,9 @@ broadcast the condition to a vector with `vector.broadcast`).
 A plugin lowers this Pallas primitive for Warpgroup semantics (jax has no
 such lowering), but not in the form the kernel uses: an operand dtype it
 does not cover, a parameter it does not support (for example `accuracy=` on
-a transcendental function), or a function body it cannot trace. The message
+a transcendental function), or a function body it cannot trace. Or neither
+jax nor any installed plugin lowers the primitive at all (jax's phrase
+"Unimplemented primitive in Pallas Mosaic GPU lowering"). The message
 names the primitive, its operand types, the kernel's source line and what to
 write instead.
 """,

@@ -103,6 +103,58 @@ def _resolve(primitive: Any) -> Any:
     return primitive
 
 
+class _RulesWithRefusal(dict):
+    """Pallas' Warpgroup rule table while smalti is installed: the same
+    rules, and for a primitive that neither jax nor a plugin lowers, a rule
+    that raises smalti's SM206 (a ``NotImplementedError`` with jax's phrase,
+    the kernel's line and what to do) instead of Pallas' bare error. Pallas
+    asks ``primitive in table`` and then ``table[primitive]``."""
+
+    def __contains__(self, primitive: object) -> bool:
+        return True
+
+    def __missing__(self, primitive: Any) -> Any:
+        return functools.partial(_refuse_unlowered, primitive)
+
+
+def _refuse_unlowered(primitive: Any, ctx: Any, *args: Any, **params: Any) -> Any:
+    from smalti.diagnostics import SmaltiNotImplementedError, format_location
+
+    try:
+        location = format_location(ir.Location.current)
+    except ValueError:
+        location = None
+    operands = ", ".join(a.str_short() for a in getattr(ctx, "avals_in", ()))
+    name = getattr(primitive, "name", str(primitive))
+    raise SmaltiNotImplementedError(
+        "SM206", f"Unimplemented primitive in Pallas Mosaic GPU lowering: {name} "
+        "(with Warpgroup semantics; neither jax nor an installed smalti plugin lowers it)",
+        location=location, values={"primitive": name, "operands": operands},
+        fix=["write it with functions that lower (docs/vocabulary.md lists what "
+             "smalti.vocabulary adds)",
+             "or lower it in a plugin: registry.pallas_lowering(primitive) in "
+             "smalti_register_pallas_lowerings (docs/writing-plugins.md)"])
+
+
+def _swap_pallas_rule_table(install: bool) -> None:
+    """Puts :class:`_RulesWithRefusal` in place of Pallas' Warpgroup table, or
+    the original back (with any rule jax registered meanwhile)."""
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    tables = pallas_lowering.mosaic_lowering_rules
+    current = tables[gpu_core.WGxWG_SEMANTICS]
+    if install:
+        _state["pallas_rules"] = current
+        tables[gpu_core.WGxWG_SEMANTICS] = _RulesWithRefusal(current)
+        return
+    original = _state.pop("pallas_rules")
+    for primitive, rule in current.items():
+        if not dict.__contains__(original, primitive):
+            original[primitive] = rule  # registered by a jax module imported meanwhile
+    tables[gpu_core.WGxWG_SEMANTICS] = original
+
+
 def _pallas_tables() -> dict[RuleKind, dict[Any, Any]]:
     """Pallas' tables that plugins add to: Warpgroup lowerings and resource
     estimators, each keyed by primitive."""
@@ -136,6 +188,7 @@ def install(pipeline: Pipeline | None = None) -> None:
         if _state["depth"] == 0:
             pipeline = pipeline or default_pipeline()
             original = mgpu_core.lower_mgpu_module
+            _swap_pallas_rule_table(install=True)
             saved = []
             for kind, table in _pallas_tables().items():
                 for records in pipeline.rules[kind].values():
@@ -164,6 +217,7 @@ def uninstall() -> None:
                 table.pop(primitive, None)
             else:
                 table[primitive] = previous
+        _swap_pallas_rule_table(install=False)
         _state.pop("pipeline")
 
 

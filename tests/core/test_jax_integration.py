@@ -87,12 +87,18 @@ def test_pallas_lowerings_of_plugins_are_in_force_and_removed_after():
                 seen.append(params)
                 return []
 
+            lowering_of_plugin.append(lowering)
+
+    lowering_of_plugin = []
     pipeline = smalti.build_pipeline(plugins={"printer": Plugin()}, autoload=False)
-    rules = pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
-    before = rules.get(primitive)
+    def table():
+        return pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+
+    before = table().get(primitive)
     with smalti.jax.installed(pipeline):
-        assert rules[primitive].__qualname__.endswith("lowering")
-    assert rules.get(primitive) is before
+        assert table()[primitive] is not before
+        assert table()[primitive].__wrapped__ is lowering_of_plugin[0]
+    assert table().get(primitive) is before
 
 
 def test_resource_estimators_of_plugins_size_the_kernel_and_are_removed_after():
@@ -147,10 +153,36 @@ def test_replaced_rule_is_jax_s_own_while_installed():
 
     pipeline = smalti.build_pipeline(plugins={"p": Plugin()}, autoload=False)
     with smalti.jax.installed(pipeline):
+        rules = pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
         assert rules[primitive] is not jax_rule
         assert smalti.jax.replaced_rule(primitive) is jax_rule
         assert smalti.jax.replaced_rule(lax.exp_p) is rules[lax.exp_p]
     assert smalti.jax.replaced_rule(primitive) is jax_rule
+
+
+def test_a_primitive_nothing_lowers_is_a_smalti_error_with_jax_s_phrase():
+    """A primitive that neither Pallas nor a plugin lowers (``lax.zeta``):
+    jax raises its bare NotImplementedError; with smalti installed it is
+    SM206, still a NotImplementedError with jax's phrase, with the kernel's
+    line, the operands and fixes. Pallas' table is jax's again afterwards."""
+    shape = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+
+    def body(x_ref, o_ref):
+        o_ref[...] = lax.zeta(x_ref[...], x_ref[...])
+
+    call = plgpu.kernel(body, out_type=shape, compiler_params=WARPGROUP)
+    phrase = "Unimplemented primitive in Pallas Mosaic GPU lowering: zeta"
+    with pytest.raises(NotImplementedError, match=phrase) as bare:
+        lower_capturing_modules(call, shape)
+    assert not isinstance(bare.value, smalti.SmaltiError)
+    with smalti.jax.installed(), pytest.raises(smalti.SmaltiError) as error:
+        lower_capturing_modules(call, shape)
+    assert isinstance(error.value, NotImplementedError) and error.value.code == "SM206"
+    assert phrase in error.value.message and error.value.fixes
+    assert "test_jax_integration.py" in error.value.location
+    assert "float32[64,128]" in str(error.value)
+    rules = pallas_lowering.mosaic_lowering_rules[gpu_core.WGxWG_SEMANTICS]
+    assert type(rules) is dict and lax.zeta_p not in rules
 
 
 def test_a_resource_estimator_needs_a_primitive():
