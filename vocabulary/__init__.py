@@ -36,7 +36,9 @@ from __future__ import annotations
 import importlib
 
 from smalti.hookspec import hookimpl
-from smalti.registry import ConstraintRegistry, LoweringRegistry, PallasRegistry
+from smalti.plugins.versions import BEFORE_0_12
+from smalti.registry import (ANY_JAX, ConstraintRegistry, JaxVersions, LoweringRegistry,
+                             PallasRegistry)
 
 from smalti.vocabulary import math_ops
 from smalti.vocabulary import gather_ops  # data movement (movement.py)
@@ -178,9 +180,23 @@ def _deferred(reference: str):
     return call
 
 
+#: What jax's own Pallas has since 0.12, so the vocabulary's rule is for
+#: earlier jax only: functions with custom derivatives lower to their body,
+#: and reduce_prod reserves its scratch, in jax 0.12 itself.
+ONLY_BEFORE_0_12 = frozenset({
+    "jax._src.custom_derivatives:custom_jvp_call_p",
+    "jax._src.custom_derivatives:custom_vjp_call_p",
+    "jax._src.lax.lax:reduce_prod_p",
+})
+
+
+def _versions(primitive: str) -> JaxVersions:
+    return BEFORE_0_12 if primitive in ONLY_BEFORE_0_12 else ANY_JAX
+
+
 @hookimpl
 def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     for primitive, reference in PRIMITIVES.items():
-        registry.pallas_lowering(primitive)(_deferred(reference))
+        registry.pallas_lowering(primitive, jax=_versions(primitive))(_deferred(reference))
     for primitive, reference in RESOURCE_ESTIMATORS.items():
-        registry.resource_estimator(primitive)(_deferred(reference))
+        registry.resource_estimator(primitive, jax=_versions(primitive))(_deferred(reference))

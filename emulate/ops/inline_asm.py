@@ -250,11 +250,14 @@ def inline_asm(o: Op) -> Step:
         a, bar = arg_slot(args[0]), arg_slot(args[-1])
         vals = [arg_slot(x) for x in args[1:-1]]
         return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc)
-    if opcode == "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" \
+    if opcode in ("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64",
+                  "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64") \
             and len(args) == 3 and args[0] == "_":
+        # jax 0.12 emits the CTA-scope form for a block's own barriers
         a, tx = arg_slot(args[1]), arg_slot(args[2])
+        remote = ".cluster." in opcode
         return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, tx_slot=tx,
-                                          remote=True)
+                                          remote=remote)
     if opcode == "mbarrier.init.shared::cta.b64" and len(args) == 2:
         a, n = arg_slot(args[0]), arg_slot(args[1])
         return lambda fr: mbarrier_init(fr, a, n, effective(fr, pred_slots), loc)
@@ -284,6 +287,9 @@ def inline_asm(o: Op) -> Step:
     if opcode == "cp.async.bulk.global.shared::cta.bulk_group" and len(args) == 3:
         dst, src, n = (arg_slot(a) for a in args)
         return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc)
+    if (tile := TMA_TILE.fullmatch(opcode)) \
+            and len(args) == int(tile[1]) + (3 if tile[2] == "shared::cta" else 2):
+        return _tma_tile(tile, args, arg_slot, pred_slots, loc)
     if opcode == GATHER4 and len(args) == 8:  # [smem], [desc, {col, r0..r3}], [bar]
         smem, desc, col, *rows, bar = (arg_slot(a) for a in args)
         return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, bar, loc)
@@ -360,6 +366,43 @@ GATHER4 = "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::co
 SCATTER4 = "cp.async.bulk.tensor.2d.global.shared::cta.tile::scatter4.bulk_group"
 
 
+#: jax 0.12's TMA tile copies, as inline PTX (0.11 emits nvvm ops): a load
+#: ``[smem], [desc, {coords}], [bar]`` or a store ``[desc, {coords}], [smem]``.
+TMA_TILE = re.compile(r"cp\.async\.bulk\.tensor\.([1-5])d\.(shared::cta|global)\.(?:global|shared::cta)"
+                      r"(?:\.mbarrier::complete_tx::bytes|\.bulk_group)")
+
+
+def _tma_tile(match: re.Match, args: list[str], arg_slot, pred_slots, where: str):
+    """The step of a TMA tile load (``shared::cta`` destination) or store."""
+    from .. import tma
+
+    if match[2] == "shared::cta":
+        smem, desc, *coords, bar = (arg_slot(a) for a in args)
+    else:
+        desc, *coords, smem = (arg_slot(a) for a in args)
+        bar = None
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block("TMA copy", where)
+        for t, d, s in _tma_issuers(fr, pred_slots, desc, smem, where):
+            at = [int(per_thread(fr.regs[c], fr.T)[t]) for c in coords]
+            if bar is None:
+                tma.store(fr, d, s, at, where)
+            else:
+                n = tma.load(fr, d, s, at, where, smem_space=b.smem)
+                b.barrier(per_thread(fr.regs[bar], fr.T)[t], where).complete_tx(n)
+    return step
+
+
+def _tma_issuers(fr: Frame, pred_slots, desc: int, smem: int, where: str):
+    """Each thread issuing a TMA copy: (thread, its descriptor, its SMEM address)."""
+    from .. import tma
+
+    for t in np.flatnonzero(effective(fr, pred_slots)):
+        yield (t, tma.descriptor(fr, per_thread(fr.regs[desc], fr.T)[t], where),
+               int(per_thread(fr.regs[smem], fr.T)[t]))
+
+
 def _gather4(fr: Frame, pred_slots, smem: int, desc: int, col: int, rows: list[int],
              bar: int | None, where: str) -> None:
     """TMA ``tile::gather4`` (``bar`` given) or ``tile::scatter4``, per issuing
@@ -367,11 +410,8 @@ def _gather4(fr: Frame, pred_slots, smem: int, desc: int, col: int, rows: list[i
     from .. import tma
 
     b = fr.need_block("tile::gather4", where)
-    m = effective(fr, pred_slots)
     r = fr.regs
-    for t in np.flatnonzero(m):
-        d = tma.descriptor(fr, per_thread(r[desc], fr.T)[t], where)
-        s = int(per_thread(r[smem], fr.T)[t])
+    for t, d, s in _tma_issuers(fr, pred_slots, desc, smem, where):
         c = int(per_thread(r[col], fr.T)[t])
         rs = [int(per_thread(r[x], fr.T)[t]) for x in rows]
         if bar is None:

@@ -22,6 +22,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import smalti
 import smalti.emulate
 import smalti.jax
+import smalti.registry
 import smalti.vocabulary
 from smalti.diagnostics import SmaltiError
 from smalti.emulate.testing import assert_close_ulp, ulp_distance
@@ -206,6 +207,28 @@ def _assert_near_jnp(got, want, name):
         assert (np.abs(got - want)[finite] <= bound[finite]).all(), name
 
 
+#: jax 0.12's Pallas lowers custom_jvp / custom_vjp functions itself (and
+#: estimates reduce_prod's scratch): the vocabulary registers those rules for
+#: earlier jax only, and the tests of its own rules run there.
+JAX_LOWERS_CUSTOM_DERIVATIVES = pytest.mark.skipif(
+    smalti.registry.installed_jax() >= (0, 12),
+    reason="jax >= 0.12 lowers custom_jvp/custom_vjp functions itself")
+
+
+def test_custom_derivative_rules_are_for_jax_before_0_12():
+    """The vocabulary's custom_jvp_call / custom_vjp_call / reduce_prod rules
+    are registered for jax < 0.12 only: from 0.12 jax's own are kept."""
+    pipeline = smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary},
+                                     autoload=False)
+    records = [r for rs in pipeline.rules.values() for group in rs.values() for r in group] \
+        + list(pipeline.other_jax)
+    for key in ("custom_jvp_call_p", "custom_vjp_call_p", "reduce_prod_p"):
+        mine = [r for r in records if r.plugin == "smalti.vocabulary" and r.key == key]
+        assert mine and all(not r.jax.supports((0, 12, 0)) and r.jax.supports((0, 11, 2))
+                            for r in mine), key
+
+
+@JAX_LOWERS_CUSTOM_DERIVATIVES
 def test_custom_jvp_functions_lower_and_compute_jnp(pipeline):
     """``jax.custom_jvp`` functions: Pallas' resource estimation refuses
     ``custom_jvp_call`` ("Resource estimation does not support"), so jax
@@ -237,6 +260,7 @@ def test_custom_jvp_functions_lower_and_compute_jnp(pipeline):
     _assert_near_jnp(got, np.asarray(jax.jit(jnp.logaddexp)(x, y)), "logaddexp")
 
 
+@JAX_LOWERS_CUSTOM_DERIVATIVES
 def test_custom_vjp_functions_lower_to_their_body(pipeline):
     """A ``jax.custom_vjp`` function (Pallas: "Resource estimation does not
     support custom_vjp_call") computes its forward body; the backward rule
@@ -259,6 +283,7 @@ def test_custom_vjp_functions_lower_to_their_body(pipeline):
     np.testing.assert_array_equal(got, np.asarray(jax.jit(clipped)(x)))
 
 
+@JAX_LOWERS_CUSTOM_DERIVATIVES
 def test_custom_jvp_estimate_is_the_body_s(pipeline):
     """The estimator the vocabulary registers for ``custom_jvp_call`` reports
     what the function's body needs (a body with a reduction: Pallas'
