@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 
 from smalti.hookspec import hookimpl
-from smalti.plugins.versions import BEFORE_0_12
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import (ANY_JAX, ConstraintRegistry, JaxVersions, LoweringRegistry,
                              PallasRegistry)
 
@@ -73,6 +73,7 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.lax:nextafter_p": "primitives:lower_nextafter",
     "jax._src.ad_util:stop_gradient_p": "primitives:lower_stop_gradient",
     "jax._src.lax.lax:copy_p": "primitives:lower_copy",
+    "jax._src.lax.lax:polynomial_p": "primitives:lower_polynomial",
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
     "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:lower_custom_vjp_call",
     # special functions (special.py)
@@ -190,8 +191,14 @@ ONLY_BEFORE_0_12 = frozenset({
 })
 
 
+#: Primitives jax has only since 0.12.
+ONLY_SINCE_0_12 = frozenset({"jax._src.lax.lax:polynomial_p"})
+
+
 def _versions(primitive: str) -> JaxVersions:
-    return BEFORE_0_12 if primitive in ONLY_BEFORE_0_12 else ANY_JAX
+    if primitive in ONLY_BEFORE_0_12:
+        return BEFORE_0_12
+    return SINCE_0_12 if primitive in ONLY_SINCE_0_12 else ANY_JAX
 
 
 @hookimpl

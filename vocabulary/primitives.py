@@ -309,6 +309,25 @@ def lower_nextafter(ctx, x, y):
     return _lower_fun(nextafter_f)(ctx, x, y)
 
 
+def horner(x, *coeffs):
+    """``a_0 + x (a_1 + x (... + x a_N))``, a multiply and an add per term in
+    x's dtype: what ``lax.polynomial`` (jax 0.12) defines."""
+    acc = jnp.broadcast_to(coeffs[-1], x.shape).astype(x.dtype)
+    for a in reversed(coeffs[:-1]):
+        acc = acc * x + a
+    return acc
+
+
+def lower_polynomial(ctx, x, *coeffs, unroll=None):
+    """``lax.polynomial`` (jax 0.12's ``jnp.sinc`` and special functions use
+    it) by Horner's rule, unrolled (Pallas lowers no scan here)."""
+    del unroll
+    if np.dtype(ctx.avals_in[0].dtype) not in (*map(np.dtype, FLOATS), np.dtype(np.int32)):
+        raise refuse(ctx, "operands of this dtype are not supported",
+                     fix="evaluate it in float32 (x.astype(jnp.float32))")
+    return _lower_fun(horner)(ctx, x, *coeffs)
+
+
 def lower_copy(ctx, x):
     """``lax.copy`` (``jnp.array(x, copy=True)``, the end of ``jax.nn.gelu``):
     values are immutable in a kernel, so the copy is the value itself."""

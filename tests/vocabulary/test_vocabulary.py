@@ -326,3 +326,24 @@ def test_every_primitive_the_plugin_lowers_is_documented():
     registered = {ref.split(":")[1].removesuffix("_p")
                   for ref in [*smalti.vocabulary.PRIMITIVES, *smalti.vocabulary.RESOURCE_ESTIMATORS]}
     assert registered and not {name for name in registered if f"`{name}`" not in doc}
+
+
+@pytest.mark.skipif(smalti.registry.installed_jax() < (0, 12),
+                    reason="lax.polynomial is new in jax 0.12")
+def test_polynomial_is_horner_s_rule(pipeline):
+    """``lax.polynomial`` (jax 0.12; ``jnp.sinc`` uses it): Horner's rule, a
+    multiply and an add per term in f32, as numpy computes it in that order
+    (jnp on the CPU may fuse them: within the evaluation's bound of that,
+    2 N eps sum |a_k x^k|)."""
+    coeffs = [1.5, -0.25, 0.125, 3.0, -2.0]
+    x = np.random.default_rng(4).uniform(-2, 2, C.SHAPE).astype(np.float32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_relu_kernel(lambda v: lax.polynomial(v, coeffs)), x)
+    want = np.full_like(x, coeffs[-1])
+    for a in reversed(coeffs[:-1]):
+        want = want * x + np.float32(a)
+    np.testing.assert_array_equal(got, want)
+    scale = sum(abs(a) * np.abs(x.astype(np.float64)) ** k for k, a in enumerate(coeffs))
+    bound = 2 * len(coeffs) * np.finfo(np.float32).eps * scale
+    jnp_answer = np.asarray(jax.jit(lambda v: lax.polynomial(v, coeffs))(x))
+    assert np.all(np.abs(got.astype(np.float64) - jnp_answer) <= bound)
