@@ -41,6 +41,15 @@ import jax
 import jax.numpy as jnp
 from jax._src import core as jax_core
 from jax._src.interpreters import mlir
+from jax._src.lax import lax as lax_internal
+from jax._src.lax import slicing
+from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, vector
+from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.vocabulary.primitives import jax_rule, refuse
 
 __all__ = ["take", "take_p", "take_estimate"]
 
@@ -80,8 +89,6 @@ mlir.register_lowering(take_p, mlir.lower_fun(_take_impl, multiple_results=False
 def take_estimate(ctx, x_aval, indices_aval, **params):
     """The scratch ``take`` writes ``x`` into: ``x.size`` elements."""
     del ctx, indices_aval, params
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-
     return pallas_lowering.Resources(
         smem_scratch_bytes=int(x_aval.size) * np.dtype(x_aval.dtype).itemsize)
 
@@ -89,35 +96,23 @@ def take_estimate(ctx, x_aval, indices_aval, **params):
 # --- Pallas Warpgroup lowering -----------------------------------------------------------
 
 
-def _refuse(ctx, message: str, fix):
-    from smalti.vocabulary.primitives import refuse
-
-    return refuse(ctx, message, fix=fix)
-
-
 def lower_take(ctx, x, indices):
     """Scatter ``x`` into a 1-D scratch view at its row-major linear indices,
     gather the requested ones back."""
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import arith, vector
-    from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
-
     x_aval, idx_aval = ctx.avals_in
     dtype = np.dtype(x_aval.dtype)
     if ctx.module_ctx.axis_names is not None and ctx.module_ctx.axis_names.wg is not None:
-        raise _refuse(ctx, "several Pallas warpgroups would share its SMEM scratch",
+        raise refuse(ctx, "several Pallas warpgroups would share its SMEM scratch",
                       fix="call it in a kernel of one warpgroup (no num_threads / thread_name), "
                           "or move the data through an SMEM ref of your own")
     if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
-        raise _refuse(ctx, f"operands of dtype {dtype} are not supported",
+        raise refuse(ctx, f"operands of dtype {dtype} are not supported",
                       fix="move 8-, 16- or 32-bit values (x.astype(jnp.int32) for booleans)")
     if x_aval.ndim not in (1, 2):
-        raise _refuse(ctx, f"a {x_aval.ndim}-D operand is not supported",
+        raise refuse(ctx, f"a {x_aval.ndim}-D operand is not supported",
                       fix="reshape it to 1-D or 2-D first")
     if idx_aval.ndim == 0:
-        raise _refuse(ctx, "0-d indices are not supported",
+        raise refuse(ctx, "0-d indices are not supported",
                       fix="take indices of shape (1,) and reshape the result")
     n = int(x_aval.size)
     element = mgpu_utils.dtype_to_ir_type(dtype)
@@ -288,15 +283,14 @@ def dynamic_update_slice_f(x: jax.Array, update: jax.Array, *starts: jax.Array) 
 def _rank_ok(ctx, *, what: str) -> None:
     for aval in (*ctx.avals_in[:1], *ctx.avals_out):
         if aval.ndim not in (1, 2):
-            raise _refuse(ctx, f"{what} of {aval.ndim}-D arrays is not supported",
+            raise refuse(ctx, f"{what} of {aval.ndim}-D arrays is not supported",
                           fix="reshape to 1-D or 2-D blocks first")
         if aval.size == 0:
-            raise _refuse(ctx, f"{what} to or from an empty array is not supported",
+            raise refuse(ctx, f"{what} to or from an empty array is not supported",
                           fix="drop the empty operand")
 
 
 def _lowered(fn):
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
     return pallas_lowering._lower_fun(fn)
 
@@ -379,18 +373,17 @@ def _holdable(shape: tuple[int, ...]) -> bool:
 def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
     """jax's rule for unit strides where a tiled layout may hold the slice;
     a take otherwise (strided or unaligned slices, which jax refuses)."""
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-
     [aval] = ctx.avals_in
     unit = strides is None or all(s == 1 for s in strides)
     sizes = tuple(hi - lo for lo, hi in zip(start_indices, limit_indices))
     if unit and _jax_may_tile(tuple(aval.shape), tuple(start_indices), sizes):
-        return pallas_lowering._slice_lowering_rule_wg(
-            ctx, x, limit_indices=limit_indices, start_indices=start_indices, strides=None)
+        # strides=None: jax's rule refuses any strides, even all ones
+        return jax_rule(ctx)(ctx, x, limit_indices=limit_indices,
+                             start_indices=start_indices, strides=None)
     _rank_ok(ctx, what="slice")
     shape = tuple(ctx.avals_out[0].shape)
     if not _holdable(shape):
-        raise _refuse(
+        raise refuse(
             ctx, f"a slice of shape {shape}: no register layout holds an array of that shape",
             fix=["concatenate the slices inside a jax.jit function (as jnp.roll does): "
                  "slices feeding a concatenation there are fused into it",
@@ -417,15 +410,13 @@ def _concatenate_aligned(avals, dimension: int) -> bool:
 
 def lower_concatenate(ctx, *xs, dimension):
     """jax's rule where every piece may fall on tiles; takes otherwise."""
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-
     avals = ctx.avals_in
     aligned = _concatenate_aligned(avals, dimension)
     if aligned:
-        return pallas_lowering._concatenate_lowering_rule_wg(ctx, *xs, dimension=dimension)
+        return jax_rule(ctx)(ctx, *xs, dimension=dimension)
     for aval in avals:
         if aval.ndim not in (1, 2) or aval.size == 0:
-            raise _refuse(ctx, "concatenate of empty or more than 2-D operands is not "
+            raise refuse(ctx, "concatenate of empty or more than 2-D operands is not "
                           "supported", fix="reshape to 1-D or 2-D blocks and drop empty ones")
     return _lowered(concatenate_f)(ctx, *xs, dimension=dimension)
 
@@ -436,8 +427,6 @@ def lower_concatenate(ctx, *xs, dimension):
 def _scratch(*avals) -> object:
     """The largest operand's bytes: the takes run one after another, each
     releasing its scratch."""
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-
     size = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
     return pallas_lowering.Resources(smem_scratch_bytes=size)
 
@@ -481,9 +470,6 @@ def _fusable(jaxpr) -> dict:
     ``{concatenate eqn index: {operand position: slice eqn}}``. A slice of an
     odd width (``jnp.roll``'s pieces) has no register layout, so it can only
     be lowered fused with its consumer."""
-    from jax._src.lax import lax as lax_internal
-    from jax._src.lax import slicing
-
     uses: dict = {}
     for eqn in jaxpr.eqns:
         for v in eqn.invars:
@@ -553,10 +539,8 @@ def lower_jit(ctx, *args, jaxpr, **params):
     """jax's rule, except that slices feeding an unaligned concatenation
     (which jax cannot lower: ``jnp.roll`` by an unaligned shift) are fused
     into it."""
-    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-
     inner = jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr
     found = _fusable(inner) if not getattr(jaxpr, "consts", ()) else {}
     if not found:
-        return pallas_lowering._pjit_lowering_rule(ctx, *args, jaxpr=jaxpr, **params)
+        return jax_rule(ctx)(ctx, *args, jaxpr=jaxpr, **params)
     return pallas_lowering._lower_fun(_fused_body(inner, found))(ctx, *args)

@@ -41,6 +41,7 @@ from jax._src.lib.mlir.dialects import math as mlir_math
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
 from smalti.diagnostics import SmaltiNotImplementedError, format_location
+from smalti.jax import replaced_rule
 
 _lower_fun = pallas_lowering._lower_fun
 _copysign = pallas_lowering._copysign  # Pallas' own math.copysign primitive
@@ -68,6 +69,12 @@ def refuse(ctx, message: str, *, fix: str | list[str]) -> SmaltiNotImplementedEr
     return SmaltiNotImplementedError(
         "SM206", f"Pallas primitive {ctx.prim.name}: {message}", location=location,
         values={"primitive": ctx.prim.name, "operands": avals}, fix=fix)
+
+
+def jax_rule(ctx) -> Callable:
+    """Pallas' own rule for the primitive ``ctx`` lowers, which this plugin's
+    replaced (for the parameters jax handles)."""
+    return replaced_rule(ctx.prim)
 
 
 def _dtype(ctx) -> np.dtype:
@@ -201,7 +208,7 @@ def lower_integer_pow(ctx, x, *, y):
     """jax's own rule where it has one (y >= 2, y == -1); else y == 0 (ones,
     NaN included, as jnp), y == 1 (x), y <= -2 (1 / x ** |y|)."""
     if y >= 2 or y == -1:
-        return pallas_lowering._integer_pow_lowering_rule(ctx, x, y)
+        return jax_rule(ctx)(ctx, x, y=y)
     if y == 1:
         return x
     return _lower_fun(lambda x: integer_pow_f(x, y))(ctx, x)

@@ -47,8 +47,7 @@ from jax._src.lib.mlir.dialects import arith as arith_dialect
 from jax._src.lib.mlir.dialects import vector as vector_dialect
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
-from smalti.jax import replaced_rule
-from smalti.vocabulary.primitives import refuse
+from smalti.vocabulary.primitives import jax_rule, refuse
 
 _lower_fun = pallas_lowering._lower_fun
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int16),
@@ -198,7 +197,7 @@ def lower_select_n(ctx, pred, *cases):
     [out_aval] = ctx.avals_out
     if len(cases) != 2 or pred_aval.shape or not out_aval.shape \
             or any(a.shape != out_aval.shape for a in case_avals):
-        return pallas_lowering._select_n_lowering_rule(ctx, pred, *cases)
+        return jax_rule(ctx)(ctx, pred, *cases)
     pred = pallas_lowering._ensure_ir_value(pred, pred_aval.dtype)
     cases = [pallas_lowering._ensure_ir_value(c, a.dtype) for c, a in zip(cases, case_avals)]
     i1 = ir.IntegerType.get_signless(1)
@@ -219,17 +218,16 @@ def lower_not(ctx, x):
     [x_aval] = ctx.avals_in
     if np.dtype(x_aval.dtype) == np.dtype(np.bool_) and x_aval.shape:
         return _lower_fun(lambda b: lax.bitwise_xor(b, jnp.ones_like(b)))(ctx, x)
-    return replaced_rule(lax.not_p)(ctx, x)
+    return jax_rule(ctx)(ctx, x)
 
 
 # --- conversion to bool -----------------------------------------------------------------
 
 
-def lower_convert_element_type(ctx, x, *, new_dtype, weak_type, sharding):
+def lower_convert_element_type(ctx, x, *, new_dtype, **params):
     """``x != 0`` for a non-boolean vector converted to bool; jax's rule otherwise."""
     [x_aval] = ctx.avals_in
     if np.dtype(new_dtype) == np.dtype(np.bool_) and x_aval.shape \
             and np.dtype(x_aval.dtype) != np.dtype(np.bool_):
         return _lower_fun(lambda v: v != jnp.zeros_like(v))(ctx, x)
-    return pallas_lowering._convert_element_type_lowering_rule_wg(
-        ctx, x, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)
+    return jax_rule(ctx)(ctx, x, new_dtype=new_dtype, **params)
