@@ -1,17 +1,59 @@
-"""How fast the emulator runs lowered kernels: prints one line per kernel
-(lowered ops, lowering seconds, emulation seconds with compilation): kernels
-jax lowers (elementwise, TMA + swizzle, reductions, grids, WGMMA, a
-warp-specialized pipeline, a TMA gather, clusters of 2 and 4 blocks) and
-kernels only smalti lowers.
+"""How fast the emulator runs lowered kernels, with and without its
+synchronization checker, next to jax's own GPU interpret mode.
 
-    .venv/bin/python -m benchmarks.emulate
+One line per kernel: kernels jax lowers (elementwise, TMA + swizzle,
+reductions, grids, WGMMA, a warp-specialized pipeline, a TMA gather,
+clusters of 2 and 4 blocks), jax's official Pallas Hopper kernels in their
+smallest configurations (``hopper_matmul_mgpu``,
+``hopper_mixed_type_matmul_mgpu``, ``attention_mgpu``'s forward, backward and
+pipeline-emitter kernels, ``ragged_dot_mgpu``), and kernels only smalti
+lowers. Columns:
+
+* ``ops``, ``lower s``: the lowered module's op count and the time to lower
+  it (for jax's kernels: tracing and lowering for CUDA on the CPU);
+* ``emulate s``: the first emulation after lowering, with the emulator's
+  defaults (as this benchmark always measured it);
+* ``(1) emu``: the emulator without its synchronization checker
+  (``run_module(..., sanitize=False)``);
+* ``(2) +check``: the emulator with it (the default), and ``(2)/(1)``;
+* ``(3) jax``: jax's GPU interpret mode
+  (``plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams())``);
+* ``(4) +races``: the same with ``detect_races=True``, and ``(4)/(2)``.
+
+Every emulator figure includes the emulator's compilation of the module
+into closures, since ``run_module`` compiles on every call; lowering is
+timed apart. jax's figures are calls of a ``jax.jit`` function after a first
+call of the same (in the same mode), which traced, lowered and compiled it:
+the timed calls only interpret the kernel. With ``--repeat N`` each figure
+is the fastest of N calls, (1) and (2) taken in turns, each first in every
+other turn, and likewise (3) and (4). Where a run fails, its short error
+stands in place of the figure (``jax: ...`` for jax's interpret mode,
+``emu: ...`` for the emulator); where jax's race detector reports a race, its
+figure is marked ``!``. An emulator without the ``sanitize=`` keyword (before
+the checker) has no column (2): it prints ``n/a`` there, and (1) is its
+plain run. Kernels only smalti lowers have no jax function to interpret.
+
+    .venv/bin/python -m benchmarks.emulate [--quick] [--repeat N]
+
+``--quick`` runs a few of the kernels (a few seconds), for a smoke test.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import dataclasses
+import inspect
+import io
+import logging
+import re
 import sys
 import time
+import types
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +61,15 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import smalti.emulate as smalti_emulate
 from smalti.emulate import lower, run_module
+from smalti.emulate.capture import gpu_facts, lower_for_cuda
 
 WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
 S = jax.ShapeDtypeStruct
+
+# The emulator's synchronization checker, where this emulator has one.
+HAS_CHECKER = "sanitize" in inspect.signature(run_module).parameters
 
 
 def count_ops(module) -> int:
@@ -125,6 +172,85 @@ def kernels():
     yield "cluster of 4: multicast TMA (64, 64) f16", tc.multicast_kernel(4), [x4[0, 0]]
 
 
+@contextlib.contextmanager
+def cuda_runtime_known(module: types.ModuleType) -> Iterator[None]:
+    """``attention_mgpu``'s forward kernels ask the CUDA runtime for its
+    version (only their causal variant depends on it): on a machine without
+    CUDA, answer for them."""
+    saved = module.cuda_versions
+    if saved is None:
+        module.cuda_versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090)
+    try:
+        yield
+    finally:
+        module.cuda_versions = saved
+
+
+def official_kernels():
+    """jax's official Pallas Hopper kernels, each in the smallest configuration
+    the official-kernel tests build (``tests/hopper/test_official_kernels.py``,
+    ``benchmarks/run.py``) on the smallest shapes it accepts with more than one
+    pipeline step. Yields (name, jax function, its arguments, the inputs of each
+    kernel the function launches, or None for a function of one kernel whose
+    inputs are its arguments)."""
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as attention
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as matmul
+    from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as mixed
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu as ragged
+
+    rng = np.random.default_rng(5)
+
+    def normal(shape, dtype=np.float16):
+        return rng.standard_normal(shape).astype(dtype)
+
+    # Two consumer warpgroups side by side along N: one (128, 256) output tile.
+    mm = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
+    a, b = normal((128, 128)), normal((128, 256))
+    yield ("hopper_matmul (128, 128) x (128, 256) f16",
+           lambda a, b: matmul.matmul(a, b, None, mm), [a, b], None)
+
+    mx = mixed.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
+    a8 = rng.integers(-8, 8, (128, 128)).astype(np.int8)
+    yield ("hopper_mixed_type_matmul s8 x f16",
+           lambda a, b: mixed.mixed_matmul_kernel(a, b, out_dtype=jnp.float16, config=mx),
+           [a8, b], None)
+
+    # block_q 64 per consumer warpgroup (two of them), two kv steps of 64.
+    at = attention.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+    q, k, v = normal((1, 128, 1, 64)), normal((1, 128, 1, 64)), normal((1, 128, 1, 64))
+
+    def forward(q, k, v):
+        with cuda_runtime_known(attention):
+            return attention.attention(q, k, v, at)
+    yield "attention_mgpu forward (1, 128, 1, 64) f16", forward, [q, k, v], None
+
+    # The backward pass: two kernels (dq, then dk and dv) on q, k, v, do and the
+    # forward's residuals (out, lse: the reference's), with delta (rowsum of
+    # out * do) computed between, outside the kernels.
+    bw = dataclasses.replace(at, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    ref_out, (lse,) = attention.attention_reference(q, k, v, save_residuals=True)
+    out, lse, do = np.asarray(ref_out).astype(np.float16), np.asarray(lse), normal(q.shape)
+    delta = np.einsum("bqhd,bqhd->bhq", out.astype(np.float32), do.astype(np.float32))
+
+    def backward(q, k, v, out, lse, do):
+        return attention._attention_bwd(bw, False, (q, k, v, out, lse), do)
+    yield ("attention_mgpu backward (1, 128, 1, 64) f16", backward, [q, k, v, out, lse, do],
+           [[q, k, v, do, lse, delta]] * 2)
+
+    def pipelined(q, k, v):
+        return attention.attention_with_pipeline_emitter(q, k, v, at)
+    yield "attention_mgpu pipeline emitter (1, 128, 1, 64)", pipelined, [q, k, v], None
+
+    # Two groups of rows (48 and 80: neither on a block boundary), (64, 64) blocks.
+    sizes = np.array([48, 80], np.int32)
+
+    def ragged_dot(group_sizes, lhs, rhs):  # the kernel's order of arguments
+        return ragged.ragged_dot(lhs, rhs, group_sizes=group_sizes, block_m=64, block_n=64,
+                                 block_k=64, max_concurrent_steps=2, grid_block_n=1)
+    yield ("ragged_dot (128, 128) x 2 groups (128, 128) f16", ragged_dot,
+           [sizes, normal((128, 128)), normal((2, 128, 128))], None)
+
+
 def smalti_kernels():
     """Kernels only smalti lowers (jax refuses them), built at the dialect level."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' kernel builders
@@ -140,28 +266,321 @@ def smalti_kernels():
     del smalti_kernels_
 
 
-def main() -> None:
+# --- what is timed -------------------------------------------------------------------------
+
+# One kernel launch for the emulator: (module, inputs, outputs or None for the IR's).
+Launch = tuple[Any, Sequence[np.ndarray], Any]
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    lower: Callable[[], list[Launch]]  # lowers (timed as "lower s")
+    jax_fn: Callable | None = None  # what jax's interpret mode runs; None: nothing
+    jax_args: Sequence[np.ndarray] = ()
+    arch: tuple[int, int] = (9, 0)
+
+
+def _outputs(avals) -> list[tuple[tuple[int, ...], np.dtype]]:
+    return [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+
+
+def pallas_case(name: str, fn: Callable, args: list, kernel_inputs=None) -> Case:
+    if kernel_inputs is None:
+        def lower_it() -> list[Launch]:
+            module, avals = lower(fn, *args)
+            return [(module, args, _outputs(avals))]
+    else:
+        def lower_it() -> list[Launch]:
+            modules, _ = lower_for_cuda(fn, args)
+            if len(modules) != len(kernel_inputs):
+                raise RuntimeError(f"{len(modules)} kernels, {len(kernel_inputs)} expected")
+            return [(m, ins, None) for m, ins in zip(modules, kernel_inputs)]
+    return Case(name, lower_it, fn, args)
+
+
+def smalti_case(name: str, body, ins, outs, scratch, args) -> Case:
     import smalti
     from smalti import kernels as smalti_kernels_
 
-    print(f"{'kernel':44s} {'ops':>6s} {'lower s':>8s} {'emulate s':>10s}")
-    for name, fn, args in kernels():
-        t0 = time.perf_counter()
-        module, avals = lower(fn, *args)
-        t1 = time.perf_counter()
-        outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
-        run_module(module, args, outs)
-        t2 = time.perf_counter()
-        print(f"{name:44s} {count_ops(module):6d} {t1 - t0:8.3f} {t2 - t1:10.3f}")
-    for name, body, ins, outs, scratch, args in smalti_kernels():
-        t0 = time.perf_counter()
+    def lower_it() -> list[Launch]:
         k = smalti_kernels_.build_kernel(body, ins, outs, smem_scratch=scratch)
         smalti.infer_layouts(k.module)
         smalti.lower(k.module, k.launch_context)
-        t1 = time.perf_counter()
-        run_module(k.module, args, [(tuple(o.shape), np.dtype(o.dtype)) for o in outs])
-        t2 = time.perf_counter()
-        print(f"{name:44s} {count_ops(k.module):6d} {t1 - t0:8.3f} {t2 - t1:10.3f}")
+        return [(k.module, args, _outputs(outs))]
+    return Case(name, lower_it)
+
+
+QUICK = ("elementwise f32 (128, 128)", "warp-specialized pipeline, 8 x (128, 64)",
+         "ragged_dot (128, 128) x 2 groups (128, 128) f16", "smalti: keep_dims mean (128, 128)")
+
+
+def cases(quick: bool = False) -> Iterator[Case]:
+    def keep(name: str) -> bool:
+        return not quick or name in QUICK
+
+    for name, fn, args in kernels():
+        if keep(name):
+            yield pallas_case(name, fn, args)
+    for name, fn, args, kernel_inputs in official_kernels():
+        if keep(name):
+            yield pallas_case(name, fn, args, kernel_inputs)
+    for name, *rest in smalti_kernels():
+        if keep(name):
+            yield smalti_case(name, *rest)
+
+
+def short_error(e: BaseException, width: int = 60) -> str:
+    """The gist of an error: for a failure inside one of jax's interpret-mode
+    callbacks (whose message is a stack of tracebacks), the innermost error."""
+    text = str(e)
+    wrappers = ("JaxRuntimeError", "Computation failed on", "CpuCallback error",
+                "io_callback failed")
+    causes = [m.group(2) or m.group(1) for line in text.splitlines()
+              if (m := re.match(r"\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): ?(.*)", line))
+              and not any(w in line for w in wrappers)]
+    if causes:
+        text = causes[-1]
+    elif "Traceback (most recent call last)" in text or not text.strip():
+        text = type(e).__name__
+    text = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    text = re.sub(r"<[^<>]*>", "...", text)  # object reprs
+    text = re.sub(r":\s*\{.*", "", text)  # sets of effects, dicts
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def emulator_runs(launches: list[Launch], reports: dict[str, int]
+                  ) -> tuple[Callable, Callable | None]:
+    """(an emulation without the checker, one with it -- None where this
+    emulator has none). The checked run counts what the checker reports in
+    ``reports``: a run that found races still ran to its end before raising,
+    so its time stands."""
+    def plain() -> None:
+        for module, inputs, outputs in launches:
+            if HAS_CHECKER:
+                run_module(module, inputs, outputs, sanitize=False)
+            else:
+                run_module(module, inputs, outputs)
+
+    def checked() -> None:
+        race_error = getattr(smalti_emulate, "RaceError", ())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for module, inputs, outputs in launches:
+                try:
+                    run_module(module, inputs, outputs)
+                except race_error as e:
+                    reports["races"] = max(reports.get("races", 0), len(e.races))
+        counts: dict[str, int] = {}
+        for w in caught:
+            key = {"RaceWarning": "races",
+                   "UninitializedReadWarning": "uninitialized reads"}.get(type(w.message).__name__)
+            if key is None:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            else:
+                counts[key] = counts.get(key, 0) + 1
+        for key, n in counts.items():
+            reports[key] = max(reports.get(key, 0), n)
+    return plain, (checked if HAS_CHECKER else None)
+
+
+def _reset_jax_interpreter() -> None:
+    """After a failed interpretation, jax's interpret mode may keep the failed
+    kernel's shared state; the next kernel needs it gone."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        gpu_callbacks.reset_gpu_interpret_mode_state()
+    except (ImportError, AttributeError):
+        pass
+
+
+def _jax_found_races() -> bool:
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        return bool(gpu_callbacks._races is not None and gpu_callbacks._races.races_found)
+    except (ImportError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def _callback_errors_unlogged() -> Iterator[None]:
+    """jax logs every failed interpret-mode callback (each warpgroup's) with its
+    traceback; the failure also reaches the caller, which shows it short."""
+    logger = logging.getLogger("jax._src.callback")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def jax_run(case: Case, detect_races: bool, reports: dict[str, int]) -> Callable[[], None]:
+    """A call of ``case.jax_fn`` in jax's GPU interpret mode. What its race
+    detector prints is kept off the table: a race it reports is counted in
+    ``reports``, even in a run that then failed."""
+    compiled = jax.jit(case.jax_fn)
+
+    def go() -> None:
+        params = plgpu.InterpretGPUParams(detect_races=detect_races)
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed), _callback_errors_unlogged(), \
+                    gpu_facts(case.arch), plgpu.force_gpu_interpret_mode(params):
+                jax.block_until_ready(compiled(*case.jax_args))
+        except Exception:
+            _reset_jax_interpreter()
+            raise
+        finally:
+            if detect_races and (_jax_found_races() or "RACE DETECTED" in printed.getvalue()):
+                reports["jax races"] = 1
+    return go
+
+
+def warm_up_jax() -> None:
+    """The process's first interpret-mode calls pay once for what the later
+    ones reuse (the second call of the first kernel still took ~0.1 s, the
+    third 0.004 s): a tiny kernel pays it before the table."""
+    def tiny(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+    case = Case("warm-up", lambda: [], plgpu.kernel(tiny, out_type=S((128,), jnp.float32)),
+                [np.zeros(128, np.float32)])
+    with contextlib.suppress(Exception):
+        fastest([jax_run(case, False, {}), jax_run(case, True, {})], 2)
+
+
+Figure = float | str | BaseException
+
+
+def fastest(runs: list[Callable[[], Any]], repeat: int) -> list[Figure]:
+    """Calls each of ``runs`` ``repeat`` times, in turns (each first in every
+    other turn); returns each one's fastest time, or its first error."""
+    best: list[Figure] = [float("inf")] * len(runs)
+    for turn in range(repeat):
+        order = list(range(len(runs)))
+        for i in (order if turn % 2 == 0 else order[::-1]):
+            if isinstance(best[i], BaseException):
+                continue
+            t0 = time.perf_counter()
+            try:
+                runs[i]()
+            except Exception as e:  # noqa: BLE001 (shown in place of the figure)
+                best[i] = e
+                continue
+            best[i] = min(best[i], time.perf_counter() - t0)  # type: ignore[type-var]
+    return best
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    ops: int | str = ""
+    lower_s: Figure = ""
+    emulate_s: Figure = ""
+    plain: Figure = ""  # (1)
+    checked: Figure = ""  # (2)
+    jax: Figure = ""  # (3)
+    jax_races: Figure = ""  # (4)
+    reports: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def measure(case: Case, repeat: int) -> Row:
+    row = Row(case.name)
+    t0 = time.perf_counter()
+    try:
+        launches = case.lower()
+    except Exception as e:  # noqa: BLE001
+        row.lower_s = e
+        return row
+    row.lower_s = time.perf_counter() - t0
+    row.ops = sum(count_ops(module) for module, _, _ in launches)
+
+    plain, checked = emulator_runs(launches, row.reports)
+    # The first emulation after lowering, with the emulator's defaults (this
+    # column's meaning since the benchmark's first version): the others' warm-up.
+    row.emulate_s, = fastest([checked or plain], 1)
+    if checked is None:
+        row.plain, = fastest([plain], repeat)
+        row.checked = "n/a"
+    else:
+        row.plain, row.checked = fastest([plain, checked], repeat)
+
+    if case.jax_fn is None:
+        row.jax = row.jax_races = "n/a"
+        return row
+    runs = [jax_run(case, False, row.reports), jax_run(case, True, row.reports)]
+    warm = fastest(runs, 1)  # traces, lowers and compiles each for its mode
+    row.jax, row.jax_races = (w if isinstance(w, BaseException) else t
+                              for w, t in zip(warm, fastest(runs, repeat)))
+    return row
+
+
+COLUMNS = [("kernel", 48), ("ops", 6), ("lower s", 8), ("emulate s", 10), ("(1) emu", 9),
+           ("(2) +check", 11), ("(2)/(1)", 8), ("(3) jax", 9), ("(4) +races", 11),
+           ("(4)/(2)", 8)]
+
+
+def _cell(value: Figure, prefix: str, mark: bool = False) -> str:
+    if isinstance(value, BaseException):
+        return f"{prefix}: {short_error(value)}" + ("!" if mark else "")
+    if isinstance(value, float):
+        return f"{value:.3f}" + ("!" if mark else "")
+    return str(value)
+
+
+def _ratio(a: Figure, b: Figure) -> str:
+    if isinstance(a, float) and isinstance(b, float) and b > 0:
+        return f"{a / b:.1f}x"
+    return "-"
+
+
+def format_row(row: Row) -> str:
+    """The row's cells in their columns; an error stands in place of its
+    figure (and pushes the rest of the line right), and one error of both of
+    jax's modes is said once, at the end of the line."""
+    emu_races = bool(row.reports.get("races"))
+    jax_races = bool(row.reports.get("jax races"))
+    cells = [row.name, str(row.ops), _cell(row.lower_s, "lowering"),
+             _cell(row.emulate_s, "emu", emu_races), _cell(row.plain, "emu"),
+             _cell(row.checked, "emu", emu_races), _ratio(row.checked, row.plain)]
+    if (isinstance(row.jax, BaseException) and isinstance(row.jax_races, BaseException)
+            and short_error(row.jax) == short_error(row.jax_races)):
+        tail = [_cell(row.jax, "jax") + (" (both; races reported)" if jax_races else " (both)")]
+    elif row.jax == row.jax_races == "n/a":
+        tail = ["n/a (no jax function)"]
+    else:
+        tail = [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[7:], [
+            _cell(row.jax, "jax"), _cell(row.jax_races, "jax", jax_races),
+            _ratio(row.jax_races, row.checked)])]
+    out = [f"{cells[0]:{COLUMNS[0][1]}s}"]
+    out += [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[1:7], cells[1:])]
+    return " ".join(out + tail).rstrip()
+
+
+def header() -> str:
+    return " ".join([f"{COLUMNS[0][0]:{COLUMNS[0][1]}s}"]
+                    + [f"{title:>{width}s}" for title, width in COLUMNS[1:]])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.emulate",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a few kernels only: " + "; ".join(QUICK))
+    parser.add_argument("--repeat", type=int, default=3, metavar="N",
+                        help="each figure the fastest of N calls (default 3)")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+
+    checker = "" if HAS_CHECKER else " (n/a: this emulator has none)"
+    print(f"seconds, fastest of {args.repeat} after a warm-up; (1) the emulator, (2) with its "
+          f"synchronization checker{checker};\n(3) jax's GPU interpret mode, (4) with "
+          "detect_races=True; ! = races reported; lowering not included")
+    warm_up_jax()
+    print(header(), flush=True)
+    for case in cases(args.quick):
+        print(format_row(measure(case, args.repeat)), flush=True)
 
 
 if __name__ == "__main__":

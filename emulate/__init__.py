@@ -52,8 +52,25 @@ from typing import Any
 import numpy as np
 
 from .errors import EmulationError, Unsupported
+from .sync.reports import (Access, BarrierDivergence, Deadlock, MBarrierOverArrival, OutOfBounds,
+                           Race, RaceError, RaceWarning, UninitializedRead,
+                           UninitializedReadWarning, check_policy)
 
-__all__ = ["run", "run_module", "lower", "Unsupported", "EmulationError"]
+__all__ = ["run", "run_module", "lower", "Unsupported", "EmulationError", "Race", "Access",
+           "RaceError", "RaceWarning", "UninitializedRead", "UninitializedReadWarning",
+           "OutOfBounds", "BarrierDivergence", "MBarrierOverArrival", "Deadlock"]
+
+ON_RACE_ENV = "SMALTI_EMULATE_ON_RACE"
+ON_UNINITIALIZED_ENV = "SMALTI_EMULATE_ON_UNINITIALIZED"
+
+
+def _policies(on_race: str | None, on_uninitialized: str | None) -> tuple[str, str]:
+    import os
+
+    race = on_race if on_race is not None else os.environ.get(ON_RACE_ENV, "raise")
+    uninit = (on_uninitialized if on_uninitialized is not None
+              else os.environ.get(ON_UNINITIALIZED_ENV, "warn"))
+    return check_policy("on_race", race), check_policy("on_uninitialized", uninit)
 
 
 def lower(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tuple[Any, list]:
@@ -68,19 +85,36 @@ def lower(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tup
     return modules[0], out_avals
 
 
-def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tuple[np.ndarray, ...]:
+def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
+        on_race: str | None = None, on_uninitialized: str | None = None,
+        sanitize: bool = True) -> tuple[np.ndarray, ...]:
     """Emulates ``f(*args)``, a jax function whose body is one Mosaic GPU kernel
-    call, and returns the kernel's outputs as numpy arrays."""
+    call, and returns the kernel's outputs as numpy arrays.
+
+    The synchronization checker runs beside it (``sanitize=False``: off).
+    ``on_race``: ``"raise"`` (default; :class:`RaceError` listing every race
+    found), ``"warn"`` (a :class:`RaceWarning` per race) or ``"ignore"``;
+    ``on_uninitialized`` likewise for reads of SMEM nothing wrote
+    (:class:`UninitializedRead`; default ``"warn"``). The environment
+    variables ``SMALTI_EMULATE_ON_RACE`` and ``SMALTI_EMULATE_ON_UNINITIALIZED``
+    set the defaults."""
     from .runner import run_module as _run
 
+    race, uninit = _policies(on_race, on_uninitialized)
     module, out_avals = lower(f, *args, arch=arch)
     outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
-    return _run(module, [np.asarray(a) for a in args], outs)
+    return _run(module, [np.asarray(a) for a in args], outs, on_race=race,
+                on_uninitialized=uninit, sanitize=sanitize)
 
 
-def run_module(module: Any, inputs, outputs=None) -> tuple[np.ndarray, ...]:
+def run_module(module: Any, inputs, outputs=None, *, on_race: str | None = None,
+               on_uninitialized: str | None = None, sanitize: bool = True
+               ) -> tuple[np.ndarray, ...]:
     """Runs an already lowered module; ``outputs`` lists (shape, dtype) pairs
-    (by default: the kernel arguments after the inputs, as typed in the IR)."""
+    (by default: the kernel arguments after the inputs, as typed in the IR).
+    The checker's settings are :func:`run`'s."""
     from .runner import run_module as _run
 
-    return _run(module, inputs, outputs)
+    race, uninit = _policies(on_race, on_uninitialized)
+    return _run(module, inputs, outputs, on_race=race, on_uninitialized=uninit,
+                sanitize=sanitize)

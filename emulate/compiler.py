@@ -42,6 +42,15 @@ class Op:
     def loc(self) -> str:
         return str(self.op.location)
 
+    def site(self, op: str | None = None):
+        """What the synchronization checker reports of this op (``op``: the
+        PTX instruction an inline-asm op executes)."""
+        from .sync.reports import primitive_name, source_line
+        from .sync.shadow import OpSite
+
+        loc = self.loc
+        return OpSite(op or self.name, source_line(loc), primitive_name(loc))
+
     @property
     def in_types(self) -> list[irtypes.T]:
         return [irtypes.of(v) for v in self.op.operands]

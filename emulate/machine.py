@@ -5,12 +5,14 @@ the mask of active threads)."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import EmulationError, Unsupported
 from .memory import SMEM_BASE, ClusterSpace, Memory, Region, Space
+from .sync.clocks import SyncPoint
+from .sync.reports import MBarrierOverArrival
 
 
 @dataclass
@@ -31,11 +33,20 @@ class MBarrier:
     pending: int
     tx: int = 0
     phase: int = 0  # phases completed so far
+    # the synchronization checker's: the clock of the phase in progress and of
+    # the last completed one; the component of transfers completing on it
+    point: SyncPoint = field(default_factory=SyncPoint)
+    component: int = -1
+    cluster_run: int = -1
 
     def arrive(self, n: int, where: str) -> None:
         self.pending -= n
         if self.pending < 0:
-            raise EmulationError(f"mbarrier arrived at more often than its count {self.count} at {where}")
+            raise MBarrierOverArrival(
+                f"mbarrier arrived at {self.count - self.pending} times in phase {self.phase} "
+                f"but initialized with a count of {self.count} at {where}; fix: arrive exactly "
+                "as often as the count given to mbarrier.init (plgpu.Barrier(num_arrivals=...)) "
+                "per phase")
         self._maybe_complete()
 
     def expect_tx(self, n: int) -> None:
@@ -49,6 +60,7 @@ class MBarrier:
         if self.pending == 0 and self.tx == 0:
             self.phase += 1
             self.pending = self.count
+            self.point.complete()
 
 
 class Launch:
@@ -58,6 +70,7 @@ class Launch:
         self.memory = Memory()
         self.tma: dict[int, TmaDescriptor] = {}
         self.params: dict[int, Region] = {}  # kernel parameter blocks by identity
+        self.sync = None  # the synchronization checker (.sync.checker.Checker), if on
 
 
 TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes
@@ -79,6 +92,7 @@ class Cluster:
         self.threads = 0  # in every block together
         self.arrived = 0  # threads that arrived at barrier.cluster in this generation
         self.generation = 0
+        self.point = SyncPoint()  # the checker's clock of barrier.cluster
 
     def position(self, rank: int) -> tuple[int, int, int]:
         cx, cy, _ = self.dims
@@ -110,6 +124,9 @@ class Block:
         self.smem = cluster.spaces[rank]
         self.memory = launch.memory.for_block(self.smem, cluster.space if cluster.size > 1 else None)
         self.smem_region = self.smem.alloc(max(smem_bytes, 16), f"block {block_id} SMEM")
+        self.smem_region.tracked = True
+        self.warp_row0 = 0  # the checker's clock row of this block's first warp
+        self.warp_rows = flat // 32  # each thread's warp's clock row
         self.cluster_gen = -1  # the generation of barrier.cluster this group arrived at
         self.barriers: dict[int, MBarrier] = {}
         self.scratch: list[Region] = []
@@ -127,6 +144,7 @@ class Block:
         flat = np.arange(first, first + n, dtype=np.int64)
         g.T, g.flat, g.lane, g.name = n, flat, flat % 32, name
         g.tid = (flat % bx, (flat // bx) % by, flat // (bx * by))
+        g.warp_rows = self.warp_row0 + flat // 32
         return g
 
     def named_barrier(self, ident: int, expected: int):
@@ -167,13 +185,14 @@ class Block:
 class Frame:
     """Registers plus the active mask (``None``: every thread active)."""
 
-    __slots__ = ("regs", "mask", "block", "T", "launch", "mem")
+    __slots__ = ("regs", "mask", "block", "T", "launch", "mem", "sync")
 
     def __init__(self, regs: list, launch: Launch, block: Block | None = None) -> None:
         self.regs = regs
         self.mask: np.ndarray | None = None
         self.block = block
         self.launch = launch
+        self.sync = launch.sync if block is not None else None  # host code is not checked
         self.mem = launch.memory if block is None else block.memory
         self.T = block.T if block is not None else 1
 

@@ -16,6 +16,7 @@ import bisect
 import numpy as np
 
 from .errors import EmulationError, Unsupported
+from .sync.reports import OutOfBounds
 
 GLOBAL_BASE = 1 << 32
 GAP = 1 << 16
@@ -23,17 +24,23 @@ SMEM_BASE = 1024
 
 
 class Region:
-    __slots__ = ("base", "data", "name", "views")
+    """One buffer. ``tracked`` ones (kernel arguments, SMEM) have their
+    accesses checked by the synchronization checker, in ``shadow``."""
+
+    __slots__ = ("base", "data", "name", "views", "size", "tracked", "shadow")
 
     def __init__(self, base: int, size: int, name: str) -> None:
         self.base = base
+        self.size = size
         self.data = np.zeros(-(-max(size, 1) // 16) * 16, np.uint8)
         self.name = name
         self.views: dict = {}
+        self.tracked = False
+        self.shadow = None
 
     @property
     def end(self) -> int:
-        return self.base + self.data.size
+        return self.base + self.size
 
     def view(self, dtype: np.dtype) -> np.ndarray:
         v = self.views.get(dtype)
@@ -78,10 +85,10 @@ class Space:
             r = self.regions[i]
             if hi <= r.end:
                 return r
-            raise EmulationError(
+            raise OutOfBounds(
                 f"{self.name} memory access [{lo:#x}, {hi:#x}) runs past the end of "
-                f"{r.name} [{r.base:#x}, {r.end:#x}) at {where}")
-        raise EmulationError(f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
+                f"{r.name} [{r.base:#x}, {r.end:#x}) (by {hi - r.end} bytes) at {where}")
+        raise OutOfBounds(f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
 
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
         a = np.asarray(addrs, np.int64)

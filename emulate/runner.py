@@ -11,6 +11,8 @@ from . import irtypes, ops  # noqa: F401  (ops registers the rules)
 from .compiler import Compiler
 from .errors import EmulationError, Unsupported
 from .machine import Frame, Launch
+from .sync.checker import Checker
+from .sync.reports import RaceError
 
 
 def _entry(module: Any):
@@ -40,11 +42,14 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
 
 
 def run_module(module: Any, inputs: Sequence[np.ndarray],
-               outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None
+               outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
+               on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True
                ) -> tuple[np.ndarray, ...]:
     """Runs ``module`` (a Lane-level Mosaic GPU module) on ``inputs``; returns
     the output buffers, each of the given (shape, dtype) -- by default, the
-    types of the kernel arguments after the inputs."""
+    types of the kernel arguments after the inputs. With ``sanitize``, the
+    synchronization checker (:mod:`.sync`) runs beside it and reports by the
+    two policies."""
     func = _entry(module)
     kargs = _kernel_args(func)
     if outputs is None:
@@ -58,6 +63,8 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
     comp = Compiler()
     body = comp.block(func.regions[0].blocks[0])
     launch = Launch()
+    if sanitize:
+        launch.sync = Checker(on_race, on_uninitialized)
     g = launch.memory["global"]
     regions = []
     for i in range(n):
@@ -73,6 +80,7 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
             shape, dt = outputs[i - len(inputs)]
             arr = np.zeros(shape, dt)
         r = g.alloc(arr.nbytes, f"kernel argument {i}")
+        r.tracked = True
         r.data[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
         regions.append((r, arr.dtype, arr.shape))
     table = g.alloc(8 * n, "kernel argument table")
@@ -82,8 +90,15 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
     regs[token_slot] = np.asarray(0, np.int64)
     regs[buffers_slot] = np.asarray(table.base, np.int64)
     frame = Frame(regs, launch)
-    with np.errstate(all="ignore"):
-        body.run(frame)
+    try:
+        with np.errstate(all="ignore"):
+            body.run(frame)
+    except (EmulationError, Unsupported) as e:
+        if launch.sync is not None and launch.sync.races and on_race == "raise":
+            raise RaceError(list(launch.sync.races.values())) from e  # the likely cause
+        raise
+    if launch.sync is not None:
+        launch.sync.finish()
     out = []
     for r, dt, shape in regions[len(inputs):]:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import Unsupported
+from .sync.clocks import SyncPoint
+from .sync.reports import Deadlock
 
 
 MAX_POLLS = 10_000
@@ -137,12 +138,15 @@ class Scheduler:
                 return t
         raise self.deadlock()
 
-    def deadlock(self, extra=()) -> Unsupported:
+    def deadlock(self, extra=()) -> Deadlock:
         waits = [(t, t.waiting_for) for t in self.tasks if not t.done and t.cond is not None]
         waits += list(extra)
         what = "; ".join(f"{t.name} waits for {w}" for t, w in waits)
-        return Unsupported(f"warpgroups of a block (or cluster) that all wait for each other "
-                           f"({what}): the kernel would hang, or waits for something not modelled")
+        done = [t.name for t in self.tasks if t.done]
+        gone = f" ({', '.join(done)} finished)" if done else ""
+        return Deadlock(f"warpgroups of a block (or cluster) that all wait for each other "
+                        f"({what}){gone}: the kernel would hang; fix: make sure every arrival "
+                        "a wait counts on is made (and every barrier reached) on every path")
 
     def _main(self, task: Task, body: Callable[[], None]) -> None:
         task.ready.wait()
@@ -169,23 +173,32 @@ class Scheduler:
 
 class NamedBarrier:
     """``bar.sync``/``barrier.sync`` (and ``gpu.barrier``): released when
-    ``expected`` threads have arrived, then reset."""
+    ``expected`` threads have arrived, then reset. For the synchronization
+    checker, the arriving warps (``rows``) release their clocks into the
+    generation's and acquire the join once it completes."""
 
-    __slots__ = ("expected", "arrived", "generation")
+    __slots__ = ("expected", "arrived", "generation", "point")
 
     def __init__(self, expected: int) -> None:
         self.expected = expected
         self.arrived = 0
         self.generation = 0
+        self.point = SyncPoint()
 
-    def arrive(self, threads: int, sched: Scheduler | None, what: str) -> None:
+    def arrive(self, threads: int, sched: Scheduler | None, what: str, sync=None,
+               rows=None) -> None:
+        gen = self.generation
+        if sync is not None:
+            sync.release(rows, self.point)
         self.arrived += threads
         if self.arrived >= self.expected:
             self.arrived = 0
             self.generation += 1
-            return
-        if sched is None:
-            raise Unsupported(f"{what} for {self.expected} threads reached by {self.arrived} "
-                              "(the others cannot arrive in this block)")
-        gen = self.generation
-        sched.wait_until(lambda: self.generation != gen, what)
+            self.point.complete(gen)
+        elif sched is None:
+            raise Deadlock(f"{what} for {self.expected} threads reached by {self.arrived} "
+                           "(the others cannot arrive in this block): it would hang")
+        else:
+            sched.wait_until(lambda: self.generation != gen, what)
+        if sync is not None:
+            sync.acquire(rows, self.point.generations.get(gen))

@@ -10,6 +10,9 @@ mbarrier's transaction bytes; stores skip them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .errors import EmulationError, Unsupported
@@ -48,25 +51,40 @@ def _smem_addresses(desc: TmaDescriptor, smem: int) -> np.ndarray:
     return swizzle(lin, desc.swizzle)
 
 
+Check = Callable[[Any, np.ndarray, int, bool], None] | None
+"""The synchronization checker's hook: ``check(space, element addresses,
+itemsize, is_write)`` for each side of a transfer (None: checker off)."""
+
+
 def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str,
-         smem_space=None) -> int:
+         smem_space=None, check: Check = None) -> int:
     """Global -> SMEM (this block's, or ``smem_space``: a multicast
     destination); returns the bytes transferred (for complete_tx)."""
     gaddr, inside = _box(desc, coords)
     vals = np.zeros(gaddr.shape, desc.dtype)
+    it = desc.dtype.itemsize
     if inside.any():
         vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
     space = fr.mem["shared"] if smem_space is None else smem_space
-    space.store(_smem_addresses(desc, smem), vals, desc.dtype, None, where)
-    return vals.size * desc.dtype.itemsize
+    saddr = _smem_addresses(desc, smem)
+    space.store(saddr, vals, desc.dtype, None, where)
+    if check is not None:
+        check(fr.mem["global"], gaddr[inside], it, False)
+        check(space, saddr, it, True)
+    return vals.size * it
 
 
-def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str) -> None:
+def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str,
+          check: Check = None) -> None:
     """SMEM -> global; elements outside the tensor are not written."""
     gaddr, inside = _box(desc, coords)
-    vals = fr.mem["shared"].load(_smem_addresses(desc, smem), desc.dtype, None, where)
+    saddr = _smem_addresses(desc, smem)
+    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where)
     if inside.any():
         fr.mem["global"].store(gaddr[inside], vals[inside], desc.dtype, None, where)
+    if check is not None:
+        check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
+        check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, True)
 
 
 def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
@@ -94,20 +112,30 @@ def _gather4_smem(desc: TmaDescriptor, smem: int, where: str) -> np.ndarray:
     return swizzle(smem + np.arange(4 * w, dtype=np.int64) * it, desc.swizzle)
 
 
-def gather4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str) -> int:
+def gather4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str,
+            check: Check = None) -> int:
     """Global -> SMEM, four gathered rows; returns the bytes transferred.
     Elements outside the tensor read as zero (and still count)."""
     gaddr, inside = _gather4_box(desc, col, rows, where)
     vals = np.zeros(gaddr.shape, desc.dtype)
     if inside.any():
         vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
-    fr.mem["shared"].store(_gather4_smem(desc, smem, where), vals, desc.dtype, None, where)
+    saddr = _gather4_smem(desc, smem, where)
+    fr.mem["shared"].store(saddr, vals, desc.dtype, None, where)
+    if check is not None:
+        check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, False)
+        check(fr.mem["shared"], saddr, desc.dtype.itemsize, True)
     return vals.size * desc.dtype.itemsize
 
 
-def scatter4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str) -> None:
+def scatter4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str,
+             check: Check = None) -> None:
     """SMEM -> global, four scattered rows; elements outside are not written."""
     gaddr, inside = _gather4_box(desc, col, rows, where)
-    vals = fr.mem["shared"].load(_gather4_smem(desc, smem, where), desc.dtype, None, where)
+    saddr = _gather4_smem(desc, smem, where)
+    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where)
     if inside.any():
         fr.mem["global"].store(gaddr[inside], vals[inside], desc.dtype, None, where)
+    if check is not None:
+        check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
+        check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, True)

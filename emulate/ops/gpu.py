@@ -10,6 +10,7 @@ import numpy as np
 
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
+from ..sync.reports import BarrierDivergence, Deadlock
 from ..machine import Block, Cluster, Frame, uniform
 from ..sched import Scheduler
 from ..values import MemRef
@@ -56,6 +57,8 @@ def launch(o: Op) -> Step:
                 for k in range(n)]
 
     def run_cluster(blocks: list[Block], r: list, fr: Frame) -> None:
+        if fr.launch.sync is not None:
+            fr.launch.sync.begin_cluster(blocks)
         tasks = [g for b in blocks for g in groups(b)]
         if len(tasks) == 1:
             run_group(tasks[0], r, fr)
@@ -133,57 +136,78 @@ def lane_id(o: Op) -> Step:
 
 
 def full_block_barrier(fr: Frame, what: str, where: str) -> None:
-    """Every thread of the block must arrive; other warpgroups run meanwhile."""
+    """Every thread of the block must arrive; other warpgroups run meanwhile.
+    The checker joins the clocks of every warp of the block."""
     if fr.mask is not None and not fr.mask.all():
-        raise Unsupported(f"{what} reached by only some threads of a warpgroup (a barrier "
-                          "inside divergent code cannot be ordered in lockstep)", where)
+        raise BarrierDivergence(
+            f"{what} at {where} reached by {int(fr.mask.sum())} of the {fr.T} threads of "
+            f"{fr.block.name if fr.block else 'the kernel'}: a block barrier must be reached by "
+            "every thread (bar.sync is .aligned); fix: move it out of the divergent branch")
     b = fr.block
-    if b is not None and b.sched is not None:
-        b.named_barrier(0, b.block_T).arrive(b.T, b.sched, f"{what} at {where}")
+    if b is None:
+        return
+    rows = None if fr.sync is None else fr.sync.rows(fr)
+    b.named_barrier(0, b.block_T).arrive(b.T, b.sched, f"{what} at {where}", fr.sync, rows)
 
 
 def named_barrier(fr: Frame, ident: int, count: int, what: str, where: str) -> None:
     """``bar.sync ident, count``: ``count`` threads (whole warps) must arrive."""
     b = fr.block
-    if b is None or b.sched is None:
-        return  # one warpgroup in lockstep: every earlier step already happened
+    if b is None:
+        return
     m = np.ones(b.T, bool) if fr.mask is None else fr.mask
     warps = m.reshape(-1, 32).any(1)
-    b.named_barrier(ident, count).arrive(32 * int(warps.sum()), b.sched, f"{what} at {where}")
+    threads = 32 * int(warps.sum())
+    if b.sched is None and threads < count and not warps.all():
+        raise BarrierDivergence(
+            f"{what} at {where} for {count} threads reached by {threads} (warps "
+            f"{np.flatnonzero(warps).tolist()} of {b.name}); the others skipped it; fix: reach "
+            "the barrier from every warp it counts, or count only the warps that reach it")
+    rows = None if fr.sync is None else fr.sync.rows(fr)
+    b.named_barrier(ident, count).arrive(threads, b.sched, f"{what} at {where}", fr.sync, rows)
 
 
 def cluster_arrive(fr: Frame, what: str, where: str) -> None:
     """``barrier.cluster.arrive``: this warpgroup's threads arrive at the
-    cluster barrier (every thread of every block of the cluster completes it)."""
+    cluster barrier (every thread of every block of the cluster completes it).
+    Unless ``.relaxed``, the arrival releases the warps' earlier accesses."""
     if fr.mask is not None and not fr.mask.all():
-        raise Unsupported(f"{what} reached by only some threads of a warpgroup", where)
+        raise BarrierDivergence(f"{what} at {where} reached by only some threads of "
+                                f"{fr.block.name}; fix: every thread of the cluster must arrive")
     g = fr.need_block(what, where)
     cl = g.cluster
     if g.cluster_gen >= 0:
         raise EmulationError(f"{what} twice without barrier.cluster.wait at {where}")
     g.cluster_gen = cl.generation
+    if fr.sync is not None and ".relaxed" not in what:
+        fr.sync.release(fr.sync.rows(fr), cl.point)
     cl.arrived += g.T
     if cl.arrived >= cl.threads:
         cl.arrived = 0
+        cl.point.complete(cl.generation)
         cl.generation += 1
 
 
 def cluster_wait(fr: Frame, what: str, where: str) -> None:
     """``barrier.cluster.wait``: blocks until every thread of the cluster has
-    arrived in the generation this warpgroup arrived in."""
+    arrived in the generation this warpgroup arrived in; acquires what the
+    arrivals released."""
     if fr.mask is not None and not fr.mask.all():
-        raise Unsupported(f"{what} reached by only some threads of a warpgroup", where)
+        raise BarrierDivergence(f"{what} at {where} reached by only some threads of "
+                                f"{fr.block.name}; fix: every thread of the cluster must wait")
     g = fr.need_block(what, where)
     cl, gen = g.cluster, g.cluster_gen
     if gen < 0:
-        raise Unsupported(f"{what} without barrier.cluster.arrive (it would hang)", where)
+        raise Deadlock(f"{what} at {where} without barrier.cluster.arrive: it would hang; fix: "
+                       "arrive before waiting")
     g.cluster_gen = -1
-    if cl.generation > gen:
-        return
-    if g.sched is None:
-        raise Unsupported(f"{what} that {cl.threads - cl.arrived} threads have not reached, "
-                          "which nothing else can reach", where)
-    g.sched.wait_until(lambda: cl.generation > gen, f"{what} at {where}")
+    if cl.generation <= gen:
+        if g.sched is None:
+            raise Deadlock(f"{what} at {where} that {cl.threads - cl.arrived} threads have not "
+                           "reached, which nothing else can reach")
+        g.sched.wait_until(lambda: cl.generation > gen, f"{what} at {where}")
+    if fr.sync is not None:
+        fr.sync.acquire(fr.sync.rows(fr), cl.point.generations.get(gen))
 
 
 @rule("gpu.barrier")

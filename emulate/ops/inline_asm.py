@@ -21,7 +21,9 @@ from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
-from .nvvm import effective, mbarrier_arrive, mbarrier_init, per_thread
+from .nvvm import (bulk_commit, bulk_wait, effective, mbarrier_arrive, mbarrier_init,
+                   per_thread, proxy_fence, tma_load_check, tma_store_check, wgmma_commit,
+                   wgmma_wait)
 
 F32_TINY = np.float32(np.finfo(np.float32).tiny)
 
@@ -203,18 +205,32 @@ def inline_asm(o: Op) -> Step:
         return step
     # --- side effects -------------------------------------------------------------
     outs = o.outs
+    site = o.site(opcode)
     if opcode in ("fence.mbarrier_init.release.cluster", "prefetch.tensormap",
-                  "fence.proxy.async.shared::cta", "fence.proxy.async", "griddepcontrol.wait",
-                  "griddepcontrol.launch_dependents", "fence.proxy.async.global",
-                  "fence.acq_rel.cta", "fence.sc.cta", "cp.async.bulk.commit_group",
-                  "cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read",
-                  "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
-                  "wgmma.wait_group.sync.aligned"
+                  "griddepcontrol.wait", "griddepcontrol.launch_dependents",
+                  "fence.acq_rel.cta", "fence.sc.cta", "wgmma.fence.sync.aligned"
                   ) or opcode.startswith("setmaxnreg."):
+        # no memory ordering the checker models (fence.acq_rel/sc.cta order a
+        # thread's own accesses, which a warp's program order already does)
         def noop(fr: Frame) -> None:
             for out in outs:
                 fr.regs[out] = None
         return noop
+    if opcode in ("fence.proxy.async.shared::cta", "fence.proxy.async",
+                  "fence.proxy.async.global") and not args:
+        return proxy_fence
+    if opcode == "cp.async.bulk.commit_group" and not args:
+        return lambda fr: bulk_commit(fr, pred_slots)
+    if opcode in ("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read") \
+            and len(args) <= 1 and pred is None:
+        pending = int(args[0]) if args else 0
+        read_only = opcode.endswith(".read")
+        return lambda fr: bulk_wait(fr, pending, read_only)
+    if opcode == "wgmma.commit_group.sync.aligned" and not args:
+        return wgmma_commit
+    if opcode == "wgmma.wait_group.sync.aligned" and len(args) == 1:
+        pending = int(args[0])
+        return lambda fr: wgmma_wait(fr, pending)
     if opcode in ("bar.sync", "barrier.sync", "bar.sync.aligned", "barrier.sync.aligned"):
         if len(args) == 1 and args[0] in ("0",):
             return lambda fr: full_block_barrier(fr, text, loc)
@@ -249,7 +265,7 @@ def inline_asm(o: Op) -> Step:
             raise unknown
         a, bar = arg_slot(args[0]), arg_slot(args[-1])
         vals = [arg_slot(x) for x in args[1:-1]]
-        return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc)
+        return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc, site)
     if opcode in ("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64",
                   "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64") \
             and len(args) == 3 and args[0] == "_":
@@ -278,24 +294,30 @@ def inline_asm(o: Op) -> Step:
             m = effective(fr, pred_slots)
             addrs = per_thread(fr.regs[a], fr.T)[m]
             tx = per_thread(fr.regs[n], fr.T)[m]
-            for ad, t in zip(addrs, tx):
-                b.barrier(ad, loc).complete_tx(int(t))
+            rows = b.warp_rows[m]
+            for ad, t, row in zip(addrs, tx, rows):
+                bar = b.barrier(ad, loc)
+                if fr.sync is not None:  # releases like an arrival
+                    fr.sync.release(row, bar.point)
+                bar.complete_tx(int(t))
         return complete_tx
     if opcode == "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes" and len(args) == 4:
         dst, src, n, bar = (arg_slot(a) for a in args)
-        return lambda fr: _bulk_copy(fr, pred_slots, dst, "shared", src, "global", n, bar, loc)
+        return lambda fr: _bulk_copy(fr, pred_slots, dst, "shared", src, "global", n, bar, loc,
+                                     site)
     if opcode == "cp.async.bulk.global.shared::cta.bulk_group" and len(args) == 3:
         dst, src, n = (arg_slot(a) for a in args)
-        return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc)
+        return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc,
+                                     site)
     if (tile := TMA_TILE.fullmatch(opcode)) \
             and len(args) == int(tile[1]) + (3 if tile[2] == "shared::cta" else 2):
-        return _tma_tile(tile, args, arg_slot, pred_slots, loc)
+        return _tma_tile(tile, args, arg_slot, pred_slots, loc, site)
     if opcode == GATHER4 and len(args) == 8:  # [smem], [desc, {col, r0..r3}], [bar]
         smem, desc, col, *rows, bar = (arg_slot(a) for a in args)
-        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, bar, loc)
+        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, bar, loc, site)
     if opcode == SCATTER4 and len(args) == 7:  # [desc, {col, r0..r3}], [smem]
         desc, col, *rows, smem = (arg_slot(a) for a in args)
-        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, None, loc)
+        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, None, loc, site)
     raise unknown
 
 
@@ -328,16 +350,20 @@ def _remote_arrive(fr: Frame, pred: int, addr: int, rank: int, where: str) -> No
     m = effective(fr, [pred])
     addrs = per_thread(fr.regs[addr], fr.T).astype(np.int64)[m]
     ranks = per_thread(fr.regs[rank], fr.T).astype(np.int64)[m]
+    rows = b.warp_rows[m]
     for (a, k) in sorted(set(zip(addrs.tolist(), ranks.tolist()))):
-        n = int(((addrs == a) & (ranks == k)).sum())
-        b.peer(k, where).barrier(a, where).arrive(n, where)
+        sel = (addrs == a) & (ranks == k)
+        bar = b.peer(k, where).barrier(a, where)
+        if fr.sync is not None:  # orders the arriving warps' accesses for the peer's waiters
+            fr.sync.release(np.unique(rows[sel]), bar.point)
+        bar.arrive(int(sel.sum()), where)
 
 
 ST_ASYNC = "st.async.cluster.shared::cluster.mbarrier::complete_tx::bytes"
 
 
 def _st_async(fr: Frame, pred_slots, addr: int, vals: list[int], width: int, bar: int,
-              where: str) -> None:
+              where: str, site) -> None:
     """``st.async``: each thread stores its value(s) at a shared::cluster
     address (usually another block's SMEM) and completes their bytes on the
     mbarrier at a shared::cluster address, when issued."""
@@ -358,8 +384,32 @@ def _st_async(fr: Frame, pred_slots, addr: int, vals: list[int], width: int, bar
         x = per_thread(np.array(x).view(bits), fr.T)
         space.store(addrs + k * width, x, bits, m, where)
     bars = per_thread(r[bar], fr.T).astype(np.int64)[m]
+    if fr.sync is not None:
+        _st_async_check(fr, m, addrs[m], bars, len(vals), width, site, where)
     for a in np.unique(bars):
         b.remote_barrier(int(a), where).complete_tx(int((bars == a).sum()) * width * len(vals))
+
+
+def _st_async_check(fr: Frame, m: np.ndarray, addrs: np.ndarray, bars: np.ndarray, n: int,
+                    width: int, site, where: str) -> None:
+    """The checker's view of ``st.async`` by the threads ``m``: each warp's
+    stores, checked against what it knows, recorded under the transfers
+    completing on the (peer's) barrier -- visible to whoever waits for that
+    phase."""
+    sync, b = fr.sync, fr.block
+    issuing = b.warp_rows[m]
+    for row in np.unique(issuing):
+        row = int(row)
+        for a in np.unique(bars[issuing == row]):
+            sel = (issuing == row) & (bars == a)
+            target = b.remote_barrier(int(a), where)
+            comp = sync.barrier_component(target, b)
+            target.point.stamp(comp, target.phase + 1)
+            elems = (addrs[sel][:, None] + np.arange(n) * width).reshape(-1)
+            agent = f"st.async issued by {sync.clocks.names[row]}"
+            for space, local, _ in sync.spaces(fr, "cluster", elems):
+                sync.async_access(sync.clocks.matrix[row].copy(), space, local, width, True, site,
+                                  comp, target.phase + 1, agent, proxy_read=False)
 
 
 GATHER4 = "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes"
@@ -372,7 +422,7 @@ TMA_TILE = re.compile(r"cp\.async\.bulk\.tensor\.([1-5])d\.(shared::cta|global)\
                       r"(?:\.mbarrier::complete_tx::bytes|\.bulk_group)")
 
 
-def _tma_tile(match: re.Match, args: list[str], arg_slot, pred_slots, where: str):
+def _tma_tile(match: re.Match, args: list[str], arg_slot, pred_slots, where: str, site):
     """The step of a TMA tile load (``shared::cta`` destination) or store."""
     from .. import tma
 
@@ -387,10 +437,12 @@ def _tma_tile(match: re.Match, args: list[str], arg_slot, pred_slots, where: str
         for t, d, s in _tma_issuers(fr, pred_slots, desc, smem, where):
             at = [int(per_thread(fr.regs[c], fr.T)[t]) for c in coords]
             if bar is None:
-                tma.store(fr, d, s, at, where)
+                tma.store(fr, d, s, at, where, check=tma_store_check(fr, t, site))
             else:
-                n = tma.load(fr, d, s, at, where, smem_space=b.smem)
-                b.barrier(per_thread(fr.regs[bar], fr.T)[t], where).complete_tx(n)
+                target = b.barrier(per_thread(fr.regs[bar], fr.T)[t], where)
+                n = tma.load(fr, d, s, at, where, smem_space=b.smem,
+                             check=tma_load_check(fr, t, b, target, site))
+                target.complete_tx(n)
     return step
 
 
@@ -404,7 +456,7 @@ def _tma_issuers(fr: Frame, pred_slots, desc: int, smem: int, where: str):
 
 
 def _gather4(fr: Frame, pred_slots, smem: int, desc: int, col: int, rows: list[int],
-             bar: int | None, where: str) -> None:
+             bar: int | None, where: str, site) -> None:
     """TMA ``tile::gather4`` (``bar`` given) or ``tile::scatter4``, per issuing
     thread, complete when issued."""
     from .. import tma
@@ -415,21 +467,30 @@ def _gather4(fr: Frame, pred_slots, smem: int, desc: int, col: int, rows: list[i
         c = int(per_thread(r[col], fr.T)[t])
         rs = [int(per_thread(r[x], fr.T)[t]) for x in rows]
         if bar is None:
-            tma.scatter4(fr, d, s, c, rs, where)
+            tma.scatter4(fr, d, s, c, rs, where, check=tma_store_check(fr, t, site))
         else:
-            n = tma.gather4(fr, d, s, c, rs, where)
-            b.barrier(per_thread(r[bar], fr.T)[t], where).complete_tx(n)
+            target = b.barrier(per_thread(r[bar], fr.T)[t], where)
+            n = tma.gather4(fr, d, s, c, rs, where, check=tma_load_check(fr, t, b, target, site))
+            target.complete_tx(n)
 
 
 def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_space: str,
-               n: int, bar: int | None, where: str) -> None:
-    """A non-tensor bulk copy of n bytes, complete when issued."""
+               n: int, bar: int | None, where: str, site) -> None:
+    """A non-tensor bulk copy of n bytes, complete when issued: a load
+    completes on ``bar``, a store joins the thread's bulk async-group."""
     b = fr.need_block("cp.async.bulk", where)
     m = effective(fr, pred_slots)
     r = fr.regs
     for t in np.flatnonzero(m):
         size = int(per_thread(r[n], fr.T)[t])
-        data = fr.mem[src_space].read_bytes(int(per_thread(r[src], fr.T)[t]), size, where).copy()
-        fr.mem[dst_space].write_bytes(int(per_thread(r[dst], fr.T)[t]), data, where)
-        if bar is not None:
-            b.barrier(per_thread(r[bar], fr.T)[t], where).complete_tx(size)
+        s_addr, d_addr = int(per_thread(r[src], fr.T)[t]), int(per_thread(r[dst], fr.T)[t])
+        data = fr.mem[src_space].read_bytes(s_addr, size, where).copy()
+        fr.mem[dst_space].write_bytes(d_addr, data, where)
+        target = None if bar is None else b.barrier(per_thread(r[bar], fr.T)[t], where)
+        check = (tma_store_check(fr, t, site, "bulk copy") if target is None
+                 else tma_load_check(fr, t, b, target, site))
+        if check is not None and size:
+            check(fr.mem[src_space], s_addr + np.arange(size), 1, False)
+            check(fr.mem[dst_space], d_addr + np.arange(size), 1, True)
+        if target is not None:
+            target.complete_tx(size)

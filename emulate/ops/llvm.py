@@ -112,10 +112,13 @@ def load(o: Op) -> Step:
         raise o.unsupported(f"llvm.load of {t.text}")
     dt = t.dtype
     vshape = t.shape if t.kind == "vector" else ()
+    site = o.site()
 
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.regs[out] = fr.mem[space].load(addr, dt, fr.mask, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, False, site)
     return step
 
 
@@ -129,10 +132,14 @@ def store(o: Op) -> Step:
         raise o.unsupported(f"llvm.store of {t.text}")
     dt = t.dtype
     vshape = t.shape if t.kind == "vector" else ()
+    site = o.site()
 
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.mem[space].store(addr, fr.regs[v], dt, fr.mask, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, True, site,
+                                  values=np.asarray(fr.regs[v], dt))
     return step
 
 

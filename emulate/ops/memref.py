@@ -69,11 +69,14 @@ def load(o: Op) -> Step:
     ref, *idx = o.ins
     (out,) = o.outs
     loc = o.loc
+    site = o.site()
 
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
         fr.regs[out] = fr.mem[m.space].load(a, m.dtype, fr.mask, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, False, site)
     return step
 
 
@@ -81,11 +84,15 @@ def load(o: Op) -> Step:
 def store(o: Op) -> Step:
     val, ref, *idx = o.ins
     loc = o.loc
+    site = o.site()
 
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
         fr.mem[m.space].store(a, fr.regs[val], m.dtype, fr.mask, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, True, site,
+                                  values=np.asarray(fr.regs[val], m.dtype))
     return step
 
 

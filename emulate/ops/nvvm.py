@@ -156,9 +156,12 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
     cnt = per_thread(fr.regs[count_slot], fr.T)[m].astype(np.int64) if count_slot is not None else None
     if count_const is not None:
         cnt = np.full(int(m.sum()), count_const, np.int64)
+    rows = None if fr.sync is None else fr.block.warp_rows[m]
     for k, a in enumerate(np.unique(addrs)):
         sel = addrs == a
         bar = b.remote_barrier(a, where) if remote else b.barrier(a, where)
+        if rows is not None:  # an arrival releases the arriving warps' accesses
+            fr.sync.release(np.unique(rows[sel]), bar.point)
         if tx is not None:
             bar.expect_tx(int(tx[sel].sum()))
         bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
@@ -181,12 +184,14 @@ def mbarrier_wait(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> No
     par = per_thread(fr.regs[parity_slot], fr.T)[m].astype(np.int64) & 1
     for a, p in sorted(set(zip(addrs.tolist(), par.tolist()))):
         bar = b.barrier(a, where)
-        if (bar.phase & 1) != p:
-            continue
-        if b.sched is None:
-            raise _not_lockstep(bar, p, "mbarrier.try_wait.parity", where)
-        b.sched.wait_until(lambda bar=bar, p=p: (bar.phase & 1) != p,
-                           f"mbarrier {a:#x} phase parity {p} at {where}")
+        if (bar.phase & 1) == p:
+            if b.sched is None:
+                raise _not_lockstep(bar, p, "mbarrier.try_wait.parity", where)
+            b.sched.wait_until(lambda bar=bar, p=p: (bar.phase & 1) != p,
+                               f"mbarrier {a:#x} phase parity {p} at {where}")
+        if fr.sync is not None:  # the completed phase is acquired
+            sel = (addrs == a) & (par == p)
+            fr.sync.acquire(np.unique(b.warp_rows[m][sel]), bar.point.released)
 
 
 def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np.ndarray:
@@ -211,6 +216,9 @@ def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np
                                 where)
         b.sched.poll(f"a poll of mbarrier {int(addrs[np.flatnonzero(m)[0]]):#x} at {where}")
         out = test()
+    if fr.sync is not None:  # threads that saw the phase complete acquire it
+        for t in np.flatnonzero(m & out):
+            fr.sync.acquire(b.warp_rows[t], b.barrier(addrs[t], where).point.released)
     return out
 
 
@@ -317,6 +325,8 @@ def tma_load(o: Op) -> Step:
     pred = operands(o, "predicate")
     loc = o.loc
 
+    site = o.site("cp.async.bulk.tensor (TMA load)")
+
     def step(fr: Frame) -> None:
         b = fr.need_block("TMA load", loc)
         m = effective(fr, pred)
@@ -330,9 +340,50 @@ def tma_load(o: Op) -> Step:
             else:
                 targets = [b]
             for tb in targets:
-                n = tma.load(fr, d, smem, _coords(fr, coords, t), loc, smem_space=tb.smem)
-                tb.barrier(at, loc).complete_tx(n)
+                target = tb.barrier(at, loc)
+                check = tma_load_check(fr, t, tb, target, site)
+                n = tma.load(fr, d, smem, _coords(fr, coords, t), loc, smem_space=tb.smem,
+                             check=check)
+                target.complete_tx(n)
     return step
+
+
+def tma_load_check(fr: Frame, t: int, target_block, bar: MBarrier, site):
+    """The checker's view of a TMA transfer thread ``t`` issues that completes
+    on ``bar`` (of ``target_block``): checked against what the thread knows
+    now, recorded under the barrier's transfers (visible once a wait acquires
+    the phase it completes). None when the checker is off."""
+    sync = fr.sync
+    if sync is None:
+        return None
+    row = int(fr.block.warp_rows[t])
+    view = sync.clocks.matrix[row].copy()
+    comp = sync.barrier_component(bar, target_block)
+    bar.point.stamp(comp, bar.phase + 1)  # its complete_tx joins the phase in progress
+    agent = f"TMA load issued by {sync.clocks.names[row]}"
+
+    def check(space, addrs, itemsize: int, is_write: bool) -> None:
+        sync.async_access(view, space, addrs, itemsize, is_write, site, comp, bar.phase + 1,
+                          agent)
+    return check
+
+
+def tma_store_check(fr: Frame, t: int, site, what: str = "TMA store"):
+    """The checker's view of a bulk async copy (a TMA store) thread ``t``
+    issues: reads recorded under its bulk group's reads, writes under its
+    writes (visible after ``wait_group.read`` / ``wait_group``)."""
+    sync = fr.sync
+    if sync is None:
+        return None
+    row = int(fr.block.warp_rows[t])
+    view = sync.clocks.matrix[row].copy()
+    reads, writes, stamp = sync.bulk_issue(fr.block, int(fr.block.flat[t]))
+    agent = f"{what} issued by {sync.clocks.names[row]}"
+
+    def check(space, addrs, itemsize: int, is_write: bool) -> None:
+        sync.async_access(view, space, addrs, itemsize, is_write, site,
+                          writes if is_write else reads, stamp, agent)
+    return check
 
 
 @rule("nvvm.cp.async.bulk.tensor.global.shared.cta")
@@ -345,12 +396,15 @@ def tma_store(o: Op) -> Step:
     pred = operands(o, "predicate")
     loc = o.loc
 
+    site = o.site("cp.async.bulk.tensor (TMA store)")
+
     def step(fr: Frame) -> None:
         fr.need_block("TMA store", loc)
         m = effective(fr, pred)
         for t in np.flatnonzero(m):
             d = tma.descriptor(fr, per_thread(fr.regs[desc], fr.T)[t], loc)
-            tma.store(fr, d, int(per_thread(fr.regs[src], fr.T)[t]), _coords(fr, coords, t), loc)
+            tma.store(fr, d, int(per_thread(fr.regs[src], fr.T)[t]), _coords(fr, coords, t), loc,
+                      check=tma_store_check(fr, t, site))
     return step
 
 
@@ -363,12 +417,78 @@ def _noop(o: Op) -> Step:
     return step
 
 
-for _n in ("nvvm.cp.async.bulk.commit.group", "nvvm.cp.async.bulk.wait_group", "nvvm.fence.proxy",
-           "nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire", "nvvm.fence.proxy.release",
+# no memory ordering the checker models: mbarrier-init and tensormap fences,
+# prefetches, register allocation, warp-synchronous points (a warp is one
+# agent), wgmma.fence (orders register accesses, which are not tracked)
+for _n in ("nvvm.fence.mbarrier.init", "nvvm.fence.proxy.acquire", "nvvm.fence.proxy.release",
            "nvvm.prefetch.tensormap", "nvvm.setmaxregister", "nvvm.bar.warp.sync",
-           "nvvm.cp.async.bulk.tensor.prefetch", "nvvm.wgmma.fence.aligned",
-           "nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned"):
+           "nvvm.cp.async.bulk.tensor.prefetch", "nvvm.wgmma.fence.aligned"):
     rule(_n)(_noop)
+
+
+def bulk_commit(fr: Frame, pred_slots=()) -> None:
+    """``cp.async.bulk.commit_group``: each executing thread's pending bulk
+    copies become its newest group."""
+    if fr.sync is not None:
+        fr.sync.bulk_commit(fr, np.flatnonzero(effective(fr, list(pred_slots))))
+
+
+def bulk_wait(fr: Frame, pending: int, read_only: bool, pred_slots=()) -> None:
+    """``cp.async.bulk.wait_group[.read] pending``: each executing thread's
+    groups but the newest ``pending`` have completed (their reads)."""
+    if fr.sync is not None:
+        fr.sync.bulk_wait(fr, np.flatnonzero(effective(fr, list(pred_slots))), pending, read_only)
+
+
+def proxy_fence(fr: Frame) -> None:
+    """``fence.proxy.async``: the executing warps' earlier generic writes
+    become visible to the async proxy (TMA, WGMMA)."""
+    if fr.sync is not None:
+        fr.sync.fence(fr.sync.rows(fr))
+
+
+def wgmma_commit(fr: Frame) -> None:
+    if fr.sync is not None:
+        fr.sync.wgmma_commit(fr)
+
+
+def wgmma_wait(fr: Frame, pending: int) -> None:
+    if fr.sync is not None:
+        fr.sync.wgmma_wait(fr, pending)
+
+
+def _int_attr(o: Op, name: str) -> int:
+    return int(o.attr(name).value) if o.has(name) else 0
+
+
+@rule("nvvm.cp.async.bulk.commit.group")
+def cp_async_bulk_commit_group(o: Op) -> Step:
+    return bulk_commit
+
+
+@rule("nvvm.cp.async.bulk.wait_group")
+def cp_async_bulk_wait_group(o: Op) -> Step:
+    pending, read_only = _int_attr(o, "group"), o.has("read")
+    return lambda fr: bulk_wait(fr, pending, read_only)
+
+
+@rule("nvvm.fence.proxy")
+def fence_proxy(o: Op) -> Step:
+    kind = str(o.attr("kind"))
+    if "async" not in kind:  # alias / tensormap proxies order nothing modelled
+        return _noop(o)
+    return proxy_fence
+
+
+@rule("nvvm.wgmma.commit.group.sync.aligned")
+def wgmma_commit_group(o: Op) -> Step:
+    return wgmma_commit
+
+
+@rule("nvvm.wgmma.wait.group.sync.aligned")
+def wgmma_wait_group(o: Op) -> Step:
+    pending = _int_attr(o, "group")
+    return lambda fr: wgmma_wait(fr, pending)
 
 
 @rule("nvvm.barrier0", "nvvm.barrier")
@@ -541,6 +661,7 @@ def ldmatrix(o: Op) -> Step:
     trans = "col" in str(o.attr("layout"))
     (ptr,), (out,) = o.ins, o.outs
     loc = o.loc
+    site = o.site()
 
     def step(fr: Frame) -> None:
         W = _warps(fr, loc)
@@ -550,6 +671,8 @@ def ldmatrix(o: Op) -> Step:
         wm = None if fr.mask is None else np.broadcast_to(
             fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
         vals = fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, "shared", rows, 3, 2, False, site, mask=wm, by_warp=True)
         if trans:
             vals = np.swapaxes(vals, -1, -2)
         lane = np.arange(32)
@@ -571,6 +694,7 @@ def stmatrix(o: Op) -> Step:
     ptr, *srcs = o.ins
     num = len(srcs)
     loc = o.loc
+    site = o.site()
 
     def step(fr: Frame) -> None:
         W = _warps(fr, loc)
@@ -590,6 +714,8 @@ def stmatrix(o: Op) -> Step:
         wm = None if fr.mask is None else np.broadcast_to(
             fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
         fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True)
     return step
 
 

@@ -219,11 +219,14 @@ def load(o: Op) -> Step:
     ref, idx, vshape = _load_store_common(o, 0, vt)
     (out,) = o.outs
     loc = o.loc
+    site = o.site()
 
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         fr.regs[out] = fr.mem[m.space].load(addrs, m.dtype, fr.mask, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, m.space, addrs, len(vshape), m.itemsize, False, site)
     return step
 
 
@@ -233,11 +236,15 @@ def store(o: Op) -> Step:
     val = o.ins[0]
     ref, idx, vshape = _load_store_common(o, 1, vt)
     loc = o.loc
+    site = o.site()
 
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         fr.mem[m.space].store(addrs, fr.regs[val], m.dtype, fr.mask, loc)
+        if fr.sync is not None:
+            fr.sync.thread_access(fr, m.space, addrs, len(vshape), m.itemsize, True, site,
+                                  values=np.asarray(fr.regs[val], m.dtype))
     return step
 
 

@@ -116,6 +116,7 @@ def compile_wgmma(o: Op, text: str) -> Step:
         raise Unsupported(f"inline PTX {text!r}: immediates for an integer WGMMA", loc)
     (out,) = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
     acc_dt = np.dtype(np.float32) if dty == "f32" else np.dtype(np.int32)
+    site = o.site(f"wgmma.mma_async.m64n{n}k{k}.{dty}.{aty}.{bty}")
 
     def step(fr: Frame) -> None:
         b = fr.need_block("wgmma.mma_async", loc)
@@ -129,13 +130,14 @@ def compile_wgmma(o: Op, text: str) -> Step:
             trans_b = int(vals[-1])
         else:
             trans_a = trans_b = 0
+        check = _operand_check(fr, site)
         if a_in_regs:
             a = _a_from_registers(fr, a_slots, el)
         else:
             desc = int(uniform(r[a_slots[0]], fr, "the WGMMA A descriptor", loc))
-            a = _read_operand(fr, desc, 64, k, el, trans_a, loc)
+            a = _read_operand(fr, desc, 64, k, el, trans_a, loc, check)
         desc_b = int(uniform(r[b_slot], fr, "the WGMMA B descriptor", loc))
-        bm = _read_operand(fr, desc_b, n, k, el, trans_b, loc)  # (N, K)
+        bm = _read_operand(fr, desc_b, n, k, el, trans_b, loc, check)  # (N, K)
         del b
         rows, cols = _d_positions(n)
         prod = (a.astype(np.int64) @ bm.astype(np.int64).T) if is_int else \
@@ -188,8 +190,23 @@ def _a_from_registers(fr: Frame, slots: list[int], el: np.dtype) -> np.ndarray:
     return a.view(el)
 
 
+def _operand_check(fr: Frame, site):
+    """The checker's view of this WGMMA's SMEM reads: checked against what the
+    issuing warpgroup knows, recorded under its WGMMA groups (ordered before
+    what follows the ``wgmma.wait_group`` covering it)."""
+    sync = fr.sync
+    if sync is None:
+        return None
+    comp, stamp, agent = sync.wgmma_issue(fr)
+    view = sync.clocks.view(sync.rows(fr))
+
+    def check(addrs, itemsize: int) -> None:
+        sync.async_access(view, fr.mem["shared"], addrs, itemsize, False, site, comp, stamp, agent)
+    return check
+
+
 def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: int,
-                  where: str) -> np.ndarray:
+                  where: str, check=None) -> np.ndarray:
     """The (mn, k) operand a matrix descriptor points at."""
     desc &= (1 << 64) - 1
     start = (desc & 0x3FFF) << 4
@@ -211,4 +228,7 @@ def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: in
         off = (i * e) % s + (i * e // s) * lbo + (j % 8) * s + (j // 8) * sbo
     # the descriptor holds address bits 4..17 of a shared-window address
     addr = swizzle_addr(start + off, s)
-    return fr.mem["shared"].load(addr, el, None, where)
+    vals = fr.mem["shared"].load(addr, el, None, where)
+    if check is not None:
+        check(addr, el.itemsize)
+    return vals

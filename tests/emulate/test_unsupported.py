@@ -83,7 +83,7 @@ def test_warpgroups_that_wait_for_each_other_are_a_named_deadlock():
     call = plgpu.kernel(body, out_type=S((128,), jnp.float32), compiler_params=WG,
                         scratch_types=[plgpu.Barrier(), plgpu.Barrier()],
                         num_threads=2, thread_name="wg")
-    with pytest.raises(emu.Unsupported, match=r"warpgroup 0 waits for mbarrier .* phase parity 0"
+    with pytest.raises(emu.Deadlock, match=r"warpgroup 0 waits for mbarrier .* phase parity 0"
                        r" at loc\(.*warpgroup 1 waits for mbarrier"):
         emu.run(call)
 

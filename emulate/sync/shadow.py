@@ -1,0 +1,77 @@
+"""Shadow memory: for every byte of a tracked buffer, the last write and the
+last read by each component, as *site* ids.
+
+A site is one access event: an op executed by one component at one time
+(:class:`Sites` holds, per id, the cluster run, the component, its time,
+whether it was a generic-proxy write, and what to report). Reads keep one
+column per component: an agent's reads come in program order and an
+asynchronous unit's complete in order, so a later writer ordered after the
+latest read of a component is ordered after all its earlier ones. Reads a
+component of an earlier cluster run made are kept apart (``earlier``):
+components are numbered per cluster, and blocks of different clusters are
+never ordered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OpSite:
+    """What to report about one op: its name (or PTX instruction) and source."""
+
+    op: str
+    location: str  # file:line
+    primitive: str = ""
+
+
+class Sites:
+    """Growable columns describing every access event of a launch."""
+
+    def __init__(self) -> None:
+        self.n = 1  # id 0: no access (the host's initial contents)
+        cap = 1024
+        self.cluster = np.full(cap, -1, np.int32)
+        self.component = np.zeros(cap, np.int32)
+        self.time = np.zeros(cap, np.int32)
+        self.generic = np.zeros(cap, bool)  # a generic-proxy (thread) write
+        self.info: list = [None]  # (OpSite, agent name, is_write)
+
+    def add(self, cluster: int, component: int, time: int, generic: bool, info) -> int:
+        k = self.n
+        if k == self.cluster.size:
+            for name in ("cluster", "component", "time", "generic"):
+                old = getattr(self, name)
+                new = np.zeros(2 * old.size, old.dtype)
+                new[:old.size] = old
+                setattr(self, name, new)
+        self.cluster[k], self.component[k], self.time[k] = cluster, component, time
+        self.generic[k] = generic
+        self.info.append(info)
+        self.n += 1
+        return k
+
+
+class Shadow:
+    """The shadow of one buffer (:class:`..memory.Region`)."""
+
+    __slots__ = ("write", "reads", "earlier")
+
+    def __init__(self, nbytes: int) -> None:
+        self.write = np.zeros(nbytes, np.int32)
+        self.reads: dict[int, np.ndarray] = {}
+        self.earlier: np.ndarray | None = None
+
+    def read_column(self, component: int) -> np.ndarray:
+        col = self.reads.get(component)
+        if col is None:
+            col = self.reads[component] = np.zeros(self.write.size, np.int32)
+        return col
+
+    def keep_earlier(self, offsets: np.ndarray, sites: np.ndarray) -> None:
+        """Reads of an earlier cluster run about to be replaced in a column."""
+        if self.earlier is None:
+            self.earlier = np.zeros(self.write.size, np.int32)
+        self.earlier[offsets] = sites
