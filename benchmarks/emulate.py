@@ -174,12 +174,12 @@ def kernels():
 
 @contextlib.contextmanager
 def cuda_runtime_known(module: types.ModuleType) -> Iterator[None]:
-    """``attention_mgpu``'s forward kernels ask the CUDA runtime for its
-    version (only their causal variant depends on it): on a machine without
-    CUDA, answer for them."""
+    """``attention_mgpu.attention`` asks the CUDA runtime for its version (only
+    its causal variant depends on it): on a machine without CUDA, answer for
+    it (13.0) while it traces."""
     saved = module.cuda_versions
     if saved is None:
-        module.cuda_versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: 12090)
+        module.cuda_versions = types.SimpleNamespace(cuda_runtime_get_version=lambda: 13000)
     try:
         yield
     finally:
@@ -187,12 +187,15 @@ def cuda_runtime_known(module: types.ModuleType) -> Iterator[None]:
 
 
 def official_kernels():
-    """jax's official Pallas Hopper kernels, each in the smallest configuration
-    the official-kernel tests build (``tests/hopper/test_official_kernels.py``,
-    ``benchmarks/run.py``) on the smallest shapes it accepts with more than one
-    pipeline step. Yields (name, jax function, its arguments, the inputs of each
-    kernel the function launches, or None for a function of one kernel whose
-    inputs are its arguments)."""
+    """jax's official Pallas Hopper kernels: the matmuls and the pipeline-emitter
+    attention in the smallest configurations the official-kernel tests build
+    (``tests/hopper/test_official_kernels.py``; those tests lower no forward or
+    backward ``attention`` and no ``ragged_dot``: these take the smallest
+    blocks the kernels accept), each on the smallest shapes that give one
+    output tile (one block of work; the matmuls' persistent grids still launch
+    132 blocks) and more than one pipeline step. Yields (name, jax function,
+    its arguments, the inputs of each kernel the function launches, or None
+    for a function of one kernel whose inputs are its arguments)."""
     from jax.experimental.pallas.ops.gpu import attention_mgpu as attention
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as matmul
     from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as mixed
@@ -209,6 +212,8 @@ def official_kernels():
     yield ("hopper_matmul (128, 128) x (128, 256) f16",
            lambda a, b: matmul.matmul(a, b, None, mm), [a, b], None)
 
+    # s8 x f16: the emulator does not model the bf16 variant's dequantizing
+    # inline PTX (prmt + sub.bf16x2); the tests lower both.
     mx = mixed.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
     a8 = rng.integers(-8, 8, (128, 128)).astype(np.int8)
     yield ("hopper_mixed_type_matmul s8 x f16",
@@ -312,7 +317,7 @@ def smalti_case(name: str, body, ins, outs, scratch, args) -> Case:
 
 
 QUICK = ("elementwise f32 (128, 128)", "warp-specialized pipeline, 8 x (128, 64)",
-         "ragged_dot (128, 128) x 2 groups (128, 128) f16", "smalti: keep_dims mean (128, 128)")
+         "cluster of 4: multicast TMA (64, 64) f16", "smalti: keep_dims mean (128, 128)")
 
 
 def cases(quick: bool = False) -> Iterator[Case]:
@@ -322,8 +327,8 @@ def cases(quick: bool = False) -> Iterator[Case]:
     for name, fn, args in kernels():
         if keep(name):
             yield pallas_case(name, fn, args)
-    for name, fn, args, kernel_inputs in official_kernels():
-        if keep(name):
+    if not quick:  # none is quick: jax's interpret mode compiles one for seconds
+        for name, fn, args, kernel_inputs in official_kernels():
             yield pallas_case(name, fn, args, kernel_inputs)
     for name, *rest in smalti_kernels():
         if keep(name):

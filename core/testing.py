@@ -192,10 +192,13 @@ def smalti_compare() -> Callable[..., str]:
 
 @pytest.fixture
 def smalti_emulate() -> Callable[..., Any]:
-    """``smalti_emulate(f, *numpy_args, pipeline=None, arch=(9, 0))`` -> the
-    outputs of ``f`` (one Mosaic GPU kernel call), lowered through
-    ``pipeline`` (default: the installed plugins) and run on the CPU by
-    :mod:`smalti.emulate`: what a plugin's lowering computes, not its text."""
+    """``smalti_emulate(f, *numpy_args, pipeline=None, arch=(9, 0),
+    on_race="raise", on_uninitialized="warn")`` -> the outputs of ``f`` (one
+    Mosaic GPU kernel call), lowered through ``pipeline`` (default: the
+    installed plugins) and run on the CPU by :mod:`smalti.emulate`: what a
+    plugin's lowering computes, not its text, with its synchronization
+    checked (a race raises ``smalti.emulate.RaceError`` by default;
+    ``SMALTI_EMULATE_ON_RACE`` sets the default policy)."""
     from smalti.emulate.testing import emulate_pipeline
 
     return emulate_pipeline

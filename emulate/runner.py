@@ -12,7 +12,6 @@ from .compiler import Compiler
 from .errors import EmulationError, Unsupported
 from .machine import Frame, Launch
 from .sync.checker import Checker
-from .sync.reports import RaceError
 
 
 def _entry(module: Any):
@@ -94,8 +93,10 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         with np.errstate(all="ignore"):
             body.run(frame)
     except (EmulationError, Unsupported) as e:
-        if launch.sync is not None and launch.sync.races and on_race == "raise":
-            raise RaceError(list(launch.sync.races.values())) from e  # the likely cause
+        if launch.sync is not None and launch.sync.races and on_race != "ignore":
+            races = list(launch.sync.races.values())
+            e.add_note(f"before this, the checker found {len(races)} data race(s), which may "
+                       "have caused it:\n" + "\n".join(str(r) for r in races[:3]))
         raise
     if launch.sync is not None:
         launch.sync.finish()

@@ -54,18 +54,22 @@ def assert_close_ulp(got: np.ndarray, want: np.ndarray, ulp: int) -> None:
 
 
 def emulate_pipeline(f: Callable, *args: np.ndarray, pipeline: Any = None,
-                     jax_pipeline: bool = False, arch: tuple[int, int] = (9, 0)):
-    """Runs ``f`` on the emulator through smalti's pipeline (or jax's)."""
+                     jax_pipeline: bool = False, arch: tuple[int, int] = (9, 0),
+                     on_race: str | None = None, on_uninitialized: str | None = None):
+    """Runs ``f`` on the emulator through smalti's pipeline (or jax's), with
+    the synchronization checker's policies as :func:`smalti.emulate.run` takes them."""
+    policies = dict(on_race=on_race, on_uninitialized=on_uninitialized)
     if jax_pipeline:
-        return run(f, *args, arch=arch)
+        return run(f, *args, arch=arch, **policies)
     import smalti.jax
 
     with smalti.jax.installed(pipeline):  # None: the installed plugins
-        return run(f, *args, arch=arch)
+        return run(f, *args, arch=arch, **policies)
 
 
 def emulate_kernel(body: Callable, in_shapes, out_shapes, *args: np.ndarray,
-                   pipeline: Any = None, jax_pipeline: bool = False, **build: Any):
+                   pipeline: Any = None, jax_pipeline: bool = False, on_race: str | None = None,
+                   on_uninitialized: str | None = None, **build: Any):
     """Builds a Warpgroup-semantics kernel from a dialect-level ``body``
     (``body(launch_ctx, *refs, smem)``, as :func:`smalti.kernels.build_kernel`
     takes it, with its keyword arguments ``build``), infers layouts and lowers
@@ -82,4 +86,5 @@ def emulate_kernel(body: Callable, in_shapes, out_shapes, *args: np.ndarray,
     else:
         lower_with(kernel, pipeline)
     outs = [(tuple(o.shape), np.dtype(o.dtype)) for o in out_shapes]
-    return run_module(kernel.module, [np.asarray(a) for a in args], outs)
+    return run_module(kernel.module, [np.asarray(a) for a in args], outs, on_race=on_race,
+                      on_uninitialized=on_uninitialized)

@@ -487,7 +487,7 @@ def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_sp
         data = fr.mem[src_space].read_bytes(s_addr, size, where).copy()
         fr.mem[dst_space].write_bytes(d_addr, data, where)
         target = None if bar is None else b.barrier(per_thread(r[bar], fr.T)[t], where)
-        check = (tma_store_check(fr, t, site, "bulk copy") if target is None
+        check = (tma_store_check(fr, t, site, "TMA bulk copy") if target is None
                  else tma_load_check(fr, t, b, target, site))
         if check is not None and size:
             check(fr.mem[src_space], s_addr + np.arange(size), 1, False)

@@ -178,20 +178,51 @@ class Checker:
     # --- the check --------------------------------------------------------------------------
 
     def _ordered(self, earlier: np.ndarray, rows: np.ndarray | None,
-                 view: np.ndarray | None) -> np.ndarray:
+                 view: np.ndarray | None, need_all: bool = True) -> np.ndarray:
         """Whether each access ``earlier`` (site ids) happens before the
-        accessor (per byte clock ``rows``, or the one clock ``view``)."""
+        accessor (per byte clock ``rows``, or the one clock ``view``). A group
+        write is ordered before a read once one of its warps' writes is (they
+        wrote equal values), before a write only once all are."""
         S = self.sites
+        comp = S.component[earlier]
         same = S.cluster[earlier] == self.cluster
-        comp = np.where(same, S.component[earlier], 0)
+        plain = comp >= 0
+        c = np.where(same & plain, comp, 0)
         if rows is not None:
-            known = self.clocks.matrix[rows, comp]
+            known = self.clocks.matrix[rows, c]
         else:
-            if view.size < self.clocks.matrix.shape[1]:
-                view = np.concatenate([view, np.zeros(self.clocks.matrix.shape[1] - view.size,
-                                                      view.dtype)])
-            known = view[comp]
-        return same & (known >= S.time[earlier])
+            view = self._full_width(view)
+            known = view[c]
+        ok = same & plain & (known >= S.time[earlier])
+        if not plain.all():
+            for g in np.unique(earlier[~plain]):
+                members = S.members[int(g)]
+                at = earlier == g
+                accessors = [None] if rows is None else np.unique(rows[at])
+                for r in accessors:
+                    mine = at if r is None else at & (rows == r)
+                    m_ok = self._ordered(members, None if r is None else
+                                         np.full(members.size, r), view)
+                    ok[mine] = m_ok.all() if need_all else m_ok.any()
+        return ok
+
+    def _full_width(self, view: np.ndarray) -> np.ndarray:
+        width = self.clocks.matrix.shape[1]
+        if view.size < width:
+            view = np.concatenate([view, np.zeros(width - view.size, view.dtype)])
+        return view
+
+    def _unfenced(self, writes: np.ndarray, view: np.ndarray) -> np.ndarray:
+        """Which generic writes (site ids, ordered before ``view``) no proxy
+        fence of their warp ordered before ``view`` follows."""
+        S = self.sites
+        fenced = self.clocks.last_fences(self._full_width(view))
+        comp = S.component[writes]
+        bad = S.time[writes] > fenced[np.maximum(comp, 0)]
+        for k in np.flatnonzero(comp < 0):
+            members = S.members[int(writes[k])]
+            bad[k] = bool((S.time[members] > fenced[S.component[members]]).any())
+        return bad
 
     def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
                rows: np.ndarray | None, view: np.ndarray | None, is_write: bool,
@@ -207,15 +238,14 @@ class Checker:
         if has.any():
             i = np.flatnonzero(has)
             prior = w[i]
-            ok = self._ordered(prior, None if rows is None else rows[i], view)
+            ok = self._ordered(prior, None if rows is None else rows[i], view, need_all=is_write)
             if not ok.all():
                 self._race(region, space, prior[~ok], sites[i][~ok], off[i][~ok])
             if proxy_read:
                 gen = ok & S.generic[prior]
                 if gen.any():
-                    fenced = self.clocks.last_fences(view)
                     g = prior[gen]
-                    bad = S.time[g] > fenced[S.component[g]]
+                    bad = self._unfenced(g, view)
                     if bad.any():
                         self._race(region, space, g[bad], sites[i][gen][bad], off[i][gen][bad],
                                    unfenced=True)
@@ -228,9 +258,9 @@ class Checker:
                     ok = self._ordered(r[i], None if rows is None else rows[i], view)
                     if not ok.all():
                         self._race(region, space, r[i][~ok], sites[i][~ok], off[i][~ok])
-            if rows is not None and rows.size and (rows != rows[0]).any():
-                self._same_op_writes(region, space, off, sites, written)
             sh.write[off] = sites
+            if rows is not None and rows.size and (rows != rows[0]).any():
+                self._same_op_writes(sh, region, space, off, sites, rows, written)
             return
         comps = S.component[sites]
         for c in (np.unique(comps) if comps.size and (comps != comps[0]).any() else comps[:1]):
@@ -243,22 +273,42 @@ class Checker:
                 sh.keep_earlier(o[stale], old[stale])
             col[o] = sites if sel is None else sites[sel]
 
-    def _same_op_writes(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
-                        written: np.ndarray | None) -> None:
-        """Two warps writing one byte in the same step (nothing orders them),
-        unless each wrote the value the byte now holds."""
+    def _same_op_writes(self, sh: Shadow, region: Region, space: str, off: np.ndarray,
+                        sites: np.ndarray, rows: np.ndarray, written: np.ndarray | None) -> None:
+        """Several warps writing one byte in the same step: a race, unless
+        they all wrote the value the byte now holds -- then the byte's last
+        write is the group of them (replicated layouts are stored so)."""
         scratch = np.zeros(region.data.size, np.int32)
         scratch[off] = sites
         back = scratch[off]
         clash = back != sites
-        if written is not None:
-            clash &= written != region.data[off]
-        if clash.any():
-            other = back[clash]
-            mine = sites[clash]
-            differ = self.sites.component[other] != self.sites.component[mine]
-            if differ.any():
-                self._race(region, space, other[differ], mine[differ], off[clash][differ])
+        if not clash.any():
+            return
+        equal = np.zeros(clash.shape, bool) if written is None else \
+            written == region.data[off]
+        bad = clash & ~equal
+        if bad.any():
+            self._race(region, space, back[bad], sites[bad], off[bad])
+        shared = np.unique(off[clash & equal])
+        if shared.size == 0:
+            return
+        sel = np.isin(off, shared)
+        nrows = self.clocks.warps
+        pairs = np.unique(off[sel].astype(np.int64) * nrows + rows[sel])
+        byte, row = pairs // nrows, pairs % nrows
+        starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+        groups: dict[tuple, list] = {}
+        for k, lo in enumerate(starts):
+            hi = starts[k + 1] if k + 1 < starts.size else byte.size
+            groups.setdefault(tuple(row[lo:hi].tolist()), []).append(int(byte[lo]))
+        table = np.zeros(nrows, np.int32)
+        table[rows] = sites
+        for members, at in groups.items():
+            first = self.sites.info[int(table[members[0]])]
+            agent = (f"{first[1].rsplit(' warp ', 1)[0]} warps "
+                     f"{', '.join(str(self.clocks.names[r].rsplit(' ', 1)[1]) for r in members)}")
+            g = self.sites.add_group(table[list(members)], (first[0], agent, True))
+            sh.write[np.asarray(at)] = g
 
     # --- reports ---------------------------------------------------------------------------
 
@@ -292,11 +342,11 @@ class Checker:
     def _fix(self, f: int, s: int, a: Access, b: Access, unfenced: bool) -> str:
         S = self.sites
         same_cluster = S.cluster[f] == S.cluster[s]
-        kf = self.kinds[S.component[f]] if same_cluster else None
-        ks = self.kinds[S.component[s]] if same_cluster else None
         if not same_cluster:
             return ("blocks of different clusters are never ordered: make them access "
                     "disjoint bytes (or put them in one cluster and synchronize)")
+        kf = self.kinds[S.component[f]] if S.component[f] >= 0 else WARP
+        ks = self.kinds[S.component[s]] if S.component[s] >= 0 else WARP
         if unfenced:
             target = "the wgmma" if ks == WGMMA else "the copy"
             return f"call plgpu.commit_smem() after the writes and before {target}"

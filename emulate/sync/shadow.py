@@ -38,6 +38,9 @@ class Sites:
         self.time = np.zeros(cap, np.int32)
         self.generic = np.zeros(cap, bool)  # a generic-proxy (thread) write
         self.info: list = [None]  # (OpSite, agent name, is_write)
+        # a *group* site (component -1): several warps writing the same bytes
+        # with equal values in one step; its member sites, one per warp
+        self.members: dict[int, np.ndarray] = {}
 
     def add(self, cluster: int, component: int, time: int, generic: bool, info) -> int:
         k = self.n
@@ -51,6 +54,11 @@ class Sites:
         self.generic[k] = generic
         self.info.append(info)
         self.n += 1
+        return k
+
+    def add_group(self, members: np.ndarray, info) -> int:
+        k = self.add(int(self.cluster[members[0]]), -1, 0, bool(self.generic[members].all()), info)
+        self.members[k] = members
         return k
 
 

@@ -28,14 +28,15 @@ from tests.emulate.race_kernels import entries
 
 ENTRIES = {e.name: e for e in entries()}
 
-CLUSTER_REF = ("Unsupported transform: ClusterRefTransform",
+CLUSTER_REF = (jax.errors.JaxRuntimeError, "Unsupported transform: ClusterRefTransform",
                "jax's interpreter has no distributed shared memory: a read through "
-               "plgpu.cluster_ref fails in its SMEM access callback")
-ASYNC_STORE_SMEM = ("ref must be a reference",
-                    "jax's interpreter has no rule for async_store_smem (st.async): "
-                    "tracing it passes the barrier's allocation key where a ref is expected")
+               "plgpu.cluster_ref fails in its SMEM access callback (_validate_transforms)")
+ASYNC_STORE_SMEM = (TypeError, "ref must be a reference, got int32",
+                    "jax's interpreter has no case for async_store_smem (st.async): it binds "
+                    "the primitive like an arithmetic one, on its stand-in for the SMEM ref "
+                    "(an int32 allocation key), which the primitive's abstract eval refuses")
 
-# name -> (the phrase jax's error says, why)
+# name -> (the exception jax raises, a phrase of its message, why)
 JAX_CANNOT_RUN = {
     "cluster_peer_smem_read_without_cluster_barrier": CLUSTER_REF,
     "cluster_peer_smem_read_after_cluster_barrier": CLUSTER_REF,
@@ -84,8 +85,8 @@ def test_tables_name_catalogue_entries():
 
 @pytest.mark.parametrize("name", sorted(JAX_CANNOT_RUN))
 def test_jax_cannot_run(name):
-    phrase, _ = JAX_CANNOT_RUN[name]
-    with pytest.raises(Exception, match=phrase):
+    error, phrase, _ = JAX_CANNOT_RUN[name]
+    with pytest.raises(error, match=phrase):
         run_under_jax_interpret(ENTRIES[name])
 
 

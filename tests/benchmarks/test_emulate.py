@@ -1,0 +1,45 @@
+"""benchmarks/emulate.py: its quick mode runs and prints all four timings."""
+
+from __future__ import annotations
+
+import re
+
+from benchmarks import emulate
+
+
+def test_quick_mode_prints_the_four_timings_and_both_ratios_per_kernel(capsys):
+    emulate.main(["--quick", "--repeat", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("kernel"))
+    for title in ("ops", "lower s", "emulate s", "(1) emu", "(2) +check", "(2)/(1)",
+                  "(3) jax", "(4) +races", "(4)/(2)"):
+        assert title in lines[head]
+    rows = {name: line[len(name):].split() for line in lines[head + 1:]
+            for name in emulate.QUICK if line.startswith(name)}
+    assert set(rows) == set(emulate.QUICK)
+
+    figure = r"\d+\.\d{3}!?"
+    # A kernel every column runs (jax's figures or, in a jax that cannot, its error).
+    cells = rows["elementwise f32 (128, 128)"]
+    assert re.fullmatch(r"\d+", cells[0])
+    for cell in cells[1:5]:  # lower s, emulate s, (1), (2)
+        assert re.fullmatch(figure, cell) or (cell == "n/a" and not emulate.HAS_CHECKER)
+    assert re.fullmatch(r"\d+\.\dx|-", cells[5])  # (2)/(1)
+    assert cells[6].startswith("jax:") or (re.fullmatch(figure, cells[6])
+                                            and re.fullmatch(figure, cells[7]))
+    # A kernel only smalti lowers: nothing for jax to interpret.
+    assert " ".join(rows["smalti: keep_dims mean (128, 128)"]).endswith("n/a (no jax function)")
+
+
+def test_an_interpret_mode_failure_is_shown_by_its_innermost_error():
+    wrapped = RuntimeError(
+        "INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\n'
+        "RuntimeError: Computation failed on Warpgroup(device_id=0) with exception:\n"
+        "Traceback (most recent call last):\n"
+        "NotImplementedError: predicate not supported\n")
+    assert emulate.short_error(wrapped) == "predicate not supported"
+    effects = ValueError("Cannot lower jaxpr with effects: {<jax.IOEffect object at 0x1>}")
+    assert emulate.short_error(effects) == "Cannot lower jaxpr with effects"
+    assert emulate.short_error(AttributeError()) == "AttributeError"
+    assert len(emulate.short_error(ValueError("x" * 200))) == 60

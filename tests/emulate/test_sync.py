@@ -1,0 +1,175 @@
+"""The synchronization checker's other reports and policies: uninitialized
+reads, out-of-bounds accesses, races between blocks, barrier divergence,
+mbarrier over-arrival, the policies and the report's text (the catalogue of
+racy and clean kernels is tests/emulate/test_races.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import smalti.emulate as emu
+from smalti.emulate.machine import Frame, Launch, MBarrier
+from smalti.emulate.memory import Space
+from smalti.emulate.ops.gpu import full_block_barrier
+from smalti.emulate.sync.reports import primitive_name, source_line
+
+WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+S = jax.ShapeDtypeStruct
+X = np.random.default_rng(34).standard_normal((128, 128)).astype(np.float32)
+
+
+def _line(fn, marker: str) -> int:
+    """The line of this file holding ``# marker``."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, text in enumerate(lines) if f"# {marker}" in text)
+
+
+def uninitialized_kernel(write_first: bool):
+    def body(x_ref, o_ref, smem):
+        if write_first:
+            smem[...] = x_ref[...]
+        o_ref[...] = smem[...] + 1  # uninitialized read
+    return plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG,
+                        scratch_types=[plgpu.SMEM((128, 128), jnp.float32)])
+
+
+def test_a_read_of_smem_nothing_wrote_warns_by_default():
+    with pytest.warns(emu.UninitializedReadWarning) as record:
+        emu.run(uninitialized_kernel(False), X)
+    report = record[0].message.report
+    assert isinstance(report, emu.UninitializedRead) and report.space == "smem"
+    assert report.location.endswith(f"test_sync.py:{_line(uninitialized_kernel, 'uninitialized read')}")
+    assert "no write of this launch initialized" in str(report) and "fix:" in str(report)
+
+
+def test_uninitialized_policy_raise_and_ignore():
+    with pytest.raises(emu.UninitializedRead):
+        emu.run(uninitialized_kernel(False), X, on_uninitialized="raise")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        emu.run(uninitialized_kernel(False), X, on_uninitialized="ignore")
+
+
+def test_smem_written_first_is_not_an_uninitialized_read():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (got,) = emu.run(uninitialized_kernel(True), X, on_uninitialized="raise")
+    np.testing.assert_array_equal(got, X + 1)
+
+
+def blocks_kernel(overlap: bool):
+    """Two blocks of a grid each write 64 rows: the same ones, or their own."""
+    def body(x_ref, o_ref):
+        i = lax.axis_index("i")
+        row = 0 if overlap else i * 64
+        o_ref[pl.ds(row, 64)] = x_ref[pl.ds(i * 64, 64)] * 2  # block store
+    return plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG,
+                        grid=(2,), grid_names=("i",))
+
+
+def test_two_blocks_writing_the_same_gmem_race():
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(blocks_kernel(True), X)
+    (race,) = err.value.races
+    line = _line(blocks_kernel, "block store")
+    assert race.kind == "write-after-write" and race.space == "gmem"
+    assert race.first.location.endswith(f":{line}") and race.second.location.endswith(f":{line}")
+    assert race.first.agent.startswith("block (0, 0, 0)")
+    assert race.second.agent.startswith("block (1, 0, 0)")
+    assert race.first.allocation == "kernel argument 1" and race.first.is_write
+    assert "blocks of different clusters are never ordered" in race.fix
+
+
+def test_blocks_writing_their_own_rows_do_not_race():
+    (got,) = emu.run(blocks_kernel(False), X)
+    np.testing.assert_array_equal(got, X * 2)
+
+
+def test_the_race_report_says_both_sides_and_the_fix():
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(blocks_kernel(True), X)
+    text = str(err.value.races[0])
+    lines = text.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("  fix: ")
+    assert "write-after-write, gmem" in lines[0] and "block (1, 0, 0)" in lines[0]
+    assert "conflicts with the unordered write" in lines[1] and "block (0, 0, 0)" in lines[1]
+    assert "kernel argument 1 bytes [" in lines[0] and "test_sync.py:" in lines[1]
+
+
+def test_race_policies(monkeypatch):
+    with pytest.warns(emu.RaceWarning) as record:
+        (got,) = emu.run(blocks_kernel(True), X, on_race="warn")
+    assert record[0].message.race.kind == "write-after-write"
+    assert got.shape == (128, 128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        emu.run(blocks_kernel(True), X, on_race="ignore")
+        emu.run(blocks_kernel(True), X, sanitize=False)
+    monkeypatch.setenv("SMALTI_EMULATE_ON_RACE", "ignore")
+    emu.run(blocks_kernel(True), X)
+    monkeypatch.setenv("SMALTI_EMULATE_ON_RACE", "raise")
+    with pytest.raises(emu.RaceError):
+        emu.run(blocks_kernel(True), X)
+    assert issubclass(emu.RaceError, emu.EmulationError)
+    assert issubclass(emu.RaceWarning, UserWarning)
+
+
+def test_an_unknown_policy_is_a_value_error():
+    with pytest.raises(ValueError, match="on_race='loud': expected one of 'raise', 'warn'"):
+        emu.run(blocks_kernel(False), X, on_race="loud")
+
+
+def test_a_store_past_the_end_of_the_output_is_out_of_bounds():
+    def body(x_ref, o_ref):
+        i = lax.axis_index("i")
+        o_ref[pl.ds(i * 64, 128)] = x_ref[...]  # block 1 runs 64 rows past the end
+    call = plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG,
+                        grid=(2,), grid_names=("i",))
+    with pytest.raises(emu.OutOfBounds, match="runs past the end of kernel argument 1"):
+        emu.run(call, X)
+
+
+def test_an_access_outside_every_buffer_is_out_of_bounds():
+    space = Space("shared", 1024)
+    region = space.alloc(100, "block (0, 0, 0) SMEM")
+    with pytest.raises(emu.OutOfBounds, match=r"runs past the end .* \(by 4 bytes\) at here"):
+        space.find(region.base + 96, region.base + 104, "here")
+    with pytest.raises(emu.OutOfBounds, match="outside every buffer"):
+        space.find(0, 4, "here")
+    assert issubclass(emu.OutOfBounds, emu.EmulationError)
+
+
+def test_an_arrival_beyond_the_count_is_an_error():
+    bar = MBarrier(2, 2)
+    bar.arrive(1, "x.py:1")
+    with pytest.raises(emu.MBarrierOverArrival, match=r"arrived at 3 times .* count of 2 at x.py:2"):
+        bar.arrive(2, "x.py:2")
+
+
+def test_a_block_barrier_part_of_a_warpgroup_reaches_is_divergence():
+    from smalti.emulate.machine import Block
+
+    launch = Launch()
+    block = Block(launch, (0, 0, 0), (1, 1, 1), (128, 1, 1), 0)
+    fr = Frame([], launch, block)
+    fr.mask = np.arange(128) < 64
+    with pytest.raises(emu.BarrierDivergence, match="reached by 64 of the 128 threads"):
+        full_block_barrier(fr, "bar.sync 0", "k.py:3")
+    fr.mask = None
+    full_block_barrier(fr, "bar.sync 0", "k.py:3")  # every thread: completes at once
+
+
+def test_locations_name_the_kernel_line_and_primitive():
+    loc = 'loc("swap:"("swap"("/k/kernel.py":10:4)))'
+    assert source_line(loc) == "/k/kernel.py:10" and primitive_name(loc) == "swap"
+    assert source_line("loc(unknown)") == "loc(unknown)" and primitive_name("loc(unknown)") == ""
