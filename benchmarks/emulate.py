@@ -358,8 +358,8 @@ def emulator_runs(launches: list[Launch], reports: dict[str, int]
                   ) -> tuple[Callable, Callable | None]:
     """(an emulation without the checker, one with it -- None where this
     emulator has none). The checked run counts what the checker reports in
-    ``reports``: a run that found races still ran to its end before raising,
-    so its time stands."""
+    ``reports`` (the most of any one run): a run whose launch completed before
+    it raised its races keeps its time."""
     def plain() -> None:
         for module, inputs, outputs in launches:
             if HAS_CHECKER:
@@ -375,6 +375,8 @@ def emulator_runs(launches: list[Launch], reports: dict[str, int]
                 try:
                     run_module(module, inputs, outputs)
                 except race_error as e:
+                    if e.__cause__ is not None:  # the races' likely victim: a failed run
+                        raise
                     reports["races"] = max(reports.get("races", 0), len(e.races))
         counts: dict[str, int] = {}
         for w in caught:
@@ -543,6 +545,8 @@ def format_row(row: Row) -> str:
     """The row's cells in their columns; an error stands in place of its
     figure (and pushes the rest of the line right), and one error of both of
     jax's modes is said once, at the end of the line."""
+    if isinstance(row.lower_s, BaseException):
+        return f"{row.name:{COLUMNS[0][1]}s} lowering: {short_error(row.lower_s)}"
     emu_races = bool(row.reports.get("races"))
     jax_races = bool(row.reports.get("jax races"))
     cells = [row.name, str(row.ops), _cell(row.lower_s, "lowering"),
@@ -584,8 +588,20 @@ def main(argv: Sequence[str] | None = None) -> None:
           "detect_races=True; ! = races reported; lowering not included")
     warm_up_jax()
     print(header(), flush=True)
+    reported = []
     for case in cases(args.quick):
-        print(format_row(measure(case, args.repeat)), flush=True)
+        row = measure(case, args.repeat)
+        print(format_row(row), flush=True)
+        if row.reports:
+            reported.append(row)
+    if reported:
+        print("\nreported (the most in one run):")
+    for row in reported:
+        found = [f"{row.reports[key]} {key}" for key in ("races", "uninitialized reads")
+                 if row.reports.get(key)]
+        said = ["the emulator's checker: " + ", ".join(found)] if found else []
+        said += ["jax's race detector: races"] if row.reports.get("jax races") else []
+        print(f"  {row.name}: " + "; ".join(said))
 
 
 if __name__ == "__main__":

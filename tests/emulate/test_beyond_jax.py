@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import smalti.emulate as emu
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, math as mlir_math, vector
@@ -336,12 +338,20 @@ def test_scalar_async_store_smem_to_a_peer():
     """``async_store_smem`` of a scalar: smalti's ``st.async`` of one element
     into the peer block's SMEM over a cluster of 2 (the hopper text test's
     kernel). Each block's SMEM then holds x[3] at element 5; the rest of it
-    was never written (zeros on the emulator, undefined on the GPU)."""
+    was never written (zeros on the emulator, undefined on the GPU: the
+    checker says so), and both blocks store all of it to the one output (a
+    race between the blocks, which the checker reports: the text test's
+    kernel needs no more)."""
     from tests.hopper.test_beyond_jax import scalar_store_kernel
 
     call, _ = scalar_store_kernel()
     x = normal((128,))
-    (got,) = emulate_pipeline(call, x)
+    with pytest.warns(UserWarning) as record:
+        (got,) = emulate_pipeline(call, x, on_race="warn")
+    assert any(isinstance(w.message, emu.UninitializedReadWarning) for w in record)
+    (race,) = [w.message.race for w in record if isinstance(w.message, emu.RaceWarning)]
+    assert (race.kind, race.space) == ("write-after-write", "gmem")
+    assert {race.first.agent[:15], race.second.agent[:15]} == {"block (0, 0, 0)", "block (1, 0, 0)"}
     assert_close_ulp(got[5], x[3], 0)
 
 
