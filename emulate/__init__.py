@@ -27,10 +27,15 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
   TMA copies (:mod:`.tma`) read their descriptors and apply box, swizzle and
   out-of-bounds rules; mbarriers count arrivals and transaction bytes.
 * **Ordering.** Every op completes before the next starts and asynchronous
-  copies and WGMMAs complete when issued, so fences and async-group
-  commits/waits are no-ops; mbarrier waits and barriers block a warpgroup
-  until other warpgroups complete them (a wait nothing can complete raises
-  :class:`Unsupported`, naming what each warpgroup waits for).
+  copies and WGMMAs complete when issued; mbarrier waits and barriers block
+  a warpgroup until other warpgroups complete them (a wait nothing can
+  complete raises :class:`Deadlock`, naming what each warpgroup waits for).
+* **Synchronization** (:mod:`.sync`). Beside the run, a checker follows the
+  PTX memory model with vector clocks -- asynchronous units as agents,
+  fences, async-group waits, mbarrier phases and barriers as the only
+  ordering -- and reports races (:class:`RaceError`), uninitialized SMEM
+  reads, out-of-bounds accesses, barrier divergence and over-arrivals,
+  whatever the schedule.
 * **Numbers.** Integer ops are exact two's complement; f32/f16/bf16 + - * /
   round as IEEE (as PTX's ``.rn`` ops do; a ``mul``/``add`` pair that ptxas
   contracts into an ``fma`` may differ by 1 ulp); ``math`` functions and

@@ -13,7 +13,7 @@ runs until it waits, then the next task that can go on (round robin), and so
 on. Memory effects are immediate, and an asynchronous copy completes when it
 is issued, so nothing but another task can ever satisfy a wait: when every
 unfinished task waits for something no other task can do, the kernel would
-hang, and :class:`Unsupported` names what each task waits for.
+hang, and :class:`.sync.reports.Deadlock` names what each task waits for.
 
 Tasks are Python threads passing one baton (the standard library has no
 coroutines that can switch inside nested calls); only the baton holder runs.

@@ -3,9 +3,10 @@
 
 Ordering model: the threads of a warpgroup execute each op together, and an
 asynchronous copy is complete the moment it is issued (it completes its
-mbarrier's transaction bytes at once). Hence fences (``fence.proxy``) and
-``cp.async.bulk.commit_group``/``wait_group`` order nothing further and are
-no-ops. An ``mbarrier.try_wait.parity`` whose phase has not completed blocks
+mbarrier's transaction bytes at once). Fences (``fence.proxy``),
+``cp.async.bulk.commit_group``/``wait_group`` and the WGMMA group ops change
+no value; they feed the synchronization checker (:mod:`..sync`), which knows
+what they order. An ``mbarrier.try_wait.parity`` whose phase has not completed blocks
 the warpgroup, and the block's other warpgroups run (:mod:`..sched`); in a
 block of one warpgroup nothing else can complete it: :class:`Unsupported`
 (warp specialization inside a warpgroup is not modelled)."""
