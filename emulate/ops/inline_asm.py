@@ -1,6 +1,25 @@
 """``llvm.inline_asm``: the PTX strings Mosaic GPU's code generators emit,
-recognised one by one (after an optional ``@$N`` predicate); any other string
-raises :class:`Unsupported` naming it.
+dispatched through a table; any other string raises :class:`Unsupported`
+naming it.
+
+The table has three kinds of entries, registered by decorators on the
+handlers at the end of this module (as :func:`..compiler.rule` registers op
+rules):
+
+* :func:`ptx` -- exact opcodes of one-instruction strings (after an optional
+  ``@$N`` predicate), e.g. ``fence.proxy.async.shared::cta``;
+* :func:`ptx_pattern` -- a regular expression over the opcode, for families
+  (TMA tile copies of any rank, ``st.async`` of any width, value instructions
+  such as ``ex2.approx.ftz.f32``);
+* :func:`ptx_text` -- a regular expression over the whole string (whitespace
+  collapsed), for strings that are not one instruction: WGMMA blocks, jax's
+  remote mbarrier arrival, the empty optimization barrier.
+
+A handler takes the parsed :class:`Instr` and returns the op's step, or raises
+:class:`Unsupported`. Value instructions (``value=True``) are those whose
+first operand is the result ``$0``; an entry of the other kind never handles
+them, nor any ``@!$N`` (negated) predicate. :func:`modelled_ptx` lists the
+table.
 
 Approximate instructions (``ex2.approx``, ``lg2.approx``, ``tanh.approx``,
 ``sin/cos.approx``, ``rsqrt.approx``, ``sqrt.approx``) are modelled by the
@@ -13,6 +32,9 @@ it: ex2.approx.f32 2 ulp, lg2.approx.f32 2^-22 absolute/relative, sin/cos
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -20,10 +42,152 @@ from .. import irtypes
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
+from . import wgmma
 from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
 from .nvvm import (bulk_commit, bulk_wait, effective, mbarrier_arrive, mbarrier_init,
                    per_thread, proxy_fence, tma_load_check, tma_store_check, wgmma_commit,
                    wgmma_wait)
+
+# --- the table ---------------------------------------------------------------
+
+Handler = Callable[["Instr"], Step]
+
+
+@dataclass(frozen=True)
+class PtxForm:
+    """One entry of the table: an exact opcode, or a regular expression over
+    the opcode (``kind`` "pattern") or over the whole string ("text")."""
+
+    form: str
+    description: str
+    handler: Handler
+    kind: str  # "opcode", "pattern" or "text"
+    value: bool = False  # a value instruction: `$0` is its result
+    regex: re.Pattern | None = None  # the compiled form, but for an exact opcode
+
+
+OPCODES: dict[str, PtxForm] = {}
+PATTERNS: list[PtxForm] = []
+TEXTS: list[PtxForm] = []
+
+
+def _summary(fn: Handler) -> str:
+    """A handler's description: the first paragraph of its docstring."""
+    doc = (fn.__doc__ or "").strip().split("\n\n")[0]
+    if not doc:
+        raise TypeError(f"PTX handler {fn.__name__} has neither a description nor a docstring")
+    return " ".join(doc.split())
+
+
+def ptx(*opcodes: str, description: str | None = None,
+        value: bool = False) -> Callable[[Handler], Handler]:
+    """Registers a handler for exact opcodes (described by its docstring unless
+    ``description`` is given)."""
+    def register(fn: Handler) -> Handler:
+        desc = description or _summary(fn)
+        for opcode in opcodes:
+            if opcode in OPCODES:
+                raise ValueError(f"PTX opcode {opcode!r} registered twice")
+            OPCODES[opcode] = PtxForm(opcode, desc, fn, "opcode", value)
+        return fn
+    return register
+
+
+def ptx_pattern(regex: str, description: str,
+                value: bool = False) -> Callable[[Handler], Handler]:
+    """Registers a handler for the opcodes ``regex`` fully matches."""
+    def register(fn: Handler) -> Handler:
+        if any(p.form == regex for p in PATTERNS):
+            raise ValueError(f"PTX pattern {regex!r} registered twice")
+        PATTERNS.append(PtxForm(regex, description, fn, "pattern", value, re.compile(regex)))
+        return fn
+    return register
+
+
+def ptx_text(regex: str, description: str) -> Callable[[Handler], Handler]:
+    """Registers a handler for whole strings ``regex`` fully matches, their
+    whitespace collapsed to single spaces; tried, in order, before any opcode."""
+    def register(fn: Handler) -> Handler:
+        TEXTS.append(PtxForm(regex, description, fn, "text", regex=re.compile(regex)))
+        return fn
+    return register
+
+
+def lookup(text: str) -> PtxForm | None:
+    """The table entry for an inline-asm string: the first whole-string entry
+    matching it, else its opcode's exact entry, else the first pattern matching
+    the opcode; None if nothing does."""
+    whole = " ".join(text.split())
+    for entry in TEXTS:
+        if entry.regex.fullmatch(whole):
+            return entry
+    opcode = _parse(text)[2]
+    if not opcode:
+        return None
+    if opcode in OPCODES:
+        return OPCODES[opcode]
+    return next((p for p in PATTERNS if p.regex.fullmatch(opcode)), None)
+
+
+def modelled_ptx() -> list[tuple[str, str]]:
+    """(form, description) of every PTX form the emulator models, sorted: the
+    exact opcodes, and the regular expressions over opcodes or whole strings."""
+    entries = [*OPCODES.values(), *PATTERNS, *TEXTS]
+    return sorted((e.form, e.description) for e in entries)
+
+
+class Instr:
+    """An ``llvm.inline_asm`` op as a PTX handler sees it."""
+
+    def __init__(self, o: Op, text: str) -> None:
+        self.op = o
+        self.text = text
+        self.pred, self.negated, self.opcode, self.args = _parse(text)
+        self.loc = o.loc
+        hint = " (tcgen05 MMAs are not modelled yet)" if "tcgen05" in text else ""
+        #: what every handler raises for a string it does not model
+        self.unknown = Unsupported(f"inline PTX {text!r}{hint}", self.loc)
+        self.ins: list[int] = o.ins
+        self.outs: list[int] = o.outs
+        self.results: list[int] = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
+        self.pred_slots: list[int] = [self.ins[int(self.pred)]] if self.pred is not None else []
+
+    @property
+    def is_value(self) -> bool:
+        """Whether this is a value instruction: `$0`, its first operand, is a result."""
+        return (bool(self.results) and self.pred is None and bool(self.args)
+                and self.args[0] == "$0")
+
+    @cached_property
+    def site(self):
+        """What the synchronization checker reports of this instruction."""
+        return self.op.site(self.opcode)
+
+    def arg_slot(self, a: str) -> int:
+        """The input slot of operand ``a`` (``$N``, maybe in brackets or braces)."""
+        m = ASM_ARG.fullmatch(a.strip("[]{} "))
+        if not m:
+            raise self.unknown
+        k = int(m.group(1)) - len(self.results)
+        return self.ins[k]
+
+
+@rule("llvm.inline_asm")
+def inline_asm(o: Op) -> Step:
+    from jax._src.lib.mlir import ir
+    text = ir.StringAttr(o.attr("asm_string")).value
+    entry = lookup(text)
+    i = Instr(o, text)
+    if entry is None:
+        raise i.unknown
+    # whole strings are matched as they are; an instruction must also be of the
+    # entry's kind, and no handler models a negated predicate
+    if entry.kind != "text" and (i.negated or i.is_value != entry.value):
+        raise i.unknown
+    return entry.handler(i)
+
+
+# --- value instructions ------------------------------------------------------
 
 F32_TINY = np.float32(np.finfo(np.float32).tiny)
 
@@ -101,32 +265,39 @@ def _pure(o: Op, fn) -> Step:
     return step
 
 
-def _value_instr(o: Op, opcode: str, n_in: int) -> Step | None:
+def _value_fn(opcode: str, n_in: int) -> Callable | None:
+    """The numpy function of value instruction ``opcode`` on ``n_in`` registers, or
+    None where it is not modelled."""
     parts = opcode.split(".")
     base = ".".join(parts[:2]) if len(parts) > 1 and parts[1] in ("approx", "NaN") else parts[0]
     ftz = "ftz" in parts
     ty = parts[-1]
     if base in UNARY_F32 and n_in == 1:
         if ty == "f32":
-            return _pure(o, _f32(UNARY_F32[base], ftz))
+            return _f32(UNARY_F32[base], ftz)
         if ty in ("f16", "f16x2", "bf16", "bf16x2") and base == "tanh.approx":
-            return _pure(o, _packed(np.tanh, ty.removesuffix("x2"), 1))
+            return _packed(np.tanh, ty.removesuffix("x2"), 1)
         return None
     if base == "abs" and n_in == 1 and ty == "f32":  # exact (abs.ftz flushes subnormals)
-        return _pure(o, _f32(np.abs, ftz))
+        return _f32(np.abs, ftz)
     if base == "abs" and n_in == 1 and ty in ("f16", "f16x2", "bf16", "bf16x2"):
-        return _pure(o, _packed(np.abs, ty.removesuffix("x2"), 1))
+        return _packed(np.abs, ty.removesuffix("x2"), 1)
     if base in BINARY and n_in == 2:
         fn = BINARY[base]
         if ty == "f32":
-            return _pure(o, lambda a, b: fn(np.asarray(a, np.float32), np.asarray(b, np.float32))
-                         .astype(np.float32))
+            return lambda a, b: (fn(np.asarray(a, np.float32), np.asarray(b, np.float32))
+                                 .astype(np.float32))
         if ty in ("f16", "f16x2", "bf16", "bf16x2"):
-            return _pure(o, _packed(fn, ty.removesuffix("x2"), 2))
+            return _packed(fn, ty.removesuffix("x2"), 2)
         return None
     if opcode == "prmt.b32" and n_in == 3:
-        return _pure(o, _prmt)
+        return _prmt
     return None
+
+
+def _value_instr(o: Op, opcode: str, n_in: int) -> Step | None:
+    fn = _value_fn(opcode, n_in)
+    return None if fn is None else _pure(o, fn)
 
 
 ASM_ARG = re.compile(r"\$(\d+)")
@@ -147,180 +318,7 @@ def _parse(text: str) -> tuple[str | None, bool, str, list[str]]:
     return pred, neg, opcode, args
 
 
-@rule("llvm.inline_asm")
-def inline_asm(o: Op) -> Step:
-    from jax._src.lib.mlir import ir
-    text = ir.StringAttr(o.attr("asm_string")).value
-    from . import wgmma
-    if wgmma.is_wgmma(text):
-        return wgmma.compile_wgmma(o, text)
-    pred, neg, opcode, args = _parse(text)
-    loc = o.loc
-    hint = " (tcgen05 MMAs are not modelled yet)" if "tcgen05" in text else ""
-    unknown = Unsupported(f"inline PTX {text!r}{hint}", loc)
-    ins = o.ins
-    results = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
-    pred_slots = [ins[int(pred)]] if pred is not None else []
-    if neg:
-        raise unknown
-    if not text.strip():  # an optimization barrier: outputs tied to inputs, no code
-        cons = ir.StringAttr(o.attr("constraints")).value.split(",")
-        ins_c = [c for c in cons if not c.startswith("=") and not c.startswith("~")]
-        if len(ins_c) != len(ins) or any(not c.isdigit() for c in ins_c):
-            raise unknown
-        ties = {int(c): k for k, c in enumerate(ins_c)}
-        n_out = sum(1 for c in cons if c.startswith("="))
-        if sorted(ties) != list(range(n_out)) or len(results) != 1:
-            raise unknown
-
-        def barrier(fr: Frame) -> None:
-            vals = [fr.regs[ins[ties[j]]] for j in range(n_out)]
-            if n_out == 1:
-                fr.regs[o.outs[0]] = vals[0]
-            else:
-                fr.regs[o.outs[0]] = tuple(vals)
-        return barrier
-
-    def arg_slot(a: str) -> int:
-        m = ASM_ARG.fullmatch(a.strip("[]{} "))
-        if not m:
-            raise unknown
-        k = int(m.group(1)) - len(results)
-        return ins[k]
-
-    m = REMOTE_ARRIVE.fullmatch(" ".join(text.split()))
-    if m and not results:  # jax's arrival on a peer block's mbarrier (ClusterBarrier)
-        p_s, a_s, r_s = (ins[int(m.group(k))] for k in (2, 3, 4))
-        return lambda fr: _remote_arrive(fr, p_s, a_s, r_s, loc)
-    if not opcode:
-        raise unknown
-    # --- value instructions: `$0` is the result -----------------------------
-    if results and pred is None and args and args[0] == "$0":
-        n_in = len(args) - 1
-        if [f"${i}" for i in range(1, n_in + 1)] != args[1:] or n_in != len(ins):
-            raise unknown
-        step = _value_instr(o, opcode, n_in)
-        if step is None:
-            raise unknown
-        return step
-    # --- side effects -------------------------------------------------------------
-    outs = o.outs
-    site = o.site(opcode)
-    if opcode in ("fence.mbarrier_init.release.cluster", "prefetch.tensormap",
-                  "griddepcontrol.wait", "griddepcontrol.launch_dependents",
-                  "fence.acq_rel.cta", "fence.sc.cta", "wgmma.fence.sync.aligned"
-                  ) or opcode.startswith("setmaxnreg."):
-        # no memory ordering the checker models (fence.acq_rel/sc.cta order a
-        # thread's own accesses, which a warp's program order already does)
-        def noop(fr: Frame) -> None:
-            for out in outs:
-                fr.regs[out] = None
-        return noop
-    if opcode in ("fence.proxy.async.shared::cta", "fence.proxy.async",
-                  "fence.proxy.async.global") and not args:
-        return proxy_fence
-    if opcode == "cp.async.bulk.commit_group" and not args:
-        return lambda fr: bulk_commit(fr, pred_slots)
-    if opcode in ("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read") \
-            and len(args) <= 1 and pred is None:
-        pending = int(args[0]) if args else 0
-        read_only = opcode.endswith(".read")
-        return lambda fr: bulk_wait(fr, pending, read_only)
-    if opcode == "wgmma.commit_group.sync.aligned" and not args:
-        return wgmma_commit
-    if opcode == "wgmma.wait_group.sync.aligned" and len(args) == 1:
-        pending = int(args[0])
-        return lambda fr: wgmma_wait(fr, pending)
-    if opcode in ("bar.sync", "barrier.sync", "bar.sync.aligned", "barrier.sync.aligned"):
-        if len(args) == 1 and args[0] in ("0",):
-            return lambda fr: full_block_barrier(fr, text, loc)
-        if len(args) not in (1, 2):
-            raise unknown
-        ident, count = (_literal_or_slot(a, arg_slot) for a in (args + [None])[:2])
-
-        def bar_sync(fr: Frame) -> None:
-            i = _read(fr, ident, loc)
-            n = _read(fr, count, loc) if count is not None else fr.need_block(text, loc).block_T
-            if i == 0 and count is None:
-                return full_block_barrier(fr, text, loc)
-            named_barrier(fr, i, n, text, loc)
-        return bar_sync
-    if opcode in ("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.arrive.aligned",
-                  "barrier.cluster.arrive", "barrier.cluster.arrive.relaxed",
-                  "barrier.cluster.arrive.release.aligned", "barrier.cluster.arrive.release") \
-            and not args and pred is None:
-        return lambda fr: cluster_arrive(fr, text, loc)
-    if opcode in ("barrier.cluster.wait.aligned", "barrier.cluster.wait",
-                  "barrier.cluster.wait.acquire.aligned", "barrier.cluster.wait.acquire") \
-            and not args and pred is None:
-        return lambda fr: cluster_wait(fr, text, loc)
-    if opcode.startswith(ST_ASYNC) and len(args) >= 3:
-        ty = opcode[len(ST_ASYNC):]
-        vec = 1
-        if ty.startswith(".v2") or ty.startswith(".v4"):
-            vec, ty = int(ty[2]), ty[3:]
-        width = {".b32": 4, ".u32": 4, ".s32": 4, ".f32": 4, ".b64": 8, ".u64": 8, ".s64": 8,
-                 ".f64": 8}.get(ty)
-        if width is None or len(args) != vec + 2:
-            raise unknown
-        a, bar = arg_slot(args[0]), arg_slot(args[-1])
-        vals = [arg_slot(x) for x in args[1:-1]]
-        return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc, site)
-    if opcode in ("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64",
-                  "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64") \
-            and len(args) == 3 and args[0] == "_":
-        # jax 0.12 emits the CTA-scope form for a block's own barriers
-        a, tx = arg_slot(args[1]), arg_slot(args[2])
-        remote = ".cluster." in opcode
-        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, tx_slot=tx,
-                                          remote=remote)
-    if opcode == "mbarrier.init.shared::cta.b64" and len(args) == 2:
-        a, n = arg_slot(args[0]), arg_slot(args[1])
-        return lambda fr: mbarrier_init(fr, a, n, effective(fr, pred_slots), loc)
-    if opcode in ("mbarrier.arrive.release.cta.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
-                  "mbarrier.arrive.shared.b64") and args and args[0] == "_":
-        a = arg_slot(args[1])
-        cnt = _literal_or_slot(args[2], arg_slot) if len(args) > 2 else None
-        if cnt is not None and cnt[0] == "lit":
-            k = cnt[1]
-            return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_const=k)
-        cs = cnt[1] if cnt is not None else None
-        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_slot=cs)
-    if opcode == "mbarrier.complete_tx.shared::cta.b64" and len(args) == 2:
-        a, n = arg_slot(args[0]), arg_slot(args[1])
-
-        def complete_tx(fr: Frame) -> None:
-            b = fr.need_block("mbarrier.complete_tx", loc)
-            m = effective(fr, pred_slots)
-            addrs = per_thread(fr.regs[a], fr.T)[m]
-            tx = per_thread(fr.regs[n], fr.T)[m]
-            rows = b.warp_rows[m]
-            for ad, t, row in zip(addrs, tx, rows):
-                bar = b.barrier(ad, loc)
-                if fr.sync is not None:  # releases like an arrival
-                    fr.sync.release(row, bar.point)
-                bar.complete_tx(int(t))
-        return complete_tx
-    if opcode == "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes" and len(args) == 4:
-        dst, src, n, bar = (arg_slot(a) for a in args)
-        return lambda fr: _bulk_copy(fr, pred_slots, dst, "shared", src, "global", n, bar, loc,
-                                     site)
-    if opcode == "cp.async.bulk.global.shared::cta.bulk_group" and len(args) == 3:
-        dst, src, n = (arg_slot(a) for a in args)
-        return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc,
-                                     site)
-    if (tile := TMA_TILE.fullmatch(opcode)) \
-            and len(args) == int(tile[1]) + (3 if tile[2] == "shared::cta" else 2):
-        return _tma_tile(tile, args, arg_slot, pred_slots, loc, site)
-    if opcode == GATHER4 and len(args) == 8:  # [smem], [desc, {col, r0..r3}], [bar]
-        smem, desc, col, *rows, bar = (arg_slot(a) for a in args)
-        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, bar, loc, site)
-    if opcode == SCATTER4 and len(args) == 7:  # [desc, {col, r0..r3}], [smem]
-        desc, col, *rows, smem = (arg_slot(a) for a in args)
-        return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, None, loc, site)
-    raise unknown
-
-
+# --- helpers -----------------------------------------------------------------
 
 def _literal_or_slot(a, arg_slot):
     """An operand of a PTX string: ("lit", int) or ("reg", slot); None stays None."""
@@ -494,3 +492,325 @@ def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_sp
             check(fr.mem[dst_space], d_addr + np.arange(size), 1, True)
         if target is not None:
             target.complete_tx(size)
+
+
+# --- the handlers ------------------------------------------------------------
+# Each does what the single chain of string matches did before the table: an
+# operand count or predicate a handler does not model raises `i.unknown`.
+
+# whole strings
+
+@ptx_text(r".*wgmma\.mma_async.*", "a WGMMA block as jax's wgmma.py emits it "
+          "(wgmma.compile_wgmma: D = A @ B (+ D) for the warpgroup, complete when issued)")
+def wgmma_block(i: Instr) -> Step:
+    return wgmma.compile_wgmma(i.op, i.text)
+
+
+@ptx_text(r"", "the empty string with outputs tied to inputs: an optimization barrier, "
+          "no code (the outputs are the tied inputs)")
+def optimization_barrier(i: Instr) -> Step:
+    from jax._src.lib.mlir import ir
+    o, ins, unknown = i.op, i.ins, i.unknown
+    cons = ir.StringAttr(o.attr("constraints")).value.split(",")
+    ins_c = [c for c in cons if not c.startswith("=") and not c.startswith("~")]
+    if len(ins_c) != len(ins) or any(not c.isdigit() for c in ins_c):
+        raise unknown
+    ties = {int(c): k for k, c in enumerate(ins_c)}
+    n_out = sum(1 for c in cons if c.startswith("="))
+    if sorted(ties) != list(range(n_out)) or len(i.results) != 1:
+        raise unknown
+
+    def barrier(fr: Frame) -> None:
+        vals = [fr.regs[ins[ties[j]]] for j in range(n_out)]
+        if n_out == 1:
+            fr.regs[o.outs[0]] = vals[0]
+        else:
+            fr.regs[o.outs[0]] = tuple(vals)
+    return barrier
+
+
+@ptx_text(REMOTE_ARRIVE.pattern, "jax's arrival on a peer block's mbarrier (ClusterBarrier): "
+          "mapa.shared::cluster + mbarrier.arrive.shared::cluster, predicated")
+def remote_arrive(i: Instr) -> Step:
+    m = REMOTE_ARRIVE.fullmatch(" ".join(i.text.split()))
+    if i.results:
+        raise i.unknown
+    p_s, a_s, r_s = (i.ins[int(m.group(k))] for k in (2, 3, 4))
+    loc = i.loc
+    return lambda fr: _remote_arrive(fr, p_s, a_s, r_s, loc)
+
+
+# value instructions: `$0 = op($1, ...)`, all through `_value_fn`; the patterns
+# match exactly the opcodes it models for some operand count (it reads only the
+# base name, `.ftz` and the type: other modifiers are ignored)
+
+_MODIFIERS = r"(?:\.[^.]*)*"
+_F16 = r"b?f16(?:x2)?"
+
+
+@ptx_pattern(rf"(?:ex2|lg2|sin|cos|tanh|rsqrt|sqrt|rcp)\.approx{_MODIFIERS}\.f32",
+             "ex2/lg2/sin/cos/tanh/rsqrt/sqrt/rcp.approx[.ftz].f32 $0, $1: the exact "
+             "function rounded once (.ftz flushes subnormals)", value=True)
+@ptx_pattern(rf"tanh\.approx{_MODIFIERS}\.{_F16}",
+             "tanh.approx.{f16,f16x2,bf16,bf16x2} $0, $1: exact tanh per half, rounded once",
+             value=True)
+@ptx_pattern(rf"abs(?!\.(?:approx|NaN)\.){_MODIFIERS}\.(?:f32|{_F16})",
+             "abs[.ftz].{f32,f16,f16x2,bf16,bf16x2} $0, $1: exact", value=True)
+@ptx_pattern(rf"(?:max|min)(?!\.approx\.){_MODIFIERS}\.(?:f32|{_F16})",
+             "max/min[.NaN].{f32,f16,f16x2,bf16,bf16x2} $0, $1, $2: fmax/fmin, with .NaN "
+             "NaN-propagating", value=True)
+@ptx_pattern(rf"(?:add|sub|mul)(?!\.(?:approx|NaN)\.){_MODIFIERS}\.(?:f32|{_F16})",
+             "add/sub/mul.{f32,f16,f16x2,bf16,bf16x2} $0, $1, $2: IEEE, rounded to nearest "
+             "(rounding modifiers are ignored)", value=True)
+@ptx("prmt.b32", description="prmt.b32 $0, $1, $2, $3: byte permute (default mode)",
+     value=True)
+def value_instruction(i: Instr) -> Step:
+    n_in = len(i.args) - 1
+    if [f"${k}" for k in range(1, n_in + 1)] != i.args[1:] or n_in != len(i.ins):
+        raise i.unknown
+    step = _value_instr(i.op, i.opcode, n_in)
+    if step is None:
+        raise i.unknown
+    return step
+
+
+# side effects
+
+@ptx("fence.mbarrier_init.release.cluster", "prefetch.tensormap", "griddepcontrol.wait",
+     "griddepcontrol.launch_dependents", "fence.acq_rel.cta", "fence.sc.cta",
+     "wgmma.fence.sync.aligned")
+@ptx_pattern(r"setmaxnreg\..*", "setmaxnreg.*: nothing to model (register allocation)")
+def no_op(i: Instr) -> Step:
+    """Nothing the emulator or the checker models: these order no memory access
+    the checker tracks (fence.acq_rel/sc.cta order a thread's own accesses,
+    which a warp's program order already does)."""
+    outs = i.outs
+
+    def noop(fr: Frame) -> None:
+        for out in outs:
+            fr.regs[out] = None
+    return noop
+
+
+@ptx("fence.proxy.async.shared::cta", "fence.proxy.async", "fence.proxy.async.global")
+def fence_proxy_async(i: Instr) -> Step:
+    """Orders the thread's generic-proxy accesses with async-proxy ones (the
+    checker's proxy fence)."""
+    if i.args:
+        raise i.unknown
+    return proxy_fence
+
+
+@ptx("cp.async.bulk.commit_group")
+def bulk_commit_group(i: Instr) -> Step:
+    """Closes the thread's bulk async-group of TMA stores."""
+    if i.args:
+        raise i.unknown
+    pred_slots = i.pred_slots
+    return lambda fr: bulk_commit(fr, pred_slots)
+
+
+@ptx("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read")
+def bulk_wait_group(i: Instr) -> Step:
+    """Waits until at most N bulk async-groups are pending (.read: their reads)."""
+    if len(i.args) > 1 or i.pred is not None:
+        raise i.unknown
+    pending = int(i.args[0]) if i.args else 0
+    read_only = i.opcode.endswith(".read")
+    return lambda fr: bulk_wait(fr, pending, read_only)
+
+
+@ptx("wgmma.commit_group.sync.aligned")
+def wgmma_commit_group(i: Instr) -> Step:
+    """Closes the warpgroup's WGMMA group."""
+    if i.args:
+        raise i.unknown
+    return wgmma_commit
+
+
+@ptx("wgmma.wait_group.sync.aligned")
+def wgmma_wait_group(i: Instr) -> Step:
+    """Waits until at most N WGMMA groups are pending."""
+    if len(i.args) != 1:
+        raise i.unknown
+    pending = int(i.args[0])
+    return lambda fr: wgmma_wait(fr, pending)
+
+
+@ptx("bar.sync", "barrier.sync", "bar.sync.aligned", "barrier.sync.aligned")
+def bar_sync(i: Instr) -> Step:
+    """Barrier 0 of the whole block, or a named barrier of N threads."""
+    text, loc, args = i.text, i.loc, i.args
+    if len(args) == 1 and args[0] in ("0",):
+        return lambda fr: full_block_barrier(fr, text, loc)
+    if len(args) not in (1, 2):
+        raise i.unknown
+    ident, count = (_literal_or_slot(a, i.arg_slot) for a in (args + [None])[:2])
+
+    def step(fr: Frame) -> None:
+        n_ident = _read(fr, ident, loc)
+        n = _read(fr, count, loc) if count is not None else fr.need_block(text, loc).block_T
+        if n_ident == 0 and count is None:
+            return full_block_barrier(fr, text, loc)
+        named_barrier(fr, n_ident, n, text, loc)
+    return step
+
+
+@ptx("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.arrive.aligned",
+     "barrier.cluster.arrive", "barrier.cluster.arrive.relaxed",
+     "barrier.cluster.arrive.release.aligned", "barrier.cluster.arrive.release")
+def barrier_cluster_arrive(i: Instr) -> Step:
+    """The thread's arrival on the cluster barrier."""
+    if i.args or i.pred is not None:
+        raise i.unknown
+    text, loc = i.text, i.loc
+    return lambda fr: cluster_arrive(fr, text, loc)
+
+
+@ptx("barrier.cluster.wait.aligned", "barrier.cluster.wait",
+     "barrier.cluster.wait.acquire.aligned", "barrier.cluster.wait.acquire")
+def barrier_cluster_wait(i: Instr) -> Step:
+    """Waits for the cluster barrier's current phase."""
+    if i.args or i.pred is not None:
+        raise i.unknown
+    text, loc = i.text, i.loc
+    return lambda fr: cluster_wait(fr, text, loc)
+
+
+@ptx_pattern(re.escape(ST_ASYNC) + r".*",
+             f"{ST_ASYNC}[.v2|.v4].{{b,u,s,f}}{{32,64}} [addr], values, [mbar]: stores at a "
+             "shared::cluster address completing their bytes on the mbarrier")
+def st_async(i: Instr) -> Step:
+    args = i.args
+    if len(args) < 3:
+        raise i.unknown
+    ty = i.opcode[len(ST_ASYNC):]
+    vec = 1
+    if ty.startswith(".v2") or ty.startswith(".v4"):
+        vec, ty = int(ty[2]), ty[3:]
+    width = {".b32": 4, ".u32": 4, ".s32": 4, ".f32": 4, ".b64": 8, ".u64": 8, ".s64": 8,
+             ".f64": 8}.get(ty)
+    if width is None or len(args) != vec + 2:
+        raise i.unknown
+    a, bar = i.arg_slot(args[0]), i.arg_slot(args[-1])
+    vals = [i.arg_slot(x) for x in args[1:-1]]
+    pred_slots, loc, site = i.pred_slots, i.loc, i.site
+    return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc, site)
+
+
+@ptx("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64",
+     "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64")
+def mbarrier_arrive_expect_tx(i: Instr) -> Step:
+    """``_, [mbar], tx``: expects tx bytes and arrives once per thread (jax 0.12
+    emits the CTA-scope form for a block's own barriers)."""
+    args = i.args
+    if len(args) != 3 or args[0] != "_":
+        raise i.unknown
+    a, tx = i.arg_slot(args[1]), i.arg_slot(args[2])
+    remote = ".cluster." in i.opcode
+    pred_slots, loc = i.pred_slots, i.loc
+    return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, tx_slot=tx,
+                                      remote=remote)
+
+
+@ptx("mbarrier.init.shared::cta.b64")
+def mbarrier_init_shared(i: Instr) -> Step:
+    """``[mbar], count``: initialises an mbarrier for count arrivals."""
+    if len(i.args) != 2:
+        raise i.unknown
+    a, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
+    pred_slots, loc = i.pred_slots, i.loc
+    return lambda fr: mbarrier_init(fr, a, n, effective(fr, pred_slots), loc)
+
+
+@ptx("mbarrier.arrive.release.cta.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+     "mbarrier.arrive.shared.b64")
+def mbarrier_arrive_shared(i: Instr) -> Step:
+    """``_, [mbar][, count]``: arrives once (or count times) per thread."""
+    args = i.args
+    if not args or args[0] != "_":
+        raise i.unknown
+    a = i.arg_slot(args[1])
+    cnt = _literal_or_slot(args[2], i.arg_slot) if len(args) > 2 else None
+    pred_slots, loc = i.pred_slots, i.loc
+    if cnt is not None and cnt[0] == "lit":
+        k = cnt[1]
+        return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_const=k)
+    cs = cnt[1] if cnt is not None else None
+    return lambda fr: mbarrier_arrive(fr, a, effective(fr, pred_slots), loc, count_slot=cs)
+
+
+@ptx("mbarrier.complete_tx.shared::cta.b64")
+def mbarrier_complete_tx(i: Instr) -> Step:
+    """``[mbar], tx``: completes tx bytes, releasing like an arrival."""
+    if len(i.args) != 2:
+        raise i.unknown
+    a, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
+    pred_slots, loc = i.pred_slots, i.loc
+
+    def complete_tx(fr: Frame) -> None:
+        b = fr.need_block("mbarrier.complete_tx", loc)
+        m = effective(fr, pred_slots)
+        addrs = per_thread(fr.regs[a], fr.T)[m]
+        tx = per_thread(fr.regs[n], fr.T)[m]
+        rows = b.warp_rows[m]
+        for ad, t, row in zip(addrs, tx, rows):
+            bar = b.barrier(ad, loc)
+            if fr.sync is not None:  # releases like an arrival
+                fr.sync.release(row, bar.point)
+            bar.complete_tx(int(t))
+    return complete_tx
+
+
+@ptx("cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes")
+def bulk_copy_load(i: Instr) -> Step:
+    """``[smem], [gmem], n, [mbar]``: a non-tensor bulk load of n bytes, completing
+    on the mbarrier."""
+    if len(i.args) != 4:
+        raise i.unknown
+    dst, src, n, bar = (i.arg_slot(a) for a in i.args)
+    pred_slots, loc, site = i.pred_slots, i.loc, i.site
+    return lambda fr: _bulk_copy(fr, pred_slots, dst, "shared", src, "global", n, bar, loc,
+                                 site)
+
+
+@ptx("cp.async.bulk.global.shared::cta.bulk_group")
+def bulk_copy_store(i: Instr) -> Step:
+    """``[gmem], [smem], n``: a non-tensor bulk store of n bytes in the thread's
+    bulk async-group."""
+    if len(i.args) != 3:
+        raise i.unknown
+    dst, src, n = (i.arg_slot(a) for a in i.args)
+    pred_slots, loc, site = i.pred_slots, i.loc, i.site
+    return lambda fr: _bulk_copy(fr, pred_slots, dst, "global", src, "shared", n, None, loc,
+                                 site)
+
+
+@ptx_pattern(TMA_TILE.pattern, "cp.async.bulk.tensor.{1-5}d tile copies: a load "
+             "[smem], [desc, {coords}], [mbar] completing on the mbarrier, or a store "
+             "[desc, {coords}], [smem] in the bulk async-group (jax 0.12)")
+def tma_tile(i: Instr) -> Step:
+    tile = TMA_TILE.fullmatch(i.opcode)
+    if len(i.args) != int(tile[1]) + (3 if tile[2] == "shared::cta" else 2):
+        raise i.unknown
+    return _tma_tile(tile, i.args, i.arg_slot, i.pred_slots, i.loc, i.site)
+
+
+@ptx(GATHER4)
+def tma_gather4(i: Instr) -> Step:
+    """``[smem], [desc, {col, r0..r3}], [mbar]``: a TMA gather of four rows."""
+    if len(i.args) != 8:
+        raise i.unknown
+    smem, desc, col, *rows, bar = (i.arg_slot(a) for a in i.args)
+    pred_slots, loc, site = i.pred_slots, i.loc, i.site
+    return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, bar, loc, site)
+
+
+@ptx(SCATTER4)
+def tma_scatter4(i: Instr) -> Step:
+    """``[desc, {col, r0..r3}], [smem]``: a TMA scatter of four rows."""
+    if len(i.args) != 7:
+        raise i.unknown
+    desc, col, *rows, smem = (i.arg_slot(a) for a in i.args)
+    pred_slots, loc, site = i.pred_slots, i.loc, i.site
+    return lambda fr: _gather4(fr, pred_slots, smem, desc, col, rows, None, loc, site)

@@ -278,9 +278,10 @@ class Checker:
         """Several warps writing one byte in the same step: a race, unless
         they all wrote the value the byte now holds -- then the byte's last
         write is the group of them (replicated layouts are stored so)."""
-        scratch = np.zeros(region.data.size, np.int32)
-        scratch[off] = sites
-        back = scratch[off]
+        lo = int(off.min())  # a scratch over the bytes touched, not the whole buffer
+        scratch = np.zeros(int(off.max()) - lo + 1, np.int32)
+        scratch[off - lo] = sites
+        back = scratch[off - lo]
         clash = back != sites
         if not clash.any():
             return
