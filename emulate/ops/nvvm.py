@@ -218,8 +218,10 @@ def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np
         b.sched.poll(f"a poll of mbarrier {int(addrs[np.flatnonzero(m)[0]]):#x} at {where}")
         out = test()
     if fr.sync is not None:  # threads that saw the phase complete acquire it
-        for t in np.flatnonzero(m & out):
-            fr.sync.acquire(b.warp_rows[t], b.barrier(addrs[t], where).point.released)
+        seen = m & out
+        for a in np.unique(addrs[seen]):
+            at = seen & (addrs == a)
+            fr.sync.acquire(np.unique(b.warp_rows[at]), b.barrier(a, where).point.released)
     return out
 
 
