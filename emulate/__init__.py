@@ -61,12 +61,21 @@ from .sync.reports import (Access, BarrierDivergence, Deadlock, MBarrierOverArri
                            Race, RaceError, RaceWarning, UninitializedRead,
                            UninitializedReadWarning, check_policy)
 
-__all__ = ["run", "run_module", "lower", "Unsupported", "EmulationError", "Race", "Access",
+__all__ = ["run", "run_module", "lower", "modelled_ptx", "Unsupported", "EmulationError", "Race",
+           "Access",
            "RaceError", "RaceWarning", "UninitializedRead", "UninitializedReadWarning",
            "OutOfBounds", "BarrierDivergence", "MBarrierOverArrival", "Deadlock"]
 
 ON_RACE_ENV = "SMALTI_EMULATE_ON_RACE"
 ON_UNINITIALIZED_ENV = "SMALTI_EMULATE_ON_UNINITIALIZED"
+
+
+def modelled_ptx() -> list[tuple[str, str]]:
+    """The inline-PTX forms the emulator models: (form, description) pairs,
+    an exact instruction or a family's pattern (``docs/emulator.md`` lists them)."""
+    from .ops.inline_asm import modelled_ptx as table
+
+    return table()
 
 
 def _policies(on_race: str | None, on_uninitialized: str | None) -> tuple[str, str]:

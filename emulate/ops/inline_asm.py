@@ -15,11 +15,12 @@ rules):
   collapsed), for strings that are not one instruction: WGMMA blocks, jax's
   remote mbarrier arrival, the empty optimization barrier.
 
-A handler takes the parsed :class:`Instr` and returns the op's step, or raises
-:class:`Unsupported`. Value instructions (``value=True``) are those whose
-first operand is the result ``$0``; an entry of the other kind never handles
-them, nor any ``@!$N`` (negated) predicate. :func:`modelled_ptx` lists the
-table.
+:func:`lookup` tries the whole-string entries in order, then the exact
+opcode, then the patterns in order. A handler takes the parsed :class:`Instr`
+and returns the op's step, or raises :class:`Unsupported`. Value
+instructions (``value=True``) are those whose first operand is the result
+``$0``; an entry of the other kind never handles them, nor any ``@!$N``
+(negated) predicate. :func:`modelled_ptx` lists the table.
 
 Approximate instructions (``ex2.approx``, ``lg2.approx``, ``tanh.approx``,
 ``sin/cos.approx``, ``rsqrt.approx``, ``sqrt.approx``) are modelled by the
@@ -35,6 +36,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +49,9 @@ from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
 from .nvvm import (bulk_commit, bulk_wait, effective, mbarrier_arrive, mbarrier_init,
                    per_thread, proxy_fence, tma_load_check, tma_store_check, wgmma_commit,
                    wgmma_wait)
+
+if TYPE_CHECKING:
+    from ..sync.shadow import OpSite
 
 # --- the table ---------------------------------------------------------------
 
@@ -139,10 +144,12 @@ def modelled_ptx() -> list[tuple[str, str]]:
 class Instr:
     """An ``llvm.inline_asm`` op as a PTX handler sees it."""
 
-    def __init__(self, o: Op, text: str) -> None:
+    def __init__(self, o: Op, text: str, one_instruction: bool = True) -> None:
         self.op = o
         self.text = text
-        self.pred, self.negated, self.opcode, self.args = _parse(text)
+        # a string matched as a whole (a WGMMA block...) has no opcode or predicate
+        parsed = _parse(text) if one_instruction else (None, False, "", [])
+        self.pred, self.negated, self.opcode, self.args = parsed
         self.loc = o.loc
         hint = " (tcgen05 MMAs are not modelled yet)" if "tcgen05" in text else ""
         #: what every handler raises for a string it does not model
@@ -159,7 +166,7 @@ class Instr:
                 and self.args[0] == "$0")
 
     @cached_property
-    def site(self):
+    def site(self) -> OpSite:
         """What the synchronization checker reports of this instruction."""
         return self.op.site(self.opcode)
 
@@ -177,12 +184,13 @@ def inline_asm(o: Op) -> Step:
     from jax._src.lib.mlir import ir
     text = ir.StringAttr(o.attr("asm_string")).value
     entry = lookup(text)
-    i = Instr(o, text)
+    whole = entry is not None and entry.kind == "text"
+    i = Instr(o, text, one_instruction=not whole)
     if entry is None:
         raise i.unknown
-    # whole strings are matched as they are; an instruction must also be of the
-    # entry's kind, and no handler models a negated predicate
-    if entry.kind != "text" and (i.negated or i.is_value != entry.value):
+    # an instruction must also be of the entry's kind (value or side effect),
+    # and no handler models a negated predicate
+    if not whole and (i.negated or i.is_value != entry.value):
         raise i.unknown
     return entry.handler(i)
 
@@ -500,6 +508,7 @@ def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_sp
 
 # whole strings
 
+# any string naming wgmma.mma_async, as `wgmma.is_wgmma` says
 @ptx_text(r".*wgmma\.mma_async.*", "a WGMMA block as jax's wgmma.py emits it "
           "(wgmma.compile_wgmma: D = A @ B (+ D) for the warpgroup, complete when issued)")
 def wgmma_block(i: Instr) -> Step:
@@ -532,9 +541,9 @@ def optimization_barrier(i: Instr) -> Step:
 @ptx_text(REMOTE_ARRIVE.pattern, "jax's arrival on a peer block's mbarrier (ClusterBarrier): "
           "mapa.shared::cluster + mbarrier.arrive.shared::cluster, predicated")
 def remote_arrive(i: Instr) -> Step:
-    m = REMOTE_ARRIVE.fullmatch(" ".join(i.text.split()))
     if i.results:
         raise i.unknown
+    m = REMOTE_ARRIVE.fullmatch(" ".join(i.text.split()))
     p_s, a_s, r_s = (i.ins[int(m.group(k))] for k in (2, 3, 4))
     loc = i.loc
     return lambda fr: _remote_arrive(fr, p_s, a_s, r_s, loc)

@@ -190,9 +190,9 @@ def test_the_readme_lists_every_command():
 
 def environment_variables() -> set[str]:
     """The environment variables smalti reads: its ``*_ENV`` constants."""
-    core = Path(__file__).parents[2] / "core"
+    root = Path(__file__).parents[2]
     found = set()
-    for path in core.glob("*.py"):
+    for path in [*(root / "core").glob("*.py"), *(root / "emulate").rglob("*.py")]:
         found |= set(re.findall(r'^[A-Z_]+_ENV = "(SMALTI_[A-Z_]+)"', path.read_text(), re.M))
     return found
 
@@ -200,6 +200,7 @@ def environment_variables() -> set[str]:
 def test_the_readme_explains_every_environment_variable():
     variables = environment_variables()
     assert "SMALTI_STRICT_ARCH" in variables and "SMALTI_TRACE" in variables
+    assert "SMALTI_EMULATE_ON_RACE" in variables
     text = README.read_text()
     assert [v for v in sorted(variables) if v not in text] == []
 
@@ -214,3 +215,28 @@ def test_the_readmes_emulator_example_runs_as_shown():
     x, y, z = scope["x"], scope["y"], scope["z"]
     np.testing.assert_array_equal(y, z)  # both pipelines compute the same
     np.testing.assert_allclose(y, np.exp(x) * 2, rtol=1e-6)
+
+
+EMULATOR_DOC = Path(__file__).resolve().parents[2] / "docs" / "emulator.md"
+
+
+def ptx_table_markdown() -> str:
+    """docs/emulator.md's table of the PTX the emulator models, as
+    ``smalti.emulate.modelled_ptx()`` lists it (exact instructions by name,
+    families and whole strings by their description)."""
+    import smalti.emulate
+
+    rows = ["| PTX | modelled as |", "|---|---|"]
+    for form, what in smalti.emulate.modelled_ptx():
+        exact = re.fullmatch(r"[\w.:]+", form) is not None
+        name = f"`{form}`" if exact else ("(empty string)" if not form else "(family)")
+        rows.append(f"| {name} | {what.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
+def test_the_emulator_doc_lists_exactly_the_ptx_it_models():
+    text = EMULATOR_DOC.read_text()
+    start, end = "<!-- ptx-table -->\n", "\n<!-- /ptx-table -->"
+    table = text[text.index(start) + len(start):text.index(end)]
+    assert table == ptx_table_markdown(), (
+        "docs/emulator.md's PTX table is out of date; replace it with:\n" + ptx_table_markdown())
