@@ -30,17 +30,54 @@ def space_kind(space) -> str:
     return "gmem" if space.name == "global" else "smem"
 
 
+class Warps:
+    """Which warp made each byte of a thread access: ``rows`` (its clock
+    row) per byte, or -- for the usual unmasked access, whose bytes come warp
+    by warp -- ``urows`` with each warp owning an equal run of the bytes,
+    the per-byte rows built only when a check needs them."""
+
+    __slots__ = ("urows", "per", "_rows", "overlap")
+
+    def __init__(self, urows: np.ndarray, per: int = 0, rows: np.ndarray | None = None) -> None:
+        self.urows = urows  # the distinct warps
+        self.per = per  # bytes of each warp, when they come warp by warp
+        self._rows = rows
+        self.overlap = False  # a write two of the warps made to one byte
+
+    @property
+    def runs(self) -> bool:
+        return self._rows is None
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.repeat(self.urows, self.per)
+        return self._rows
+
+    def parts(self):
+        """(warp row, the bytes it made: a slice or a mask) per warp."""
+        if self.runs:
+            return [(int(r), slice(k * self.per, (k + 1) * self.per))
+                    for k, r in enumerate(self.urows)]
+        if self.urows.size == 1:
+            return [(int(self.urows[0]), slice(None))]
+        return [(int(r), self._rows == r) for r in self.urows]
+
+
 class Checker:
     def __init__(self, on_race: str, on_uninitialized: str) -> None:
         self.on_race = on_race
         self.on_uninitialized = on_uninitialized
         self.sites = Sites()
         self.cluster = -1
+        self.first_site = 1
         self.clocks: Clocks | None = None
         self.kinds: list[str] = []  # per component of the current cluster
         self.races: dict[tuple, Race] = {}
         self.uninitialized: dict[tuple, UninitializedRead] = {}
         self._site_ids: dict[tuple, int] = {}
+        self._tables: dict[tuple, tuple] = {}
+        self._stamps = 0  # numbers each multi-warp write (see _overlapping)
+        self._patterns: dict[int, tuple] = {}  # op site -> a write pattern without overlap  # (site, write, warps) -> (clock version, ids)
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
@@ -50,6 +87,7 @@ class Checker:
     def begin_cluster(self, blocks) -> None:
         """Numbers the warps of a cluster's blocks: clock rows and components."""
         self.cluster += 1
+        self.first_site = self.sites.n  # sites are numbered in order: older ones are earlier runs'
         names = []
         for b in blocks:
             b.warp_row0 = len(names)
@@ -59,6 +97,7 @@ class Checker:
         self.clocks = Clocks(names)
         self.kinds = [WARP] * len(names)
         self._site_ids.clear()
+        self._tables.clear()
         self._bulk.clear()
         self._bulk_committed.clear()
         self._wgmma.clear()
@@ -78,7 +117,7 @@ class Checker:
 
     def _site(self, site: OpSite, component: int, time: int, agent: str, is_write: bool,
               generic: bool) -> int:
-        key = (site, component, time, is_write)
+        key = (id(site), component, time, is_write)
         k = self._site_ids.get(key)
         if k is None:
             k = self._site_ids[key] = self.sites.add(self.cluster, component, time, generic,
@@ -100,10 +139,18 @@ class Checker:
         lead = fr.block.warp_rows[::32] if by_warp else fr.block.warp_rows
         if a.ndim == vrank:
             a = np.broadcast_to(a, (lead.size,) + a.shape)
-        rows = lead.reshape((lead.size,) + (1,) * (a.ndim - 1))
-        rows = np.broadcast_to(rows, a.shape)
-        v = None if values is None else np.broadcast_to(values, a.shape)
         m = fr.mask if mask is None else mask
+        v = None if values is None else np.broadcast_to(values, a.shape)
+        if m is None and space_name != "cluster" and (by_warp or lead.size % 32 == 0):
+            # thread (or warp) major: each warp's elements are one run
+            urows = lead[::1 if by_warp else 32]
+            a = a.reshape(-1)
+            v = None if v is None else v.reshape(-1)
+            if a.size:
+                self._thread_bytes(fr.mem[space_name], a, Warps(urows, a.size // urows.size),
+                                   itemsize, is_write, site, v)
+            return
+        rows = np.broadcast_to(lead.reshape((lead.size,) + (1,) * (a.ndim - 1)), a.shape)
         if m is not None:
             full = _full_mask(np.asarray(m), a.shape)
             a, rows = a[full], rows[full]
@@ -111,12 +158,12 @@ class Checker:
         else:
             a, rows = a.reshape(-1), rows.reshape(-1)
             v = None if v is None else v.reshape(-1)
-        if a.size == 0:
-            return
         for space, local, sel in self.spaces(fr, space_name, a):
             r = rows if sel is None else rows[sel]
             vs = v if v is None or sel is None else v[sel]
-            self._thread_bytes(space, local, r, itemsize, is_write, site, vs)
+            if r.size:
+                self._thread_bytes(space, local, Warps(np.unique(r), rows=r), itemsize, is_write,
+                                   site, vs)
 
     def spaces(self, fr, space_name: str, a: np.ndarray):
         """(space, addresses in it, which of ``a``) of addresses in ``space_name``;
@@ -131,7 +178,7 @@ class Checker:
             sel = rank == k
             yield space.spaces[int(k)], local[sel], sel
 
-    def _thread_bytes(self, space: Space, a: np.ndarray, rows: np.ndarray, itemsize: int,
+    def _thread_bytes(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
                       is_write: bool, site: OpSite, values: np.ndarray | None = None) -> None:
         region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
         if not region.tracked:
@@ -139,19 +186,39 @@ class Checker:
         off = a - region.base
         if itemsize > 1:
             off = (off[:, None] + np.arange(itemsize)).reshape(-1)
-            rows = np.repeat(rows, itemsize)
-        clocks = self.clocks
-        urows = np.unique(rows)
-        table = np.zeros(clocks.warps, np.int32)
-        for r in urows:
-            r = int(r)
-            table[r] = self._site(site, r, int(clocks.matrix[r, r]), clocks.names[r], is_write,
-                                  generic=True)
+            if who.runs:
+                who.per *= itemsize
+            else:
+                who = Warps(who.urows, rows=np.repeat(who.rows(), itemsize))
+        table = self._site_table(site, who.urows, is_write)
+        sites = np.repeat(table[who.urows], who.per) if who.runs else table[who.rows()]
         written = None
         if values is not None:
             written = np.ascontiguousarray(values).view(np.uint8).reshape(-1)
-        self._check(region, space_kind(space), off, table[rows], rows, None, is_write, False,
-                    written)
+        who.overlap = is_write and self._overlapping(site, region, off, who)
+        self._check(region, space_kind(space), off, sites, who, None, is_write, False, written)
+
+    def _site_table(self, site: OpSite, urows: np.ndarray, is_write: bool) -> np.ndarray:
+        """Site ids of ``site`` executed by each warp of ``urows`` now, by row."""
+        clocks = self.clocks
+        key = (id(site), is_write, urows.tobytes())
+        cached = self._tables.get(key)
+        if cached is not None and cached[0] == clocks.version:
+            return cached[1]
+        table = np.zeros(clocks.warps, np.int32)
+        rows = urows.tolist()
+        times = clocks.matrix[urows, urows].tolist()
+        ids = [self._site_ids.get((id(site), r, t, is_write)) for r, t in zip(rows, times)]
+        new = [k for k, i in enumerate(ids) if i is None]
+        if new:
+            first = self.sites.add_many(
+                self.cluster, [rows[k] for k in new], [times[k] for k in new], True,
+                [(site, clocks.names[rows[k]], is_write) for k in new])
+            for n, k in enumerate(new):
+                ids[k] = self._site_ids[(id(site), rows[k], times[k], is_write)] = first + n
+        table[urows] = ids
+        self._tables[key] = (clocks.version, table, site)  # site: keeps id(site) unique
+        return table
 
     def async_access(self, view: np.ndarray, space, addrs, itemsize: int, is_write: bool,
                      site: OpSite, component: int, stamp: int, agent: str,
@@ -185,9 +252,13 @@ class Checker:
         wrote equal values), before a write only once all are."""
         S = self.sites
         comp = S.component[earlier]
-        same = S.cluster[earlier] == self.cluster
         plain = comp >= 0
-        c = np.where(same & plain, comp, 0)
+        if self.cluster == 0:  # one cluster run so far: every site is of this one
+            same = True
+            c = comp if plain.all() else np.where(plain, comp, 0)
+        else:
+            same = earlier >= self.first_site
+            c = np.where(same & plain, comp, 0)
         if rows is not None:
             known = self.clocks.matrix[rows, c]
         else:
@@ -205,6 +276,55 @@ class Checker:
                                          np.full(members.size, r), view)
                     ok[mine] = m_ok.all() if need_all else m_ok.any()
         return ok
+
+    def _ordered_bytes(self, prior: np.ndarray, who: Warps | None, view: np.ndarray | None,
+                       need_all: bool = True) -> np.ndarray | None:
+        """Per byte: whether its earlier access (site id ``prior``; 0: none)
+        happens before this access's byte (made by ``who``, or seen from
+        ``view``); None when every byte's does (the usual answer). Bytes of
+        one warp usually share their earlier access: that case is decided once."""
+        if not prior.any():
+            return None
+        if who is None:
+            ok = np.broadcast_to(self._ordered_run(prior, None, view, need_all), prior.shape)
+        elif who.runs:
+            ok = np.empty(prior.size, bool)
+            for row, run in who.parts():
+                ok[run] = self._ordered_run(prior[run], row, None, need_all)
+        else:
+            ok = np.ones(prior.size, bool)
+            i = np.flatnonzero(prior)
+            ok[i] = self._ordered(prior[i], who.rows()[i], None, need_all)
+        return None if ok.all() else ok
+
+    def _ordered_run(self, prior: np.ndarray, row: int | None, view: np.ndarray | None,
+                     need_all: bool):
+        """:meth:`_ordered_bytes` for bytes one warp (``row``) or one unit
+        (``view``) made; a bool when they all share their earlier access."""
+        first = int(prior[0])
+        if (prior == first).all():
+            return first == 0 or self._ordered_one(first, row, view, need_all)
+        ok = np.ones(prior.size, bool)
+        i = np.flatnonzero(prior)
+        ok[i] = self._ordered(prior[i], None if row is None else np.full(i.size, row), view,
+                              need_all)
+        return ok
+
+    def _ordered_one(self, site: int, row: int | None, view: np.ndarray | None,
+                     need_all: bool) -> bool:
+        """:meth:`_ordered` of one site, without arrays."""
+        S = self.sites
+        comp = int(S.component[site])
+        if comp < 0:
+            return bool(self._ordered(np.array([site]), None if row is None else np.array([row]),
+                                      view, need_all)[0])
+        if site < self.first_site:
+            return False
+        if row is not None:
+            known = int(self.clocks.matrix[row, comp])
+        else:
+            known = int(view[comp]) if comp < view.size else 0
+        return known >= int(S.time[site])
 
     def _full_width(self, view: np.ndarray) -> np.ndarray:
         width = self.clocks.matrix.shape[1]
@@ -225,53 +345,93 @@ class Checker:
         return bad
 
     def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
-               rows: np.ndarray | None, view: np.ndarray | None, is_write: bool,
+               who: Warps | None, view: np.ndarray | None, is_write: bool,
                proxy_read: bool, written: np.ndarray | None = None) -> None:
+        """Checks an access of bytes ``off`` of ``region`` (each by site
+        ``sites``) against the shadow, reports conflicts, records it. A
+        thread access says ``who`` made each byte (their clock rows, which
+        are also their components); an asynchronous unit's is seen from
+        ``view``, its issuer's clock."""
         sh = region.shadow
         if sh is None:
             sh = region.shadow = Shadow(region.data.size)
         S = self.sites
         w = sh.write[off]
-        has = w != 0
-        if not is_write and space == "smem" and not has.all():
-            self._uninitialized(region, space, off[~has], sites[~has])
-        if has.any():
-            i = np.flatnonzero(has)
-            prior = w[i]
-            ok = self._ordered(prior, None if rows is None else rows[i], view, need_all=is_write)
-            if not ok.all():
-                self._race(region, space, prior[~ok], sites[i][~ok], off[i][~ok])
-            if proxy_read:
-                gen = ok & S.generic[prior]
-                if gen.any():
-                    g = prior[gen]
-                    bad = self._unfenced(g, view)
-                    if bad.any():
-                        self._race(region, space, g[bad], sites[i][gen][bad], off[i][gen][bad],
-                                   unfenced=True)
+        if not is_write and space == "smem":
+            fresh = w == 0
+            if fresh.any():
+                self._uninitialized(region, space, off[fresh], sites[fresh])
+        ok = self._ordered_bytes(w, who, view, need_all=is_write)
+        if ok is not None:
+            bad = ~ok
+            self._race(region, space, w[bad], sites[bad], off[bad])
+        if proxy_read:
+            gen = w != 0
+            if ok is not None:
+                gen &= ok
+            gen[gen] = S.generic[w[gen]]
+            if gen.any():
+                g = w[gen]
+                unfenced = self._unfenced(g, view)
+                if unfenced.any():
+                    self._race(region, space, g[unfenced], sites[gen][unfenced],
+                               off[gen][unfenced], unfenced=True)
         if is_write:
-            for col in list(sh.reads.values()) + ([sh.earlier] if sh.earlier is not None else []):
-                r = col[off]
-                nz = r != 0
-                if nz.any():
-                    i = np.flatnonzero(nz)
-                    ok = self._ordered(r[i], None if rows is None else rows[i], view)
-                    if not ok.all():
-                        self._race(region, space, r[i][~ok], sites[i][~ok], off[i][~ok])
+            used = len(sh.columns)
+            seen = sh.read[off, :used] if used else None
+            cols = [] if seen is None or not seen.any() else [seen[:, j] for j in range(used)]
+            if sh.earlier is not None:
+                cols.append(sh.earlier[off])
+            for r in cols:
+                ok = self._ordered_bytes(r, who, view)
+                if ok is not None:
+                    bad = ~ok
+                    self._race(region, space, r[bad], sites[bad], off[bad])
             sh.write[off] = sites
-            if rows is not None and rows.size and (rows != rows[0]).any():
-                self._same_op_writes(sh, region, space, off, sites, rows, written)
+            if who is not None and who.overlap:
+                self._same_op_writes(sh, region, space, off, sites, who.rows(), written)
             return
-        comps = S.component[sites]
-        for c in (np.unique(comps) if comps.size and (comps != comps[0]).any() else comps[:1]):
-            sel = None if comps.size and (comps == c).all() else comps == c
-            o = off if sel is None else off[sel]
-            col = sh.read_column(int(c))
-            old = col[o]
-            stale = (old != 0) & (S.cluster[old] != self.cluster)
+        # each component's reads go in its column
+        if who is None:  # an asynchronous unit: one component
+            col = sh.column(int(S.component[sites[0]]))
+        elif who.runs:
+            col = np.repeat([sh.column(int(r)) for r in who.urows], who.per)
+        else:
+            by_row = np.zeros(self.clocks.warps, np.int64)
+            by_row[who.urows] = [sh.column(int(r)) for r in who.urows]
+            col = by_row[who.rows()]
+        if self.cluster > 0:  # reads of an earlier cluster run are kept apart
+            old = sh.read[off, col]
+            stale = (old != 0) & (old < self.first_site)
             if stale.any():
-                sh.keep_earlier(o[stale], old[stale])
-            col[o] = sites if sel is None else sites[sel]
+                sh.keep_earlier(off[stale], old[stale])
+        sh.read[off, col] = sites
+
+    def _overlapping(self, site: OpSite, region: Region, off: np.ndarray, who: Warps) -> bool:
+        """Whether two warps of this write touch one byte. An op writes the
+        same pattern of bytes (relative to its first) step after step: a
+        pattern seen without overlap is not tested again."""
+        if who.urows.size < 2:
+            return False
+        rel = off - off[0]
+        seen = self._patterns.get(id(site))
+        if seen is not None and seen[0] == (who.per, who.urows.size) and np.array_equal(seen[1], rel):
+            return False
+        if region.shadow is None:
+            region.shadow = Shadow(region.data.size)
+        if self._stamped(region.shadow, off, who):
+            return True
+        self._patterns[id(site)] = ((who.per, who.urows.size), rel, site)
+        return False
+
+    def _stamped(self, sh: Shadow, off: np.ndarray, who: Warps) -> bool:
+        """Each warp marks its bytes with a stamp unique to this access and
+        looks again: a byte with another's mark has two writers."""
+        self._stamps += 1
+        mark = (self._stamps << 16) + who.rows()
+        stamp = sh.stamps()
+        stamp[off] = mark
+        return bool((stamp[off] != mark).any())
 
     def _same_op_writes(self, sh: Shadow, region: Region, space: str, off: np.ndarray,
                         sites: np.ndarray, rows: np.ndarray, written: np.ndarray | None) -> None:

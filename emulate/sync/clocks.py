@@ -38,6 +38,7 @@ class Clocks:
         self.matrix = np.zeros((n, max(2 * n, 8)), np.int32)
         self.matrix[np.arange(n), np.arange(n)] = 1  # every warp starts at time 1
         self.fences: list[list[int]] = [[] for _ in range(n)]  # fence.proxy.async times
+        self.version = 0  # advances whenever a warp's own time does
 
     @property
     def warps(self) -> int:
@@ -70,6 +71,7 @@ class Clocks:
             return
         point.pending = join(point.pending, self.view(rows))
         self.matrix[rows, rows] += 1
+        self.version += 1
 
     def acquire(self, rows, clock: np.ndarray | None) -> None:
         """The warps learn ``clock`` (a completed point's)."""
@@ -92,6 +94,7 @@ class Clocks:
             r = int(r)
             self.fences[r].append(int(self.matrix[r, r]))
             self.matrix[r, r] += 1
+        self.version += 1
 
     def last_fences(self, view: np.ndarray) -> np.ndarray:
         """Per warp: the time of its latest proxy fence that ``view`` is ordered

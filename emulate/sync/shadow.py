@@ -56,6 +56,24 @@ class Sites:
         self.n += 1
         return k
 
+    def add_many(self, cluster: int, components: list[int], times: list[int], generic: bool,
+                 infos: list) -> int:
+        """Several sites at once (one op by several warps); the first's id."""
+        k, n = self.n, len(components)
+        while self.n + n > self.cluster.size:
+            for name in ("cluster", "component", "time", "generic"):
+                old = getattr(self, name)
+                new = np.zeros(2 * old.size, old.dtype)
+                new[:old.size] = old
+                setattr(self, name, new)
+        self.cluster[k:k + n] = cluster
+        self.component[k:k + n] = components
+        self.time[k:k + n] = times
+        self.generic[k:k + n] = generic
+        self.info.extend(infos)
+        self.n += n
+        return k
+
     def add_group(self, members: np.ndarray, info) -> int:
         k = self.add(int(self.cluster[members[0]]), -1, 0, bool(self.generic[members].all()), info)
         self.members[k] = members
@@ -65,18 +83,31 @@ class Sites:
 class Shadow:
     """The shadow of one buffer (:class:`..memory.Region`)."""
 
-    __slots__ = ("write", "reads", "earlier")
+    __slots__ = ("write", "read", "columns", "earlier", "_stamps")
 
     def __init__(self, nbytes: int) -> None:
         self.write = np.zeros(nbytes, np.int32)
-        self.reads: dict[int, np.ndarray] = {}
+        self.read = np.zeros((nbytes, 0), np.int32)  # a column per reading component
+        self.columns: dict[int, int] = {}  # component -> its column of ``read``
         self.earlier: np.ndarray | None = None
+        self._stamps: np.ndarray | None = None
 
-    def read_column(self, component: int) -> np.ndarray:
-        col = self.reads.get(component)
-        if col is None:
-            col = self.reads[component] = np.zeros(self.write.size, np.int32)
-        return col
+    def column(self, component: int) -> int:
+        """The column of ``read`` holding ``component``'s reads (made on first use)."""
+        k = self.columns.get(component)
+        if k is None:
+            k = self.columns[component] = len(self.columns)
+            if k >= self.read.shape[1]:
+                grown = np.zeros((self.write.size, max(4, 2 * self.read.shape[1])), np.int32)
+                grown[:, :self.read.shape[1]] = self.read
+                self.read = grown
+        return k
+
+    def stamps(self) -> np.ndarray:
+        """Scratch marks of the checker's overlap test, one per byte."""
+        if self._stamps is None:
+            self._stamps = np.zeros(self.write.size, np.int64)
+        return self._stamps
 
     def keep_earlier(self, offsets: np.ndarray, sites: np.ndarray) -> None:
         """Reads of an earlier cluster run about to be replaced in a column."""
