@@ -18,7 +18,11 @@ lowers. Columns:
 * ``(2) +check``: the emulator with it (the default), and ``(2)/(1)``;
 * ``(3) jax``: jax's GPU interpret mode
   (``plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams())``);
-* ``(4) +races``: the same with ``detect_races=True``, and ``(4)/(2)``.
+* ``(4) +races``: the same with ``detect_races=True``, and ``(4)/(2)``;
+* ``cold: lower+(2)``, ``(4) 1st call``, ``ratio``: checking a kernel once,
+  as a test suite does -- smalti's lowering plus the first checked emulation
+  against jax's first call with ``detect_races=True`` (tracing, lowering and
+  compiling its interpreter included) -- and jax's over the emulator's.
 
 Every emulator figure includes the emulator's compilation of the module
 into closures, since ``run_module`` compiles on every call; lowering is
@@ -488,7 +492,16 @@ class Row:
     checked: Figure = ""  # (2)
     jax: Figure = ""  # (3)
     jax_races: Figure = ""  # (4)
+    jax_races_cold: Figure = ""  # (4) on its first call: tracing and compiling included
     reports: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def checked_cold(self) -> Figure:
+        """Lowering and the first checked emulation: what checking a kernel
+        once costs (the counterpart of jax's first call)."""
+        if isinstance(self.lower_s, float) and isinstance(self.emulate_s, float):
+            return self.lower_s + self.emulate_s
+        return ""
 
 
 def measure(case: Case, repeat: int) -> Row:
@@ -517,6 +530,7 @@ def measure(case: Case, repeat: int) -> Row:
         return row
     runs = [jax_run(case, False, row.reports), jax_run(case, True, row.reports)]
     warm = fastest(runs, 1)  # traces, lowers and compiles each for its mode
+    row.jax_races_cold = warm[1]
     row.jax, row.jax_races = (w if isinstance(w, BaseException) else t
                               for w, t in zip(warm, fastest(runs, repeat)))
     return row
@@ -524,7 +538,7 @@ def measure(case: Case, repeat: int) -> Row:
 
 COLUMNS = [("kernel", 48), ("ops", 6), ("lower s", 8), ("emulate s", 10), ("(1) emu", 9),
            ("(2) +check", 11), ("(2)/(1)", 8), ("(3) jax", 9), ("(4) +races", 11),
-           ("(4)/(2)", 8)]
+           ("(4)/(2)", 8), ("cold: lower+(2)", 16), ("(4) 1st call", 13), ("ratio", 6)]
 
 
 def _cell(value: Figure, prefix: str, mark: bool = False) -> str:
@@ -560,7 +574,8 @@ def format_row(row: Row) -> str:
     else:
         tail = [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[7:], [
             _cell(row.jax, "jax"), _cell(row.jax_races, "jax", jax_races),
-            _ratio(row.jax_races, row.checked)])]
+            _ratio(row.jax_races, row.checked), _cell(row.checked_cold, "emu"),
+            _cell(row.jax_races_cold, "jax"), _ratio(row.jax_races_cold, row.checked_cold)])]
     out = [f"{cells[0]:{COLUMNS[0][1]}s}"]
     out += [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[1:7], cells[1:])]
     return " ".join(out + tail).rstrip()
@@ -585,7 +600,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     checker = "" if HAS_CHECKER else " (n/a: this emulator has none)"
     print(f"seconds, fastest of {args.repeat} after a warm-up; (1) the emulator, (2) with its "
           f"synchronization checker{checker};\n(3) jax's GPU interpret mode, (4) with "
-          "detect_races=True; ! = races reported; lowering not included")
+          "detect_races=True; ! = races reported; lowering not included;\ncold: checking a "
+          "kernel once -- smalti's lowering plus its first checked emulation, against jax's "
+          "first call of (4) (tracing and compiling included)")
     warm_up_jax()
     print(header(), flush=True)
     reported = []
