@@ -180,7 +180,8 @@ class Checker:
 
     def _thread_bytes(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
                       is_write: bool, site: OpSite, values: np.ndarray | None = None) -> None:
-        region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
+        # the memory op found every element in one buffer: the first one's
+        region = space.find(int(a[0]), int(a[0]) + itemsize, site.location)
         if not region.tracked:
             return
         off = a - region.base
@@ -283,8 +284,21 @@ class Checker:
         happens before this access's byte (made by ``who``, or seen from
         ``view``); None when every byte's does (the usual answer). Bytes of
         one warp usually share their earlier access: that case is decided once."""
-        if not prior.any():
-            return None
+        first = int(prior[0])
+        if (prior == first).all():  # one earlier access for every byte: decide per warp
+            if first == 0:
+                return None
+            if who is None:
+                return None if self._ordered_one(first, None, view, need_all) else \
+                    np.zeros(prior.shape, bool)
+            oks = [self._ordered_one(first, r, None, need_all) for r in who.urows.tolist()]
+            if all(oks):
+                return None
+            if who.runs:
+                return np.repeat(oks, who.per)
+            by_row = np.zeros(self.clocks.warps, bool)
+            by_row[who.urows] = oks
+            return by_row[who.rows()]
         if who is None:
             ok = np.broadcast_to(self._ordered_run(prior, None, view, need_all), prior.shape)
         elif who.runs:
@@ -357,7 +371,7 @@ class Checker:
             sh = region.shadow = Shadow(region.data.size)
         S = self.sites
         w = sh.write[off]
-        if not is_write and space == "smem":
+        if not is_write and space == "smem" and not (w[0] != 0 and (w == w[0]).all()):
             fresh = w == 0
             if fresh.any():
                 self._uninitialized(region, space, off[fresh], sites[fresh])
