@@ -107,8 +107,12 @@ TERMINATORS = {"scf.yield", "scf.condition", "gpu.terminator", "func.return", "g
 
 
 class Compiler:
-    def __init__(self) -> None:
+    """``checked``: guard each op's operands for the synchronization checker
+    (a WGMMA accumulator read before the ``wgmma.wait_group`` covering it)."""
+
+    def __init__(self, checked: bool = False) -> None:
         self.slots: dict[Any, int] = {}
+        self.checked = checked
 
     @property
     def nslots(self) -> int:
@@ -141,9 +145,67 @@ class Compiler:
         if fn is None:
             return _unsupported_step(o.unsupported())
         try:
-            return fn(o)
+            step = fn(o)
         except Unsupported as e:  # a rule refused this op's attributes or types
             return _unsupported_step(e)
+        if self.checked and o.ins and not getattr(step, "passes_accumulators", False):
+            return _guarded(step, o)
+        return step
+
+
+def passes_accumulators(step: Step) -> Step:
+    """Marks a step that may take a WGMMA's accumulators before the wait (the
+    next WGMMA, extracting them, an optimization barrier): it carries their
+    pending state itself, and the checker does not guard it."""
+    step.passes_accumulators = True  # type: ignore[attr-defined]
+    return step
+
+
+#: ops that only move register values (no instruction on the GPU, or a
+#: register move): an accumulator they take stays pending in what they give
+MOVES = frozenset({
+    "llvm.extractvalue", "llvm.insertvalue", "llvm.bitcast", "vector.bitcast", "vector.shuffle",
+    "vector.extract", "vector.insert", "vector.extract_strided_slice",
+    "vector.insert_strided_slice", "vector.shape_cast", "vector.broadcast",
+    "builtin.unrealized_conversion_cast"})
+#: control flow: it hands values to its regions (an accumulator pending across
+#: it is not followed there)
+CONTROL = frozenset({"scf.for", "scf.while", "scf.if", "scf.index_switch", "gpu.launch"})
+
+
+def _guarded(step: Step, o: Op) -> Step:
+    """``step``, after checking that no operand is a WGMMA accumulator whose
+    group no ``wgmma.wait_group`` has covered yet; its results are not (a
+    move's results are pending like what it moved)."""
+    ins, outs = o.ins, o.outs
+    site = o.site()
+    if o.name in CONTROL:
+        return step
+    if o.name in MOVES:
+        def moved(fr: Frame) -> None:
+            step(fr)
+            pending = fr.pending
+            if pending:
+                held = [pending[s] for s in ins if s in pending]
+                for s in outs:
+                    if held:
+                        pending[s] = held[0]
+                    else:
+                        pending.pop(s, None)
+        return moved
+
+    def guarded(fr: Frame) -> None:
+        pending = fr.pending
+        if pending:
+            for s in ins:
+                if s in pending:
+                    fr.sync.accumulator_read(fr, pending.pop(s), site)
+            step(fr)
+            for s in outs:
+                pending.pop(s, None)
+            return
+        step(fr)
+    return guarded
 
 
 def _unsupported_step(err: Unsupported) -> Step:

@@ -185,7 +185,7 @@ class Block:
 class Frame:
     """Registers plus the active mask (``None``: every thread active)."""
 
-    __slots__ = ("regs", "mask", "block", "T", "launch", "mem", "sync")
+    __slots__ = ("regs", "mask", "block", "T", "launch", "mem", "sync", "pending")
 
     def __init__(self, regs: list, launch: Launch, block: Block | None = None) -> None:
         self.regs = regs
@@ -193,6 +193,8 @@ class Frame:
         self.block = block
         self.launch = launch
         self.sync = launch.sync if block is not None else None  # host code is not checked
+        # register slots holding WGMMA accumulators not yet waited for (the checker's)
+        self.pending: dict[int, tuple] = {}
         self.mem = launch.memory if block is None else block.memory
         self.T = block.T if block is not None else 1
 

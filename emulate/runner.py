@@ -59,7 +59,7 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
                           f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
                           "not modelled)")
-    comp = Compiler()
+    comp = Compiler(checked=sanitize)
     body = comp.block(func.regions[0].blocks[0])
     launch = Launch()
     if sanitize:

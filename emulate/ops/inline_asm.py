@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import irtypes
-from ..compiler import Op, Step, rule
+from ..compiler import Op, Step, passes_accumulators, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from . import wgmma
@@ -535,7 +535,13 @@ def optimization_barrier(i: Instr) -> Step:
             fr.regs[o.outs[0]] = vals[0]
         else:
             fr.regs[o.outs[0]] = tuple(vals)
-    return barrier
+        if fr.pending:  # a pending WGMMA accumulator stays pending through it
+            held = [fr.pending[ins[ties[j]]] for j in range(n_out) if ins[ties[j]] in fr.pending]
+            if held:
+                fr.pending[o.outs[0]] = held[0]
+            else:
+                fr.pending.pop(o.outs[0], None)
+    return passes_accumulators(barrier)
 
 
 @ptx_text(REMOTE_ARRIVE.pattern, "jax's arrival on a peer block's mbarrier (ClusterBarrier): "

@@ -47,7 +47,7 @@ import re
 import numpy as np
 
 from .. import irtypes
-from ..compiler import Op, Step
+from ..compiler import Op, Step, passes_accumulators
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from ..memory import swizzle as swizzle_addr
@@ -154,7 +154,10 @@ def compile_wgmma(o: Op, text: str) -> Step:
             res = (got + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
         r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
-    return step
+        if fr.sync is not None:  # the accumulators are the WGMMA's until waited for
+            comp, stamp, agent = fr.sync.wgmma_issue(fr)
+            fr.pending[out] = (comp, stamp, site, agent)
+    return passes_accumulators(step)
 
 
 def _per_thread_scalar(v, T: int) -> np.ndarray:

@@ -653,4 +653,32 @@ class Checker:
 
     def wgmma_wait(self, fr, pending: int) -> None:
         comp, committed = self._wgmma_state(fr)
-        self.clocks.learn(self.rows(fr), comp, committed - pending)
+        done = committed - pending
+        self.clocks.learn(self.rows(fr), comp, done)
+        for slot, (c, stamp, *_) in list(fr.pending.items()):
+            if c == comp and stamp <= done:
+                del fr.pending[slot]
+
+    def accumulator_read(self, fr, pending: tuple, site: OpSite) -> None:
+        """An op read a WGMMA's accumulator registers before the
+        ``wgmma.wait_group`` covering it: a race on registers."""
+        comp, stamp, wgmma_site, agent = pending
+        rows = self.rows(fr)
+        warps = f"{self.clocks.names[int(rows[0])]}" + (
+            f" (and {rows.size - 1} more warps)" if rows.size > 1 else "")
+        first = Access(op=wgmma_site.op, location=wgmma_site.location, agent=agent,
+                       is_write=True, allocation="WGMMA accumulator registers", start=0, stop=0,
+                       primitive=wgmma_site.primitive)
+        second = Access(op=site.op, location=site.location, agent=warps, is_write=False,
+                        allocation="WGMMA accumulator registers", start=0, stop=0,
+                        primitive=site.primitive)
+        key = ("read-after-write", "registers", first.op, first.location, second.op,
+               second.location, False)
+        old = self.races.get(key)
+        if old is not None:
+            self.races[key] = Race(old.kind, old.space, old.first, old.second, old.fix,
+                                   old.count + 1)
+        elif len(self.races) < MAX_REPORTS:
+            self.races[key] = Race("read-after-write", "registers", first, second,
+                                   "wait for the WGMMA (plgpu.wgmma_wait, wgmma.wait_group) "
+                                   "before reading its accumulator")

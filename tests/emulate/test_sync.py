@@ -234,3 +234,66 @@ def test_the_two_warpgroup_wgmma_test_kernel_races_as_written():
     want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2,
                                atol=2e-2)
+
+
+def wgmma_kernel():
+    """A (64, 128) x (128, 128) f16 WGMMA through swizzled SMEM, read back
+    after its wait (Pallas waits before reading the accumulator)."""
+    from tests.pallas_kit import kernel, swizzled
+
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
+        plgpu.copy_gmem_to_smem(b_gmem, b_smem, bar.at[1])
+        plgpu.barrier_wait(bar.at[0])
+        plgpu.barrier_wait(bar.at[1])
+
+        def scope(acc_ref):
+            plgpu.wgmma(acc_ref, a_smem, b_smem)
+            return acc_ref[...]
+        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 128), jnp.float32))  # accumulator read
+
+    return kernel(body, S((64, 128), jnp.float32),
+                  [swizzled((64, 128)), swizzled((128, 128)), plgpu.Barrier(num_barriers=2)])
+
+
+def _drop_wgmma_waits(module) -> int:
+    """Erases every ``wgmma.wait_group`` of a lowered module (a lowering that
+    forgot them); returns how many."""
+    from jax._src.lib.mlir import ir
+
+    doomed = []
+
+    def walk(op) -> None:
+        for region in op.regions:
+            for block in region.blocks:
+                for o in block.operations:
+                    o = o.operation
+                    if (o.name == "llvm.inline_asm" and "wgmma.wait_group" in
+                            ir.StringAttr(o.attributes["asm_string"]).value) or \
+                            o.name == "nvvm.wgmma.wait.group.sync.aligned":
+                        doomed.append(o)
+                    walk(o)
+    walk(module.operation)
+    for o in doomed:
+        o.erase()
+    return len(doomed)
+
+
+def test_reading_a_wgmma_accumulator_before_its_wait_is_a_register_race():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, 128)).astype(np.float16)
+    b = rng.standard_normal((128, 128)).astype(np.float16)
+    module, avals = emu.lower(wgmma_kernel(), a, b)
+    outs = [((64, 128), np.dtype(np.float32))]
+    (clean,) = emu.run_module(module, [a, b], outs)  # with its wait: race-free
+    np.testing.assert_allclose(clean, a.astype(np.float32) @ b.astype(np.float32),
+                               rtol=1e-3, atol=1e-2)
+    assert _drop_wgmma_waits(module) >= 1
+    with pytest.raises(emu.RaceError) as err:
+        emu.run_module(module, [a, b], outs)
+    (race,) = [r for r in err.value.races if r.space == "registers"]
+    line = _line(wgmma_kernel, "accumulator read")
+    assert race.kind == "read-after-write" and race.first.agent.startswith("WGMMA")
+    assert race.first.op.startswith("wgmma.mma_async") and race.first.is_write
+    assert race.second.location.endswith(f":{line}") and not race.second.is_write
+    assert "plgpu.wgmma_wait" in race.fix
