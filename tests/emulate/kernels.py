@@ -534,11 +534,13 @@ def _wgmma(m, k, n, dtype, *, swizzle=128, ta=False, tb=False, regs=False):
                 abs_bound=lambda a, b: mma_bound(op_a(a), op_b(b)))
 
 
-def _wgmma_two_warpgroups():
+def wgmma_two_warpgroups_kernel(block_sync: bool = True):
     """Two warpgroups each multiply their 64-row half of A (one loads both
-    operands, both wait), the results stored through SMEM by one of them once
-    both have arrived on ``written`` (without it, warpgroup 0's store races
-    warpgroup 1's SMEM writes -- the emulator's schedule then stores zeros)."""
+    operands, both wait) into their half of ``o_smem``; warpgroup 0 copies
+    it out once both have arrived on ``written``. Without that
+    (``block_sync=False``, the kernel of the lowering test
+    ``test_wgmma_two_warpgroups_split_m``), warpgroup 0's copy races
+    warpgroup 1's SMEM writes: ``commit_smem`` synchronizes one warpgroup."""
     def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, o_smem, barrier, written):
         wg = lax.axis_index("wg")
 
@@ -554,22 +556,29 @@ def _wgmma_two_warpgroups():
             plgpu.wgmma(acc_ref, a_smem.at[pl.ds(wg * 64, 64)], b_smem)
             return acc_ref[...]
 
-        o_smem.at[pl.ds(wg * 64, 64)][...] = pl.run_scoped(
+        o_smem.at[pl.ds(wg * 64, 64)][...] = pl.run_scoped(  # wgmma result store
             scope, plgpu.ACC((64, 128), jnp.float32)).astype(jnp.float16)
         plgpu.commit_smem()
-        plgpu.barrier_arrive(written)
+        if block_sync:
+            plgpu.barrier_arrive(written)
 
         @pl.when(wg == 0)
         def _():
-            plgpu.barrier_wait(written)
-            plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+            if block_sync:
+                plgpu.barrier_wait(written)
+            plgpu.copy_smem_to_gmem(o_smem, o_gmem)  # copy out
             plgpu.wait_smem_to_gmem(0)
 
     f16 = jnp.float16
-    fn = K(body, S((128, 128), f16), [_swizzled((128, 64), f16), _swizzled((64, 128), f16),
-                                      _swizzled((128, 128), f16), plgpu.Barrier(num_barriers=2),
-                                      plgpu.Barrier(num_arrivals=2)],
-           num_threads=2, thread_name="wg")
+    return K(body, S((128, 128), f16), [_swizzled((128, 64), f16), _swizzled((64, 128), f16),
+                                        _swizzled((128, 128), f16), plgpu.Barrier(num_barriers=2),
+                                        plgpu.Barrier(num_arrivals=2)],
+             num_threads=2, thread_name="wg")
+
+
+def _wgmma_two_warpgroups():
+    f16 = jnp.float16
+    fn = wgmma_two_warpgroups_kernel()
     # the f32 accumulator within mma_bound, then rounded once to f16, compared
     # with the exact product rounded to f16: two f16 roundings apart at most
     return Case("wgmma_two_warpgroups_f16_out", fn, [normal((128, 64), f16), normal((64, 128), f16)],

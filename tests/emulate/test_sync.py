@@ -20,6 +20,7 @@ from smalti.emulate.machine import Frame, Launch, MBarrier
 from smalti.emulate.memory import Space
 from smalti.emulate.ops.gpu import full_block_barrier
 from smalti.emulate.sync.reports import primitive_name, source_line
+from tests.emulate.kernels import wgmma_two_warpgroups_kernel
 
 WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
 S = jax.ShapeDtypeStruct
@@ -175,62 +176,23 @@ def test_locations_name_the_kernel_line_and_primitive():
     assert source_line("loc(unknown)") == "loc(unknown)" and primitive_name("loc(unknown)") == ""
 
 
-def two_warpgroup_wgmma(with_block_sync: bool):
-    """tests/hopper/test_pallas_kernels.py::test_wgmma_two_warpgroups_split_m:
-    each warpgroup multiplies its half of A into its half of ``o_smem``, then
-    warpgroup 0 copies all of ``o_smem`` out. ``commit_smem`` synchronizes one
-    warpgroup only: without more, warpgroup 0 may copy rows warpgroup 1 has
-    not written yet (a real race, in that lowering test's kernel as written);
-    the fix has both arrive on an mbarrier warpgroup 0 waits on."""
-    from tests.pallas_kit import kernel, swizzled
-
-    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, o_smem, barrier, done):
-        wg = lax.axis_index("wg")
-
-        @pl.when(wg == 0)
-        def _():
-            plgpu.copy_gmem_to_smem(a_gmem, a_smem, barrier.at[0])
-            plgpu.copy_gmem_to_smem(b_gmem, b_smem, barrier.at[1])
-
-        plgpu.barrier_wait(barrier.at[0])
-        plgpu.barrier_wait(barrier.at[1])
-
-        def scope(acc_ref):
-            plgpu.wgmma(acc_ref, a_smem.at[pl.ds(wg * 64, 64)], b_smem)
-            return acc_ref[...]
-
-        o_smem.at[pl.ds(wg * 64, 64)][...] = pl.run_scoped(  # wgmma result store
-            scope, plgpu.ACC((64, 128), jnp.float32)).astype(jnp.float16)
-        plgpu.commit_smem()
-        if with_block_sync:
-            plgpu.barrier_arrive(done)
-
-        @pl.when(wg == 0)
-        def _():
-            if with_block_sync:
-                plgpu.barrier_wait(done)
-            plgpu.copy_smem_to_gmem(o_smem, o_gmem)  # copy out
-            plgpu.wait_smem_to_gmem(0)
-
-    return kernel(body, S((128, 128), jnp.float16),
-                  [swizzled((128, 64)), swizzled((64, 128)), swizzled((128, 128)),
-                   plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_arrivals=2)],
-                  num_threads=2, thread_name="wg")
-
-
 def test_the_two_warpgroup_wgmma_test_kernel_races_as_written():
+    """tests/hopper/test_pallas_kernels.py::test_wgmma_two_warpgroups_split_m's
+    kernel (a lowering test: its text is what it checks) races as written;
+    the validation set's twin, with an mbarrier both arrive on, does not."""
     rng = np.random.default_rng(1)
     a = rng.standard_normal((128, 64)).astype(np.float16)
     b = rng.standard_normal((64, 128)).astype(np.float16)
     with pytest.raises(emu.RaceError) as err:
-        emu.run(two_warpgroup_wgmma(False), a, b, on_uninitialized="ignore")
+        emu.run(wgmma_two_warpgroups_kernel(block_sync=False), a, b, on_uninitialized="ignore")
     # warpgroup 0 runs first here: its copy reads the rows before warpgroup 1 writes them
     race = next(r for r in err.value.races if "warpgroup 1" in r.second.agent)
     assert race.kind == "write-after-read" and race.space == "smem"
-    assert race.first.location.endswith(f":{_line(two_warpgroup_wgmma, 'copy out')}")
-    assert race.second.location.endswith(f":{_line(two_warpgroup_wgmma, 'wgmma result store')}")
+    kernel_source = wgmma_two_warpgroups_kernel
+    assert race.first.location.endswith(f"kernels.py:{_line(kernel_source, 'copy out')}")
+    assert race.second.location.endswith(f"kernels.py:{_line(kernel_source, 'wgmma result store')}")
     assert race.first.agent.startswith("TMA")
-    (got,) = emu.run(two_warpgroup_wgmma(True), a, b)
+    (got,) = emu.run(wgmma_two_warpgroups_kernel(block_sync=True), a, b)
     want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2,
                                atol=2e-2)
