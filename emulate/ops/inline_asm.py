@@ -496,8 +496,11 @@ def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_sp
         check = (tma_store_check(fr, t, site, "TMA bulk copy") if target is None
                  else tma_load_check(fr, t, b, target, site))
         if check is not None and size:
-            check(fr.mem[src_space], s_addr + np.arange(size), 1, False)
-            check(fr.mem[dst_space], d_addr + np.arange(size), 1, True)
+            # bulk copies move 16-byte chunks (sizes and addresses are multiples)
+            unit = 16 if size % 16 == 0 and s_addr % 16 == 0 and d_addr % 16 == 0 else 1
+            chunks = np.arange(0, size, unit)
+            check(fr.mem[src_space], s_addr + chunks, unit, False)
+            check(fr.mem[dst_space], d_addr + chunks, unit, True)
         if target is not None:
             target.complete_tx(size)
 

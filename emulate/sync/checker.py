@@ -184,18 +184,19 @@ class Checker:
         region = space.find(int(a[0]), int(a[0]) + itemsize, site.location)
         if not region.tracked:
             return
-        off = a - region.base
-        if itemsize > 1:
-            off = (off[:, None] + np.arange(itemsize)).reshape(-1)
+        sh = self._shadow(region)
+        off = sh.cells(a - region.base, itemsize)  # cells, from here on
+        k = off.size // a.size
+        if k > 1:
             if who.runs:
-                who.per *= itemsize
+                who.per *= k
             else:
-                who = Warps(who.urows, rows=np.repeat(who.rows(), itemsize))
+                who = Warps(who.urows, rows=np.repeat(who.rows(), k))
         table = self._site_table(site, who.urows, is_write)
         sites = np.repeat(table[who.urows], who.per) if who.runs else table[who.rows()]
         written = None
         if values is not None:
-            written = np.ascontiguousarray(values).view(np.uint8).reshape(-1)
+            written = np.ascontiguousarray(values).view(np.uint8).reshape(off.size, -1)
         who.overlap = is_write and self._overlapping(site, region, off, who)
         self._check(region, space_kind(space), off, sites, who, None, is_write, False, written)
 
@@ -235,9 +236,7 @@ class Checker:
         region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
         if not region.tracked:
             return
-        off = a - region.base
-        if itemsize > 1:
-            off = (off[:, None] + np.arange(itemsize)).reshape(-1)
+        off = self._shadow(region).cells(a - region.base, itemsize)
         s = self._site(site, component, stamp, agent, is_write, generic=False)
         sites = np.full(off.size, s, np.int32)
         self._check(region, space_kind(space), off, sites, None, view, is_write,
@@ -358,17 +357,21 @@ class Checker:
             bad[k] = bool((S.time[members] > fenced[S.component[members]]).any())
         return bad
 
+    @staticmethod
+    def _shadow(region: Region) -> Shadow:
+        if region.shadow is None:
+            region.shadow = Shadow(region.data.size)
+        return region.shadow
+
     def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
                who: Warps | None, view: np.ndarray | None, is_write: bool,
                proxy_read: bool, written: np.ndarray | None = None) -> None:
-        """Checks an access of bytes ``off`` of ``region`` (each by site
+        """Checks an access of cells ``off`` of ``region``'s shadow (each by site
         ``sites``) against the shadow, reports conflicts, records it. A
         thread access says ``who`` made each byte (their clock rows, which
         are also their components); an asynchronous unit's is seen from
         ``view``, its issuer's clock."""
         sh = region.shadow
-        if sh is None:
-            sh = region.shadow = Shadow(region.data.size)
         S = self.sites
         w = sh.write[off]
         if not is_write and space == "smem" and not (w[0] != 0 and (w == w[0]).all()):
@@ -431,8 +434,6 @@ class Checker:
         seen = self._patterns.get(id(site))
         if seen is not None and seen[0] == (who.per, who.urows.size) and np.array_equal(seen[1], rel):
             return False
-        if region.shadow is None:
-            region.shadow = Shadow(region.data.size)
         if self._stamped(region.shadow, off, who):
             return True
         self._patterns[id(site)] = ((who.per, who.urows.size), rel, site)
@@ -459,8 +460,9 @@ class Checker:
         clash = back != sites
         if not clash.any():
             return
+        g = sh.gran
         equal = np.zeros(clash.shape, bool) if written is None else \
-            written == region.data[off]
+            (written == region.data[(off * g)[:, None] + np.arange(g)]).all(1)
         bad = clash & ~equal
         if bad.any():
             self._race(region, space, back[bad], sites[bad], off[bad])
@@ -487,8 +489,12 @@ class Checker:
 
     # --- reports ---------------------------------------------------------------------------
 
-    def _access(self, site_id: int, region: Region, lo: int, hi: int) -> Access:
+    def _access(self, site_id: int, region: Region, cells: np.ndarray) -> Access:
+        """The report of site ``site_id``'s access to ``cells`` of ``region``
+        (as the byte range they span)."""
         site, agent, is_write = self.sites.info[site_id]
+        g = region.shadow.gran
+        lo, hi = int(cells.min()) * g, min((int(cells.max()) + 1) * g, region.size)
         return Access(op=site.op, location=site.location, agent=agent, is_write=is_write,
                       allocation=region.name, start=lo, stop=hi, primitive=site.primitive)
 
@@ -499,8 +505,7 @@ class Checker:
         for k, key in enumerate(uniq[:MAX_REPORTS]):
             f, s = int(key >> 32), int(key & 0xFFFFFFFF)
             sel = off[inv == k]
-            a = self._access(f, region, int(sel.min()), int(sel.max()) + 1)
-            b = self._access(s, region, int(sel.min()), int(sel.max()) + 1)
+            a, b = self._access(f, region, sel), self._access(s, region, sel)
             kind = ("write-after-write" if a.is_write and b.is_write else
                     "read-after-write" if a.is_write else "write-after-read")
             dedup = (kind, space, a.op, a.location, b.op, b.location, unfenced)
@@ -556,8 +561,7 @@ class Checker:
         if self.on_uninitialized == "ignore":
             return
         for s in np.unique(sites):
-            sel = off[sites == s]
-            a = self._access(int(s), region, int(sel.min()), int(sel.max()) + 1)
+            a = self._access(int(s), region, off[sites == s])
             key = (a.op, a.location, region.name)
             if key not in self.uninitialized and len(self.uninitialized) < MAX_REPORTS:
                 report = UninitializedRead(a, space)

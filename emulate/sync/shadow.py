@@ -13,6 +13,7 @@ never ordered."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,16 +82,42 @@ class Sites:
 
 
 class Shadow:
-    """The shadow of one buffer (:class:`..memory.Region`)."""
+    """The shadow of one buffer (:class:`..memory.Region`), in *cells* of
+    ``gran`` bytes: 4 at first, refined (to 2 or 1) the first time an access
+    of smaller elements, or of bytes, touches the buffer -- so an f32 buffer
+    is checked per element, and a byte is never shared by two cells' records."""
 
-    __slots__ = ("write", "read", "columns", "earlier", "_stamps")
+    __slots__ = ("gran", "nbytes", "write", "read", "columns", "earlier", "_stamps")
 
-    def __init__(self, nbytes: int) -> None:
-        self.write = np.zeros(nbytes, np.int32)
-        self.read = np.zeros((nbytes, 0), np.int32)  # a column per reading component
+    def __init__(self, nbytes: int, gran: int = 4) -> None:
+        self.gran = gran
+        self.nbytes = nbytes
+        n = -(-nbytes // gran)
+        self.write = np.zeros(n, np.int32)
+        self.read = np.zeros((n, 0), np.int32)  # a column per reading component
         self.columns: dict[int, int] = {}  # component -> its column of ``read``
         self.earlier: np.ndarray | None = None
         self._stamps: np.ndarray | None = None
+
+    def cells(self, offsets: np.ndarray, itemsize: int) -> np.ndarray:
+        """The cells elements of ``itemsize`` bytes at byte ``offsets`` cover
+        (each element's cells in a row), refining the shadow first if need be.
+        Elements are aligned to their size (the memory ops check it), so to
+        cells of a size dividing theirs."""
+        if itemsize % self.gran:
+            self._refine(math.gcd(self.gran, itemsize))
+        k = itemsize // self.gran
+        first = offsets // self.gran
+        return first if k == 1 else (first[:, None] + np.arange(k)).reshape(-1)
+
+    def _refine(self, gran: int) -> None:
+        factor = self.gran // gran
+        self.gran = gran
+        self.write = np.repeat(self.write, factor)
+        self.read = np.repeat(self.read, factor, axis=0)
+        if self.earlier is not None:
+            self.earlier = np.repeat(self.earlier, factor)
+        self._stamps = None
 
     def column(self, component: int) -> int:
         """The column of ``read`` holding ``component``'s reads (made on first use)."""
@@ -104,13 +131,13 @@ class Shadow:
         return k
 
     def stamps(self) -> np.ndarray:
-        """Scratch marks of the checker's overlap test, one per byte."""
+        """Scratch marks of the checker's overlap test, one per cell."""
         if self._stamps is None:
             self._stamps = np.zeros(self.write.size, np.int64)
         return self._stamps
 
-    def keep_earlier(self, offsets: np.ndarray, sites: np.ndarray) -> None:
+    def keep_earlier(self, cells: np.ndarray, sites: np.ndarray) -> None:
         """Reads of an earlier cluster run about to be replaced in a column."""
         if self.earlier is None:
             self.earlier = np.zeros(self.write.size, np.int32)
-        self.earlier[offsets] = sites
+        self.earlier[cells] = sites
