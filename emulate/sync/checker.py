@@ -201,24 +201,18 @@ class Checker:
         self._check(region, space_kind(space), off, sites, who, None, is_write, False, written)
 
     def _site_table(self, site: OpSite, urows: np.ndarray, is_write: bool) -> np.ndarray:
-        """Site ids of ``site`` executed by each warp of ``urows`` now, by row."""
+        """Site ids of ``site`` executed by each warp of ``urows`` now, by
+        row: the same ids until a warp's time advances."""
         clocks = self.clocks
         key = (id(site), is_write, urows.tobytes())
         cached = self._tables.get(key)
         if cached is not None and cached[0] == clocks.version:
             return cached[1]
-        table = np.zeros(clocks.warps, np.int32)
         rows = urows.tolist()
-        times = clocks.matrix[urows, urows].tolist()
-        ids = [self._site_ids.get((id(site), r, t, is_write)) for r, t in zip(rows, times)]
-        new = [k for k, i in enumerate(ids) if i is None]
-        if new:
-            first = self.sites.add_many(
-                self.cluster, [rows[k] for k in new], [times[k] for k in new], True,
-                [(site, clocks.names[rows[k]], is_write) for k in new])
-            for n, k in enumerate(new):
-                ids[k] = self._site_ids[(id(site), rows[k], times[k], is_write)] = first + n
-        table[urows] = ids
+        first = self.sites.add_many(self.cluster, urows, clocks.matrix[urows, urows], True,
+                                    [(site, clocks.names[r], is_write) for r in rows])
+        table = np.zeros(clocks.warps, np.int32)
+        table[urows] = np.arange(first, first + len(rows))
         self._tables[key] = (clocks.version, table, site)  # site: keeps id(site) unique
         return table
 
@@ -412,7 +406,7 @@ class Checker:
         if who is None:  # an asynchronous unit: one component
             col = sh.column(int(S.component[sites[0]]))
         elif who.runs:
-            col = np.repeat([sh.column(int(r)) for r in who.urows], who.per)
+            col = sh.run_columns(who.urows, who.per)
         else:
             by_row = np.zeros(self.clocks.warps, np.int64)
             by_row[who.urows] = [sh.column(int(r)) for r in who.urows]
