@@ -107,12 +107,15 @@ TERMINATORS = {"scf.yield", "scf.condition", "gpu.terminator", "func.return", "g
 
 
 class Compiler:
-    """``checked``: guard each op's operands for the synchronization checker
-    (a WGMMA accumulator read before the ``wgmma.wait_group`` covering it)."""
+    """``checked``: once the module is compiled (:meth:`finish`), guard each
+    op's operands for the synchronization checker -- a WGMMA accumulator read
+    before the ``wgmma.wait_group`` covering it -- if the module has a WGMMA."""
 
     def __init__(self, checked: bool = False) -> None:
         self.slots: dict[Any, int] = {}
         self.checked = checked
+        self.accumulators: set[int] = set()  # slots WGMMAs write (set by their rule)
+        self._compiled: list[tuple[list[Step], int, Op, bool]] = []
 
     @property
     def nslots(self) -> int:
@@ -136,21 +139,39 @@ class Compiler:
                 term_op = Op(raw.operation, self)
                 term, term_name = term_op.ins, name
                 continue
-            steps.append(self.op(raw.operation))
+            o = Op(raw.operation, self)
+            step = self.op(o)
+            if self.checked and o.ins:
+                passes = getattr(step, "passes_accumulators", False)
+                self._compiled.append((steps, len(steps), o, passes))
+            steps.append(step)
         return BlockProgram(args, steps, term, term_name, term_op)
 
-    def op(self, raw: Any) -> Step:
-        o = Op(raw, self)
+    def op(self, o: "Op") -> Step:
         fn = RULES.get(o.name)
         if fn is None:
             return _unsupported_step(o.unsupported())
         try:
-            step = fn(o)
+            return fn(o)
         except Unsupported as e:  # a rule refused this op's attributes or types
             return _unsupported_step(e)
-        if self.checked and o.ins and not getattr(step, "passes_accumulators", False):
-            return _guarded(step, o)
-        return step
+
+    def finish(self) -> None:
+        """Guards the steps that may read a WGMMA's accumulators: those taking
+        a slot a WGMMA writes, or a move of one (found from the ops' operands;
+        the guard costs a call per execution, so no other op has it)."""
+        held = set(self.accumulators)
+        grew = bool(held)
+        while grew:  # what moves (and optimization barriers) make of them
+            before = len(held)
+            for _, _, o, passes in self._compiled:
+                if (passes or o.name in MOVES) and not held.isdisjoint(o.ins):
+                    held.update(o.outs)
+            grew = len(held) > before
+        for steps, k, o, passes in self._compiled:
+            if not passes and not held.isdisjoint(o.ins):
+                steps[k] = _guarded(steps[k], o)
+        self._compiled = []
 
 
 def passes_accumulators(step: Step) -> Step:

@@ -61,6 +61,7 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
                           "not modelled)")
     comp = Compiler(checked=sanitize)
     body = comp.block(func.regions[0].blocks[0])
+    comp.finish()
     launch = Launch()
     if sanitize:
         launch.sync = Checker(on_race, on_uninitialized)

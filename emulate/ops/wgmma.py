@@ -115,6 +115,7 @@ def compile_wgmma(o: Op, text: str) -> Step:
     elif imm_slots:
         raise Unsupported(f"inline PTX {text!r}: immediates for an integer WGMMA", loc)
     (out,) = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
+    o.comp.accumulators.add(out)  # the checker guards what reads it before the wait
     acc_dt = np.dtype(np.float32) if dty == "f32" else np.dtype(np.int32)
     site = o.site(f"wgmma.mma_async.m64n{n}k{k}.{dty}.{aty}.{bty}")
 

@@ -194,10 +194,10 @@ class Checker:
                 who = Warps(who.urows, rows=np.repeat(who.rows(), k))
         table = self._site_table(site, who.urows, is_write)
         sites = np.repeat(table[who.urows], who.per) if who.runs else table[who.rows()]
-        written = None
-        if values is not None:
-            written = np.ascontiguousarray(values).view(np.uint8).reshape(off.size, -1)
         who.overlap = is_write and self._overlapping(site, region, off, who)
+        written = None
+        if who.overlap and values is not None:  # the bytes each cell's writer wrote
+            written = np.ascontiguousarray(values).view(np.uint8).reshape(off.size, -1)
         self._check(region, space_kind(space), off, sites, who, None, is_write, False, written)
 
     def _site_table(self, site: OpSite, urows: np.ndarray, is_write: bool) -> np.ndarray:
@@ -278,9 +278,9 @@ class Checker:
         ``view``); None when every byte's does (the usual answer). Bytes of
         one warp usually share their earlier access: that case is decided once."""
         first = int(prior[0])
+        if first == 0 and not prior.any():  # no earlier access (the usual first touch)
+            return None
         if (prior == first).all():  # one earlier access for every byte: decide per warp
-            if first == 0:
-                return None
             if who is None:
                 return None if self._ordered_one(first, None, view, need_all) else \
                     np.zeros(prior.shape, bool)
