@@ -31,18 +31,18 @@ def space_kind(space) -> str:
 
 
 class Warps:
-    """Which warp made each byte of a thread access: ``rows`` (its clock
-    row) per byte, or -- for the usual unmasked access, whose bytes come warp
-    by warp -- ``urows`` with each warp owning an equal run of the bytes,
-    the per-byte rows built only when a check needs them."""
+    """Which warp made each shadow cell of a thread access: ``rows`` (its
+    clock row) per cell, or -- for the usual unmasked access, whose cells
+    come warp by warp -- ``urows`` with each warp owning an equal run of
+    ``per`` cells, the per-cell rows built only when a check needs them."""
 
     __slots__ = ("urows", "per", "_rows", "overlap")
 
     def __init__(self, urows: np.ndarray, per: int = 0, rows: np.ndarray | None = None) -> None:
         self.urows = urows  # the distinct warps
-        self.per = per  # bytes of each warp, when they come warp by warp
+        self.per = per  # cells of each warp, when they come warp by warp
         self._rows = rows
-        self.overlap = False  # a write two of the warps made to one byte
+        self.overlap = False  # a write two of the warps made to one cell
 
     @property
     def runs(self) -> bool:
@@ -54,7 +54,7 @@ class Warps:
         return self._rows
 
     def parts(self):
-        """(warp row, the bytes it made: a slice or a mask) per warp."""
+        """(warp row, the cells it made: a slice or a mask) per warp."""
         if self.runs:
             return [(int(r), slice(k * self.per, (k + 1) * self.per))
                     for k, r in enumerate(self.urows)]
@@ -64,6 +64,9 @@ class Warps:
 
 
 class Checker:
+    """The synchronization state of one launch and what it found; the
+    policies say what :meth:`finish` (races) and an uninitialized read do."""
+
     def __init__(self, on_race: str, on_uninitialized: str) -> None:
         self.on_race = on_race
         self.on_uninitialized = on_uninitialized
@@ -75,9 +78,9 @@ class Checker:
         self.races: dict[tuple, Race] = {}
         self.uninitialized: dict[tuple, UninitializedRead] = {}
         self._site_ids: dict[tuple, int] = {}
-        self._tables: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, tuple] = {}  # (site, write, warps) -> (clock version, ids)
         self._stamps = 0  # numbers each multi-warp write (see _overlapping)
-        self._patterns: dict[int, tuple] = {}  # op site -> a write pattern without overlap  # (site, write, warps) -> (clock version, ids)
+        self._patterns: dict[int, tuple] = {}  # op site -> a write pattern without overlap
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
@@ -147,7 +150,7 @@ class Checker:
             a = a.reshape(-1)
             v = None if v is None else v.reshape(-1)
             if a.size:
-                self._thread_bytes(fr.mem[space_name], a, Warps(urows, a.size // urows.size),
+                self._thread_cells(fr.mem[space_name], a, Warps(urows, a.size // urows.size),
                                    itemsize, is_write, site, v)
             return
         rows = np.broadcast_to(lead.reshape((lead.size,) + (1,) * (a.ndim - 1)), a.shape)
@@ -162,7 +165,7 @@ class Checker:
             r = rows if sel is None else rows[sel]
             vs = v if v is None or sel is None else v[sel]
             if r.size:
-                self._thread_bytes(space, local, Warps(np.unique(r), rows=r), itemsize, is_write,
+                self._thread_cells(space, local, Warps(np.unique(r), rows=r), itemsize, is_write,
                                    site, vs)
 
     def spaces(self, fr, space_name: str, a: np.ndarray):
@@ -178,7 +181,7 @@ class Checker:
             sel = rank == k
             yield space.spaces[int(k)], local[sel], sel
 
-    def _thread_bytes(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
+    def _thread_cells(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
                       is_write: bool, site: OpSite, values: np.ndarray | None = None) -> None:
         # the memory op found every element in one buffer: the first one's
         region = space.find(int(a[0]), int(a[0]) + itemsize, site.location)
@@ -241,7 +244,7 @@ class Checker:
     def _ordered(self, earlier: np.ndarray, rows: np.ndarray | None,
                  view: np.ndarray | None, need_all: bool = True) -> np.ndarray:
         """Whether each access ``earlier`` (site ids) happens before the
-        accessor (per byte clock ``rows``, or the one clock ``view``). A group
+        accessor (per cell clock ``rows``, or the one clock ``view``). A group
         write is ordered before a read once one of its warps' writes is (they
         wrote equal values), before a write only once all are."""
         S = self.sites
@@ -271,16 +274,16 @@ class Checker:
                     ok[mine] = m_ok.all() if need_all else m_ok.any()
         return ok
 
-    def _ordered_bytes(self, prior: np.ndarray, who: Warps | None, view: np.ndarray | None,
+    def _ordered_cells(self, prior: np.ndarray, who: Warps | None, view: np.ndarray | None,
                        need_all: bool = True) -> np.ndarray | None:
-        """Per byte: whether its earlier access (site id ``prior``; 0: none)
-        happens before this access's byte (made by ``who``, or seen from
-        ``view``); None when every byte's does (the usual answer). Bytes of
+        """Per cell: whether its earlier access (site id ``prior``; 0: none)
+        happens before this access's cell (made by ``who``, or seen from
+        ``view``); None when every cell's does (the usual answer). Cells of
         one warp usually share their earlier access: that case is decided once."""
         first = int(prior[0])
         if first == 0 and not prior.any():  # no earlier access (the usual first touch)
             return None
-        if (prior == first).all():  # one earlier access for every byte: decide per warp
+        if (prior == first).all():  # one earlier access for every cell: decide per warp
             if who is None:
                 return None if self._ordered_one(first, None, view, need_all) else \
                     np.zeros(prior.shape, bool)
@@ -306,7 +309,7 @@ class Checker:
 
     def _ordered_run(self, prior: np.ndarray, row: int | None, view: np.ndarray | None,
                      need_all: bool):
-        """:meth:`_ordered_bytes` for bytes one warp (``row``) or one unit
+        """:meth:`_ordered_cells` for cells one warp (``row``) or one unit
         (``view``) made; a bool when they all share their earlier access."""
         first = int(prior[0])
         if (prior == first).all():
@@ -362,7 +365,7 @@ class Checker:
                proxy_read: bool, written: np.ndarray | None = None) -> None:
         """Checks an access of cells ``off`` of ``region``'s shadow (each by site
         ``sites``) against the shadow, reports conflicts, records it. A
-        thread access says ``who`` made each byte (their clock rows, which
+        thread access says ``who`` made each cell (their clock rows, which
         are also their components); an asynchronous unit's is seen from
         ``view``, its issuer's clock."""
         sh = region.shadow
@@ -372,7 +375,7 @@ class Checker:
             fresh = w == 0
             if fresh.any():
                 self._uninitialized(region, space, off[fresh], sites[fresh])
-        ok = self._ordered_bytes(w, who, view, need_all=is_write)
+        ok = self._ordered_cells(w, who, view, need_all=is_write)
         if ok is not None:
             bad = ~ok
             self._race(region, space, w[bad], sites[bad], off[bad])
@@ -394,7 +397,7 @@ class Checker:
             if sh.earlier is not None:
                 cols.append(sh.earlier[off])
             for r in cols:
-                ok = self._ordered_bytes(r, who, view)
+                ok = self._ordered_cells(r, who, view)
                 if ok is not None:
                     bad = ~ok
                     self._race(region, space, r[bad], sites[bad], off[bad])
@@ -419,8 +422,8 @@ class Checker:
         sh.read[off, col] = sites
 
     def _overlapping(self, site: OpSite, region: Region, off: np.ndarray, who: Warps) -> bool:
-        """Whether two warps of this write touch one byte. An op writes the
-        same pattern of bytes (relative to its first) step after step: a
+        """Whether two warps of this write touch one cell. An op writes the
+        same pattern of cells (relative to its first) step after step: a
         pattern seen without overlap is not tested again."""
         if who.urows.size < 2:
             return False
@@ -434,8 +437,8 @@ class Checker:
         return False
 
     def _stamped(self, sh: Shadow, off: np.ndarray, who: Warps) -> bool:
-        """Each warp marks its bytes with a stamp unique to this access and
-        looks again: a byte with another's mark has two writers."""
+        """Each warp marks its cells with a stamp unique to this access and
+        looks again: a cell with another's mark has two writers."""
         self._stamps += 1
         mark = (self._stamps << 16) + who.rows()
         stamp = sh.stamps()
