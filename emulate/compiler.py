@@ -19,13 +19,31 @@ Step = Callable[[Frame], None]
 Rule = Callable[["Op"], Step]
 RULES: dict[str, Rule] = {}
 
+# How an op treats a WGMMA accumulator not yet waited for (the checker's):
+READS = "reads"  # the default: using it is a race on registers
+MOVES = "moves"  # only moves registers (no instruction, or a move): what it gives is pending too
+REGIONS = "regions"  # control flow: hands values to its regions, where they are not followed
+OWNS = "owns"  # the step keeps the pending state itself (a WGMMA)
+ACCUMULATOR_USE: dict[str, str] = {}  # op name -> MOVES or REGIONS, as its rule declares
 
-def rule(*names: str) -> Callable[[Rule], Rule]:
+
+def rule(*names: str, accumulators: str = READS) -> Callable[[Rule], Rule]:
+    """Registers a rule for ops ``names``; ``accumulators`` says how they treat
+    a WGMMA accumulator before its wait (:data:`MOVES`, :data:`REGIONS`)."""
     def register(fn: Rule) -> Rule:
         for n in names:
             RULES[n] = fn
+            if accumulators != READS:
+                ACCUMULATOR_USE[n] = accumulators
         return fn
     return register
+
+
+def accumulator_use(step: Step, use: str) -> Step:
+    """Marks one step (where its op's rule covers other forms too, as
+    ``llvm.inline_asm``'s does) with how it treats pending accumulators."""
+    step.accumulators = use  # type: ignore[attr-defined]
+    return step
 
 
 class Op:
@@ -115,7 +133,7 @@ class Compiler:
         self.slots: dict[Any, int] = {}
         self.checked = checked
         self.accumulators: set[int] = set()  # slots WGMMAs write (set by their rule)
-        self._compiled: list[tuple[list[Step], int, Op, bool]] = []
+        self._compiled: list[tuple[list[Step], int, Op, str]] = []
 
     @property
     def nslots(self) -> int:
@@ -142,8 +160,8 @@ class Compiler:
             o = Op(raw.operation, self)
             step = self.op(o)
             if self.checked and o.ins:
-                passes = getattr(step, "passes_accumulators", False)
-                self._compiled.append((steps, len(steps), o, passes))
+                use = getattr(step, "accumulators", None) or ACCUMULATOR_USE.get(o.name, READS)
+                self._compiled.append((steps, len(steps), o, use))
             steps.append(step)
         return BlockProgram(args, steps, term, term_name, term_op)
 
@@ -157,63 +175,49 @@ class Compiler:
             return _unsupported_step(e)
 
     def finish(self) -> None:
-        """Guards the steps that may read a WGMMA's accumulators: those taking
-        a slot a WGMMA writes, or a move of one (found from the ops' operands;
-        the guard costs a call per execution, so no other op has it)."""
+        """Guards the steps that may take a WGMMA's accumulators: those whose
+        operands are slots a WGMMA writes, or moves of them (found from the
+        operands; a guard costs a call per execution, so no other step has it)."""
         held = set(self.accumulators)
         grew = bool(held)
-        while grew:  # what moves (and optimization barriers) make of them
+        while grew:  # what moves make of them
             before = len(held)
-            for _, _, o, passes in self._compiled:
-                if (passes or o.name in MOVES) and not held.isdisjoint(o.ins):
+            for _, _, o, use in self._compiled:
+                if use in (MOVES, OWNS) and not held.isdisjoint(o.ins):
                     held.update(o.outs)
             grew = len(held) > before
-        for steps, k, o, passes in self._compiled:
-            if not passes and not held.isdisjoint(o.ins):
-                steps[k] = _guarded(steps[k], o)
+        for steps, k, o, use in self._compiled:
+            if held.isdisjoint(o.ins):
+                continue
+            if use == READS:
+                steps[k] = _reading(steps[k], o)
+            elif use == MOVES:
+                steps[k] = _moving(steps[k], o)
         self._compiled = []
 
 
-def passes_accumulators(step: Step) -> Step:
-    """Marks a step that may take a WGMMA's accumulators before the wait (the
-    next WGMMA, extracting them, an optimization barrier): it carries their
-    pending state itself, and the checker does not guard it."""
-    step.passes_accumulators = True  # type: ignore[attr-defined]
-    return step
+def _moving(step: Step, o: Op) -> Step:
+    """``step``, its results pending like the accumulator it moved."""
+    ins, outs = o.ins, o.outs
+
+    def moved(fr: Frame) -> None:
+        step(fr)
+        pending = fr.pending
+        if pending:
+            held = [pending[s] for s in ins if s in pending]
+            for s in outs:
+                if held:
+                    pending[s] = held[0]
+                else:
+                    pending.pop(s, None)
+    return moved
 
 
-#: ops that only move register values (no instruction on the GPU, or a
-#: register move): an accumulator they take stays pending in what they give
-MOVES = frozenset({
-    "llvm.extractvalue", "llvm.insertvalue", "llvm.bitcast", "vector.bitcast", "vector.shuffle",
-    "vector.extract", "vector.insert", "vector.extract_strided_slice",
-    "vector.insert_strided_slice", "vector.shape_cast", "vector.broadcast",
-    "builtin.unrealized_conversion_cast"})
-#: control flow: it hands values to its regions (an accumulator pending across
-#: it is not followed there)
-CONTROL = frozenset({"scf.for", "scf.while", "scf.if", "scf.index_switch", "gpu.launch"})
-
-
-def _guarded(step: Step, o: Op) -> Step:
-    """``step``, after checking that no operand is a WGMMA accumulator whose
-    group no ``wgmma.wait_group`` has covered yet; its results are not (a
-    move's results are pending like what it moved)."""
+def _reading(step: Step, o: Op) -> Step:
+    """``step``, after reporting each operand that is a WGMMA accumulator no
+    ``wgmma.wait_group`` has covered yet; its results are not pending."""
     ins, outs = o.ins, o.outs
     site = o.site()
-    if o.name in CONTROL:
-        return step
-    if o.name in MOVES:
-        def moved(fr: Frame) -> None:
-            step(fr)
-            pending = fr.pending
-            if pending:
-                held = [pending[s] for s in ins if s in pending]
-                for s in outs:
-                    if held:
-                        pending[s] = held[0]
-                    else:
-                        pending.pop(s, None)
-        return moved
 
     def guarded(fr: Frame) -> None:
         pending = fr.pending

@@ -37,7 +37,6 @@ class MBarrier:
     # the last completed one; the component of transfers completing on it
     point: SyncPoint = field(default_factory=SyncPoint)
     component: int = -1
-    cluster_run: int = -1
 
     def arrive(self, n: int, where: str) -> None:
         self.pending -= n

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import Op, Step, rule
+from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import TMA_MAGIC, Frame, TmaDescriptor
 from ..values import UNDEF, Bundle, MemRef
@@ -25,7 +25,7 @@ class Opaque:
         self.why = why
 
 
-@rule("builtin.unrealized_conversion_cast")
+@rule("builtin.unrealized_conversion_cast", accumulators=MOVES)
 def cast(o: Op) -> Step:
     ins, outs = o.in_types, o.out_types
     loc = o.loc

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import Op, Step, rule
+from ..compiler import REGIONS, Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..sync.reports import BarrierDivergence, Deadlock
 from ..machine import Block, Cluster, Frame, uniform
@@ -22,7 +22,7 @@ def _dim(o: Op) -> int:
     return DIMS[str(o.attr("dimension")).split()[-1].strip(">").split("<")[-1]]
 
 
-@rule("gpu.launch")
+@rule("gpu.launch", accumulators=REGIONS)
 def launch(o: Op) -> Step:
     seg = o.segments()
     grid_s, block_s = [s[0] for s in seg[1:4]], [s[0] for s in seg[4:7]]

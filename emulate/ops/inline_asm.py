@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import irtypes
-from ..compiler import Op, Step, passes_accumulators, rule
+from ..compiler import MOVES, Op, Step, accumulator_use, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from . import wgmma
@@ -122,11 +122,16 @@ def lookup(text: str) -> PtxForm | None:
     """The table entry for an inline-asm string: the first whole-string entry
     matching it, else its opcode's exact entry, else the first pattern matching
     the opcode; None if nothing does."""
+    return _lookup(text, _parse(text))
+
+
+def _lookup(text: str, parsed: tuple) -> PtxForm | None:
+    """:func:`lookup`, given ``text`` already parsed as one instruction."""
     whole = " ".join(text.split())
     for entry in TEXTS:
         if entry.regex.fullmatch(whole):
             return entry
-    opcode = _parse(text)[2]
+    opcode = parsed[2]
     if not opcode:
         return None
     if opcode in OPCODES:
@@ -144,11 +149,11 @@ def modelled_ptx() -> list[tuple[str, str]]:
 class Instr:
     """An ``llvm.inline_asm`` op as a PTX handler sees it."""
 
-    def __init__(self, o: Op, text: str, one_instruction: bool = True) -> None:
+    def __init__(self, o: Op, text: str, parsed: tuple = (None, False, "", [])) -> None:
         self.op = o
         self.text = text
-        # a string matched as a whole (a WGMMA block...) has no opcode or predicate
-        parsed = _parse(text) if one_instruction else (None, False, "", [])
+        # ``parsed``: (predicate, negated, opcode, args) of a one-instruction
+        # string; a string matched as a whole (a WGMMA block...) has none
         self.pred, self.negated, self.opcode, self.args = parsed
         self.loc = o.loc
         hint = " (tcgen05 MMAs are not modelled yet)" if "tcgen05" in text else ""
@@ -183,9 +188,10 @@ class Instr:
 def inline_asm(o: Op) -> Step:
     from jax._src.lib.mlir import ir
     text = ir.StringAttr(o.attr("asm_string")).value
-    entry = lookup(text)
+    parsed = _parse(text)
+    entry = _lookup(text, parsed)
     whole = entry is not None and entry.kind == "text"
-    i = Instr(o, text, one_instruction=not whole)
+    i = Instr(o, text) if whole else Instr(o, text, parsed)
     if entry is None:
         raise i.unknown
     # an instruction must also be of the entry's kind (value or side effect),
@@ -538,13 +544,7 @@ def optimization_barrier(i: Instr) -> Step:
             fr.regs[o.outs[0]] = vals[0]
         else:
             fr.regs[o.outs[0]] = tuple(vals)
-        if fr.pending:  # a pending WGMMA accumulator stays pending through it
-            held = [fr.pending[ins[ties[j]]] for j in range(n_out) if ins[ties[j]] in fr.pending]
-            if held:
-                fr.pending[o.outs[0]] = held[0]
-            else:
-                fr.pending.pop(o.outs[0], None)
-    return passes_accumulators(barrier)
+    return accumulator_use(barrier, MOVES)  # a pending WGMMA accumulator stays pending
 
 
 @ptx_text(REMOTE_ARRIVE.pattern, "jax's arrival on a peer block's mbarrier (ClusterBarrier): "

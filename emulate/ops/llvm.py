@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import irtypes
-from ..compiler import Op, Step, rule
+from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
 from ..values import UNDEF, extract, insert
@@ -32,14 +32,14 @@ def undef(o: Op) -> Step:
     return lambda fr: fr.regs.__setitem__(out, val)
 
 
-@rule("llvm.insertvalue")
+@rule("llvm.insertvalue", accumulators=MOVES)
 def insertvalue(o: Op) -> Step:
     pos = tuple(int(p) for p in o.attr("position"))
     (agg, val), (out,) = o.ins, o.outs
     return lambda fr: fr.regs.__setitem__(out, insert(fr.regs[agg], pos, fr.regs[val]))
 
 
-@rule("llvm.extractvalue")
+@rule("llvm.extractvalue", accumulators=MOVES)
 def extractvalue(o: Op) -> Step:
     pos = tuple(int(p) for p in o.attr("position"))
     (agg,), (out,) = o.ins, o.outs
@@ -199,7 +199,7 @@ rule("llvm.fmul")(lambda o: binary(o, np.multiply))
 rule("llvm.fsub")(lambda o: binary(o, np.subtract))
 rule("llvm.zext")(arith.int_unsigned_cast)
 rule("llvm.sext", "llvm.trunc")(arith.int_signed_cast)
-rule("llvm.bitcast")(arith.bitcast)
+rule("llvm.bitcast", accumulators=MOVES)(arith.bitcast)
 rule("llvm.select")(arith.select)
 
 

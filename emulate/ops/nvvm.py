@@ -362,12 +362,12 @@ def tma_load_check(fr: Frame, t: int, target_block, bar: MBarrier, site):
     row = int(fr.block.warp_rows[t])
     view = sync.clocks.matrix[row].copy()
     comp = sync.barrier_component(bar, target_block)
-    bar.point.stamp(comp, bar.phase + 1)  # its complete_tx joins the phase in progress
+    stamp = bar.phase + 1  # its complete_tx joins the phase in progress
+    bar.point.stamp(comp, stamp)
     agent = f"TMA load issued by {sync.clocks.names[row]}"
 
     def check(space, addrs, itemsize: int, is_write: bool) -> None:
-        sync.async_access(view, space, addrs, itemsize, is_write, site, comp, bar.phase + 1,
-                          agent)
+        sync.async_access(view, space, addrs, itemsize, is_write, site, comp, stamp, agent)
     return check
 
 

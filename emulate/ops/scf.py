@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import Op, Step, rule
+from ..compiler import REGIONS, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from ._util import thread_axis
 
 
-@rule("scf.for")
+@rule("scf.for", accumulators=REGIONS)
 def for_(o: Op) -> Step:
     lb, ub, st, *inits = o.ins
     body = o.region_block()
@@ -53,7 +53,7 @@ def _merge(cond: np.ndarray, a, b, vrank: int, where: str):
     raise Unsupported("scf.if yielding non-register values that differ between threads", where)
 
 
-@rule("scf.if")
+@rule("scf.if", accumulators=REGIONS)
 def if_(o: Op) -> Step:
     (cond,) = o.ins
     then = o.region_block(0)
@@ -94,7 +94,7 @@ def if_(o: Op) -> Step:
     return step
 
 
-@rule("scf.while")
+@rule("scf.while", accumulators=REGIONS)
 def while_(o: Op) -> Step:
     before = o.region_block(0)
     after = o.region_block(1)
@@ -136,7 +136,7 @@ def execute_region(o: Op) -> Step:
     return step
 
 
-@rule("scf.index_switch")
+@rule("scf.index_switch", accumulators=REGIONS)
 def index_switch(o: Op) -> Step:
     cases = [int(c) for c in o.attr("cases")]
     default = o.region_block(0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import irtypes
-from ..compiler import Op, Step, rule
+from ..compiler import MOVES, Op, Step, rule
 from ..machine import Frame
 from ..values import lead
 from ._util import unary
@@ -48,7 +48,7 @@ class _DynErr(Exception):
 _dyn_err = _DynErr()
 
 
-@rule("vector.extract")
+@rule("vector.extract", accumulators=MOVES)
 def extract(o: Op) -> Step:
     vr = o.in_types[0].vrank
     static, dyn = _positions(o, 1)
@@ -70,7 +70,7 @@ def extract(o: Op) -> Step:
     return step_dyn
 
 
-@rule("vector.insert")
+@rule("vector.insert", accumulators=MOVES)
 def insert(o: Op) -> Step:
     vt = o.out_types[0]
     vr = vt.vrank
@@ -96,7 +96,7 @@ def insert(o: Op) -> Step:
     return step
 
 
-@rule("vector.broadcast", "vector.splat")
+@rule("vector.broadcast", "vector.splat", accumulators=MOVES)
 def broadcast(o: Op) -> Step:
     src_t, dst_t = o.in_types[0], o.out_types[0]
     svr, shape = src_t.vrank, dst_t.shape
@@ -112,7 +112,7 @@ def broadcast(o: Op) -> Step:
     return step
 
 
-@rule("vector.bitcast")
+@rule("vector.bitcast", accumulators=MOVES)
 def bitcast(o: Op) -> Step:
     src_t, dst_t = o.in_types[0], o.out_types[0]
     if src_t.bits < 8 or dst_t.bits < 8 or dst_t.dtype == np.bool_:
@@ -121,7 +121,7 @@ def bitcast(o: Op) -> Step:
     return unary(o, lambda x: np.ascontiguousarray(x).view(dt))
 
 
-@rule("vector.shape_cast")
+@rule("vector.shape_cast", accumulators=MOVES)
 def shape_cast(o: Op) -> Step:
     svr, shape = o.in_types[0].vrank, o.out_types[0].shape
 
@@ -131,7 +131,7 @@ def shape_cast(o: Op) -> Step:
     return unary(o, f)
 
 
-@rule("vector.extract_strided_slice")
+@rule("vector.extract_strided_slice", accumulators=MOVES)
 def extract_strided_slice(o: Op) -> Step:
     offs, sizes = _static(o, "offsets"), _static(o, "sizes")
     strides = _static(o, "strides")
@@ -143,7 +143,7 @@ def extract_strided_slice(o: Op) -> Step:
     return unary(o, f)
 
 
-@rule("vector.insert_strided_slice")
+@rule("vector.insert_strided_slice", accumulators=MOVES)
 def insert_strided_slice(o: Op) -> Step:
     offs, strides = _static(o, "offsets"), _static(o, "strides")
     src_t, dst_t = o.in_types[0], o.out_types[0]
@@ -250,7 +250,7 @@ def store(o: Op) -> Step:
 
 
 
-@rule("vector.shuffle")
+@rule("vector.shuffle", accumulators=MOVES)
 def shuffle(o: Op) -> Step:
     """``vector.shuffle %a, %b [m...]``: element ``i`` of the result is element
     ``m[i]`` of ``a`` and ``b`` concatenated along their leading dim."""

@@ -47,7 +47,7 @@ import re
 import numpy as np
 
 from .. import irtypes
-from ..compiler import Op, Step, passes_accumulators
+from ..compiler import OWNS, Op, Step, accumulator_use
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from ..memory import swizzle as swizzle_addr
@@ -131,7 +131,8 @@ def compile_wgmma(o: Op, text: str) -> Step:
             trans_b = int(vals[-1])
         else:
             trans_a = trans_b = 0
-        check = _operand_check(fr, site)
+        issued = None if fr.sync is None else fr.sync.wgmma_issue(fr)  # (comp, stamp, agent)
+        check = _operand_check(fr, site, issued)
         if a_in_regs:
             a = _a_from_registers(fr, a_slots, el)
         else:
@@ -155,10 +156,10 @@ def compile_wgmma(o: Op, text: str) -> Step:
             res = (got + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
         r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
-        if fr.sync is not None:  # the accumulators are the WGMMA's until waited for
-            comp, stamp, agent = fr.sync.wgmma_issue(fr)
+        if issued is not None:  # the accumulators are the WGMMA's until waited for
+            comp, stamp, agent = issued
             fr.pending[out] = (comp, stamp, site, agent)
-    return passes_accumulators(step)
+    return accumulator_use(step, OWNS)
 
 
 def _per_thread_scalar(v, T: int) -> np.ndarray:
@@ -194,14 +195,15 @@ def _a_from_registers(fr: Frame, slots: list[int], el: np.dtype) -> np.ndarray:
     return a.view(el)
 
 
-def _operand_check(fr: Frame, site):
+def _operand_check(fr: Frame, site, issued: tuple | None):
     """The checker's view of this WGMMA's SMEM reads: checked against what the
-    issuing warpgroup knows, recorded under its WGMMA groups (ordered before
-    what follows the ``wgmma.wait_group`` covering it)."""
-    sync = fr.sync
-    if sync is None:
+    issuing warpgroup knows, recorded under its WGMMA groups (``issued``:
+    component, stamp, agent; ordered before what follows the
+    ``wgmma.wait_group`` covering it)."""
+    if issued is None:
         return None
-    comp, stamp, agent = sync.wgmma_issue(fr)
+    sync = fr.sync
+    comp, stamp, agent = issued
     view = sync.clocks.view(sync.rows(fr))
 
     def check(addrs, itemsize: int) -> None:

@@ -9,7 +9,9 @@ waits for their completion."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -53,14 +55,10 @@ class Warps:
             self._rows = np.repeat(self.urows, self.per)
         return self._rows
 
-    def parts(self):
-        """(warp row, the cells it made: a slice or a mask) per warp."""
-        if self.runs:
-            return [(int(r), slice(k * self.per, (k + 1) * self.per))
-                    for k, r in enumerate(self.urows)]
-        if self.urows.size == 1:
-            return [(int(self.urows[0]), slice(None))]
-        return [(int(r), self._rows == r) for r in self.urows]
+    def parts(self) -> list[tuple[int, slice]]:
+        """(warp row, its run of cells) per warp, for an access made in runs."""
+        return [(int(r), slice(k * self.per, (k + 1) * self.per))
+                for k, r in enumerate(self.urows)]
 
 
 class Checker:
@@ -112,11 +110,10 @@ class Checker:
     # --- who -------------------------------------------------------------------------------
 
     @staticmethod
-    def rows(fr, mask: np.ndarray | None = None) -> np.ndarray:
+    def rows(fr) -> np.ndarray:
         """The clock rows of the warps with an active thread."""
-        m = fr.mask if mask is None else mask
         rows = fr.block.warp_rows
-        return np.unique(rows if m is None else rows[m])
+        return np.unique(rows if fr.mask is None else rows[fr.mask])
 
     def _site(self, site: OpSite, component: int, time: int, agent: str, is_write: bool,
               generic: bool) -> int:
@@ -143,16 +140,18 @@ class Checker:
         if a.ndim == vrank:
             a = np.broadcast_to(a, (lead.size,) + a.shape)
         m = fr.mask if mask is None else mask
-        v = None if values is None else np.broadcast_to(values, a.shape)
         if m is None and space_name != "cluster" and (by_warp or lead.size % 32 == 0):
             # thread (or warp) major: each warp's elements are one run
             urows = lead[::1 if by_warp else 32]
+            shape = a.shape
             a = a.reshape(-1)
-            v = None if v is None else v.reshape(-1)
+            written = None if values is None else \
+                (lambda: np.broadcast_to(values, shape).reshape(-1))
             if a.size:
                 self._thread_cells(fr.mem[space_name], a, Warps(urows, a.size // urows.size),
-                                   itemsize, is_write, site, v)
+                                   itemsize, is_write, site, written)
             return
+        v = None if values is None else np.broadcast_to(values, a.shape)
         rows = np.broadcast_to(lead.reshape((lead.size,) + (1,) * (a.ndim - 1)), a.shape)
         if m is not None:
             full = _full_mask(np.asarray(m), a.shape)
@@ -166,7 +165,7 @@ class Checker:
             vs = v if v is None or sel is None else v[sel]
             if r.size:
                 self._thread_cells(space, local, Warps(np.unique(r), rows=r), itemsize, is_write,
-                                   site, vs)
+                                   site, None if vs is None else (lambda vs=vs: vs))
 
     def spaces(self, fr, space_name: str, a: np.ndarray):
         """(space, addresses in it, which of ``a``) of addresses in ``space_name``;
@@ -182,7 +181,10 @@ class Checker:
             yield space.spaces[int(k)], local[sel], sel
 
     def _thread_cells(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
-                      is_write: bool, site: OpSite, values: np.ndarray | None = None) -> None:
+                      is_write: bool, site: OpSite,
+                      values: Callable[[], np.ndarray] | None = None) -> None:
+        """A thread access of elements ``a`` of ``space``; a write's ``values``
+        (flat, made on demand: they matter only where warps overlap)."""
         # the memory op found every element in one buffer: the first one's
         region = space.find(int(a[0]), int(a[0]) + itemsize, site.location)
         if not region.tracked:
@@ -200,7 +202,7 @@ class Checker:
         who.overlap = is_write and self._overlapping(site, region, off, who)
         written = None
         if who.overlap and values is not None:  # the bytes each cell's writer wrote
-            written = np.ascontiguousarray(values).view(np.uint8).reshape(off.size, -1)
+            written = np.ascontiguousarray(values()).view(np.uint8).reshape(off.size, -1)
         self._check(region, space_kind(space), off, sites, who, None, is_write, False, written)
 
     def _site_table(self, site: OpSite, urows: np.ndarray, is_write: bool) -> np.ndarray:
@@ -505,16 +507,16 @@ class Checker:
             a, b = self._access(f, region, sel), self._access(s, region, sel)
             kind = ("write-after-write" if a.is_write and b.is_write else
                     "read-after-write" if a.is_write else "write-after-read")
-            dedup = (kind, space, a.op, a.location, b.op, b.location, unfenced)
-            if dedup in self.races:
-                old = self.races[dedup]
-                self.races[dedup] = Race(old.kind, old.space, old.first, old.second, old.fix,
-                                         old.count + 1)
-                continue
-            if len(self.races) >= MAX_REPORTS:
-                return
-            fix = self._fix(f, s, a, b, unfenced)
-            self.races[dedup] = Race(kind, space, a, b, fix)
+            self._keep((kind, space, a.op, a.location, b.op, b.location, unfenced),
+                       lambda: Race(kind, space, a, b, self._fix(f, s, a, b, unfenced)))
+
+    def _keep(self, key: tuple, race: Callable[[], Race]) -> None:
+        """One report per pair of ops and lines (``count``: how often hit)."""
+        old = self.races.get(key)
+        if old is not None:
+            self.races[key] = dataclasses.replace(old, count=old.count + 1)
+        elif len(self.races) < MAX_REPORTS:
+            self.races[key] = race()
 
     def _fix(self, f: int, s: int, a: Access, b: Access, unfenced: bool) -> str:
         S = self.sites
@@ -591,10 +593,9 @@ class Checker:
 
     def barrier_component(self, bar, block) -> int:
         """The component of the transfers that complete on mbarrier ``bar``."""
-        if bar.component < 0 or bar.cluster_run != self.cluster:
+        if bar.component < 0:  # a block's mbarriers live for one cluster run
             bar.component = self.component(TMA_LOAD, f"transfers completing on an mbarrier "
                                                      f"of block {block.block_id}")
-            bar.cluster_run = self.cluster
         return bar.component
 
     # bulk async-groups (TMA stores, bulk copies) of each issuing thread
@@ -673,13 +674,8 @@ class Checker:
         second = Access(op=site.op, location=site.location, agent=warps, is_write=False,
                         allocation="WGMMA accumulator registers", start=0, stop=0,
                         primitive=site.primitive)
-        key = ("read-after-write", "registers", first.op, first.location, second.op,
-               second.location, False)
-        old = self.races.get(key)
-        if old is not None:
-            self.races[key] = Race(old.kind, old.space, old.first, old.second, old.fix,
-                                   old.count + 1)
-        elif len(self.races) < MAX_REPORTS:
-            self.races[key] = Race("read-after-write", "registers", first, second,
-                                   "wait for the WGMMA (plgpu.wgmma_wait, wgmma.wait_group) "
-                                   "before reading its accumulator")
+        self._keep(("read-after-write", "registers", first.op, first.location, second.op,
+                    second.location, False),
+                   lambda: Race("read-after-write", "registers", first, second,
+                                "wait for the WGMMA (plgpu.wgmma_wait, wgmma.wait_group) "
+                                "before reading its accumulator"))

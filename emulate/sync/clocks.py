@@ -54,10 +54,6 @@ class Clocks:
             self.matrix = grown
         return k
 
-    def now(self, rows: np.ndarray) -> np.ndarray:
-        """Each warp's own time."""
-        return self.matrix[rows, rows]
-
     def view(self, rows) -> np.ndarray:
         """What the warps ``rows`` together know (one clock)."""
         rows = np.atleast_1d(rows)

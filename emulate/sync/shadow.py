@@ -44,23 +44,13 @@ class Sites:
         self.members: dict[int, np.ndarray] = {}
 
     def add(self, cluster: int, component: int, time: int, generic: bool, info) -> int:
-        k = self.n
-        if k == self.cluster.size:
-            for name in ("cluster", "component", "time", "generic"):
-                old = getattr(self, name)
-                new = np.zeros(2 * old.size, old.dtype)
-                new[:old.size] = old
-                setattr(self, name, new)
-        self.cluster[k], self.component[k], self.time[k] = cluster, component, time
-        self.generic[k] = generic
-        self.info.append(info)
-        self.n += 1
-        return k
+        """One site; its id."""
+        return self.add_many(cluster, [component], [time], generic, [info])
 
     def add_many(self, cluster: int, components, times, generic: bool, infos: list) -> int:
         """Several sites at once (one op by several warps); the first's id."""
         k, n = self.n, len(components)
-        while self.n + n > self.cluster.size:
+        while k + n > self.cluster.size:
             for name in ("cluster", "component", "time", "generic"):
                 old = getattr(self, name)
                 new = np.zeros(2 * old.size, old.dtype)
@@ -86,11 +76,10 @@ class Shadow:
     of smaller elements, or of bytes, touches the buffer -- so an f32 buffer
     is checked per element, and a byte is never shared by two cells' records."""
 
-    __slots__ = ("gran", "nbytes", "write", "read", "columns", "earlier", "_stamps", "_runs")
+    __slots__ = ("gran", "write", "read", "columns", "earlier", "_stamps", "_runs")
 
     def __init__(self, nbytes: int, gran: int = 4) -> None:
         self.gran = gran
-        self.nbytes = nbytes
         n = -(-nbytes // gran)
         self.write = np.zeros(n, np.int32)
         self.read = np.zeros((n, 0), np.int32)  # a column per reading component
