@@ -259,3 +259,65 @@ def test_reading_a_wgmma_accumulator_before_its_wait_is_a_register_race():
     assert race.first.op.startswith("wgmma.mma_async") and race.first.is_write
     assert race.second.location.endswith(f":{line}") and not race.second.is_write
     assert "plgpu.wgmma_wait" in race.fix
+
+
+def _checked_block():
+    """A frame of one warpgroup of a block, with the checker on."""
+    from smalti.emulate.machine import Block
+    from smalti.emulate.sync.checker import Checker
+
+    launch = Launch()
+    launch.sync = Checker("raise", "warn")
+    block = Block(launch, (0, 0, 0), (1, 1, 1), (128, 1, 1), 0)
+    launch.sync.begin_cluster([block])
+    return Frame({}, launch, block), launch.sync
+
+
+def _inline_steps(*texts: str):
+    from smalti.emulate.ops import inline_asm
+    from tests.emulate.test_ptx_table import _inline_asm_ops
+
+    ops, module = _inline_asm_ops(*(f'llvm.inline_asm has_side_effects "{t}", "" : () -> ()'
+                                    for t in texts))
+    return [inline_asm.inline_asm(o) for o in ops], module
+
+
+def test_inline_proxy_fence_makes_each_warps_earlier_writes_visible_to_the_async_proxy():
+    (fence,), _module = _inline_steps("fence.proxy.async.shared::cta;")
+    fr, sync = _checked_block()
+    before = sync.clocks.matrix.diagonal()[:4].copy()
+    fence(fr)
+    assert [f[-1] for f in sync.clocks.fences[:4]] == before.tolist()
+    np.testing.assert_array_equal(sync.clocks.matrix.diagonal()[:4], before + 1)
+
+
+def test_inline_bulk_group_waits_complete_all_but_the_newest_groups():
+    steps, _module = _inline_steps("cp.async.bulk.commit_group;", "cp.async.bulk.wait_group.read 1;",
+                                   "cp.async.bulk.wait_group 0;")
+    commit, wait_read, wait_all = steps
+    fr, sync = _checked_block()
+    reads, writes, stamp = sync.bulk_issue(fr.block, 0)  # thread 0's first bulk copy
+    assert stamp == 1
+    commit(fr)
+    commit(fr)  # two groups in flight
+    wait_read(fr)  # reads of all but the newest: group 1
+    assert sync.clocks.matrix[0, reads] == 1 and sync.clocks.matrix[0, writes] == 0
+    wait_all(fr)
+    assert sync.clocks.matrix[0, reads] == 2 and sync.clocks.matrix[0, writes] == 2
+    assert sync.clocks.matrix[1, reads] == 0  # thread 0's groups: warp 0 knows, not warp 1
+
+
+def test_inline_wgmma_group_waits_complete_all_but_the_newest_groups():
+    steps, _module = _inline_steps("wgmma.commit_group.sync.aligned;",
+                                   "wgmma.wait_group.sync.aligned 1;",
+                                   "wgmma.wait_group.sync.aligned 0;")
+    commit, wait_one, wait_all = steps
+    fr, sync = _checked_block()
+    comp, stamp, agent = sync.wgmma_issue(fr)
+    assert stamp == 1 and agent.startswith("WGMMA")
+    commit(fr)
+    commit(fr)
+    wait_one(fr)
+    np.testing.assert_array_equal(sync.clocks.matrix[:4, comp], 1)
+    wait_all(fr)
+    np.testing.assert_array_equal(sync.clocks.matrix[:4, comp], 2)
