@@ -32,11 +32,10 @@ Accumulate", matrix descriptors and shared memory layouts):
   ``16 * warp + lane // 4 + 8 * ((i // 2) % 2)``, column
   ``8 * (i // 4) + 2 * (lane % 4) + i % 2``.
 
-Numbers: f16/bf16 products are exact in float64; each instruction adds its
-K products to D in float64 and rounds to f32 once. The hardware's
-accumulation order and intermediate precision are not documented: compare
-with a bound of the order of (K + 1) eps sum_k |a b| per output, not bit for
-bit. s8 x s8 -> s32 is exact (wrapping). tf32, fp8, f16 accumulators and
+Numbers: each f16/bf16 instruction adds its K products and D as an H200's
+tensor core does, bit for bit (:mod:`..tensorcore`: truncated alignment
+to 25 bits below the largest term, rounded towards zero to f32). s8 x s8 ->
+s32 is exact (wrapping). tf32, fp8, f16 accumulators and
 8-bit A in registers raise :class:`Unsupported`.
 """
 
@@ -48,6 +47,7 @@ import numpy as np
 
 from .. import irtypes
 from ..compiler import OWNS, Op, Step, accumulator_use
+from .. import tensorcore
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from ..memory import swizzle as swizzle_addr
@@ -142,19 +142,19 @@ def compile_wgmma(o: Op, text: str) -> Step:
         bm = _read_operand(fr, desc_b, n, k, el, trans_b, loc, check)  # (N, K)
         del b
         rows, cols = _d_positions(n)
-        prod = (a.astype(np.int64) @ bm.astype(np.int64).T) if is_int else \
-            (a.astype(np.float64) @ bm.astype(np.float64).T)
-        prod = prod * (scale_a * scale_b)
         use = np.asarray(r[use_slot]).reshape(-1)
         if np.any(use != use[0]):
             raise Unsupported("a WGMMA scale-d that differs between threads", loc)
         acc = np.stack([_per_thread_scalar(r[s], fr.T) for s in tied], axis=1)  # (T, N/2)
-        got = prod[rows, cols]
-        if acc_dt.kind == "f":
-            res = (got + (acc.astype(np.float64) if use[0] else 0.0)).astype(np.float32)
-        else:
-            res = (got + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
+        if is_int:
+            prod = (a.astype(np.int64) @ bm.astype(np.int64).T)[rows, cols]
+            res = (prod + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
+        else:  # the tensor core's own rounding (see ..tensorcore)
+            d = np.zeros((64, n), acc_dt)
+            d[rows, cols] = acc
+            res = tensorcore.mma(a.astype(np.float64) * scale_a, bm.astype(np.float64) * scale_b,
+                                 d if use[0] else None, operands=aty, accumulator=dty)[rows, cols]
         r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
         if issued is not None:  # the accumulators are the WGMMA's until waited for
             comp, stamp, agent = issued

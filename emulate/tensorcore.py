@@ -1,0 +1,93 @@
+"""How a Hopper tensor core adds: the numerics of an f16/bf16 WGMMA.
+
+NVIDIA documents what a WGMMA computes, not how it rounds. The emulator uses
+a model of the adder fitted to, and validated bit for bit against, an H200
+(``benchmarks/hardware.py`` records the kernels; the recording is
+``benchmarks/data/h200_bits.npz``; ``tests/emulate/test_hardware.py`` holds
+the emulator to it). For f16 and bf16 operands, each ``wgmma.mma_async``
+instruction (K = 16) adds its 16 exact products and the incoming accumulator
+in one step:
+
+1. every term gets an *alignment exponent*: a product ``a * b`` gets
+   ``E(a) + E(b)``, where ``E(x)`` is x's exponent field read as a power of
+   two (``floor(log2 |x|)``, and the format's minimum normal exponent for a
+   subnormal: -14 for f16, -126 for bf16) -- not the product's own exponent,
+   which can be one higher; the accumulator gets its own exponent (with the
+   same subnormal rule for an f16 accumulator);
+2. every term is truncated towards zero to a multiple of ``2 ** (emax - 25)``,
+   ``emax`` the largest alignment exponent of the nonzero terms;
+3. the truncated terms are added exactly;
+4. the sum is rounded towards zero to f32 (an f32 accumulator) or to the
+   nearest even f16 (an f16 accumulator).
+
+The same kernels under IEEE f32 arithmetic (or an exact sum rounded once)
+agree with the H200 on 1-25% of outputs; the hardware is the less accurate
+(its error reaches 3.4e-7 of ``sum |a b|`` where an exact sum rounded once
+gives 6e-8). Validated: random f16 and bf16 operands with K = 1024 (64
+instructions into one accumulator), mixed magnitudes with cancellation,
+subnormal f16 operands, an f16 output rounded from the f32 accumulator, an
+f16 accumulator over 12 instructions. Not validated on the hardware: infinities
+and NaN among the terms (the IEEE sum of the exact terms is used) and an
+overflowing sum (rounded towards zero, it saturates at the largest finite
+value, as IEEE's round-towards-zero does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Bits kept below the largest alignment exponent (step 2).
+ALIGNMENT_BITS = 25
+# The exponent field's value for subnormals, per operand format.
+MIN_EXPONENT = {"f16": -14, "bf16": -126, "f32": -126}
+_NONE = np.int64(-(1 << 20))  # the alignment exponent of a zero term: below any other
+
+
+def _exponents(x: np.ndarray, min_exponent: int) -> np.ndarray:
+    """floor(log2 |x|), clamped below at ``min_exponent``; ``_NONE`` for zeros."""
+    _, e = np.frexp(x)
+    e = np.maximum(e.astype(np.int64) - 1, min_exponent)
+    return np.where(x == 0, _NONE, e)
+
+
+def _round_towards_zero_f32(s: np.ndarray) -> np.ndarray:
+    f = s.astype(np.float32)
+    away = np.abs(f.astype(np.float64)) > np.abs(s)
+    return np.where(away, np.nextafter(f, np.float32(0)), f)
+
+
+def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *, operands: str,
+        accumulator: str) -> np.ndarray:
+    """One instruction: ``acc + a @ b.T`` as the tensor core rounds it.
+
+    ``a`` is (M, K) and ``b`` (N, K), both holding f16 or bf16 values
+    (``operands``) in float64, signs already applied; ``acc`` is (M, N) in
+    the accumulator's type (``accumulator``: "f32" or "f16"), or None when
+    the instruction does not add it (scale-d 0). Returns (M, N) in the
+    accumulator's type.
+    """
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    out_type = np.float32 if accumulator == "f32" else np.float16
+    c = np.zeros((a.shape[0], b.shape[0])) if acc is None else np.asarray(acc, np.float64)
+    products = a[:, None, :] * b[None, :, :]  # (M, N, K), exact
+    low = MIN_EXPONENT[operands]
+    # A zero operand's exponent is _NONE, so its products align below any other term.
+    align = _exponents(a, low)[:, None, :] + _exponents(b, low)[None, :, :]
+    emax = np.maximum(align.max(axis=2), _exponents(c, MIN_EXPONENT[accumulator]))
+    shift = ALIGNMENT_BITS - np.where(emax < _NONE // 2, 0, emax)  # all terms zero: any shift
+    kept = np.trunc(np.ldexp(products, shift[:, :, None])).sum(axis=2) + \
+        np.trunc(np.ldexp(c, shift))
+    total = np.ldexp(kept, -shift)  # exact: at most ~32 significant bits
+    with np.errstate(over="ignore"):  # overflow rounds as the accumulator's rounding says
+        if accumulator == "f32":
+            result = _round_towards_zero_f32(total)
+        else:
+            result = total.astype(np.float16)
+    if not (np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(c).all()):
+        # Infinities and NaN: the IEEE sum of the exact terms.
+        special = ~np.isfinite(products).all(axis=2) | ~np.isfinite(c)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ieee = (products.sum(axis=2) + c).astype(out_type)
+        result = np.where(special, ieee, result)
+    return result.astype(out_type)

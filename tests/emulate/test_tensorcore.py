@@ -1,0 +1,96 @@
+"""The tensor-core adder model (emulate/tensorcore.py) against a scalar
+re-statement of its documented rule in exact rational arithmetic, on edge
+values; the model against the H200 itself is tests/emulate/test_hardware.py."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from smalti.emulate import tensorcore
+
+
+def exponent(x: float, low: int) -> int | None:
+    return None if x == 0 else max(math.floor(math.log2(abs(x))), low)
+
+
+def rule(a_row, b_row, c: float, accumulator: str, low: int = -14) -> float:
+    """One output: the four steps of the module's docstring, one term at a time."""
+    terms = [(Fraction(float(x)) * Fraction(float(y)),
+              None if x == 0 or y == 0 else exponent(x, low) + exponent(y, low))
+             for x, y in zip(a_row, b_row)]
+    terms.append((Fraction(float(c)), exponent(float(c), -14 if accumulator == "f16" else -126)))
+    emax = max(e for _, e in terms if e is not None) if any(e is not None for _, e in terms) else 0
+    unit = Fraction(2) ** (emax - 25)
+    total = sum((math.trunc(v / unit) * unit for v, _ in terms), Fraction(0))
+    if accumulator == "f16":
+        with np.errstate(over="ignore"):
+            return float(np.float16(float(total)))  # float(total) is exact here
+    f = np.float32(float(total))
+    if abs(Fraction(float(f))) > abs(total):
+        f = np.nextafter(f, np.float32(0))
+    return float(f)
+
+
+def reference(a, b, c, accumulator):
+    return np.array([[rule(a[m], b[n], c[m, n], accumulator) for n in range(b.shape[0])]
+                     for m in range(a.shape[0])])
+
+
+def f16(values) -> np.ndarray:
+    return np.asarray(values, np.float16).astype(np.float64)
+
+
+@pytest.mark.parametrize("accumulator", ["f32", "f16"])
+def test_random_and_edge_operands_follow_the_rule(accumulator):
+    rng = np.random.default_rng(0)
+    a = f16(rng.standard_normal((8, 16)) * 2.0 ** rng.integers(-16, 8, (8, 16)))
+    b = f16(rng.standard_normal((8, 16)))
+    a[0] = 0  # all products zero
+    a[1, :8] = f16([2.0 ** -24, -2.0 ** -24, 2.0 ** -20, 65504, -65504, 1, -0.0, 3 * 2.0 ** -15])
+    b[2] = f16(2.0 ** -14 * np.arange(16))  # subnormal and smallest normal operands
+    c = rng.standard_normal((8, 8)).astype(np.float32 if accumulator == "f32" else np.float16)
+    c[3, 3] = 0
+    got = tensorcore.mma(a, b, c, operands="f16", accumulator=accumulator)
+    want = reference(a, b, c.astype(np.float64), accumulator)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
+def test_truncation_drops_what_an_exact_sum_keeps():
+    # 1 + 3 * 2**-26: truncated 25 bits below 2**0 -> 1 + 2**-25 -> rounded
+    # towards zero to f32 -> 1.0; an exact sum rounded to nearest is also 1.0,
+    # but 1 + 2**-23 + 2**-26 * 3 shows the truncation: exact -> 1 + 2**-23 (RN),
+    # the adder keeps 2**-23 + 2**-25 -> rounds towards zero -> 1 + 2**-23.
+    a = f16([[1.0, 2.0 ** -12, 2.0 ** -13] + [0] * 13])
+    b = f16([[1.0, 2.0 ** -11, 3 * 2.0 ** -13] + [0] * 13])
+    got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+    assert got[0, 0] == np.float32(1 + 2.0 ** -23)
+    assert got[0, 0] == rule(a[0], b[0], 0.0, "f32")
+
+
+def test_a_negative_sum_rounds_towards_zero():
+    a = f16([[1.0, -(2.0 ** -12)] + [0] * 14])
+    b = f16([[-1.0, 2.0 ** -12] + [0] * 14])  # -1 - 2**-24: towards zero is -1
+    got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+    assert got[0, 0] == np.float32(-1.0)
+
+
+def test_infinities_and_nan_propagate_as_ieee():
+    a = f16([[np.inf, 1.0] + [0] * 14, [-np.inf, 1.0] + [0] * 14])
+    b = f16([[1.0, 1.0] + [0] * 14, [-0.5, np.inf] + [0] * 14])
+    with np.errstate(invalid="ignore"):
+        got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+    assert got[0, 0] == np.inf  # inf * 1 + 1 * 1
+    assert got[1, 0] == -np.inf  # -inf * 1 + 1 * 1
+    assert np.isnan(got[0, 1])  # inf * -0.5 + 1 * inf
+
+
+def test_an_overflowing_sum_saturates_towards_zero():
+    a = f16([[65504.0] * 16])
+    b = f16([[65504.0] * 16])
+    c = np.full((1, 1), np.finfo(np.float32).max, np.float32)
+    got = tensorcore.mma(a, b, c, operands="f16", accumulator="f32")
+    assert got[0, 0] == np.finfo(np.float32).max
