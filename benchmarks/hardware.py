@@ -77,13 +77,13 @@ def _f16_patterns(dtype) -> np.ndarray:
     return np.arange(1 << 16, dtype=np.uint16).view(dtype).reshape(256, 256)
 
 
-def _wgmma_kernel(in_dtype, acc_dtype, steps: int) -> Callable:
-    """acc = 0; ``steps`` times acc += a @ b (a, b: (64, 64) in swizzled
-    SMEM); the accumulator stored as it is (no cast)."""
-    block = (64, 64)
+def _wgmma_kernel(in_dtype, acc_dtype, steps: int, k: int = 64) -> Callable:
+    """acc = 0; ``steps`` times acc += a @ b.T (a: (64, k), b: (64, k), both
+    K-major in 128-byte-swizzled SMEM, as 8-bit WGMMA operands must be); the
+    accumulator stored as it is (no cast)."""
     cols = 128 // np.dtype(in_dtype).itemsize
-    smem = plgpu.SMEM(block, in_dtype, transforms=(plgpu.TilingTransform((8, cols)),
-                                                   plgpu.SwizzleTransform(128)))
+    smem = plgpu.SMEM((64, k), in_dtype, transforms=(plgpu.TilingTransform((8, cols)),
+                                                     plgpu.SwizzleTransform(128)))
 
     def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
         plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
@@ -93,13 +93,13 @@ def _wgmma_kernel(in_dtype, acc_dtype, steps: int) -> Callable:
 
         def scope(acc_ref):
             for _ in range(steps):
-                plgpu.wgmma(acc_ref, a_smem, b_smem)
+                plgpu.wgmma(acc_ref, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
             plgpu.wgmma_wait(0)
             return acc_ref[...]
-        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC(block, acc_dtype))
+        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 64), acc_dtype))
 
     return plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct(block, acc_dtype),
+        body, out_type=jax.ShapeDtypeStruct((64, 64), acc_dtype),
         scratch_types=[smem, smem, plgpu.Barrier(num_barriers=2)],
         compiler_params=plgpu.CompilerParams(
             lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
@@ -155,8 +155,13 @@ def cases() -> Iterator[Case]:
                (tiny, rng.standard_normal((256, 256)).astype(np.float16), zeros))
     wa = rng.standard_normal((64, 64)).astype(np.float16)
     wb = rng.standard_normal((64, 64)).astype(np.float16)
-    yield Case("wgmma_f16_acc_x3", _wgmma_kernel(jnp.float16, jnp.float16, 3), (wa, wb))
-    yield Case("wgmma_f32_acc_x3", _wgmma_kernel(jnp.float16, jnp.float32, 3), (wa, wb))
+    yield Case("wgmma_f16_acc_x3", _wgmma_kernel(jnp.float16, jnp.float16, 3), (wa, wb.T.copy()))
+    yield Case("wgmma_f32_acc_x3", _wgmma_kernel(jnp.float16, jnp.float32, 3), (wa, wb.T.copy()))
+    # fp8 operands (K = 32 per instruction): codes of every magnitude.
+    for name, dt in (("e4m3", ml_dtypes.float8_e4m3fn), ("e5m2", ml_dtypes.float8_e5m2)):
+        fa = (rng.standard_normal((64, 128)) * 2.0 ** rng.integers(-6, 6, (64, 128))).astype(dt)
+        fb = rng.standard_normal((64, 128)).astype(dt)
+        yield Case(f"wgmma_{name}_f32_acc_x3", _wgmma_kernel(dt, jnp.float32, 3, k=128), (fa, fb))
 
     # Mixed types: int8 x bf16 (prmt + sub.bf16x2 dequantization) and int8 x f16.
     mx = mixed.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
@@ -231,6 +236,36 @@ def _outputs(out) -> list[np.ndarray]:
     return [np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else (out,))]
 
 
+def launch_vocabulary(path: str, repeats: int = 3) -> None:
+    """Launches every kernel of ``benchmarks.vocabulary`` that smalti lowers,
+    once to warm up and ``repeats`` times more, for a profiler to time and
+    count (``ncu`` profiles each launch); saves, in launch order, each
+    kernel's name and number of launches to ``path`` (JSON). Needs smalti."""
+    import json
+
+    import smalti
+    import smalti.jax
+    import smalti.vocabulary
+    from benchmarks import vocabulary
+
+    pipeline = smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary})
+    launched = []
+    for entry in vocabulary.entries():
+        k = vocabulary.kernel(entry.fn, entry.args)
+        try:
+            with smalti.jax.installed(pipeline):
+                fn = jax.jit(k)
+                for _ in range(1 + repeats):
+                    jax.block_until_ready(fn(*entry.args))
+        except Exception as error:  # not lowered, or failed: it launched nothing counted
+            print(f"{entry.name}: {type(error).__name__}: {str(error)[:100]}", flush=True)
+            continue
+        launched.append((entry.name, 1 + repeats))
+    with open(path, "w") as f:
+        json.dump(launched, f)
+    print(f"launched {len(launched)} kernels", flush=True)
+
+
 def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Distance in units in the last place between same-typed float arrays."""
     bits = {2: np.int16, 4: np.int32}[a.dtype.itemsize]
@@ -279,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="run the cases on a GPU and save their outputs")
     rec.add_argument("path")
     rec.add_argument("--races", help="also run the race catalogue and save its counts here")
+    voc = sub.add_parser("vocabulary", help="launch the vocabulary kernels (for ncu)")
+    voc.add_argument("path", help="JSON file: the kernels in launch order")
     cmp_ = sub.add_parser("compare", help="emulate the cases and compare with a recording")
     cmp_.add_argument("path")
     cmp_.add_argument("-k", dest="only", help="only cases whose name contains this")
@@ -291,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                 record_races(args.races)
             except Exception:
                 traceback.print_exc()
+        return 0
+    if args.command == "vocabulary":
+        launch_vocabulary(args.path)
         return 0
     return compare(args.path, args.only)
 
