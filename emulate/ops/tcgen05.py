@@ -102,18 +102,10 @@ def _row(fr: Frame, k: int) -> int:
 
 # --- allocation ----------------------------------------------------------------------------
 
-def _cta_group(i: Instr) -> None:
-    if "cta_group::1" not in i.opcode:
-        raise Unsupported(f"inline PTX {i.text!r} (cta_group::2 TMEM allocation is not "
-                          "modelled yet)", i.loc)
-
-
-@ptx("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
-     "tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32")
+@ptx("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32")
 def tmem_alloc(i: Instr) -> Step:
     """``[dst], nCols``: a whole warp allocates nCols TMEM columns (all 128 lanes) and
     writes their address to SMEM at dst."""
-    _cta_group(i)
     if len(i.args) != 2:
         raise i.unknown
     dst, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
@@ -136,11 +128,9 @@ def tmem_alloc(i: Instr) -> Step:
     return step
 
 
-@ptx("tcgen05.dealloc.cta_group::1.sync.aligned.b32",
-     "tcgen05.dealloc.cta_group::2.sync.aligned.b32")
+@ptx("tcgen05.dealloc.cta_group::1.sync.aligned.b32")
 def tmem_dealloc(i: Instr) -> Step:
     """``taddr, nCols``: a whole warp frees the columns one tcgen05.alloc took."""
-    _cta_group(i)
     if len(i.args) != 2:
         raise i.unknown
     a, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
@@ -154,11 +144,9 @@ def tmem_dealloc(i: Instr) -> Step:
     return step
 
 
-@ptx("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned",
-     "tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned")
+@ptx("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")
 def tmem_relinquish(i: Instr) -> Step:
     """The block gives up its right to allocate TMEM (a later tcgen05.alloc is an error)."""
-    _cta_group(i)
     if i.args:
         raise i.unknown
     pred, loc, op = i.pred_slots, i.loc, i.opcode
