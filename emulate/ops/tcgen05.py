@@ -6,9 +6,10 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
 ``llvm.call_intrinsic`` of ``llvm.nvvm.tcgen05.commit.cg1`` and
 ``nvvm.tcgen05.fence``. TMEM itself is :mod:`..tmem`.
 
-* ``tcgen05.alloc/dealloc/relinquish_alloc_permit.cta_group::1``: by whole
-  warps (``.sync.aligned``); ``alloc`` writes the TMEM address to SMEM (a
-  write of the allocating warp, for the checker).
+* ``tcgen05.alloc/dealloc/relinquish_alloc_permit.cta_group::{1,2}``: by
+  whole warps (``.sync.aligned``), each block in its own TMEM (a pair's
+  warps allocate alike); ``alloc`` writes the TMEM address to SMEM (a write
+  of the allocating warp, for the checker).
 * ``tcgen05.ld/st.sync.aligned.{32x32b,16x64b,16x128b,16x256b}.x{1..128}
   [.pack::16b|.unpack::16b].b32``: by whole warps, each warp at the address
   it gives (which must be the same in its 32 threads), in its own 32-lane
@@ -28,11 +29,14 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   10-12, negate A/B 13/14, transpose A/B 15/16, N >> 3 in 17-22, M >> 4 in
   24-28, max shift 30-31). Each instruction's 16 products are summed in
   float64, added to D and rounded to f32 once (compare within the bound of
-  :mod:`.wgmma`). Modelled: M = 128; other kinds, M = 64, ``.sp``,
-  block scaling, ``cta_group::2`` and f16 accumulators raise
-  :class:`Unsupported`.
-* ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``): the MMAs the thread
-  issued are complete (they ran when issued); one arrival on the mbarrier.
+  :mod:`.wgmma`). Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
+  by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
+  TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
+  first). Other kinds, M = 64, ``.sp``, block scaling and f16 accumulators
+  raise :class:`Unsupported`.
+* ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
+  mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
+  thread issued are complete (they ran when issued); one arrival.
   For the checker a thread's MMAs are one asynchronous unit, read and written
   under it until a commit covering them completes the mbarrier phase a
   waiter acquires; MMAs of one thread are ordered among themselves (the PTX
@@ -45,6 +49,7 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
 from __future__ import annotations
 
 import re
+import types
 
 import numpy as np
 
@@ -102,17 +107,33 @@ def _row(fr: Frame, k: int) -> int:
 
 # --- allocation ----------------------------------------------------------------------------
 
-@ptx("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32")
+def _pair(i: Instr):
+    """For a cta_group::2 form: a check that the block has a CTA pair."""
+    if "cta_group::2" not in i.opcode:
+        return lambda b: None
+    op, loc = i.opcode, i.loc
+
+    def check(b) -> None:
+        if b.cluster.size % 2:
+            raise EmulationError(f"{op} at {loc} in a cluster of {b.cluster.size}: "
+                                 "cta_group::2 needs CTA pairs (a cluster of even size)")
+    return check
+
+
+@ptx("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
+     "tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32")
 def tmem_alloc(i: Instr) -> Step:
     """``[dst], nCols``: a whole warp allocates nCols TMEM columns (all 128 lanes) and
-    writes their address to SMEM at dst."""
+    writes their address to SMEM at dst (cta_group::2: a warp of each CTA of the pair
+    does, in its own TMEM; the pair's allocations match as they are made alike)."""
     if len(i.args) != 2:
         raise i.unknown
     dst, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
-    pred, loc, site, op = i.pred_slots, i.loc, i.site, i.opcode
+    pred, loc, site, op, pair = i.pred_slots, i.loc, i.site, i.opcode, _pair(i)
 
     def step(fr: Frame) -> None:
         b = fr.need_block(op, loc)
+        pair(b)
         t = tmem.of_block(b)
         for k in _executing_warps(fr, pred, op, loc):
             ncols = _warp_value(fr, n, k, "column count", op, loc)
@@ -128,31 +149,35 @@ def tmem_alloc(i: Instr) -> Step:
     return step
 
 
-@ptx("tcgen05.dealloc.cta_group::1.sync.aligned.b32")
+@ptx("tcgen05.dealloc.cta_group::1.sync.aligned.b32",
+     "tcgen05.dealloc.cta_group::2.sync.aligned.b32")
 def tmem_dealloc(i: Instr) -> Step:
     """``taddr, nCols``: a whole warp frees the columns one tcgen05.alloc took."""
     if len(i.args) != 2:
         raise i.unknown
     a, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
-    pred, loc, op = i.pred_slots, i.loc, i.opcode
+    pred, loc, op, pair = i.pred_slots, i.loc, i.opcode, _pair(i)
 
     def step(fr: Frame) -> None:
-        t = tmem.of_block(fr.need_block(op, loc))
+        pair(fr.need_block(op, loc))
+        t = tmem.of_block(fr.block)
         for k in _executing_warps(fr, pred, op, loc):
             t.dealloc(_warp_value(fr, a, k, "TMEM address", op, loc),
                       _warp_value(fr, n, k, "column count", op, loc), op, loc)
     return step
 
 
-@ptx("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")
+@ptx("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned",
+     "tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned")
 def tmem_relinquish(i: Instr) -> Step:
     """The block gives up its right to allocate TMEM (a later tcgen05.alloc is an error)."""
     if i.args:
         raise i.unknown
-    pred, loc, op = i.pred_slots, i.loc, i.opcode
+    pred, loc, op, pair = i.pred_slots, i.loc, i.opcode, _pair(i)
 
     def step(fr: Frame) -> None:
-        t = tmem.of_block(fr.need_block(op, loc))
+        pair(fr.need_block(op, loc))
+        t = tmem.of_block(fr.block)
         if len(_executing_warps(fr, pred, op, loc)):
             t.relinquish(loc)
     return step
@@ -290,7 +315,7 @@ F16_TYPES = {0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}
 K_BYTES = 32  # one dense instruction's K: 32 bytes of each operand row
 
 
-def _idesc(idesc: int, where: str) -> dict:
+def _idesc(idesc: int, ctas: int, where: str) -> dict:
     """The fields of a kind::f16 instruction descriptor (PTX ISA, "Instruction
     descriptor"), checked against what is modelled."""
     f = {"sparse": (idesc >> 2) & 1, "saturate": (idesc >> 3) & 1, "d": (idesc >> 4) & 3,
@@ -311,13 +336,14 @@ def _idesc(idesc: int, where: str) -> dict:
     if f["shift"]:
         raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} sets "
                              "the max shift, which only tcgen05.mma.ws takes")
-    if f["m"] != 128:
-        raise Unsupported(f"tcgen05.mma.cta_group::1 with M = {f['m']} (instruction descriptor "
-                          f"{idesc:#x}; M = 128 is modelled)", where)
+    if f["m"] != 128 * ctas:
+        raise Unsupported(f"tcgen05.mma.cta_group::{ctas} with M = {f['m']} (instruction "
+                          f"descriptor {idesc:#x}; M = {128 * ctas}, 128 a CTA, is modelled)",
+                          where)
     if f["n"] % 16 or not 16 <= f["n"] <= 256:
         raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} has "
-                             f"N = {f['n']}: with M = 128, N must be a multiple of 16 from 16 "
-                             "to 256")
+                             f"N = {f['n']}: with M = {f['m']}, N must be a multiple of 16 "
+                             "from 16 to 256")
     return f
 
 
@@ -346,67 +372,94 @@ def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, k: int, el: np.dtype,
 
 
 @ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
-          "cta_group::1.kind::f16 (f16/bf16, f32 accumulator, M = 128), A from an SMEM "
-          "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; run when issued, "
-          "asynchronous for the checker until its commit's mbarrier phase completes")
+          "kind::f16 (f16/bf16, f32 accumulator, M = 128 a CTA), A from an SMEM "
+          "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
+          "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
+          "the checker until its commit's mbarrier phase completes")
 def tcgen05_mma(i: Instr) -> Step:
     text = " ".join(i.text.split())
     m = MMA.fullmatch(text)
     if not m:
         raise Unsupported(f"inline PTX {i.text!r} (a tcgen05.mma form not modelled)", i.loc)
     a_reg, a_off, b_off, b_hi, a_hi, sparse, group, kind, a_op, extra, extra2 = m.groups()
-    if sparse or group != "1" or kind != "f16" or extra or extra2:
-        what = ("sparse " if sparse else "") + f"cta_group::{group} kind::{kind}" + (
+    if sparse or group not in ("1", "2") or kind != "f16" or extra or extra2:
+        what = ("sparse " if sparse else "") + f"kind::{kind}" + (
             " with scale factors or metadata" if extra or extra2 else "")
-        raise Unsupported(f"tcgen05.mma {what} (kind::f16, cta_group::1, dense is modelled)",
-                          i.loc)
+        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16 is modelled)", i.loc)
     a_tmem = a_op == "[a_desc]"
     if a_tmem != (a_reg == "b32") or len(i.ins) != 5 or i.results:
         raise i.unknown
-    a_off, b_off, b_hi = int(a_off), int(b_off), int(b_hi)
-    a_hi = int(a_hi) if a_hi is not None else 0
-    d_s, a_s, b_s, id_s, acc_s = i.ins
-    loc, site, op = i.loc, i.op.site(f"tcgen05.mma.cta_group::1.kind::{kind}"), \
-        "tcgen05.mma.cta_group::1.kind::f16"
+    mma = _Mma(int(group), a_tmem, int(a_off), int(a_hi or 0), int(b_off), int(b_hi), i.ins,
+               i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
 
     def step(fr: Frame) -> None:
-        b = fr.need_block(op, loc)
-        t = tmem.of_block(b)
-        r = fr.regs
+        fr.need_block(mma.op, mma.loc)
         for th in np.flatnonzero(effective(fr, [])):
-            def val(s):
-                return int(per_thread(r[s], fr.T)[th]) & 0xFFFFFFFF
-            f = _idesc(val(id_s), loc)
-            el = F16_TYPES[f["a"]]
-            k = K_BYTES // el.itemsize
-            n, mm = f["n"], f["m"]
-            d_lane, d_col = (int(x) for x in tmem.split(val(d_s)))
-            if d_lane:
-                raise EmulationError(f"{op} at {loc}: D at TMEM lane {d_lane}; an M = 128 "
-                                     "accumulator starts at lane 0")
-            check = _mma_unit(fr, th, site)
-            a_lo = (val(a_s) + a_off) & 0xFFFFFFFF
-            if a_tmem:
-                if f["trans_a"]:
-                    raise EmulationError(f"{op} at {loc}: A in TMEM cannot be transposed "
-                                         f"(instruction descriptor {val(id_s):#x})")
-                a, a_cells = _a_from_tmem(t, a_lo, mm, k, el, op, loc)
+            mma.issue(fr, th)
+    return step
+
+
+class _Mma:
+    """One tcgen05.mma instruction: its constant parts, and :meth:`issue`."""
+
+    def __init__(self, ctas: int, a_tmem: bool, a_off: int, a_hi: int, b_off: int, b_hi: int,
+                 ins: list[int], loc: str, site) -> None:
+        self.ctas, self.a_tmem = ctas, a_tmem
+        self.a_off, self.a_hi, self.b_off, self.b_hi = a_off, a_hi, b_off, b_hi
+        self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins
+        self.loc, self.site = loc, site
+        self.op = f"tcgen05.mma.cta_group::{ctas}.kind::f16"
+
+    def blocks(self, b) -> list:
+        """The CTAs the MMA spans: the issuing block, or its pair (the even rank first)."""
+        if self.ctas == 1:
+            return [b]
+        if b.cluster.size % 2 or b.rank % 2:
+            raise EmulationError(f"{self.op} at {self.loc} issued by {b.name} (CTA rank "
+                                 f"{b.rank} of a cluster of {b.cluster.size}): a cta_group::2 "
+                                 "MMA is issued by the even CTA of a pair")
+        return [b, b.peer(b.rank + 1, self.loc)]
+
+    def issue(self, fr: Frame, th: int) -> None:
+        op, loc = self.op, self.loc
+
+        def val(slot: int) -> int:
+            return int(per_thread(fr.regs[slot], fr.T)[th]) & 0xFFFFFFFF
+        idesc = val(self.id_s)
+        f = _idesc(idesc, self.ctas, loc)
+        el = F16_TYPES[f["a"]]
+        k, n, rows = K_BYTES // el.itemsize, f["n"], f["m"] // self.ctas
+        d_lane, d_col = (int(x) for x in tmem.split(val(self.d_s)))
+        if d_lane:
+            raise EmulationError(f"{op} at {loc}: D at TMEM lane {d_lane}; an M = {rows} "
+                                 "accumulator (a CTA) starts at lane 0")
+        if self.a_tmem and f["trans_a"]:
+            raise EmulationError(f"{op} at {loc}: A in TMEM cannot be transposed (instruction "
+                                 f"descriptor {idesc:#x})")
+        ctas = self.blocks(fr.block)
+        check = _mma_unit(fr, th, self.site)
+        a_lo = (val(self.a_s) + self.a_off) & 0xFFFFFFFF
+        b_desc = _smem_desc(((val(self.b_s) + self.b_off) & 0xFFFFFFFF) | (self.b_hi << 32), loc)
+        # B is split by columns between the CTAs (the even CTA's first)
+        bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, el,
+                                               f["trans_b"]) for blk in ctas])
+        accumulate = bool(per_thread(fr.regs[self.acc_s], fr.T)[th])
+        for blk in ctas:  # A and D are split by rows: each CTA's own
+            t = tmem.of_block(blk)
+            if self.a_tmem:
+                a, a_cells = _a_from_tmem(t, a_lo, rows, k, el, op, loc)
                 if check:
                     check(t.space, a_cells, False, False)
             else:
-                a = _read_operand(fr, _smem_desc(a_lo | (a_hi << 32), loc), mm, k, el,
-                                  f["trans_a"], loc, check and check.smem, "tcgen05.mma")
-            b_desc = _smem_desc(((val(b_s) + b_off) & 0xFFFFFFFF) | (b_hi << 32), loc)
-            bm = _read_operand(fr, b_desc, n, k, el, f["trans_b"], loc,
-                               check and check.smem, "tcgen05.mma")
+                a = self.smem_operand(blk, check, _smem_desc(a_lo | (self.a_hi << 32), loc),
+                                      rows, k, el, f["trans_a"])
             prod = a.astype(np.float64) @ bm.astype(np.float64).T
             if f["neg_a"] != f["neg_b"]:
                 prod = -prod
-            lanes = np.arange(mm)[:, None]
+            lanes = np.arange(rows)[:, None]
             cols = d_col + np.arange(n)[None, :]
             t.check_columns(cols.reshape(-1), op, loc)
             d_cells = t.byte_addresses(lanes, cols)
-            accumulate = bool(per_thread(r[acc_s], fr.T)[th])
             if accumulate:
                 prod = prod + t.cells[lanes, cols].view(np.float32).astype(np.float64)
                 if check:
@@ -414,7 +467,13 @@ def tcgen05_mma(i: Instr) -> Step:
             t.cells[lanes, cols] = prod.astype(np.float32).view(np.uint32)
             if check:
                 check(t.space, d_cells, True, False)
-    return step
+
+    def smem_operand(self, blk, check, desc: int, mn: int, k: int, el: np.dtype,
+                     trans: int) -> np.ndarray:
+        """The (mn, k) operand at an SMEM descriptor in block ``blk``'s SMEM."""
+        where = types.SimpleNamespace(mem={"shared": blk.smem})
+        return _read_operand(where, desc, mn, k, el, trans, self.loc,
+                             check and check.smem_of(blk.smem), "tcgen05.mma")
 
 
 class _MmaCheck:
@@ -423,17 +482,20 @@ class _MmaCheck:
     the hardware pipelines in order) and recorded under the thread's MMA unit
     with the number of its next commit."""
 
-    def __init__(self, sync, view, comp: int, stamp: int, agent: str, site, smem) -> None:
+    def __init__(self, sync, view, comp: int, stamp: int, agent: str, site) -> None:
         self.sync, self.view, self.comp, self.stamp = sync, view, comp, stamp
-        self.agent, self.site, self.smem_space = agent, site, smem
+        self.agent, self.site = agent, site
 
     def __call__(self, space, addrs, is_write: bool, proxy_read: bool) -> None:
         self.sync.async_access(self.view, space, addrs, 4, is_write, self.site, self.comp,
                                self.stamp, self.agent, proxy_read=proxy_read)
 
-    def smem(self, addrs, itemsize: int) -> None:
-        self.sync.async_access(self.view, self.smem_space, addrs, itemsize, False, self.site,
-                               self.comp, self.stamp, self.agent, proxy_read=True)
+    def smem_of(self, space):
+        """The check of an SMEM operand read (through the async proxy) in ``space``."""
+        def smem(addrs, itemsize: int) -> None:
+            self.sync.async_access(self.view, space, addrs, itemsize, False, self.site,
+                                   self.comp, self.stamp, self.agent, proxy_read=True)
+        return smem
 
 
 def _mma_state(fr: Frame, th: int) -> tuple[list[int], str]:
@@ -451,42 +513,52 @@ def _mma_unit(fr: Frame, th: int, site) -> _MmaCheck | None:
     if view.size <= st[0]:
         view = np.concatenate([view, np.zeros(st[0] + 1 - view.size, view.dtype)])
     view[st[0]] = stamp  # this thread's earlier MMAs are ordered before this one
-    return _MmaCheck(fr.sync, view, st[0], stamp, agent, site, fr.mem["shared"])
+    return _MmaCheck(fr.sync, view, st[0], stamp, agent, site)
 
 
 # --- commit and fences ------------------------------------------------------------------------
 
-def _commit(fr: Frame, bar_slot: int, where: str) -> None:
-    """``tcgen05.commit.cta_group::1.mbarrier::arrive::one``: each executing thread's
-    MMAs so far complete (they have), then one arrival on its mbarrier."""
+def _commit(fr: Frame, slots: list[int], where: str, multicast: bool) -> None:
+    """``tcgen05.commit[.multicast::cluster]``: each executing thread's MMAs so far
+    complete (they have), then one arrival on its mbarrier -- with multicast, on
+    the mbarrier at the same offset in every CTA of the 16-bit mask."""
     b = fr.need_block("tcgen05.commit", where)
-    addrs = per_thread(fr.regs[bar_slot], fr.T).astype(np.int64)
+    addrs = per_thread(fr.regs[slots[0]], fr.T).astype(np.int64)
+    masks = per_thread(fr.regs[slots[1]], fr.T).astype(np.int64) if multicast else None
     for th in np.flatnonzero(effective(fr, [])):
-        bar = b.barrier(int(addrs[th]), where)
+        if masks is None:
+            targets = [b]
+        else:
+            mask = int(masks[th]) & 0xFFFF
+            targets = [b.peer(r, where) for r in range(16) if mask >> r & 1]
         if fr.sync is not None:
             st, _ = _mma_state(fr, th)
             st[1] += 1
-            bar.point.stamp(st[0], st[1])
-            fr.sync.release(int(fr.block.warp_rows[th]), bar.point)
-        bar.arrive(1, where)
+        for blk in targets:
+            bar = blk.barrier(int(addrs[th]), where)
+            if fr.sync is not None:
+                bar.point.stamp(st[0], st[1])
+                fr.sync.release(int(fr.block.warp_rows[th]), bar.point)
+            bar.arrive(1, where)
 
 
-INTRINSICS = {"llvm.nvvm.tcgen05.commit.cg1": _commit}
+INTRINSICS = {"llvm.nvvm.tcgen05.commit.cg1": (1, False),
+              "llvm.nvvm.tcgen05.commit.mc.cg2": (2, True)}
 
 
 @rule("llvm.call_intrinsic")
 def call_intrinsic(o: Op) -> Step:
     from jax._src.lib.mlir import ir
     name = ir.StringAttr(o.attr("intrin")).value
-    fn = INTRINSICS.get(name)
-    if fn is None:
-        hint = " (cta_group::2 commits are not modelled yet)" if "tcgen05" in name else ""
-        raise o.unsupported(f"LLVM intrinsic {name}{hint}")
-    if len(o.ins) != 1 or o.in_types[0].space != "shared":
+    form = INTRINSICS.get(name)
+    if form is None:
+        raise o.unsupported(f"LLVM intrinsic {name}")
+    n, multicast = form
+    if len(o.ins) != n or o.in_types[0].space != "shared":
         raise o.unsupported(f"LLVM intrinsic {name} with operands "
                             f"{[t.text for t in o.in_types]}")
-    bar, loc = o.ins[0], o.loc
-    return lambda fr: fn(fr, bar, loc)
+    slots, loc = list(o.ins), o.loc
+    return lambda fr: _commit(fr, slots, loc, multicast)
 
 
 @rule("nvvm.tcgen05.fence")

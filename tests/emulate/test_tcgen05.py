@@ -345,3 +345,66 @@ def test_fragments_cover_their_cells_once(shape, num):
     assert np.unique(cells).size == cells.size == lanes * cols * num
     assert f.lane.max() == lanes - 1 and f.col.max() == cols * num - 1
 
+
+
+# --- CTA pairs: collective (cta_group::2) MMAs ----------------------------------------------
+
+COLLECTIVE = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                                 collective=True)
+
+
+def collective_matmul(a, b):
+    return matmul.matmul_kernel(a, b, COLLECTIVE)
+
+
+def f16_matmul_bound(a, b):
+    """f32 accumulation (the MMA bound), then one rounding to f16."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return mma_bound(a64, b64) + np.abs(a64 @ b64) * 2.0 ** -11, a64 @ b64
+
+
+@pytest.mark.parametrize("pipeline", ["jax", "smalti"])
+def test_official_collective_blackwell_matmul(pipeline):
+    """One (256, 256) tile over a CTA pair: TMA loads of the pair tracked by the
+    leader, cta_group::2 MMAs (each CTA's A rows, B columns split between the
+    two), the multicast commit, a ClusterBarrier. Both CTAs of the pair issue
+    the cluster-launch-control request (jax's dynamic_scheduling_loop without
+    cluster_axes), so their two responses race on each CTA's response buffer:
+    the checker says so, and only that."""
+    a, b = normal((256, 128), F16), normal((128, 256), F16)
+    with pytest.warns(emu.RaceWarning) as record:
+        (got,) = run(collective_matmul, a, b, smalti_pipeline=pipeline == "smalti",
+                     on_race="warn")
+    races = [str(w.message) for w in record if isinstance(w.message, emu.RaceWarning)]
+    assert races and all("clusterlaunchcontrol" in r for r in races)
+    bound, exact = f16_matmul_bound(a, b)
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
+
+
+@pytest.mark.parametrize("pipeline", ["jax", "smalti"])
+def test_official_blackwell_ragged_dot(pipeline):
+    """blackwell_ragged_dot_mgpu (collective, its smallest tiles): two groups of
+    rows, neither on a tile boundary, against numpy."""
+    import types
+
+    from jax.experimental.pallas.ops.gpu import blackwell_ragged_dot_mgpu as ragged
+
+    cfg = ragged.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=True, grid_tile_width=1,
+                              grid_minor_dim=matmul.MatmulDimension.N)
+    a, b = normal((256, 128), F16), normal((2, 128, 256), F16)
+    sizes = np.array([100, 156], np.int32)
+    device = types.SimpleNamespace(core_count=132)
+    saved = jax.local_devices
+    jax.local_devices = lambda *args, **kw: [device]  # the kernel sizes its grid by it
+    try:
+        (got,) = run(lambda a, b, g: ragged.ragged_dot_kernel(a, b, g, cfg), a, b, sizes,
+                     smalti_pipeline=pipeline == "smalti")
+    finally:
+        jax.local_devices = saved
+    rows = np.repeat([0, 1], sizes)
+    exact = np.einsum("mk,mkn->mn", a.astype(np.float64), b[rows].astype(np.float64))
+    bound = np.einsum("mk,mkn->mn", np.abs(a.astype(np.float64)),
+                      np.abs(b[rows].astype(np.float64))) * 129 * 2.0 ** -24 \
+        + np.abs(exact) * 2.0 ** -11
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
