@@ -6,7 +6,8 @@ reductions, grids, WGMMA, a warp-specialized pipeline, a TMA gather,
 clusters of 2 and 4 blocks), jax's official Pallas Hopper kernels in their
 smallest configurations (``hopper_matmul_mgpu``,
 ``hopper_mixed_type_matmul_mgpu``, ``attention_mgpu``'s forward, backward and
-pipeline-emitter kernels, ``ragged_dot_mgpu``), and kernels only smalti
+pipeline-emitter kernels, ``ragged_dot_mgpu``), the official Blackwell
+matmul (``blackwell_matmul_mgpu``, at arch (10, 0)), and kernels only smalti
 lowers. Columns:
 
 * ``ops``, ``lower s``: the lowered module's op count and the time to lower
@@ -37,9 +38,10 @@ figure is marked ``!``. An emulator without the ``sanitize=`` keyword (before
 the checker) has no column (2): it prints ``n/a`` there, and (1) is its
 plain run. Kernels only smalti lowers have no jax function to interpret.
 
-    .venv/bin/python -m benchmarks.emulate [--quick] [--repeat N]
+    .venv/bin/python -m benchmarks.emulate [--quick] [--only TEXT] [--repeat N]
 
-``--quick`` runs a few of the kernels (a few seconds), for a smoke test.
+``--quick`` runs a few of the kernels (a few seconds), for a smoke test;
+``--only TEXT`` the kernels whose name contains TEXT.
 """
 
 from __future__ import annotations
@@ -260,6 +262,22 @@ def official_kernels():
            [sizes, normal((128, 128)), normal((2, 128, 128))], None)
 
 
+def blackwell_kernels():
+    """jax's official Pallas Blackwell kernels (arch (10, 0)), smallest
+    configuration: ``blackwell_matmul_mgpu`` (tiles (128, 128, 64), two
+    pipeline slots, collective=False) on one (128, 128) output tile with two
+    k steps -- a TMA warp, an MMA warp issuing tcgen05.mma into TMEM, a store
+    warpgroup loading TMEM, cluster launch control finding nothing to cancel."""
+    from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu as matmul
+
+    rng = np.random.default_rng(10)
+    cfg = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=False)
+    a, b = (rng.standard_normal((128, 128)).astype(np.float16) for _ in range(2))
+    yield ("blackwell_matmul (128, 128) x (128, 128) f16",
+           lambda a, b: matmul.matmul_kernel(a, b, cfg), [a, b], None)
+
+
 def smalti_kernels():
     """Kernels only smalti lowers (jax refuses them), built at the dialect level."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' kernel builders
@@ -294,10 +312,11 @@ def _outputs(avals) -> list[tuple[tuple[int, ...], np.dtype]]:
     return [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
 
 
-def pallas_case(name: str, fn: Callable, args: list, kernel_inputs=None) -> Case:
+def pallas_case(name: str, fn: Callable, args: list, kernel_inputs=None,
+                arch: tuple[int, int] = (9, 0)) -> Case:
     if kernel_inputs is None:
         def lower_it() -> list[Launch]:
-            module, avals = lower(fn, *args)
+            module, avals = lower(fn, *args, arch=arch)
             return [(module, args, _outputs(avals))]
     else:
         def lower_it() -> list[Launch]:
@@ -305,7 +324,7 @@ def pallas_case(name: str, fn: Callable, args: list, kernel_inputs=None) -> Case
             if len(modules) != len(kernel_inputs):
                 raise RuntimeError(f"{len(modules)} kernels, {len(kernel_inputs)} expected")
             return [(m, ins, None) for m, ins in zip(modules, kernel_inputs)]
-    return Case(name, lower_it, fn, args)
+    return Case(name, lower_it, fn, args, arch)
 
 
 def smalti_case(name: str, body, ins, outs, scratch, args) -> Case:
@@ -334,6 +353,8 @@ def cases(quick: bool = False) -> Iterator[Case]:
     if not quick:  # none is quick: jax's interpret mode compiles one for seconds
         for name, fn, args, kernel_inputs in official_kernels():
             yield pallas_case(name, fn, args, kernel_inputs)
+        for name, fn, args, kernel_inputs in blackwell_kernels():
+            yield pallas_case(name, fn, args, kernel_inputs, arch=(10, 0))
     for name, *rest in smalti_kernels():
         if keep(name):
             yield smalti_case(name, *rest)
@@ -589,6 +610,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="a few kernels only: " + "; ".join(QUICK))
+    parser.add_argument("--only", metavar="TEXT", default="",
+                        help="only the kernels whose name contains TEXT")
     parser.add_argument("--repeat", type=int, default=3, metavar="N",
                         help="each figure the fastest of N calls (default 3)")
     args = parser.parse_args(argv)
@@ -605,6 +628,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(header(), flush=True)
     reported = []
     for case in cases(args.quick):
+        if args.only not in case.name:
+            continue
         row = measure(case, args.repeat)
         print(format_row(row), flush=True)
         if row.reports:

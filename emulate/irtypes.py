@@ -57,7 +57,7 @@ class T:
 def _space(text: str) -> str:
     if "workgroup" in text or "ptr<3>" in text or re.search(r", 3 ?>", text):
         return "shared"
-    if "tensor_memory" in text or "ptr<6>" in text:
+    if "tensor_memory" in text or "ptr<6>" in text or "mosaic_gpu.tmem" in text:
         return "tmem"
     if "ptr<7>" in text or re.search(r", 7( : i\d+)? ?>$", text):
         return "cluster"  # shared::cluster
@@ -68,6 +68,8 @@ def _space(text: str) -> str:
 
 
 def _elem(text: str) -> tuple[str, np.dtype]:
+    if text.startswith("!mosaic_gpu.barrier<"):  # orders_tensor_core: still an mbarrier
+        text = "!mosaic_gpu.barrier"
     if text not in SCALARS:
         raise Unsupported(f"element type {text}")
     return text, SCALARS[text]

@@ -311,7 +311,15 @@ def fptoui(o: Op) -> Step:
 @rule("arith.bitcast")
 def bitcast(o: Op) -> Step:
     src, dst = o.in_types[0], o.out_types[0]
-    if src.bits != dst.bits or dst.dtype == np.bool_ or src.bits < 8:
+    if dst.dtype == np.bool_ or src.bits < 8 or dst.bits < 8:
         raise o.unsupported(f"arith.bitcast {src.text} -> {dst.text}")
     dt = dst.dtype
-    return _cast(o, lambda x: np.array(x).view(dt))
+    if src.bits == dst.bits:
+        return _cast(o, lambda x: np.array(x).view(dt))
+    # a scalar and a 1-D vector of the same width (i32 <-> vector<2xbf16>)
+    total = [t.bits * (int(np.prod(t.shape)) if t.kind == "vector" else 1) for t in (src, dst)]
+    if total[0] != total[1] or sorted((src.vrank, dst.vrank)) != [0, 1]:
+        raise o.unsupported(f"arith.bitcast {src.text} -> {dst.text}")
+    if src.vrank == 0:
+        return _cast(o, lambda x: np.ascontiguousarray(np.asarray(x)[..., None]).view(dt))
+    return _cast(o, lambda x: np.ascontiguousarray(np.asarray(x)).view(dt)[..., 0])

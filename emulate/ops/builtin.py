@@ -34,6 +34,10 @@ def cast(o: Op) -> Step:
         (src,), (out,) = o.ins, o.outs
         if "token" in (a.kind, b.kind):
             return lambda fr: fr.regs.__setitem__(out, None)
+        if a.kind == "scalar" and b.kind == "memref" and b.space == "tmem":
+            # a Warpgroup-level TMEM ref made of its address; its ops read the address
+            why = f"cast {a.text} -> {b.text} (a Warpgroup-level TMEM ref)"
+            return lambda fr: fr.regs.__setitem__(out, Opaque(why))
         if a.kind == "struct" and b.kind == "memref":
             def to_memref(fr: Frame) -> None:
                 alloc, aligned, offset, sizes, strides = (list(fr.regs[src]) + [UNDEF] * 5)[:5]

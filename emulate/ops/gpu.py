@@ -6,6 +6,8 @@ already happened in every thread); it must be reached by all threads."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from ..compiler import REGIONS, Op, Step, rule
@@ -13,6 +15,7 @@ from ..errors import EmulationError, Unsupported
 from ..sync.reports import BarrierDivergence, Deadlock
 from ..machine import Block, Cluster, Frame, uniform
 from ..sched import Scheduler
+from ..tmem import check_released
 from ..values import MemRef
 
 DIMS = {"x": 0, "y": 1, "z": 2}
@@ -80,20 +83,26 @@ def launch(o: Op) -> Step:
             raise EmulationError(f"a grid of {grid} blocks in clusters of {cdim} at {loc}")
         ncl = tuple(g // c for g, c in zip(grid, cdim))
         smem = int(uniform(r[smem_s], fr, "dynamic SMEM size", loc)) if smem_s is not None else 0
-        for kz in range(ncl[2]):
-            for ky in range(ncl[1]):
-                for kx in range(ncl[0]):
-                    cl = Cluster((kx, ky, kz), cdim, ncl)
-                    blocks = []
-                    for rank in range(cl.size):
-                        px, py, pz = cl.position(rank)
-                        bid = (kx * cdim[0] + px, ky * cdim[1] + py, kz * cdim[2] + pz)
-                        blocks.append(Block(fr.launch, bid, grid, bdim, smem, cl, rank))
-                    try:
-                        run_cluster(blocks, r, fr)
-                    finally:
-                        for b in blocks:
-                            b.finish()
+        # clusters not yet launched, by the id of their first block, in CUDA's
+        # order; cluster launch control (.clc) may cancel them
+        unlaunched = fr.launch.unlaunched = deque(
+            (kx * cdim[0], ky * cdim[1], kz * cdim[2]) for kz in range(ncl[2])
+            for ky in range(ncl[1]) for kx in range(ncl[0]))
+        while unlaunched:
+            first = unlaunched.popleft()
+            kx, ky, kz = (f // c for f, c in zip(first, cdim))
+            cl = Cluster((kx, ky, kz), cdim, ncl)
+            blocks = []
+            for rank in range(cl.size):
+                px, py, pz = cl.position(rank)
+                bid = (kx * cdim[0] + px, ky * cdim[1] + py, kz * cdim[2] + pz)
+                blocks.append(Block(fr.launch, bid, grid, bdim, smem, cl, rank))
+            try:
+                run_cluster(blocks, r, fr)
+                check_released(cl)  # TMEM freed before the blocks exit
+            finally:
+                for b in blocks:
+                    b.finish()
         for out in outs:
             r[out] = None
     return step

@@ -156,7 +156,7 @@ class Instr:
         # string; a string matched as a whole (a WGMMA block...) has none
         self.pred, self.negated, self.opcode, self.args = parsed
         self.loc = o.loc
-        hint = " (tcgen05 MMAs are not modelled yet)" if "tcgen05" in text else ""
+        hint = " (a tcgen05 form the emulator does not model)" if "tcgen05" in text else ""
         #: what every handler raises for a string it does not model
         self.unknown = Unsupported(f"inline PTX {text!r}{hint}", self.loc)
         self.ins: list[int] = o.ins

@@ -5,7 +5,8 @@ All threads of a block run every step together. ``scf.for`` and
 (otherwise :class:`Unsupported`). ``scf.if`` on a condition that differs
 between threads runs each branch under a mask (the threads that took it) and
 merges the yielded values per thread, as a SIMT machine does; a branch no
-active thread takes is skipped."""
+active thread takes is skipped. An ``scf.index_switch`` without results does
+the same with its cases."""
 
 from __future__ import annotations
 
@@ -145,9 +146,28 @@ def index_switch(o: Op) -> Step:
     loc = o.loc
 
     def step(fr: Frame) -> None:
-        v = uniform(fr.regs[arg], fr, "scf.index_switch selector", loc)
+        sel = np.asarray(fr.regs[arg])
+        if sel.ndim and not outs:  # maybe divergent (jax's pl.when inside warp_map)
+            act = sel if fr.mask is None else sel[fr.mask]
+            if act.size and np.any(act != act.flat[0]):
+                return _divergent_switch(fr, sel, cases, blocks, default)
+        v = uniform(sel, fr, "scf.index_switch selector", loc)
         b = blocks[cases.index(int(v))] if v is not None and int(v) in cases else default
         b.run(fr)
         for out, t in zip(outs, b.term):
             fr.regs[out] = fr.regs[t]
     return step
+
+
+def _divergent_switch(fr: Frame, sel: np.ndarray, cases: list[int], blocks, default) -> None:
+    """An ``scf.index_switch`` without results whose selector differs between
+    threads: each case runs under the mask of the threads that select it (in
+    case order, the default last), as ``scf.if`` does its branches."""
+    saved = fr.mask
+    base = np.ones(fr.T, bool) if saved is None else saved
+    for c, b in [*zip(cases, blocks), (None, default)]:
+        take = base & (~np.isin(sel, cases) if c is None else sel == c)
+        if take.any():
+            fr.mask = take
+            b.run(fr)
+    fr.mask = saved

@@ -212,8 +212,9 @@ def _operand_check(fr: Frame, site, issued: tuple | None):
 
 
 def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: int,
-                  where: str, check=None) -> np.ndarray:
-    """The (mn, k) operand a matrix descriptor points at."""
+                  where: str, check=None, what: str = "WGMMA") -> np.ndarray:
+    """The (mn, k) operand a matrix descriptor points at (``what``: the
+    instruction reading it, for errors; tcgen05.mma shares the format)."""
     desc &= (1 << 64) - 1
     start = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
@@ -221,9 +222,9 @@ def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: in
     base_offset = (desc >> 49) & 0x7
     mode = desc >> 62
     if mode not in SWIZZLES:
-        raise Unsupported("a WGMMA matrix descriptor without swizzle", where)
+        raise Unsupported(f"a {what} matrix descriptor without swizzle", where)
     if base_offset:
-        raise Unsupported(f"a WGMMA matrix descriptor with base offset {base_offset}", where)
+        raise Unsupported(f"a {what} matrix descriptor with base offset {base_offset}", where)
     s = SWIZZLES[mode]
     e = el.itemsize
     i = np.arange(mn, dtype=np.int64)[:, None]

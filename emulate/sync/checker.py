@@ -26,10 +26,11 @@ MAX_REPORTS = 64  # distinct races (or uninitialized reads) kept per run
 # component kinds: what a race's fix talks about
 WARP, TMA_LOAD, STORE_READ, STORE_WRITE, WGMMA, ST_ASYNC = (
     "warp", "TMA load", "TMA store (read)", "TMA store (write)", "WGMMA", "st.async")
+TMEM_LOAD, TMEM_STORE, TCGEN05 = "tcgen05.ld", "tcgen05.st", "tcgen05.mma"
 
 
 def space_kind(space) -> str:
-    return "gmem" if space.name == "global" else "smem"
+    return {"global": "gmem", "tmem": "tmem"}.get(space.name, "smem")
 
 
 class Warps:
@@ -82,6 +83,7 @@ class Checker:
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
+        self._units: dict[tuple, list[int]] = {}  # tcgen05 units (see unit) -> [comp, count]
 
     # --- cluster runs -----------------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class Checker:
         self._bulk.clear()
         self._bulk_committed.clear()
         self._wgmma.clear()
+        self._units.clear()
 
     def component(self, kind: str, name: str) -> int:
         self.kinds.append(kind)
@@ -542,6 +545,20 @@ class Checker:
             return "wait on the barrier the remote store completes before touching its bytes"
         if kf == WGMMA:
             return "wait for the WGMMA (plgpu.wgmma_wait) before overwriting its operands"
+        if kf == TMEM_STORE:
+            return ("wait for the TMEM store (tcgen05.wait::st: plgpu.commit_tmem()) and "
+                    "synchronize before touching the same TMEM")
+        if kf == TMEM_LOAD:
+            return ("wait for the TMEM load (tcgen05.wait::ld: plgpu.wait_load_tmem()) before "
+                    "releasing the TMEM to its next writer")
+        if kf == TCGEN05:
+            return ("wait on the mbarrier the MMA's tcgen05.commit arrives on "
+                    "(plgpu.tcgen05_commit_arrive, then plgpu.barrier_wait) before touching "
+                    "its operands or accumulator")
+        if ks == TCGEN05:
+            return ("order the earlier access before the MMA: finish it (commit_tmem / "
+                    "wait_load_tmem, or wait for the copy), then synchronize with the issuing "
+                    "thread (a barrier, or an mbarrier it waits on) before issuing")
         if ks in (TMA_LOAD, ST_ASYNC):
             return ("start the copy only after the buffer's readers and writers are done: "
                     "have them arrive on an mbarrier the issuing thread waits on (or a barrier)")
@@ -634,6 +651,17 @@ class Checker:
             self.clocks.learn(row, comps[0], done)
             if not read_only:
                 self.clocks.learn(row, comps[1], done)
+
+    # tcgen05 units: a warp's TMEM loads, its TMEM stores, a thread's MMAs
+
+    def unit(self, key: tuple, kind: str, name: str) -> list[int]:
+        """[component, count] of the asynchronous unit ``key`` of this cluster
+        run (made on first use): ``count`` numbers its issues (loads and
+        stores: each ``tcgen05.wait`` learns them all) or its commits (MMAs)."""
+        st = self._units.get(key)
+        if st is None:
+            st = self._units[key] = [self.component(kind, name), 0]
+        return st
 
     # WGMMA groups of each warpgroup
 

@@ -113,7 +113,7 @@ def _inline_asm_ops(*lines: str):
     ("@!$0 fence.proxy.async;", ""),  # no handler models a negated predicate
     ("bar.sync $0, $1, $2;", ""),  # a known opcode, an operand count it does not model
     ("tcgen05.commit.cta_group::1.mbarrier::arrive::one.b64 [$0];",
-     " (tcgen05 MMAs are not modelled yet)"),
+     " (a tcgen05 form the emulator does not model)"),
 ])
 def test_an_unknown_string_raises_unsupported_naming_it(text, hint):
     (op,), _ = _inline_asm_ops(f'llvm.inline_asm has_side_effects "{text}", "r" %a : (i32) -> ()')

@@ -1,0 +1,568 @@
+"""tcgen05: Blackwell's TMEM allocation, TMEM loads and stores, tensor-core
+MMAs and their commits, as jax's ``mosaic_gpu/tcgen05.py`` emits them.
+
+Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
+``@ptx_pattern`` and ``@ptx_text`` decorators) plus two op rules:
+``llvm.call_intrinsic`` of ``llvm.nvvm.tcgen05.commit.cg1`` and
+``nvvm.tcgen05.fence``. TMEM itself is :mod:`..tmem`.
+
+* ``tcgen05.alloc/dealloc/relinquish_alloc_permit.cta_group::{1,2}``: by
+  whole warps (``.sync.aligned``), each block in its own TMEM (a pair's
+  warps allocate alike); ``alloc`` writes the TMEM address to SMEM (a write
+  of the allocating warp, for the checker).
+* ``tcgen05.ld/st.sync.aligned.{32x32b,16x64b,16x128b,16x256b}.x{1..128}
+  [.pack::16b|.unpack::16b].b32``: by whole warps, each warp at the address
+  it gives (which must be the same in its 32 threads), in its own 32-lane
+  slab (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved at once (a loaded register may be used
+  before ``tcgen05.wait::ld``: ptxas orders register uses, and jax relies on
+  it), but for the checker a warp's TMEM loads and stores are asynchronous
+  units that complete at its ``tcgen05.wait::ld`` / ``wait::st``.
+* ``tcgen05.mma.cta_group::1.kind::f16`` (f16/bf16 inputs, f32 accumulator),
+  by each thread that executes it: D (TMEM, lanes 0-127 from the address's
+  column) = A @ B (+ D with ``enable-input-d``). A comes from an SMEM matrix
+  descriptor or from TMEM (row i at lane i, two 16-bit elements a column,
+  the even k in the low half); B from an SMEM descriptor. SMEM descriptors
+  have WGMMA's format (start, LBO, SBO, swizzle in bits 62-63; bits 46-48
+  may hold tcgen05's fixed 0b001, which jax 0.11.2 leaves 0) and are read by
+  :func:`.wgmma._read_operand`. The instruction descriptor is decoded as the
+  PTX ISA documents it (sparsity 0-2, saturate 3, D type 4-5, A/B type 7-9 /
+  10-12, negate A/B 13/14, transpose A/B 15/16, N >> 3 in 17-22, M >> 4 in
+  24-28, max shift 30-31). Each instruction's 16 products are summed in
+  float64, added to D and rounded to f32 once (compare within the bound of
+  :mod:`.wgmma`). Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
+  by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
+  TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
+  first). Other kinds, M = 64, ``.sp``, block scaling and f16 accumulators
+  raise :class:`Unsupported`.
+* ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
+  mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
+  thread issued are complete (they ran when issued); one arrival.
+  For the checker a thread's MMAs are one asynchronous unit, read and written
+  under it until a commit covering them completes the mbarrier phase a
+  waiter acquires; MMAs of one thread are ordered among themselves (the PTX
+  ISA pipelines them).
+* ``tcgen05.fence::before/after_thread_sync`` orders nothing in lockstep;
+  the checker takes every tcgen05 operation as ordered with its thread's
+  synchronization (as if the fences were where jax puts them).
+"""
+
+from __future__ import annotations
+
+import re
+import types
+
+import numpy as np
+
+from .. import irtypes, tmem
+from ..compiler import Op, Step, rule
+from ..errors import EmulationError, Unsupported
+from ..machine import Frame
+from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE
+from .inline_asm import Instr, ptx, ptx_pattern, ptx_text
+from .nvvm import effective, per_thread
+from .wgmma import _read_operand
+
+# --- whole warps -----------------------------------------------------------------------
+
+def _executing_warps(fr: Frame, pred_slots: list[int], op: str, where: str) -> np.ndarray:
+    """Local indices of the warps that execute a ``.sync.aligned`` instruction
+    (every thread of each, or none)."""
+    m = effective(fr, pred_slots)
+    if fr.T % 32:
+        raise Unsupported(f"{op} in a block of {fr.T} threads", where)
+    w = m.reshape(-1, 32)
+    part = w.any(1) & ~w.all(1)
+    if part.any():
+        raise EmulationError(f"{op} at {where} executed by {int(w[part][0].sum())} threads of "
+                             "a warp: a .sync.aligned instruction needs all 32 threads of the "
+                             "warp; fix: execute it outside divergent code")
+    return np.flatnonzero(w.all(1))
+
+
+def _warp_value(fr: Frame, slot: int, k: int, what: str, op: str, where: str) -> int:
+    """The value of register ``slot`` in warp ``k``, the same in its 32 threads."""
+    v = per_thread(fr.regs[slot], fr.T)[32 * k: 32 * k + 32].astype(np.int64)
+    if np.any(v != v[0]):
+        raise EmulationError(f"{op} at {where}: the {what} differs between the threads of "
+                             f"warp {k} ({int(v.min()):#x} .. {int(v.max()):#x}); it must be "
+                             "the same in the whole warp")
+    return int(v[0])
+
+
+def _bits32(x: np.ndarray) -> np.ndarray:
+    """The bits of 32-bit register values (an "r" operand may be f32 or i32)."""
+    x = np.ascontiguousarray(x)  # per thread: (T,) of 4 bytes, or (T, n) of 4 // n bytes
+    if x.ndim not in (1, 2) or x.dtype.itemsize * (x.shape[1] if x.ndim == 2 else 1) != 4:
+        raise Unsupported(f"a tcgen05 register operand of {x.dtype} {x.shape[1:]}")
+    return x.view(np.uint32).reshape(x.shape[0])
+
+
+def _block_warp(fr: Frame, k: int) -> int:
+    return int(fr.block.flat[32 * k]) // 32
+
+
+def _row(fr: Frame, k: int) -> int:
+    return int(fr.block.warp_rows[32 * k])
+
+
+# --- allocation ----------------------------------------------------------------------------
+
+def _pair(i: Instr):
+    """For a cta_group::2 form: a check that the block has a CTA pair."""
+    if "cta_group::2" not in i.opcode:
+        return lambda b: None
+    op, loc = i.opcode, i.loc
+
+    def check(b) -> None:
+        if b.cluster.size % 2:
+            raise EmulationError(f"{op} at {loc} in a cluster of {b.cluster.size}: "
+                                 "cta_group::2 needs CTA pairs (a cluster of even size)")
+    return check
+
+
+@ptx("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
+     "tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32")
+def tmem_alloc(i: Instr) -> Step:
+    """``[dst], nCols``: a whole warp allocates nCols TMEM columns (all 128 lanes) and
+    writes their address to SMEM at dst (cta_group::2: a warp of each CTA of the pair
+    does, in its own TMEM; the pair's allocations match as they are made alike)."""
+    if len(i.args) != 2:
+        raise i.unknown
+    dst, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
+    pred, loc, site, op, pair = i.pred_slots, i.loc, i.site, i.opcode, _pair(i)
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block(op, loc)
+        pair(b)
+        t = tmem.of_block(b)
+        for k in _executing_warps(fr, pred, op, loc):
+            ncols = _warp_value(fr, n, k, "column count", op, loc)
+            addr = _warp_value(fr, dst, k, "destination address", op, loc)
+            col = t.alloc(ncols, op, loc)
+            fr.mem["shared"].store(np.asarray(addr), np.uint32(col), np.dtype(np.uint32),
+                                   None, loc)
+            if fr.sync is not None:  # a write of the allocating warp
+                first = np.zeros(fr.T, bool)
+                first[32 * k] = True
+                fr.sync.thread_access(fr, "shared", np.full(fr.T, addr, np.int64), 0, 4, True,
+                                      site, mask=first, values=np.uint32(col))
+    return step
+
+
+@ptx("tcgen05.dealloc.cta_group::1.sync.aligned.b32",
+     "tcgen05.dealloc.cta_group::2.sync.aligned.b32")
+def tmem_dealloc(i: Instr) -> Step:
+    """``taddr, nCols``: a whole warp frees the columns one tcgen05.alloc took."""
+    if len(i.args) != 2:
+        raise i.unknown
+    a, n = i.arg_slot(i.args[0]), i.arg_slot(i.args[1])
+    pred, loc, op, pair = i.pred_slots, i.loc, i.opcode, _pair(i)
+
+    def step(fr: Frame) -> None:
+        pair(fr.need_block(op, loc))
+        t = tmem.of_block(fr.block)
+        for k in _executing_warps(fr, pred, op, loc):
+            t.dealloc(_warp_value(fr, a, k, "TMEM address", op, loc),
+                      _warp_value(fr, n, k, "column count", op, loc), op, loc)
+    return step
+
+
+@ptx("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned",
+     "tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned")
+def tmem_relinquish(i: Instr) -> Step:
+    """The block gives up its right to allocate TMEM (a later tcgen05.alloc is an error)."""
+    if i.args:
+        raise i.unknown
+    pred, loc, op, pair = i.pred_slots, i.loc, i.opcode, _pair(i)
+
+    def step(fr: Frame) -> None:
+        pair(fr.need_block(op, loc))
+        t = tmem.of_block(fr.block)
+        if len(_executing_warps(fr, pred, op, loc)):
+            t.relinquish(loc)
+    return step
+
+
+# --- loads and stores ---------------------------------------------------------------------
+
+TMEM_MOVE = re.compile(r"tcgen05\.(ld|st)\.sync\.aligned\.(32x32b|16x64b|16x128b|16x256b)"
+                       r"\.x(\d+)(\.pack::16b|\.unpack::16b)?\.b32")
+
+
+def _cells(fr: Frame, t: tmem.TensorMemory, k: int, addr_slot: int, frag: tmem.Fragment,
+           packed: bool, op: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(lanes, columns) of the cells warp ``k`` moves: (32, regs), or (32, regs, 2)
+    with (un)packing (the low half's cell first)."""
+    lane0, col0 = tmem.split(_warp_value(fr, addr_slot, k, "TMEM address", op, where))
+    lanes = t.warp_lanes(_block_warp(fr, k), int(lane0), frag.lanes, op, where) + frag.lane
+    if packed:
+        cols = int(col0) + 2 * frag.col[..., None] + np.arange(2)
+        lanes = np.broadcast_to(lanes[..., None], cols.shape)
+    else:
+        cols = int(col0) + frag.col
+    t.check_columns(cols.reshape(-1), op, where)
+    return lanes, cols
+
+
+def _tmem_unit(fr: Frame, k: int, kind: str, op_name: str) -> tuple[int, int, np.ndarray, str]:
+    """The checker's (component, stamp, issuer's view, agent) of warp ``k``'s next
+    TMEM load or store."""
+    sync = fr.sync
+    row = _row(fr, k)
+    name = f"{op_name} of {sync.clocks.names[row]}"
+    st = sync.unit((kind, fr.block.rank, row), kind, name)
+    st[1] += 1
+    return st[0], st[1], sync.clocks.view(row), name
+
+
+@ptx_pattern(TMEM_MOVE.pattern,
+             "tcgen05.ld/st.sync.aligned.{32x32b,16x64b,16x128b,16x256b}.x{1-128}"
+             "[.pack::16b|.unpack::16b].b32: whole warps move registers from/to the cells of "
+             "their own 32-lane TMEM slab (PTX's matrix fragments); asynchronous for the "
+             "checker until tcgen05.wait::ld/st")
+def tmem_move(i: Instr) -> Step:
+    m = TMEM_MOVE.fullmatch(i.opcode)
+    kind, shape, num, pack = m[1], m[2], int(m[3]), m[4] or ""
+    if num & (num - 1) or num > 128 or (pack and pack[1:3] != ("pa" if kind == "ld" else "un")):
+        raise i.unknown
+    frag = tmem.fragment(shape, num)
+    nregs = frag.lane.shape[1]
+    regs = [a.strip("{} ") for a in (i.args[:-1] if kind == "ld" else i.args[1:])]
+    addr_arg = (i.args[-1] if kind == "ld" else i.args[0]).strip()
+    if len(i.ins) != (1 if kind == "ld" else nregs + 1) or len(regs) != nregs or \
+            addr_arg != f"[${nregs}]" or regs != [f"${r}" for r in range(nregs)] or \
+            i.pred is not None:
+        raise i.unknown
+    addr_slot = i.ins[-1]
+    packed, loc, op, site = bool(pack), i.loc, i.opcode, i.site
+    if kind == "ld":
+        (out,) = i.outs
+        single = i.op.out_types[0].kind == "scalar"
+
+        def load(fr: Frame) -> None:
+            b = fr.need_block(op, loc)
+            t = tmem.of_block(b)
+            vals = np.zeros((fr.T, nregs), np.uint32)
+            for k in _executing_warps(fr, [], op, loc):
+                lanes, cols = _cells(fr, t, k, addr_slot, frag, packed, op, loc)
+                cells = t.cells[lanes, cols]
+                if packed:
+                    cells = (cells[..., 0] & 0xFFFF) | ((cells[..., 1] & 0xFFFF) << 16)
+                vals[32 * k: 32 * k + 32] = cells
+                if fr.sync is not None:
+                    comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_LOAD, "tcgen05.ld")
+                    fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4,
+                                         False, site, comp, stamp, agent, proxy_read=False)
+            v = vals.view(np.int32)
+            fr.regs[out] = v[:, 0].copy() if single else tuple(v[:, r].copy()
+                                                               for r in range(nregs))
+        return load
+    reg_slots = i.ins[:-1]
+
+    def store(fr: Frame) -> None:
+        b = fr.need_block(op, loc)
+        t = tmem.of_block(b)
+        warps = _executing_warps(fr, [], op, loc)
+        if not len(warps):
+            return
+        vals = np.stack([_bits32(per_thread(fr.regs[s], fr.T)) for s in reg_slots], axis=1)
+        for k in warps:
+            lanes, cols = _cells(fr, t, k, addr_slot, frag, packed, op, loc)
+            v = vals[32 * k: 32 * k + 32]
+            if packed:
+                v = np.stack([v & 0xFFFF, v >> 16], axis=-1)
+            t.cells[lanes, cols] = v
+            if fr.sync is not None:
+                comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_STORE, "tcgen05.st")
+                fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4, True,
+                                     site, comp, stamp, agent, proxy_read=False)
+    return store
+
+
+@ptx("tcgen05.wait::ld.sync.aligned", "tcgen05.wait::st.sync.aligned")
+def tmem_wait(i: Instr) -> Step:
+    """The warp's earlier tcgen05.ld (wait::ld) or tcgen05.st (wait::st) are complete
+    (they were when issued; the checker orders them before what follows)."""
+    if i.args or i.pred is not None:
+        raise i.unknown
+    kind = TMEM_LOAD if "::ld" in i.opcode else TMEM_STORE
+    loc, op = i.loc, i.opcode
+
+    def step(fr: Frame) -> None:
+        if fr.sync is None:
+            return
+        fr.need_block(op, loc)
+        for k in _executing_warps(fr, [], op, loc):
+            row = _row(fr, k)
+            st = fr.sync._units.get((kind, fr.block.rank, row))
+            if st is not None:
+                fr.sync.clocks.learn(row, st[0], st[1])
+    return step
+
+
+# --- MMA --------------------------------------------------------------------------------
+
+MMA = re.compile(
+    r"\{ \.reg \.b32 a_desc_low, a_desc_high, b_desc_low, b_desc_high; "
+    r"\.reg \.(b32|b64) a_desc; \.reg \.b64 b_desc; "
+    r"add\.s32 a_desc_low, \$1, (\d+); add\.s32 b_desc_low, \$2, (\d+); "
+    r"mov\.b64 b_desc, \{b_desc_low, (\d+)\}; "
+    r"(?:mov\.b32 a_desc, a_desc_low;|mov\.b64 a_desc, \{a_desc_low, (\d+)\};) "
+    r"tcgen05\.mma(\.sp)?\.cta_group::(\d)\.kind::(\S+) \[\$0\], (\[a_desc\]|a_desc), b_desc, "
+    r"(.*?)\$3, (.*?)\$4; \}")
+
+F16_TYPES = {0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}
+K_BYTES = 32  # one dense instruction's K: 32 bytes of each operand row
+
+
+def _idesc(idesc: int, ctas: int, where: str) -> dict:
+    """The fields of a kind::f16 instruction descriptor (PTX ISA, "Instruction
+    descriptor"), checked against what is modelled."""
+    f = {"sparse": (idesc >> 2) & 1, "saturate": (idesc >> 3) & 1, "d": (idesc >> 4) & 3,
+         "a": (idesc >> 7) & 7, "b": (idesc >> 10) & 7, "neg_a": (idesc >> 13) & 1,
+         "neg_b": (idesc >> 14) & 1, "trans_a": (idesc >> 15) & 1, "trans_b": (idesc >> 16) & 1,
+         "n": ((idesc >> 17) & 0x3F) << 3, "m": ((idesc >> 24) & 0x1F) << 4,
+         "shift": (idesc >> 30) & 3}
+    if f["sparse"] or idesc & 3:
+        raise Unsupported(f"a tcgen05.mma instruction descriptor {idesc:#x} asking for sparsity "
+                          "without .sp", where)
+    if f["d"] != 1:
+        raise Unsupported(f"tcgen05.mma with D type {f['d']} (instruction descriptor "
+                          f"{idesc:#x}; only f32 accumulators are modelled)", where)
+    if f["a"] not in F16_TYPES or f["a"] != f["b"]:
+        raise Unsupported(f"tcgen05.mma.kind::f16 with A type {f['a']} and B type {f['b']} "
+                          f"(instruction descriptor {idesc:#x}; f16 x f16 and bf16 x bf16 are "
+                          "modelled)", where)
+    if f["shift"]:
+        raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} sets "
+                             "the max shift, which only tcgen05.mma.ws takes")
+    if f["m"] != 128 * ctas:
+        raise Unsupported(f"tcgen05.mma.cta_group::{ctas} with M = {f['m']} (instruction "
+                          f"descriptor {idesc:#x}; M = {128 * ctas}, 128 a CTA, is modelled)",
+                          where)
+    if f["n"] % 16 or not 16 <= f["n"] <= 256:
+        raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} has "
+                             f"N = {f['n']}: with M = {f['m']}, N must be a multiple of 16 "
+                             "from 16 to 256")
+    return f
+
+
+def _smem_desc(desc: int, where: str) -> int:
+    """A tcgen05 SMEM matrix descriptor, checked to be in WGMMA's format."""
+    if (desc >> 47) & 3 or (desc >> 52) & 1 or (desc >> 61) & 1:
+        raise Unsupported(f"a tcgen05 SMEM matrix descriptor {desc:#x} with version bits "
+                          f"{(desc >> 46) & 7:#b}, LBO mode {(desc >> 52) & 1} or the 32-byte "
+                          "atomic 128-byte swizzle", where)
+    return desc
+
+
+def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, k: int, el: np.dtype, op: str,
+                 where: str) -> tuple[np.ndarray, np.ndarray]:
+    """A (m x k, 16-bit elements) at a TMEM address: row i at lane i, element k in
+    column k // 2, half k % 2. Also the cells' byte addresses (for the checker)."""
+    lane0, col0 = (int(x) for x in tmem.split(taddr))
+    if lane0 + m > tmem.LANES:
+        raise EmulationError(f"{op} at {where}: A at TMEM lane {lane0} has {m} rows")
+    lanes = lane0 + np.arange(m)[:, None]
+    cols = col0 + np.arange(k // 2)[None, :]
+    t.check_columns(cols.reshape(-1), op, where)
+    cells = t.cells[lanes, cols]
+    halves = np.stack([cells & 0xFFFF, cells >> 16], axis=-1).astype(np.uint16)
+    return halves.reshape(m, k).view(el), t.byte_addresses(lanes, cols)
+
+
+@ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
+          "kind::f16 (f16/bf16, f32 accumulator, M = 128 a CTA), A from an SMEM "
+          "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
+          "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
+          "the checker until its commit's mbarrier phase completes")
+def tcgen05_mma(i: Instr) -> Step:
+    text = " ".join(i.text.split())
+    m = MMA.fullmatch(text)
+    if not m:
+        raise Unsupported(f"inline PTX {i.text!r} (a tcgen05.mma form not modelled)", i.loc)
+    a_reg, a_off, b_off, b_hi, a_hi, sparse, group, kind, a_op, extra, extra2 = m.groups()
+    if sparse or group not in ("1", "2") or kind != "f16" or extra or extra2:
+        what = ("sparse " if sparse else "") + f"kind::{kind}" + (
+            " with scale factors or metadata" if extra or extra2 else "")
+        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16 is modelled)", i.loc)
+    a_tmem = a_op == "[a_desc]"
+    if a_tmem != (a_reg == "b32") or len(i.ins) != 5 or i.results:
+        raise i.unknown
+    mma = _Mma(int(group), a_tmem, int(a_off), int(a_hi or 0), int(b_off), int(b_hi), i.ins,
+               i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
+
+    def step(fr: Frame) -> None:
+        fr.need_block(mma.op, mma.loc)
+        for th in np.flatnonzero(effective(fr, [])):
+            mma.issue(fr, th)
+    return step
+
+
+class _Mma:
+    """One tcgen05.mma instruction: its constant parts, and :meth:`issue`."""
+
+    def __init__(self, ctas: int, a_tmem: bool, a_off: int, a_hi: int, b_off: int, b_hi: int,
+                 ins: list[int], loc: str, site) -> None:
+        self.ctas, self.a_tmem = ctas, a_tmem
+        self.a_off, self.a_hi, self.b_off, self.b_hi = a_off, a_hi, b_off, b_hi
+        self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins
+        self.loc, self.site = loc, site
+        self.op = f"tcgen05.mma.cta_group::{ctas}.kind::f16"
+
+    def blocks(self, b) -> list:
+        """The CTAs the MMA spans: the issuing block, or its pair (the even rank first)."""
+        if self.ctas == 1:
+            return [b]
+        if b.cluster.size % 2 or b.rank % 2:
+            raise EmulationError(f"{self.op} at {self.loc} issued by {b.name} (CTA rank "
+                                 f"{b.rank} of a cluster of {b.cluster.size}): a cta_group::2 "
+                                 "MMA is issued by the even CTA of a pair")
+        return [b, b.peer(b.rank + 1, self.loc)]
+
+    def issue(self, fr: Frame, th: int) -> None:
+        op, loc = self.op, self.loc
+
+        def val(slot: int) -> int:
+            return int(per_thread(fr.regs[slot], fr.T)[th]) & 0xFFFFFFFF
+        idesc = val(self.id_s)
+        f = _idesc(idesc, self.ctas, loc)
+        el = F16_TYPES[f["a"]]
+        k, n, rows = K_BYTES // el.itemsize, f["n"], f["m"] // self.ctas
+        d_lane, d_col = (int(x) for x in tmem.split(val(self.d_s)))
+        if d_lane:
+            raise EmulationError(f"{op} at {loc}: D at TMEM lane {d_lane}; an M = {rows} "
+                                 "accumulator (a CTA) starts at lane 0")
+        if self.a_tmem and f["trans_a"]:
+            raise EmulationError(f"{op} at {loc}: A in TMEM cannot be transposed (instruction "
+                                 f"descriptor {idesc:#x})")
+        ctas = self.blocks(fr.block)
+        check = _mma_unit(fr, th, self.site)
+        a_lo = (val(self.a_s) + self.a_off) & 0xFFFFFFFF
+        b_desc = _smem_desc(((val(self.b_s) + self.b_off) & 0xFFFFFFFF) | (self.b_hi << 32), loc)
+        # B is split by columns between the CTAs (the even CTA's first)
+        bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, el,
+                                               f["trans_b"]) for blk in ctas])
+        accumulate = bool(per_thread(fr.regs[self.acc_s], fr.T)[th])
+        for blk in ctas:  # A and D are split by rows: each CTA's own
+            t = tmem.of_block(blk)
+            if self.a_tmem:
+                a, a_cells = _a_from_tmem(t, a_lo, rows, k, el, op, loc)
+                if check:
+                    check(t.space, a_cells, False, False)
+            else:
+                a = self.smem_operand(blk, check, _smem_desc(a_lo | (self.a_hi << 32), loc),
+                                      rows, k, el, f["trans_a"])
+            prod = a.astype(np.float64) @ bm.astype(np.float64).T
+            if f["neg_a"] != f["neg_b"]:
+                prod = -prod
+            lanes = np.arange(rows)[:, None]
+            cols = d_col + np.arange(n)[None, :]
+            t.check_columns(cols.reshape(-1), op, loc)
+            d_cells = t.byte_addresses(lanes, cols)
+            if accumulate:
+                prod = prod + t.cells[lanes, cols].view(np.float32).astype(np.float64)
+                if check:
+                    check(t.space, d_cells, False, False)
+            t.cells[lanes, cols] = prod.astype(np.float32).view(np.uint32)
+            if check:
+                check(t.space, d_cells, True, False)
+
+    def smem_operand(self, blk, check, desc: int, mn: int, k: int, el: np.dtype,
+                     trans: int) -> np.ndarray:
+        """The (mn, k) operand at an SMEM descriptor in block ``blk``'s SMEM."""
+        where = types.SimpleNamespace(mem={"shared": blk.smem})
+        return _read_operand(where, desc, mn, k, el, trans, self.loc,
+                             check and check.smem_of(blk.smem), "tcgen05.mma")
+
+
+class _MmaCheck:
+    """The checker's view of one MMA: its accesses are checked against what the
+    issuing thread's warp knows (and every earlier MMA of the thread, which
+    the hardware pipelines in order) and recorded under the thread's MMA unit
+    with the number of its next commit."""
+
+    def __init__(self, sync, view, comp: int, stamp: int, agent: str, site) -> None:
+        self.sync, self.view, self.comp, self.stamp = sync, view, comp, stamp
+        self.agent, self.site = agent, site
+
+    def __call__(self, space, addrs, is_write: bool, proxy_read: bool) -> None:
+        self.sync.async_access(self.view, space, addrs, 4, is_write, self.site, self.comp,
+                               self.stamp, self.agent, proxy_read=proxy_read)
+
+    def smem_of(self, space):
+        """The check of an SMEM operand read (through the async proxy) in ``space``."""
+        def smem(addrs, itemsize: int) -> None:
+            self.sync.async_access(self.view, space, addrs, itemsize, False, self.site,
+                                   self.comp, self.stamp, self.agent, proxy_read=True)
+        return smem
+
+
+def _mma_state(fr: Frame, th: int) -> tuple[list[int], str]:
+    flat = int(fr.block.flat[th])
+    agent = f"tcgen05 MMAs of block {fr.block.block_id} thread {flat}"
+    return fr.sync.unit((TCGEN05, fr.block.rank, flat), TCGEN05, agent), agent
+
+
+def _mma_unit(fr: Frame, th: int, site) -> _MmaCheck | None:
+    if fr.sync is None:
+        return None
+    st, agent = _mma_state(fr, th)
+    stamp = st[1] + 1
+    view = fr.sync.clocks.view(int(fr.block.warp_rows[th]))
+    if view.size <= st[0]:
+        view = np.concatenate([view, np.zeros(st[0] + 1 - view.size, view.dtype)])
+    view[st[0]] = stamp  # this thread's earlier MMAs are ordered before this one
+    return _MmaCheck(fr.sync, view, st[0], stamp, agent, site)
+
+
+# --- commit and fences ------------------------------------------------------------------------
+
+def _commit(fr: Frame, slots: list[int], where: str, multicast: bool) -> None:
+    """``tcgen05.commit[.multicast::cluster]``: each executing thread's MMAs so far
+    complete (they have), then one arrival on its mbarrier -- with multicast, on
+    the mbarrier at the same offset in every CTA of the 16-bit mask."""
+    b = fr.need_block("tcgen05.commit", where)
+    addrs = per_thread(fr.regs[slots[0]], fr.T).astype(np.int64)
+    masks = per_thread(fr.regs[slots[1]], fr.T).astype(np.int64) if multicast else None
+    for th in np.flatnonzero(effective(fr, [])):
+        if masks is None:
+            targets = [b]
+        else:
+            mask = int(masks[th]) & 0xFFFF
+            targets = [b.peer(r, where) for r in range(16) if mask >> r & 1]
+        if fr.sync is not None:
+            st, _ = _mma_state(fr, th)
+            st[1] += 1
+        for blk in targets:
+            bar = blk.barrier(int(addrs[th]), where)
+            if fr.sync is not None:
+                bar.point.stamp(st[0], st[1])
+                fr.sync.release(int(fr.block.warp_rows[th]), bar.point)
+            bar.arrive(1, where)
+
+
+INTRINSICS = {"llvm.nvvm.tcgen05.commit.cg1": (1, False),
+              "llvm.nvvm.tcgen05.commit.mc.cg2": (2, True)}
+
+
+@rule("llvm.call_intrinsic")
+def call_intrinsic(o: Op) -> Step:
+    from jax._src.lib.mlir import ir
+    name = ir.StringAttr(o.attr("intrin")).value
+    form = INTRINSICS.get(name)
+    if form is None:
+        raise o.unsupported(f"LLVM intrinsic {name}")
+    n, multicast = form
+    if len(o.ins) != n or o.in_types[0].space != "shared":
+        raise o.unsupported(f"LLVM intrinsic {name} with operands "
+                            f"{[t.text for t in o.in_types]}")
+    slots, loc = list(o.ins), o.loc
+    return lambda fr: _commit(fr, slots, loc, multicast)
+
+
+@rule("nvvm.tcgen05.fence")
+def tcgen05_fence(o: Op) -> Step:
+    """``tcgen05.fence::before/after_thread_sync``: nothing to do in lockstep (see the
+    module docstring for the checker's reading)."""
+    return lambda fr: None

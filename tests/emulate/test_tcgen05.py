@@ -1,0 +1,410 @@
+"""Blackwell on the emulator: TMEM and tcgen05 (``emulate/tmem.py``,
+``emulate/ops/tcgen05.py``, cluster launch control in ``emulate/ops/clc.py``).
+
+Kernels jax 0.11.2 lowers at arch (10, 0), against numpy: TMEM round trips
+through every register layout pair jax lowers (16x256b, 16x128b with and
+without (un)packing, 32x32b), f16/bf16 MMAs (SMEM and TMEM A, transposed
+operands, each swizzle) within the accumulation bound, the official
+``blackwell_matmul_mgpu`` (collective=False) under jax's pipeline and
+smalti's; TMEM races found both ways; the TMEM rules as errors."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu as matmul
+
+import smalti.emulate as emu
+from smalti.emulate import tmem
+from smalti.emulate.testing import emulate_pipeline
+from tests.blackwell.test_pallas_kernels import _mma
+from tests.pallas_kit import kernel, swizzled, tma_in, tma_out
+
+BLACKWELL = (10, 0)
+F16, BF16, F32 = jnp.float16, jnp.bfloat16, jnp.float32
+L = plgpu.Layout
+RNG = np.random.default_rng(1005)
+
+
+def sds(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def normal(shape, dtype):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def run(f, *args, smalti_pipeline=False, **kw):
+    return emulate_pipeline(f, *args, jax_pipeline=not smalti_pipeline, arch=BLACKWELL, **kw)
+
+
+# --- TMEM loads and stores -------------------------------------------------------------
+
+def roundtrip(dtype, packed, store_layout, load_layout):
+    """x -> registers (store_layout) * 3 -> TMEM -> registers (load_layout) -> out."""
+    def body(x_gmem, o_gmem, t, smem, bar):
+        tma_in(x_gmem, smem, bar)
+        plgpu.async_store_tmem(t, plgpu.load(smem, layout=store_layout, optimized=False) * 3)
+        plgpu.commit_tmem()
+        tma_out(plgpu.async_load_tmem(t, layout=load_layout), smem, o_gmem)
+
+    return kernel(body, sds((128, 128), dtype),
+                  [plgpu.TMEM((128, 128), dtype, packed=packed), swizzled((128, 128), dtype),
+                   plgpu.Barrier()])
+
+
+NATIVE2 = L.TCGEN05_TMEM_NATIVE(2)
+ROUNDTRIPS = {
+    # f32: 16x256b and 32x32b, and each read back through the other
+    "f32-16x256b": (F32, None, L.TCGEN05, L.TCGEN05),
+    "f32-32x32b": (F32, None, L.TCGEN05_TMEM_NATIVE, L.TCGEN05_TMEM_NATIVE),
+    "f32-16x256b-then-32x32b": (F32, None, L.TCGEN05, L.TCGEN05_TMEM_NATIVE),
+    "f32-32x32b-then-16x256b": (F32, None, L.TCGEN05_TMEM_NATIVE, L.TCGEN05),
+    # bf16 packed two a column: 16x128b; and 32x32b stores read back by 16x128b
+    "bf16-packed-16x128b": (BF16, True, L.TCGEN05, L.TCGEN05),
+    "bf16-packed-32x32b-then-16x128b": (BF16, True, NATIVE2, L.TCGEN05),
+    # bf16 one a column: 16x128b.unpack::16b / .pack::16b
+    "bf16-unpacked-16x128b": (BF16, False, L.TCGEN05, L.TCGEN05),
+}
+
+
+@pytest.mark.parametrize("name", list(ROUNDTRIPS))
+def test_tmem_round_trip(name):
+    dtype, *how = ROUNDTRIPS[name]
+    x = normal((128, 128), dtype)
+    (got,) = run(roundtrip(dtype, *how), x)
+    np.testing.assert_array_equal(got, (x * 3).astype(dtype))
+
+
+def test_tmem_round_trip_under_smalti():
+    x = normal((128, 128), F32)
+    (got,) = run(roundtrip(F32, None, L.TCGEN05, L.TCGEN05_TMEM_NATIVE), x, smalti_pipeline=True)
+    np.testing.assert_array_equal(got, x * 3)
+
+
+def test_layout_cast_of_a_tmem_load():
+    """TMEM -> TCGEN05 registers, cast to TCGEN05_TRANSPOSED and back, stored."""
+    def body(x_gmem, o_gmem, t, smem, bar):
+        tma_in(x_gmem, smem, bar)
+        plgpu.async_store_tmem(t, plgpu.load(smem, layout=L.TCGEN05, optimized=False))
+        plgpu.commit_tmem()
+        v = plgpu.layout_cast(plgpu.async_load_tmem(t) + 1, L.TCGEN05_TRANSPOSED)
+        tma_out(plgpu.layout_cast(v * 2, L.TCGEN05), smem, o_gmem)
+
+    x = normal((128, 128), F32)
+    call = kernel(body, sds((128, 128), F32), [plgpu.TMEM((128, 128), F32),
+                                              swizzled((128, 128), F32), plgpu.Barrier()])
+    (got,) = run(call, x)
+    np.testing.assert_array_equal(got, (x + 1) * 2)
+
+
+# --- MMA ------------------------------------------------------------------------------------
+
+def mma_kernel(m, n, k, dtype, swizzle=128, lhs_tmem=False, transpose_a=False,
+               transpose_b=False):
+    """The differential suite's MMA kernel (A, B by TMA; A maybe through TMEM;
+    one MMA; the f32 accumulator out), with its operand shapes."""
+    call, (a, b) = _mma(m, n, k, dtype, swizzle=swizzle, lhs_tmem=lhs_tmem,
+                        transpose_a=transpose_a, transpose_b=transpose_b, out_type=F32)
+    return call, a.shape, b.shape
+
+
+def mma_bound(a, b):
+    """Each output within (K + 1) eps_f32 sum_k |a b| of the exact product."""
+    k = a.shape[1]
+    return (k + 1) * 2.0 ** -24 * (np.abs(a) @ np.abs(b))
+
+
+MMAS = {
+    "f16": dict(m=128, n=128, k=128, dtype=F16),
+    "bf16-n256-k64": dict(m=128, n=256, k=64, dtype=BF16),
+    "bf16-a-transposed-swizzle32": dict(m=128, n=256, k=64, dtype=BF16, swizzle=32,
+                                        transpose_a=True),
+    "f16-both-transposed-swizzle64": dict(m=128, n=128, k=128, dtype=F16, swizzle=64,
+                                          transpose_a=True, transpose_b=True),
+    "bf16-a-in-tmem": dict(m=128, n=256, k=128, dtype=BF16, lhs_tmem=True, swizzle=64),
+    "f16-a-in-tmem-n64": dict(m=128, n=64, k=64, dtype=F16, lhs_tmem=True),
+}
+
+
+@pytest.mark.parametrize("name", list(MMAS))
+def test_mma_matches_numpy(name):
+    cfg = MMAS[name]
+    call, a_shape, b_shape = mma_kernel(**cfg)
+    a, b = normal(a_shape, cfg["dtype"]), normal(b_shape, cfg["dtype"])
+    (got,) = run(call, a, b)
+    a64 = a.astype(np.float64).T if cfg.get("transpose_a") else a.astype(np.float64)
+    b64 = b.astype(np.float64).T if cfg.get("transpose_b") else b.astype(np.float64)
+    want = a64 @ b64
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= mma_bound(a64, b64)), err.max()
+    # and it is a product, not a transposed or shifted one
+    assert np.abs(want).max() > 1 and np.all(err < 1e-3 * np.abs(want).max())
+
+
+# --- the official Blackwell matmul ----------------------------------------------------------
+
+SMALLEST = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                               collective=False)
+
+
+def official_matmul(a, b):
+    return matmul.matmul_kernel(a, b, SMALLEST)
+
+
+@pytest.mark.parametrize("shape", [(128, 128, 128), (256, 256, 128)],
+                         ids=["one-tile", "four-tiles-by-cluster-launch-control"])
+@pytest.mark.parametrize("pipeline", ["jax", "smalti"])
+def test_official_blackwell_matmul(shape, pipeline):
+    m, n, k = shape
+    a, b = normal((m, k), F16), normal((k, n), F16)
+    (got,) = run(official_matmul, a, b, smalti_pipeline=pipeline == "smalti")
+    want = np.asarray(jnp.dot(a, b, preferred_element_type=jnp.float32)).astype(np.float64)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    # f32 accumulation (bound above), then one rounding to f16
+    bound = mma_bound(a.astype(np.float64), b.astype(np.float64)) + np.abs(exact) * 2.0 ** -11
+    assert got.dtype == np.float16
+    assert np.all(np.abs(got.astype(np.float64) - want) <= bound + np.abs(want - exact))
+
+
+def test_official_matmul_smalti_equals_jax():
+    a, b = normal((256, 128), F16), normal((128, 256), F16)
+    (mine,) = run(official_matmul, a, b, smalti_pipeline=True)
+    (theirs,) = run(official_matmul, a, b)
+    np.testing.assert_array_equal(mine, theirs)
+
+
+# --- races on TMEM, both ways ------------------------------------------------------------
+
+def _line(fn, marker: str) -> int:
+    """The source line of ``fn`` holding ``marker`` (a comment)."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, s in enumerate(lines) if marker in s)
+
+
+def assert_tmem_race(call, args, body, first, second, fix: str) -> None:
+    """``call`` raises one read-after-write race on TMEM: ``first`` and ``second``
+    are (op prefix, marker of its line in ``body``)."""
+    with pytest.raises(emu.RaceError) as e:
+        run(call, *args)
+    (race,) = [r for r in e.value.races if r.space == "tmem"]
+    assert race.kind == "read-after-write"
+    for access, (op, marker) in ((race.first, first), (race.second, second)):
+        assert access.op.startswith(op)
+        assert access.location.endswith(f":{_line(body, marker)}")
+    assert fix in race.fix
+
+
+def store_load_kernel(wait: bool):
+    def body(x_gmem, o_gmem, t, smem, bar):
+        tma_in(x_gmem, smem, bar)
+        plgpu.async_store_tmem(t, plgpu.load(smem, layout=L.TCGEN05, optimized=False))  # <st>
+        if wait:
+            plgpu.commit_tmem()
+        tma_out(plgpu.async_load_tmem(t, layout=L.TCGEN05) + 1, smem, o_gmem)  # <ld>
+
+    call = kernel(body, sds((128, 128), F32), [plgpu.TMEM((128, 128), F32),
+                                              swizzled((128, 128), F32), plgpu.Barrier()])
+    return call, body
+
+
+def acc_before_commit_kernel(wait: bool):
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, loaded, done, acc):
+        tma_in(a_gmem, a_smem, loaded.at[0])
+        tma_in(b_gmem, b_smem, loaded.at[1])
+        plgpu.tcgen05_mma(acc, a_smem, b_smem, done, accumulate=False)  # <mma>
+        if wait:
+            plgpu.barrier_wait(done)
+        o_gmem[...] = plgpu.async_load_tmem(acc)  # <ld>
+        if not wait:
+            plgpu.barrier_wait(done)
+
+    scratch = [swizzled((128, 64), F16), swizzled((64, 128), F16), plgpu.Barrier(num_barriers=2),
+               plgpu.Barrier(orders_tensor_core=True), plgpu.TMEM((128, 128), F32)]
+    return kernel(body, sds((128, 128), F32), scratch), body
+
+
+def test_tmem_load_before_the_store_is_waited_for_races():
+    call, body = store_load_kernel(wait=False)
+    assert_tmem_race(call, [normal((128, 128), F32)], body, ("tcgen05.st", "<st>"),
+                     ("tcgen05.ld", "<ld>"), "commit_tmem")
+
+
+def test_tmem_load_after_commit_tmem_is_clean():
+    call, _ = store_load_kernel(wait=True)
+    x = normal((128, 128), F32)
+    (got,) = run(call, x)
+    np.testing.assert_array_equal(got, x + 1)
+
+
+def test_reading_the_accumulator_before_the_commit_races():
+    call, body = acc_before_commit_kernel(wait=False)
+    assert_tmem_race(call, [normal((128, 64), F16), normal((64, 128), F16)], body,
+                     ("tcgen05.mma", "<mma>"), ("tcgen05.ld", "<ld>"), "tcgen05.commit")
+
+
+def test_reading_the_accumulator_after_the_commit_is_clean():
+    call, _ = acc_before_commit_kernel(wait=True)
+    a, b = normal((128, 64), F16), normal((64, 128), F16)
+    (got,) = run(call, a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.all(np.abs(got - want) <= mma_bound(a.astype(np.float64), b.astype(np.float64)))
+
+
+# --- the TMEM rules as errors -------------------------------------------------------------
+
+def lane_kernel(lane_offset: int):
+    """Lane semantics: warp 0 allocates 32 columns; every warp stores its threads'
+    x to one 32x32b column at the allocation's address plus ``lane_offset``
+    lanes, waits, loads it back and writes 2x; warp 0 frees the columns."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, gpu, memref
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import tcgen05 as jtc
+    from jax.experimental.mosaic.gpu import utils as mu
+
+    def body(ctx, x_ref, o_ref, addr_ref):
+        i32 = ir.IntegerType.get_signless(32)
+        warp0 = arith.cmpi(arith.CmpIPredicate.eq, mu.warp_idx(), mu.c(0, i32))
+        with mu.when(warp0):
+            jtc.tmem_alloc(addr_ref, 32)
+        gpu.barrier()
+        addr = arith.addi(memref.load(addr_ref, []), mu.c(lane_offset << 16, i32))
+        idx = arith.index_cast(ir.IndexType.get(), mu.thread_idx())
+        jtc._tmem_store(addr, "32x32b", 1, [memref.load(x_ref, [idx])], unpack=False)
+        jtc.commit_tmem()
+        (v,) = jtc._tmem_load(addr, "32x32b", 1, pack=False)
+        memref.store(arith.addi(v, v), o_ref, [idx])
+        gpu.barrier()
+        with mu.when(warp0):
+            jtc.tmem_dealloc(addr, 32)
+
+    s = jax.ShapeDtypeStruct((128,), jnp.int32)
+    with mlir.make_ir_context(), ir.Location.unknown(), _blackwell():
+        return mgpu.as_gpu_kernel(body, (1, 1, 1), (128, 1, 1), (s,), s,
+                                  jax.ShapeDtypeStruct((), jnp.int32))
+
+
+def _blackwell():
+    from smalti.emulate.capture import gpu_facts
+    return gpu_facts(BLACKWELL)
+
+
+def test_a_warp_reaching_another_warps_lanes_is_an_error_naming_the_op():
+    fn = lane_kernel(64)  # warp 2's slab: warps 0, 1 and 3 may not
+    with pytest.raises(tmem.TmemError, match=r"tcgen05\.st\.sync\.aligned\.32x32b\.x1\.b32 .*"
+                       r"warp 0 addresses TMEM lanes 64 to 95.*32\*\(w%4\)"):
+        emu.run(fn, np.zeros(128, np.int32), arch=BLACKWELL)
+
+
+def test_lane_addresses_relative_to_the_slab_read_the_warps_own_lanes():
+    fn = lane_kernel(0)
+    x = np.arange(128, dtype=np.int32)
+    (got,) = emu.run(fn, x, arch=BLACKWELL)
+    np.testing.assert_array_equal(got, 2 * x)
+
+
+def test_allocation_rules():
+    t = tmem.TensorMemory("block (0, 0, 0)")
+    with pytest.raises(tmem.TmemError, match="power of 2 from 32 to 512"):
+        t.alloc(48, "tcgen05.alloc", "k.py:1")
+    assert t.alloc(256, "tcgen05.alloc", "k.py:1") == 0
+    assert t.alloc(32, "tcgen05.alloc", "k.py:2") == 256
+    assert t.alloc(128, "tcgen05.alloc", "k.py:3") == 384
+    with pytest.raises(tmem.TmemError, match="no 256 free columns"):
+        t.alloc(256, "tcgen05.alloc", "k.py:4")
+    with pytest.raises(tmem.TmemError, match="which no tcgen05.alloc returned"):
+        t.dealloc(256, 64, "tcgen05.dealloc", "k.py:5")
+    t.dealloc(256, 32, "tcgen05.dealloc", "k.py:5")
+    with pytest.raises(tmem.TmemError, match="reaches TMEM columns 256..257 that are not"):
+        t.check_columns(np.array([255, 256, 257]), "tcgen05.ld", "k.py:6")
+    t.relinquish("k.py:7")
+    with pytest.raises(tmem.TmemError, match="after tcgen05.relinquish_alloc_permit at k.py:7"):
+        t.alloc(32, "tcgen05.alloc", "k.py:8")
+    with pytest.raises(tmem.TmemError, match="exited with TMEM still allocated: 256 columns"):
+        t.check_released()
+    t.dealloc(0, 256, "tcgen05.dealloc", "k.py:9")
+    t.dealloc(384, 128, "tcgen05.dealloc", "k.py:9")
+    t.check_released()
+
+
+@pytest.mark.parametrize("shape", list(tmem.SHAPES))
+@pytest.mark.parametrize("num", [1, 4])
+def test_fragments_cover_their_cells_once(shape, num):
+    """Each shape's fragment moves lanes x (columns per repetition * num) cells,
+    every one by exactly one register of one thread."""
+    lanes, cols, _ = tmem.SHAPES[shape]
+    f = tmem.fragment(shape, num)
+    cells = f.lane * 10_000 + f.col
+    assert np.unique(cells).size == cells.size == lanes * cols * num
+    assert f.lane.max() == lanes - 1 and f.col.max() == cols * num - 1
+
+
+
+# --- CTA pairs: collective (cta_group::2) MMAs ----------------------------------------------
+
+COLLECTIVE = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                                 collective=True)
+
+
+def collective_matmul(a, b):
+    return matmul.matmul_kernel(a, b, COLLECTIVE)
+
+
+def f16_matmul_bound(a, b):
+    """f32 accumulation (the MMA bound), then one rounding to f16."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return mma_bound(a64, b64) + np.abs(a64 @ b64) * 2.0 ** -11, a64 @ b64
+
+
+@pytest.mark.parametrize("pipeline", ["jax", "smalti"])
+def test_official_collective_blackwell_matmul(pipeline):
+    """One (256, 256) tile over a CTA pair: TMA loads of the pair tracked by the
+    leader, cta_group::2 MMAs (each CTA's A rows, B columns split between the
+    two), the multicast commit, a ClusterBarrier. Both CTAs of the pair issue
+    the cluster-launch-control request (jax's dynamic_scheduling_loop without
+    cluster_axes), so their two responses race on each CTA's response buffer:
+    the checker says so, and only that."""
+    a, b = normal((256, 128), F16), normal((128, 256), F16)
+    with pytest.warns(emu.RaceWarning) as record:
+        (got,) = run(collective_matmul, a, b, smalti_pipeline=pipeline == "smalti",
+                     on_race="warn")
+    races = [str(w.message) for w in record if isinstance(w.message, emu.RaceWarning)]
+    assert races and all("clusterlaunchcontrol" in r for r in races)
+    bound, exact = f16_matmul_bound(a, b)
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
+
+
+@pytest.mark.parametrize("pipeline", ["jax", "smalti"])
+def test_official_blackwell_ragged_dot(pipeline):
+    """blackwell_ragged_dot_mgpu (collective, its smallest tiles): two groups of
+    rows, neither on a tile boundary, against numpy."""
+    import types
+
+    from jax.experimental.pallas.ops.gpu import blackwell_ragged_dot_mgpu as ragged
+
+    cfg = ragged.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                              collective=True, grid_tile_width=1,
+                              grid_minor_dim=matmul.MatmulDimension.N)
+    a, b = normal((256, 128), F16), normal((2, 128, 256), F16)
+    sizes = np.array([100, 156], np.int32)
+    device = types.SimpleNamespace(core_count=132)
+    saved = jax.local_devices
+    jax.local_devices = lambda *args, **kw: [device]  # the kernel sizes its grid by it
+    try:
+        (got,) = run(lambda a, b, g: ragged.ragged_dot_kernel(a, b, g, cfg), a, b, sizes,
+                     smalti_pipeline=pipeline == "smalti")
+    finally:
+        jax.local_devices = saved
+    rows = np.repeat([0, 1], sizes)
+    exact = np.einsum("mk,mkn->mn", a.astype(np.float64), b[rows].astype(np.float64))
+    bound = np.einsum("mk,mkn->mn", np.abs(a.astype(np.float64)),
+                      np.abs(b[rows].astype(np.float64))) * 129 * 2.0 ** -24 \
+        + np.abs(exact) * 2.0 ** -11
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
