@@ -44,7 +44,7 @@ from .. import irtypes
 from ..compiler import MOVES, Op, Step, accumulator_use, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
-from . import wgmma
+from . import ptx_block, wgmma
 from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
 from .nvvm import (bulk_commit, bulk_wait, effective, mbarrier_arrive, mbarrier_init,
                    per_thread, proxy_fence, tma_load_check, tma_store_check, wgmma_commit,
@@ -69,6 +69,8 @@ class PtxForm:
     kind: str  # "opcode", "pattern" or "text"
     value: bool = False  # a value instruction: `$0` is its result
     regex: re.Pattern | None = None  # the compiled form, but for an exact opcode
+    #: a whole-string entry's further test of the (raw) string, beyond its regex
+    accepts: Callable[[str], bool] | None = None
 
 
 OPCODES: dict[str, PtxForm] = {}
@@ -109,11 +111,14 @@ def ptx_pattern(regex: str, description: str,
     return register
 
 
-def ptx_text(regex: str, description: str) -> Callable[[Handler], Handler]:
+def ptx_text(regex: str, description: str,
+             accepts: Callable[[str], bool] | None = None) -> Callable[[Handler], Handler]:
     """Registers a handler for whole strings ``regex`` fully matches, their
-    whitespace collapsed to single spaces; tried, in order, before any opcode."""
+    whitespace collapsed to single spaces (and ``accepts``, if given, accepts);
+    tried, in order, before any opcode."""
     def register(fn: Handler) -> Handler:
-        TEXTS.append(PtxForm(regex, description, fn, "text", regex=re.compile(regex)))
+        TEXTS.append(PtxForm(regex, description, fn, "text", regex=re.compile(regex),
+                             accepts=accepts))
         return fn
     return register
 
@@ -129,7 +134,7 @@ def _lookup(text: str, parsed: tuple) -> PtxForm | None:
     """:func:`lookup`, given ``text`` already parsed as one instruction."""
     whole = " ".join(text.split())
     for entry in TEXTS:
-        if entry.regex.fullmatch(whole):
+        if entry.regex.fullmatch(whole) and (entry.accepts is None or entry.accepts(text)):
             return entry
     opcode = parsed[2]
     if not opcode:
@@ -556,6 +561,29 @@ def remote_arrive(i: Instr) -> Step:
     p_s, a_s, r_s = (i.ins[int(m.group(k))] for k in (2, 3, 4))
     loc = i.loc
     return lambda fr: _remote_arrive(fr, p_s, a_s, r_s, loc)
+
+
+def _block_with_cvt(text: str, cvt: bool) -> bool:
+    parsed = ptx_block.parse(text)
+    return parsed is not None and any(op.startswith("cvt.") for op, *_ in parsed[1]) == cvt
+
+
+@ptx_text(r"\{.*\}", "a block of register instructions around PTX conversions, as jax's "
+          "FragmentedArray.astype emits them (emulate/ops/ptx_block.py): "
+          "cvt.rn.satfinite[.relu].{e4m3,e5m2,e2m1,e2m3,e3m2}x2.{f32,f16x2,bf16x2}, "
+          "cvt.{rz,rp}.satfinite.ue8m0x2.{f32,bf16x2}, cvt.rn[.relu].{f16,bf16}x2.<narrow>x2, "
+          "with mov packing; exact, with PTX's satfinite (emulate/floats.py)",
+          accepts=lambda text: _block_with_cvt(text, True))
+@ptx_text(r"\{[^{]*(?:\{[^{}]*\}[^{]*)*\}", "a block of register instructions without a "
+          "conversion, as jax's FragmentedArray.astype emits them (emulate/ops/ptx_block.py): "
+          "mov, and/or/xor/not, shl/shr, lop3.b32, prmt.b32 (default mode), "
+          "add/sub/mul.{f16,bf16}[x2] -- int8/int4 -> bf16, int4 -> int8/e4m3",
+          accepts=lambda text: _block_with_cvt(text, False))
+def register_block(i: Instr) -> Step:
+    parsed = ptx_block.parse(i.text)
+    if parsed is None:
+        raise i.unknown
+    return ptx_block.compile_block(i.op, i.text, parsed, i.unknown)
 
 
 # value instructions: `$0 = op($1, ...)`, all through `_value_fn`; the patterns
