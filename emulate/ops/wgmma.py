@@ -156,6 +156,9 @@ def compile_wgmma(o: Op, text: str) -> Step:
             res = (got + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
         r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
+        if fr.prof is not None:  # A from registers reads no SMEM
+            fr.prof.mma(loc, 64, n, k, (0 if a_in_regs else 64 * k * el.itemsize)
+                        + n * k * el.itemsize)
         if issued is not None:  # the accumulators are the WGMMA's until waited for
             comp, stamp, agent = issued
             fr.pending[out] = (comp, stamp, site, agent)
