@@ -81,7 +81,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -445,11 +444,3 @@ def _short_line(line: str) -> str:
     path, _, n = line.rpartition(":")
     return f"{path.rsplit('/', 1)[-1]}:{n}" if path else line
 
-
-def profile_module(module: Any, inputs, outputs=None, **policies) -> Profile:
-    """Runs a lowered module as :func:`..runner.run_module` does, counting."""
-    from .runner import run_module
-
-    p = Profiler()
-    outs = run_module(module, inputs, outputs, profiler=p, **policies)
-    return Profile(outs, p)

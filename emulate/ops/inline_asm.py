@@ -398,6 +398,9 @@ def _st_async(fr: Frame, pred_slots, addr: int, vals: list[int], width: int, bar
     bars = per_thread(r[bar], fr.T).astype(np.int64)[m]
     if fr.sync is not None:
         _st_async_check(fr, m, addrs[m], bars, len(vals), width, site, where)
+    if fr.prof is not None:
+        fr.prof.access(fr, "cluster", addrs[:, None] + np.arange(len(vals)) * width, 1, width,
+                       True, site, mask=m)
     for a in np.unique(bars):
         b.remote_barrier(int(a), where).complete_tx(int((bars == a).sum()) * width * len(vals))
 

@@ -218,3 +218,17 @@ def test_table_names_every_nonzero_counter():
             assert name in text and f"{v:,d}" in text
     assert "by line" in text
     assert set(itertools.chain.from_iterable(p.by_line.values())) <= set(p.counters)
+
+
+def test_distributed_shared_memory_bytes():
+    """Reads of a peer's SMEM (ld.shared::cluster) and st.async into it: each
+    block of the cluster moves its whole block once."""
+    from tests.emulate.test_cluster import cluster_barrier_kernel, exchange_kernel
+
+    x = np.random.default_rng(1).standard_normal((2, 128)).astype(np.float32)
+    p = emu.profile(cluster_barrier_kernel(), x)  # 2 blocks read the peer's (128,) f32
+    assert p[P.DSMEM_BYTES + "ld"] == x.nbytes and p[P.DSMEM_BYTES + "st"] == 0
+    x = np.random.default_rng(2).standard_normal((3, 2, 64, 64)).astype(np.float16)
+    p = emu.profile(exchange_kernel(), x)  # 3 clusters of 2: a (64, 64) block each way
+    assert p[P.DSMEM_BYTES + "st"] == x.nbytes
+    np.testing.assert_array_equal(p.outputs[0], x[:, ::-1])
