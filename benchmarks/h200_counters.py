@@ -24,6 +24,10 @@ Kernels (each name starts with ``smalti_``, for ``ncu -k regex:smalti_``):
   the 32-way conflicting column read.
 - ``smalti_transpose_swizzled``: the same with element (r, c) of a tile at
   word ``32 r + (c xor r)``: both passes conflict-free.
+- ``smalti_tma_transpose_f16``: Pallas; a (128, 64) f16 block in by TMA
+  into 128-byte-swizzled SMEM, loaded in the WGMMA layout (``ldmatrix``) and
+  stored into the transposed view of a swizzled (64, 128) buffer
+  (``stmatrix``), out by TMA: jax's own swizzled transpose.
 - ``smalti_wgmma_tile``: Pallas; A (64, 64) and B (64, 128) bf16 in by TMA
   into 128-byte-swizzled SMEM, one ``plgpu.wgmma`` into an f32 accumulator,
   stored to global memory from registers.
@@ -50,6 +54,7 @@ COPY_SHAPE = (128, 128)  # f32
 VEC = 4  # f32 elements per thread per access in the copy: 16 bytes
 WARPS = 4  # the transposes: one 32 x 32 f32 tile per warp, one warpgroup
 WGMMA_M, WGMMA_K, WGMMA_N = 64, 64, 128
+TMA_TRANSPOSE_SHAPE = (128, 64)  # f16: 128-byte rows, the swizzle's width
 
 
 @dataclass
@@ -132,9 +137,35 @@ def transpose(swizzled: bool) -> Kernel:
                   lambda x: x.reshape(WARPS, 32, 32).transpose(0, 2, 1).reshape(rows, 32))
 
 
+def _swizzled_f16():
+    return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 64 f16 = 128 bytes
+
+
+def tma_transpose() -> Kernel:
+    shape = TMA_TRANSPOSE_SHAPE
+    t = _swizzled_f16()
+
+    def smalti_tma_transpose_f16(x_gmem, o_gmem, x_smem, o_smem, bar):
+        plgpu.copy_gmem_to_smem(x_gmem, x_smem, bar)
+        plgpu.barrier_wait(bar)
+        o_smem.T[...] = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    fn = plgpu.kernel(smalti_tma_transpose_f16,
+                      out_type=jax.ShapeDtypeStruct(shape[::-1], jnp.float16),
+                      scratch_types=[plgpu.SMEM(shape, jnp.float16, transforms=t),
+                                     plgpu.SMEM(shape[::-1], jnp.float16, transforms=t),
+                                     plgpu.Barrier()],
+                      compiler_params=WG)
+    x = np.arange(np.prod(shape)).reshape(shape).astype(np.float16)
+    return Kernel("smalti_tma_transpose_f16", fn, [x], lambda x: x.T)
+
+
 def wgmma_tile() -> Kernel:
     m, k, n = WGMMA_M, WGMMA_K, WGMMA_N
-    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 64 bf16 = 128 bytes
+    t = _swizzled_f16()  # 64 bf16 = 128 bytes too
 
     def smalti_wgmma_tile(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
         plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
@@ -162,7 +193,8 @@ def wgmma_tile() -> Kernel:
 
 
 def kernels() -> list[Kernel]:
-    return [copy_conflict_free(), transpose(False), transpose(True), wgmma_tile()]
+    return [copy_conflict_free(), transpose(False), transpose(True), tma_transpose(),
+            wgmma_tile()]
 
 
 def main(argv=None) -> int:

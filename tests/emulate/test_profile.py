@@ -94,6 +94,27 @@ def test_transpose_through_smem(swizzled):
     assert_by_line_sums(p)
 
 
+def test_swizzled_transpose_through_matrix_instructions():
+    """jax's own transpose through 128-byte-swizzled SMEM: ldmatrix.x4 reads,
+    stmatrix.x4 into the transposed view writes, 4 matrices of 8 rows of 16
+    bytes each; the swizzle puts a matrix's 8 rows (128 bytes apart, the same
+    logical 16-byte column) into 8 distinct 16-byte chunks: one wavefront
+    per matrix."""
+    k = H.tma_transpose()
+    p = emu.profile(k.fn, *k.args)
+    np.testing.assert_array_equal(p.outputs[0], k.want(*k.args))
+    nbytes = int(np.prod(H.TMA_TRANSPOSE_SHAPE)) * 2
+    matrix = 8 * 16
+    per_instruction = 4 * matrix  # .x4
+    assert p[P.LDSM] == p[P.STSM] == nbytes // per_instruction
+    for d in ("ld", "st"):
+        assert p[f"{P.WAVEFRONTS}_op_{d}"] == nbytes // matrix
+    assert p[P.CONFLICTS] == 0
+    assert p[P.SHARED_LD] == p[P.SHARED_ST] == 0  # no plain shared access
+    assert p[P.TMA_LOAD] == p[P.TMA_STORE] == nbytes
+    assert_by_line_sums(p)
+
+
 def test_wgmma_tile():
     k = H.wgmma_tile()
     p = emu.profile(k.fn, *k.args)
