@@ -7,6 +7,9 @@ outputs, the counters summed over the launch, and the same counters per
 kernel source line (``file:line``). Counting is exact for the model below:
 it is computed from the addresses each thread accesses and the mask of
 active threads the emulator already has -- nothing is sampled or estimated.
+Counters are keyed by Nsight Compute's metric names where ncu has the
+metric (ncu reports the launch's total as ``<name>.sum``), and named
+``smalti__...`` where it has none.
 
 **Instructions** (``smsp__inst_executed``: warp-level instructions). The
 compiler wraps each Lane-level op's step (only when profiling) with a
@@ -31,6 +34,8 @@ fixed when it is compiled (:func:`issue_count`):
   ``f16x2``/``bf16x2`` instructions);
 * every other op: 1 (an ``nvvm`` intrinsic, a scalar ``arith`` op, a GEP).
 
+``smsp__thread_inst_executed`` adds the same issue count times the active
+threads instead: ``32 * smsp__inst_executed`` where no thread is masked off.
 This is PTX-level counting: ptxas may fuse (``mul``+``add`` into ``fma``),
 split or remove instructions, so SASS counts differ by such rewrites.
 
@@ -85,6 +90,7 @@ from collections.abc import Callable
 import numpy as np
 
 INST = "smsp__inst_executed"
+THREAD_INST = "smsp__thread_inst_executed"
 SHARED_LD, SHARED_ST = "smsp__inst_executed_op_shared_ld", "smsp__inst_executed_op_shared_st"
 LDSM, STSM = "smsp__inst_executed_op_ldsm", "smalti__inst_executed_op_stsm"
 WAVEFRONTS = "l1tex__data_pipe_lsu_wavefronts_mem_shared"
@@ -100,7 +106,7 @@ BARRIERS, MBAR_WAITS = "smalti__barrier_warps", "smalti__mbarrier_wait_warps"
 WGMMA, FLOPS, WGMMA_SMEM = "smalti__wgmma_instructions", "smalti__mma_flops", "smalti__wgmma_smem_bytes"
 
 #: the counters every profile has (zero where nothing counted them), in table order
-COUNTERS = (INST, SHARED_LD, SHARED_ST, LDSM, STSM, WAVEFRONTS, WAVEFRONTS + "_op_ld",
+COUNTERS = (INST, THREAD_INST, SHARED_LD, SHARED_ST, LDSM, STSM, WAVEFRONTS, WAVEFRONTS + "_op_ld",
             WAVEFRONTS + "_op_st", CONFLICTS, CONFLICTS + "_op_ld", CONFLICTS + "_op_st",
             GLOBAL_LD, GLOBAL_ST, SECTORS + "ld", SECTORS + "st", GLOBAL_BYTES + "ld",
             GLOBAL_BYTES + "st", DSMEM_BYTES + "ld", DSMEM_BYTES + "st", TMA_LOAD, TMA_STORE,
@@ -194,18 +200,13 @@ def _event(o) -> str | None:
     return None
 
 
-def active_warps(fr) -> int:
-    """Warps of ``fr`` with at least one active thread."""
+def active(fr) -> tuple[int, int]:
+    """(warps with an active thread, active threads) of ``fr``."""
     m = fr.mask
     if m is None:
-        return -(-fr.T // 32)
-    m = np.asarray(m)
-    if m.ndim == 0:
-        return -(-fr.T // 32) if bool(m) else 0
-    pad = -m.size % 32
-    if pad:
-        m = np.concatenate([m, np.zeros(pad, bool)])
-    return int(m.reshape(-1, 32).any(axis=1).sum())
+        return -(-fr.T // 32), fr.T
+    m = np.asarray(m, bool).reshape(-1)
+    return _warps(m), int(m.sum())
 
 
 def counting(step: Callable, o) -> Callable:
@@ -222,10 +223,11 @@ def counting(step: Callable, o) -> Callable:
     def counted(fr) -> None:
         p = fr.prof
         if p is not None:
-            w = active_warps(fr)
+            w, t = active(fr)
             if w:
                 c = p.line(line)
                 c[INST] += n * w
+                c[THREAD_INST] += n * t
                 if event is not None:
                     c[event] += w
         step(fr)

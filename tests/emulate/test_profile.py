@@ -91,6 +91,7 @@ def test_transpose_through_smem(swizzled):
     assert column_pass[P.WAVEFRONTS + "_op_ld"] == inst * ways
     assert column_pass.get(P.CONFLICTS, 0) == p[P.CONFLICTS]
     assert p.by_line[line_of(src, "# between the passes")][P.BARRIERS] == H.WARPS
+    assert p[P.THREAD_INST] == 32 * p[P.INST]  # no thread is ever masked off
     assert_by_line_sums(p)
 
 
@@ -253,3 +254,41 @@ def test_distributed_shared_memory_bytes():
     p = emu.profile(exchange_kernel(), x)  # 3 clusters of 2: a (64, 64) block each way
     assert p[P.DSMEM_BYTES + "st"] == x.nbytes
     np.testing.assert_array_equal(p.outputs[0], x[:, ::-1])
+
+
+def _op(name, *types_):
+    from smalti.emulate import irtypes
+
+    ts = [irtypes.parse(t) for t in types_]
+    return types.SimpleNamespace(name=name, loc='loc("k.py":3:1)', out_types=ts[:1],
+                                 in_types=ts[1:])
+
+
+@pytest.mark.parametrize("name, types_, n", [
+    ("arith.addf", ("f32", "f32", "f32"), 1),
+    ("arith.addf", ("vector<2xf32>", "vector<2xf32>", "vector<2xf32>"), 2),
+    ("arith.addf", ("vector<2xbf16>", "vector<2xbf16>", "vector<2xbf16>"), 1),  # packed
+    ("arith.truncf", ("vector<2xbf16>", "vector<2xf32>"), 2),
+    ("vector.load", ("vector<8xf32>",), 2),  # 32 bytes: two 16-byte loads
+    ("vector.extract", ("f32", "vector<2xf32>"), 0),
+    ("arith.constant", ("i32",), 0),
+])
+def test_issue_counts(name, types_, n):
+    assert P.issue_count(_op(name, *types_)) == n
+
+
+def test_instructions_count_warps_and_threads_of_a_partial_mask():
+    """An op issues once per warp with an active thread; thread-instructions
+    count the active threads."""
+    executed = []
+    step = P.counting(lambda fr: executed.append(fr), _op("arith.addf", "f32", "f32", "f32"))
+    prof = P.Profiler()
+    lane = np.arange(128)
+    for mask in (None, lane < 40, (lane % 32) == 0, lane < 0):
+        fr = types.SimpleNamespace(T=128, mask=mask, prof=prof)
+        step(fr)
+    c = prof.lines["k.py:3"]
+    # all 4 warps and 128 threads; warps 0, 1 (40 threads); 4 warps, 1 thread each; none
+    assert c[P.INST] == 4 + 2 + 4 + 0
+    assert c[P.THREAD_INST] == 128 + 40 + 4 + 0
+    assert len(executed) == 4  # the step itself always runs
