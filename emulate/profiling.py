@@ -124,7 +124,7 @@ FREE = frozenset({
     "llvm.shufflevector", "vector.shape_cast", "vector.extract_strided_slice",
     "vector.insert_strided_slice", "vector.from_elements",
     "scf.for", "scf.if", "scf.while", "scf.yield", "scf.condition", "scf.execute_region",
-    "scf.index_switch", "gpu.launch", "func.call", "llvm.call",
+    "scf.index_switch", "gpu.launch",
 })
 FREE_PREFIXES = ("memref.subview", "memref.reinterpret_cast", "memref.collapse_shape",
                  "memref.expand_shape", "memref.cast", "memref.view", "memref.transpose",

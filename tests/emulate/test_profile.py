@@ -292,3 +292,22 @@ def test_instructions_count_warps_and_threads_of_a_partial_mask():
     assert c[P.INST] == 4 + 2 + 4 + 0
     assert c[P.THREAD_INST] == 128 + 40 + 4 + 0
     assert len(executed) == 4  # the step itself always runs
+
+
+SPREAD = ["ws_emit_pipeline", "tma_gather4_swizzle128", "grid_and_scf_if",
+          "layout_cast_wgmma_transposed_f16", "lane_semantics_divergent_if"]
+
+
+@pytest.mark.parametrize("name", SPREAD)
+def test_profiling_changes_no_output(name):
+    """Warp-specialized pipelines, TMA gathers, grids with divergence, layout
+    casts, Lane-semantics kernels: profiled, each computes what run computes."""
+    from tests.emulate.kernels import cases
+
+    (case,) = [c for c in cases() if c.name == name]
+    want = emu.run(case.fn, *case.args, arch=case.arch)
+    p = emu.profile(case.fn, *case.args, arch=case.arch)
+    for got, w in zip(p.outputs, want, strict=True):
+        np.testing.assert_array_equal(got, w)
+    assert p[P.INST] > 0
+    assert_by_line_sums(p)
