@@ -4,12 +4,13 @@ Each kernel's counts are known by construction (``tests/emulate/test_profile.py`
 derives them and holds the emulator's profile to them); this script runs the
 same kernels on a real GPU so that ``ncu`` can measure them:
 
-    ncu --metrics smsp__inst_executed.sum,smsp__inst_executed_op_shared_ld.sum,\\
-smsp__inst_executed_op_shared_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,\\
-l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_global_ld.sum,\\
-smsp__inst_executed_op_global_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,\\
-l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
+    ncu --metrics "$(python benchmarks/h200_counters.py --ncu-metrics)" \\
         -k regex:smalti_ python benchmarks/h200_counters.py
+
+(``--ncu-metrics`` prints the emulator's counters that have ncu names, as
+``NAME.sum``, and ``dram__bytes_read.sum``/``dram__bytes_write.sum`` to set
+beside the TMA and global byte counts; should this ncu not know one of them,
+it refuses the whole list: drop that one.)
 
     python benchmarks/h200_counters.py --emulate   # the emulator's counts, no GPU
 
@@ -202,7 +203,15 @@ def main(argv=None) -> int:
     parser.add_argument("--emulate", action="store_true",
                         help="print the emulator's profile of each kernel (no GPU needed)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kernel on the GPU")
+    parser.add_argument("--ncu-metrics", action="store_true",
+                        help="print the metrics for ncu --metrics and exit")
     args = parser.parse_args(argv)
+    if args.ncu_metrics:
+        from smalti.emulate.profiling import COUNTERS
+
+        names = [f"{k}.sum" for k in COUNTERS if not k.startswith("smalti__")]
+        print(",".join(names + ["dram__bytes_read.sum", "dram__bytes_write.sum"]))
+        return 0
     for kern in kernels():
         print(f"== {kern.name}", flush=True)
         if args.emulate:
