@@ -62,9 +62,9 @@ load/store instructions (``ldmatrix`` is ``smsp__inst_executed_op_ldsm``,
 ``_st`` (the bytes the active threads move). TMA: ``smalti__tma_bytes_load``
 (bytes a TMA load writes to SMEM, out-of-bounds fill included) and
 ``smalti__tma_bytes_store`` (bytes a TMA store writes to global memory),
-``smalti__tma_instructions`` (transfers: one per issuing thread, and per destination block of a multicast); the
-non-tensor bulk copies (``cp.async.bulk``, also the TMA unit's) count with
-them. Accesses to per-thread ``alloca``s (which LLVM usually promotes to
+``smalti__tma_instructions`` (transfers: one per issuing thread, and per
+destination block of a multicast); the non-tensor bulk copies
+(``cp.async.bulk``, also the TMA unit's) count with them. Accesses to per-thread ``alloca``s (which LLVM usually promotes to
 registers) are not global traffic: ``smalti__inst_executed_op_local_ld``/
 ``_st`` count them.
 
