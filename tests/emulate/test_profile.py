@@ -311,3 +311,15 @@ def test_profiling_changes_no_output(name):
         np.testing.assert_array_equal(got, w)
     assert p[P.INST] > 0
     assert_by_line_sums(p)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_multicast_tma_bytes(n):
+    """Each of n blocks loads 1/n of the tile and multicasts it: every block's
+    SMEM receives the whole tile, n transfers of 1/n for each of n blocks."""
+    from tests.emulate.test_cluster import multicast_kernel
+
+    x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float16)
+    p = emu.profile(multicast_kernel(n), x)
+    assert p[P.TMA_LOAD] == n * x.nbytes
+    assert p[P.TMA_INST] == n * n
