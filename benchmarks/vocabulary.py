@@ -22,6 +22,22 @@ Columns:
   (bit for bit for integer results).
 
 The last column is the first line of the error where smalti does not lower.
+
+For the data-movement, scan and sort primitives (:data:`COSTED`), two more
+columns say what smalti's lowering costs, from the emulator's profiler
+(``smalti.emulate.profile``) over an identity kernel that moves the same
+block in and out unchanged: *extra wavefronts* (shared-memory wavefronts
+beyond the identity's) against the ideal for the primitive's kind, and
+*extra inst/el* (``smsp__inst_executed`` beyond the identity's, x 32 per
+element of the block: thread-instructions per element) against its ideal.
+The ideals (``docs/vocabulary.md``, "What it costs"), for a block of ``B``
+bytes of ``s``-byte elements, rows of ``n`` along the primitive's axis:
+movement, one conflict-free write and one read pass through SMEM,
+``2 B / 128`` wavefronts and ``2 s / 16`` instructions per element (16-byte
+vector stores and loads); a scan, that pass plus a work-efficient scan's 2
+combining operations per element; a sort (and top_k), that pass plus a
+bitonic network's ``log2 n (log2 n + 1) / 4`` compare-exchanges per
+element, 2 instructions (min, max) each.
 """
 
 from __future__ import annotations
@@ -298,6 +314,54 @@ def entries() -> list[Entry]:
     return out
 
 
+MOVEMENT, SCAN, SORT = "movement", "scan", "sort"
+#: The primitives whose cost the table shows: name -> (kind, axis of its rows).
+COSTED: dict[str, tuple[str, int]] = {
+    "transpose": (MOVEMENT, 1), "rev": (MOVEMENT, 0), "flip cols": (MOVEMENT, 1),
+    "pad": (MOVEMENT, 1), "roll": (MOVEMENT, 1), "concatenate": (MOVEMENT, 1),
+    "strided slice": (MOVEMENT, 1), "outer broadcast": (MOVEMENT, 1),
+    "cumsum": (SCAN, 1), "cumsum rev": (SCAN, 1), "cummax": (SCAN, 1), "cummin": (SCAN, 0),
+    "cumprod": (SCAN, 1),
+    "sort": (SORT, 1), "argsort": (SORT, 1), "sort cols": (SORT, 0), "top_k": (SORT, 1),
+}
+WAVEFRONT_BYTES = 128  # 32 banks x 4 bytes
+
+
+def ideal(kind: str, shape: tuple[int, ...], axis: int, itemsize: int) -> tuple[float, float]:
+    """(extra shared wavefronts, extra thread-instructions per element) of the
+    ideal lowering of a primitive of ``kind`` along ``axis`` of a block of ``shape``."""
+    nbytes = int(np.prod(shape)) * itemsize
+    wavefronts = 2 * nbytes / WAVEFRONT_BYTES  # one conflict-free write + read pass
+    inst = 2 * itemsize / 16  # that pass: 16-byte stores and loads, per element
+    if kind == SCAN:
+        inst += 2  # a work-efficient scan: 2 (n - 1) combines per row of n
+    elif kind == SORT:  # bitonic: log2 n (log2 n + 1) / 4 compare-exchanges per element
+        lg = float(np.log2(shape[axis]))
+        inst += 2 * lg * (lg + 1) / 4  # a min and a max each
+    return wavefronts, inst
+
+
+_IDENTITY: dict = {}
+
+
+def cost(entry: Entry, prof) -> tuple[int, float, float, float]:
+    """(extra wavefronts, their ideal, extra thread-instructions per element,
+    their ideal) of ``entry``'s profile against the identity kernel on its
+    first input's block (profiled once per shape and dtype)."""
+    from smalti.emulate.profiling import INST, WAVEFRONTS
+
+    x = entry.args[0]
+    key = (x.shape, x.dtype.str)
+    if key not in _IDENTITY:
+        _IDENTITY[key] = smalti.emulate.profile(kernel(lambda v: v, [x]), x)
+    base = _IDENTITY[key]
+    kind, axis = COSTED[entry.name]
+    want = ideal(kind, x.shape, axis, x.dtype.itemsize)
+    extra_wf = prof[WAVEFRONTS] - base[WAVEFRONTS]
+    extra_inst = (prof[INST] - base[INST]) * 32 / x.size
+    return extra_wf, want[0], extra_inst, want[1]
+
+
 def _lowers(k, args) -> tuple[bool, str]:
     try:
         smalti.emulate.lower(k, *args)
@@ -307,20 +371,35 @@ def _lowers(k, args) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {first}"[:90]
 
 
-def row(entry: Entry, pipeline) -> tuple[str, bool, bool, bool | None, str]:
+def row(entry: Entry, pipeline) -> tuple[str, bool, bool, bool | None, str, tuple | None]:
+    """(name, lowers with jax, with smalti, emulated equal, why not, cost or None)."""
     k = kernel(entry.fn, entry.args)
     with_jax, _ = _lowers(k, entry.args)
+    spent = None
     with smalti.jax.installed(pipeline):
         with_smalti, why = _lowers(k, entry.args)
         equal = None
         if with_smalti:
             try:
-                (got,) = smalti.emulate.run(k, *entry.args)
+                if entry.name in COSTED:
+                    prof = smalti.emulate.profile(k, *entry.args)
+                    (got,) = prof.outputs
+                    spent = cost(entry, prof)
+                else:
+                    (got,) = smalti.emulate.run(k, *entry.args)
                 equal = entry.equal(got, entry.args)
             except Exception as e:  # noqa: BLE001
                 why = f"emulator: {type(e).__name__}: {str(e).splitlines()[0]}"[:90]
                 equal = False
-    return entry.name, with_jax, with_smalti, equal, why
+    return entry.name, with_jax, with_smalti, equal, why, spent
+
+
+def _cost_cells(spent: tuple | None) -> str:
+    if spent is None:
+        return f"{'':<22} | {'':<20}"
+    wf, wf_ideal, inst, inst_ideal = spent
+    return (f"{wf:>9,d} ({wf_ideal:>8,.0f})".ljust(22) + " | "
+            + f"{inst:>8.1f} ({inst_ideal:>6.1f})".ljust(20))
 
 
 def main(argv=None) -> int:
@@ -334,16 +413,17 @@ def main(argv=None) -> int:
         todo = [e for e in todo if e.name in names]
     yes = {True: "yes", False: "no", None: "-"}
     print(f"{'function':<18} | {'lowers with jax':<15} | {'lowers with smalti':<18} | "
-          f"{'emulated equal':<14} | why not")
-    print("-" * 100)
+          f"{'emulated equal':<14} | {'extra wavefronts':<22} | {'extra inst/el':<20} | why not")
+    print(f"{'':<18} | {'':<15} | {'':<18} | {'':<14} | {'  (ideal)':<22} | {'  (ideal)':<20} |")
+    print("-" * 148)
     rows, groups = [], []
     for e in todo:
         r = row(e, pipeline)
         rows.append(r)
         groups.append(e.group)
-        print(f"{r[0]:<18} | {yes[r[1]]:<15} | {yes[r[2]]:<18} | {yes[r[3]]:<14} | {r[4]}",
-              flush=True)
-    print("-" * 100)
+        print(f"{r[0]:<18} | {yes[r[1]]:<15} | {yes[r[2]]:<18} | {yes[r[3]]:<14} | "
+              f"{_cost_cells(r[5])} | {r[4]}", flush=True)
+    print("-" * 148)
     for group in dict.fromkeys(groups):
         _summary(group, [r for r, g in zip(rows, groups) if g == group])
     if len(set(groups)) > 1:

@@ -198,7 +198,9 @@ def smalti_emulate() -> Callable[..., Any]:
     installed plugins) and run on the CPU by :mod:`smalti.emulate`: what a
     plugin's lowering computes, not its text, with its synchronization
     checked (a race raises ``smalti.emulate.RaceError`` by default;
-    ``SMALTI_EMULATE_ON_RACE`` sets the default policy)."""
+    ``SMALTI_EMULATE_ON_RACE`` sets the default policy). With ``profile=True``
+    it returns a :class:`smalti.emulate.Profile` instead: the outputs and what
+    the kernel costs (:func:`smalti.emulate.profile`'s counters)."""
     from smalti.emulate.testing import emulate_pipeline
 
     return emulate_pipeline

@@ -43,6 +43,11 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
   :mod:`.ops.math` and :mod:`.ops.inline_asm` for the hardware's documented
   distance from that.
 
+* **Cost** (:mod:`.profiling`). ``profile(f, *args)`` runs as ``run`` does and
+  counts what Nsight Compute would -- warp-level instructions, shared-memory
+  wavefronts and bank conflicts, global and TMA bytes, barrier waits, MMA
+  work -- exactly, from the addresses and active threads, per source line.
+
 WGMMA (:mod:`.ops.wgmma`) reads its SMEM matrix descriptors and register
 fragments as the PTX ISA documents them. Anything not modelled -- an op, an
 inline-PTX string, an intrinsic (tcgen05 included), a memory space -- raises :class:`Unsupported` naming it and
@@ -57,11 +62,13 @@ from typing import Any
 import numpy as np
 
 from .errors import EmulationError, Unsupported
+from .profiling import Profile
 from .sync.reports import (Access, BarrierDivergence, Deadlock, MBarrierOverArrival, OutOfBounds,
                            Race, RaceError, RaceWarning, UninitializedRead,
                            UninitializedReadWarning, check_policy)
 
-__all__ = ["run", "run_module", "lower", "modelled_ptx", "Unsupported", "EmulationError", "Race",
+__all__ = ["run", "run_module", "profile", "Profile", "lower", "modelled_ptx", "Unsupported",
+           "EmulationError", "Race",
            "Access",
            "RaceError", "RaceWarning", "UninitializedRead", "UninitializedReadWarning",
            "OutOfBounds", "BarrierDivergence", "MBarrierOverArrival", "Deadlock"]
@@ -119,6 +126,27 @@ def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
     outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
     return _run(module, [np.asarray(a) for a in args], outs, on_race=race,
                 on_uninitialized=uninit, sanitize=sanitize)
+
+
+def profile(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
+            on_race: str | None = None, on_uninitialized: str | None = None,
+            sanitize: bool = True) -> Profile:
+    """Runs ``f(*args)`` as :func:`run` does and counts what it costs, as
+    Nsight Compute would: a :class:`Profile` with ``outputs``, ``counters``
+    (ncu metric names where ncu has the metric, ``smalti__...`` otherwise)
+    and ``by_line`` (the counters per kernel source ``file:line``);
+    ``str(profile)`` is a table. How each counter is counted:
+    :mod:`smalti.emulate.profiling`."""
+    from .profiling import Profiler
+    from .runner import run_module as _run
+
+    race, uninit = _policies(on_race, on_uninitialized)
+    module, out_avals = lower(f, *args, arch=arch)
+    outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+    p = Profiler()
+    outputs = _run(module, [np.asarray(a) for a in args], outs, on_race=race,
+                   on_uninitialized=uninit, sanitize=sanitize, profiler=p)
+    return Profile(outputs, p)
 
 
 def run_module(module: Any, inputs, outputs=None, *, on_race: str | None = None,

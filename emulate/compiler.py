@@ -129,9 +129,10 @@ class Compiler:
     op's operands for the synchronization checker -- a WGMMA accumulator read
     before the ``wgmma.wait_group`` covering it -- if the module has a WGMMA."""
 
-    def __init__(self, checked: bool = False) -> None:
+    def __init__(self, checked: bool = False, profiled: bool = False) -> None:
         self.slots: dict[Any, int] = {}
         self.checked = checked
+        self.profiled = profiled  # wrap steps to count instructions (.profiling)
         self.accumulators: set[int] = set()  # slots WGMMAs write (set by their rule)
         self._compiled: list[tuple[list[Step], int, Op, str]] = []
 
@@ -162,6 +163,9 @@ class Compiler:
             if self.checked and o.ins:
                 use = getattr(step, "accumulators", None) or ACCUMULATOR_USE.get(o.name, READS)
                 self._compiled.append((steps, len(steps), o, use))
+            if self.profiled:
+                from .profiling import counting
+                step = counting(step, o)
             steps.append(step)
         return BlockProgram(args, steps, term, term_name, term_op)
 

@@ -70,6 +70,7 @@ class Launch:
         self.tma: dict[int, TmaDescriptor] = {}
         self.params: dict[int, Region] = {}  # kernel parameter blocks by identity
         self.sync = None  # the synchronization checker (.sync.checker.Checker), if on
+        self.prof = None  # the profiler (.profiling.Profiler), if profiling
 
 
 TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes
@@ -184,7 +185,7 @@ class Block:
 class Frame:
     """Registers plus the active mask (``None``: every thread active)."""
 
-    __slots__ = ("regs", "mask", "block", "T", "launch", "mem", "sync", "pending")
+    __slots__ = ("regs", "mask", "block", "T", "launch", "mem", "sync", "pending", "prof")
 
     def __init__(self, regs: list, launch: Launch, block: Block | None = None) -> None:
         self.regs = regs
@@ -192,6 +193,7 @@ class Frame:
         self.block = block
         self.launch = launch
         self.sync = launch.sync if block is not None else None  # host code is not checked
+        self.prof = launch.prof if block is not None else None  # nor counted
         # register slots holding WGMMA accumulators not yet waited for (the checker's)
         self.pending: dict[int, tuple] = {}
         self.mem = launch.memory if block is None else block.memory

@@ -42,13 +42,13 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
 
 def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
-               on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True
-               ) -> tuple[np.ndarray, ...]:
+               on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True,
+               profiler=None) -> tuple[np.ndarray, ...]:
     """Runs ``module`` (a Lane-level Mosaic GPU module) on ``inputs``; returns
     the output buffers, each of the given (shape, dtype) -- by default, the
     types of the kernel arguments after the inputs. With ``sanitize``, the
     synchronization checker (:mod:`.sync`) runs beside it and reports by the
-    two policies."""
+    two policies. A ``profiler`` (:class:`.profiling.Profiler`) counts the run."""
     func = _entry(module)
     kargs = _kernel_args(func)
     if outputs is None:
@@ -59,12 +59,13 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
                           f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
                           "not modelled)")
-    comp = Compiler(checked=sanitize)
+    comp = Compiler(checked=sanitize, profiled=profiler is not None)
     body = comp.block(func.regions[0].blocks[0])
     comp.finish()
     launch = Launch()
     if sanitize:
         launch.sync = Checker(on_race, on_uninitialized)
+    launch.prof = profiler
     g = launch.memory["global"]
     regions = []
     for i in range(n):

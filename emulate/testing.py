@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from . import profile as emulate_profile
 from . import run
 
 
@@ -55,16 +56,20 @@ def assert_close_ulp(got: np.ndarray, want: np.ndarray, ulp: int) -> None:
 
 def emulate_pipeline(f: Callable, *args: np.ndarray, pipeline: Any = None,
                      jax_pipeline: bool = False, arch: tuple[int, int] = (9, 0),
-                     on_race: str | None = None, on_uninitialized: str | None = None):
+                     on_race: str | None = None, on_uninitialized: str | None = None,
+                     profile: bool = False):
     """Runs ``f`` on the emulator through smalti's pipeline (or jax's), with
-    the synchronization checker's policies as :func:`smalti.emulate.run` takes them."""
+    the synchronization checker's policies as :func:`smalti.emulate.run` takes
+    them; with ``profile``, returns :func:`smalti.emulate.profile`'s
+    :class:`~smalti.emulate.Profile` (outputs and counters) instead."""
     policies = dict(on_race=on_race, on_uninitialized=on_uninitialized)
+    go = emulate_profile if profile else run
     if jax_pipeline:
-        return run(f, *args, arch=arch, **policies)
+        return go(f, *args, arch=arch, **policies)
     import smalti.jax
 
     with smalti.jax.installed(pipeline):  # None: the installed plugins
-        return run(f, *args, arch=arch, **policies)
+        return go(f, *args, arch=arch, **policies)
 
 
 def emulate_kernel(body: Callable, in_shapes, out_shapes, *args: np.ndarray,

@@ -71,6 +71,8 @@ def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: st
     if check is not None:
         check(fr.mem["global"], gaddr[inside], it, False)
         check(space, saddr, it, True)
+    if fr.prof is not None:
+        fr.prof.tma(where, vals.size * it, store=False)
     return vals.size * it
 
 
@@ -85,6 +87,8 @@ def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: s
     if check is not None:
         check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
         check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, True)
+    if fr.prof is not None:
+        fr.prof.tma(where, int(inside.sum()) * desc.dtype.itemsize, store=True)
 
 
 def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
@@ -125,6 +129,8 @@ def gather4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: st
     if check is not None:
         check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, False)
         check(fr.mem["shared"], saddr, desc.dtype.itemsize, True)
+    if fr.prof is not None:
+        fr.prof.tma(where, vals.size * desc.dtype.itemsize, store=False)
     return vals.size * desc.dtype.itemsize
 
 
@@ -139,3 +145,5 @@ def scatter4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: s
     if check is not None:
         check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
         check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, True)
+    if fr.prof is not None:
+        fr.prof.tma(where, int(inside.sum()) * desc.dtype.itemsize, store=True)

@@ -403,6 +403,9 @@ def _st_async(fr: Frame, pred_slots, addr: int, vals: list[int], width: int, bar
     bars = per_thread(r[bar], fr.T).astype(np.int64)[m]
     if fr.sync is not None:
         _st_async_check(fr, m, addrs[m], bars, len(vals), width, site, where)
+    if fr.prof is not None:
+        fr.prof.access(fr, "cluster", addrs[:, None] + np.arange(len(vals)) * width, 1, width,
+                       True, site, mask=m)
     for a in np.unique(bars):
         b.remote_barrier(int(a), where).complete_tx(int((bars == a).sum()) * width * len(vals))
 
@@ -503,6 +506,8 @@ def _bulk_copy(fr: Frame, pred_slots, dst: int, dst_space: str, src: int, src_sp
         s_addr, d_addr = int(per_thread(r[src], fr.T)[t]), int(per_thread(r[dst], fr.T)[t])
         data = fr.mem[src_space].read_bytes(s_addr, size, where).copy()
         fr.mem[dst_space].write_bytes(d_addr, data, where)
+        if fr.prof is not None:
+            fr.prof.tma(where, size, store=dst_space == "global")
         target = None if bar is None else b.barrier(per_thread(r[bar], fr.T)[t], where)
         check = (tma_store_check(fr, t, site, "TMA bulk copy") if target is None
                  else tma_load_check(fr, t, b, target, site))

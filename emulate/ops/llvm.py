@@ -119,6 +119,8 @@ def load(o: Op) -> Step:
         fr.regs[out] = fr.mem[space].load(addr, dt, fr.mask, loc)
         if fr.sync is not None:
             fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, False, site)
+        if fr.prof is not None:
+            fr.prof.access(fr, space, addr, len(vshape), dt.itemsize, False, site)
     return step
 
 
@@ -137,6 +139,8 @@ def store(o: Op) -> Step:
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.mem[space].store(addr, fr.regs[v], dt, fr.mask, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, space, addr, len(vshape), dt.itemsize, True, site)
         if fr.sync is not None:
             fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, True, site,
                                   values=np.asarray(fr.regs[v], dt))

@@ -75,6 +75,8 @@ def load(o: Op) -> Step:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
         fr.regs[out] = fr.mem[m.space].load(a, m.dtype, fr.mask, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, m.space, a, 0, m.itemsize, False, site)
         if fr.sync is not None:
             fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, False, site)
     return step
@@ -90,6 +92,8 @@ def store(o: Op) -> Step:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
         fr.mem[m.space].store(a, fr.regs[val], m.dtype, fr.mask, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, m.space, a, 0, m.itemsize, True, site)
         if fr.sync is not None:
             fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, True, site,
                                   values=np.asarray(fr.regs[val], m.dtype))

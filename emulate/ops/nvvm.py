@@ -676,6 +676,8 @@ def ldmatrix(o: Op) -> Step:
         vals = fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
         if fr.sync is not None:
             fr.sync.thread_access(fr, "shared", rows, 3, 2, False, site, mask=wm, by_warp=True)
+        if fr.prof is not None:
+            fr.prof.access(fr, "shared", rows, 3, 2, False, site, by_warp=True)
         if trans:
             vals = np.swapaxes(vals, -1, -2)
         lane = np.arange(32)
@@ -719,6 +721,8 @@ def stmatrix(o: Op) -> Step:
         fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc)
         if fr.sync is not None:
             fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True)
+        if fr.prof is not None:
+            fr.prof.access(fr, "shared", rows, 3, 2, True, site, by_warp=True)
     return step
 
 

@@ -225,6 +225,8 @@ def load(o: Op) -> Step:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         fr.regs[out] = fr.mem[m.space].load(addrs, m.dtype, fr.mask, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, m.space, addrs, len(vshape), m.itemsize, False, site)
         if fr.sync is not None:
             fr.sync.thread_access(fr, m.space, addrs, len(vshape), m.itemsize, False, site)
     return step
@@ -242,6 +244,8 @@ def store(o: Op) -> Step:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         fr.mem[m.space].store(addrs, fr.regs[val], m.dtype, fr.mask, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, m.space, addrs, len(vshape), m.itemsize, True, site)
         if fr.sync is not None:
             fr.sync.thread_access(fr, m.space, addrs, len(vshape), m.itemsize, True, site,
                                   values=np.asarray(fr.regs[val], m.dtype))

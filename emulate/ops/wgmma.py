@@ -156,6 +156,9 @@ def compile_wgmma(o: Op, text: str) -> Step:
             res = tensorcore.mma(a.astype(np.float64) * scale_a, bm.astype(np.float64) * scale_b,
                                  d if use[0] else None, operands=aty, accumulator=dty)[rows, cols]
         r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
+        if fr.prof is not None:  # A from registers reads no SMEM
+            fr.prof.mma(loc, 64, n, k, (0 if a_in_regs else 64 * k * el.itemsize)
+                        + n * k * el.itemsize)
         if issued is not None:  # the accumulators are the WGMMA's until waited for
             comp, stamp, agent = issued
             fr.pending[out] = (comp, stamp, site, agent)
