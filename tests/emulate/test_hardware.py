@@ -17,16 +17,7 @@ RECORDING = Path(hardware.__file__).parent / "data" / "h200_bits.npz"
 CASES = {case.name: case for case in hardware.cases()}
 # Recorded, but their PTX is not modelled yet: the emulator must refuse them.
 NOT_MODELLED = {
-    "f32_to_e4m3": "cvt.rn.satfinite.e4m3x2.f32",
-    "f32_to_e5m2": "cvt.rn.satfinite.e5m2x2.f32",
-    "float16_to_e4m3": "cvt.rn.satfinite.e4m3x2.f16x2",
-    "float16_to_e5m2": "cvt.rn.satfinite.e5m2x2.f16x2",
-    "e4m3_to_float32": "cvt.rn.f16x2.e4m3x2",
-    "e4m3_to_float16": "cvt.rn.f16x2.e4m3x2",
-    "e5m2_to_float32": "cvt.rn.f16x2.e5m2x2",
-    "e5m2_to_float16": "cvt.rn.f16x2.e5m2x2",
     "wgmma_f16_acc_x3": ".f16 accumulator",
-    "mixed_matmul_s8_x_bfloat16": "sub.bf16x2",
 }
 
 
