@@ -10,6 +10,7 @@ from .. import irtypes
 from ..compiler import MOVES, Op, Step, rule
 from ..machine import Frame
 from ..values import lead
+from . import arith
 from ._util import unary
 from .memref import element_addresses, memref_of
 
@@ -181,7 +182,7 @@ def from_elements(o: Op) -> Step:
 
 
 REDUCE = {"add": np.add, "mul": np.multiply, "maxsi": np.maximum, "minsi": np.minimum,
-          "maximumf": np.maximum, "minimumf": np.minimum, "maxnumf": np.fmax,
+          "maximumf": arith.maximumf, "minimumf": arith.minimumf, "maxnumf": np.fmax,
           "minnumf": np.fmin, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
 
 
