@@ -97,7 +97,7 @@ def insert(o: Op) -> Step:
     return step
 
 
-@rule("vector.broadcast", "vector.splat", accumulators=MOVES)
+@rule("vector.broadcast", accumulators=MOVES)  # (vector.splat: gone from MLIR)
 def broadcast(o: Op) -> Step:
     src_t, dst_t = o.in_types[0], o.out_types[0]
     svr, shape = src_t.vrank, dst_t.shape

@@ -93,10 +93,11 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
         returns: dict[str, str] | None = None, *, threads: int = 32, host: bool = False,
         block_id: tuple[int, int, int] = (0, 0, 0), grid: tuple[int, int, int] = (1, 1, 1),
         cluster: tuple[int, int, int] = (1, 1, 1), rank: int = 0,
-        smem_bytes: int = 0) -> dict[str, Any]:
+        smem_bytes: int = 0, prelude: str = "") -> dict[str, Any]:
     """Runs ``body`` with ``inputs`` (name -> (MLIR type, value)); returns the
     values of ``returns`` (name -> MLIR type) and the final contents of every
-    buffer input, by name."""
+    buffer input, by name. ``prelude``: module-level ops (globals) before the
+    function."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
@@ -105,11 +106,12 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
     params = ", ".join(f"%{n}: {t}" for n, (t, _) in inputs.items())
     rtypes = ", ".join(returns.values())
     ret = (f"return {', '.join('%' + n for n in returns)} : {rtypes}" if returns else "return")
-    text = f"func.func @f({params}) -> ({rtypes}) {{\n{body}\n{ret}\n}}"
+    text = f"{prelude}\nfunc.func @f({params}) -> ({rtypes}) {{\n{body}\n{ret}\n}}"
     with mlir.make_ir_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         comp = RecordingCompiler()
-        prog = comp.block(module.body.operations[0].regions[0].blocks[0])
+        func = next(op for op in module.body.operations if op.operation.name == "func.func")
+        prog = comp.block(func.regions[0].blocks[0])
         launch = Launch()
         blk = None
         if not host:
