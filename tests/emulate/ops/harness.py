@@ -47,6 +47,8 @@ def recording() -> Iterator[set[str]]:
     try:
         yield _seen
     finally:
+        if outer is not None:  # a test inside a test: the outer one ran these too
+            outer.update(_seen)
         _seen = outer
 
 
@@ -98,8 +100,9 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
     values of ``returns`` (name -> MLIR type) and the final contents of every
     buffer input, by name. ``prelude``: module-level ops (globals) before the
     function."""
-    from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
+
+    from smalti.kernels import make_context
 
     inputs = inputs or {}
     returns = returns or {}
@@ -107,10 +110,11 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
     rtypes = ", ".join(returns.values())
     ret = (f"return {', '.join('%' + n for n in returns)} : {rtypes}" if returns else "return")
     text = f"{prelude}\nfunc.func @f({params}) -> ({rtypes}) {{\n{body}\n{ret}\n}}"
-    with mlir.make_ir_context(), ir.Location.unknown():
+    with make_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         comp = RecordingCompiler()
-        func = next(op for op in module.body.operations if op.operation.name == "func.func")
+        func = next(op for op in module.body.operations
+                    if op.operation.name == "func.func" and str(op.sym_name) == '"f"')
         prog = comp.block(func.regions[0].blocks[0])
         launch = Launch()
         blk = None
