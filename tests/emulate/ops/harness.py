@@ -95,11 +95,12 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
         returns: dict[str, str] | None = None, *, threads: int = 32, host: bool = False,
         block_id: tuple[int, int, int] = (0, 0, 0), grid: tuple[int, int, int] = (1, 1, 1),
         cluster: tuple[int, int, int] = (1, 1, 1), rank: int = 0,
-        smem_bytes: int = 0, prelude: str = "") -> dict[str, Any]:
+        smem_bytes: int = 0, prelude: str = "", sanitize: bool = False) -> dict[str, Any]:
     """Runs ``body`` with ``inputs`` (name -> (MLIR type, value)); returns the
     values of ``returns`` (name -> MLIR type) and the final contents of every
     buffer input, by name. ``prelude``: module-level ops (globals) before the
-    function."""
+    function. ``sanitize`` (host code only, as in a kernel): the
+    synchronization checker watches the launches and raises what it finds."""
     from jax._src.lib.mlir import ir
 
     from smalti.kernels import make_context
@@ -117,6 +118,10 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
                     if op.operation.name == "func.func" and str(op.sym_name) == '"f"')
         prog = comp.block(func.regions[0].blocks[0])
         launch = Launch()
+        if sanitize:
+            from smalti.emulate.sync.checker import Checker
+
+            launch.sync = Checker("raise", "raise")
         blk = None
         if not host:
             cl = Cluster(tuple(b // c for b, c in zip(block_id, cluster)), cluster,
@@ -134,6 +139,8 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
                 regs[slot] = np.asarray(value).astype(ty.dtype) if ty.dtype is not None else value
         with np.errstate(all="ignore"):
             prog.run(frame)
+        if launch.sync is not None:
+            launch.sync.finish()
         out: dict[str, Any] = {n: regs[s] for n, s in zip(returns, prog.term)}
         for name, (_, region, arr) in buffers.items():
             out[name] = region.data[:arr.nbytes].copy().view(arr.dtype).reshape(arr.shape)
