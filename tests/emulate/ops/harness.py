@@ -69,6 +69,8 @@ class RecordingCompiler(Compiler):
             if _seen is not None:  # reached: what it did (or raised) is the test's to check
                 _seen.update(names)
             step(fr)
+        if hasattr(step, "accumulators"):  # how it treats WGMMA accumulators, as marked
+            recorded.accumulators = step.accumulators  # type: ignore[attr-defined]
         return recorded
 
 
@@ -219,3 +221,14 @@ def assert_same_bits(got, want) -> None:
     bad = np.flatnonzero(~same)
     assert not bad.size, (f"{bad.size} of {got.size} differ, e.g. at {bad[:6].tolist()}: got "
                           f"{got.reshape(-1)[bad[:6]].tolist()}, want {want.reshape(-1)[bad[:6]].tolist()}")
+
+
+@contextmanager
+def recording_kernels() -> Iterator[None]:
+    """Whole kernels (:func:`smalti.emulate.run`) compiled with the
+    recording compiler, for the few forms only jax's own code generators
+    write (a WGMMA block)."""
+    from unittest import mock
+
+    with mock.patch.object(runner, "Compiler", RecordingCompiler):
+        yield
