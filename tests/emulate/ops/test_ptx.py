@@ -151,7 +151,7 @@ def _prmt(a: int, b: int, c: int) -> int:
     return d - (1 << 32) if d >> 31 else d
 
 
-@covers(form("prmt.b32 $0, $1, $2, $3;"))
+@covers("llvm.inline_asm", form("prmt.b32 $0, $1, $2, $3;"))
 def test_prmt_b32():
     rng = np.random.default_rng(1)
     a = rng.integers(-2 ** 31, 2 ** 31, 64).astype(np.int32)
