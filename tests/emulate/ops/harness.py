@@ -89,10 +89,6 @@ def covers(*names: str) -> Callable:
     return decorate
 
 
-def _type_of(text: str) -> irtypes.T:
-    return irtypes.parse(text)
-
-
 def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
         returns: dict[str, str] | None = None, *, threads: int = 32, host: bool = False,
         block_id: tuple[int, int, int] = (0, 0, 0), grid: tuple[int, int, int] = (1, 1, 1),
@@ -133,7 +129,7 @@ def run(body: str, inputs: dict[str, tuple[str, Any]] | None = None,
         frame = Frame(regs, launch, blk)
         buffers = {}
         for (name, (t, value)), slot in zip(inputs.items(), prog.args):
-            ty = _type_of(t)
+            ty = irtypes.parse(t)
             if ty.kind in ("memref", "ptr"):
                 buffers[name] = _buffer(frame, ty, np.asarray(value), name)
                 regs[slot] = buffers[name][0]

@@ -27,7 +27,7 @@ def form(text: str) -> str:
     return entry.form
 
 
-def asm(text: str, constraints: str, args: dict, out: str, n_in: int | None = None):
+def asm(text: str, constraints: str, args: dict, out: str):
     """``%r = llvm.inline_asm text`` on the named inputs; returns %r."""
     names = list(args)
     types = ", ".join(t for t, _ in args.values())
