@@ -193,7 +193,6 @@ def test_instructions_with_nothing_to_model_change_nothing():
         llvm.store %t, %w : i32, !llvm.ptr<3>
         {lines}
         %v = llvm.load %w : !llvm.ptr<3> -> i32
-        %ti = arith.index_cast %tx : index to i32
         memref.store %v, %out[%tx] : memref<32xi32>"""),
               {"out": ("memref<32xi32>", np.zeros(32, np.int32)),
                "g": ("!llvm.ptr", np.zeros(128, np.uint8))}, host=True, sanitize=True)
