@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from smalti.emulate import irtypes
-from smalti.emulate import runner  # noqa: F401  (registers every rule)
+from smalti.emulate import runner  # (importing it registers every rule)
 from smalti.emulate.compiler import Compiler, Op, Step
 from smalti.emulate.machine import Block, Cluster, Frame, Launch
 from smalti.emulate.ops import inline_asm as ptx
