@@ -75,13 +75,21 @@ def _elem(text: str) -> tuple[str, np.dtype]:
     return text, SCALARS[text]
 
 
+def _dims_and_elem(body: str) -> list[str]:
+    """``4x?x8xindex`` -> ["4", "?", "8", "index"] (an element type may hold
+    an "x" itself: index, f8E4M3FN...)."""
+    m = re.fullmatch(r"((?:(?:\d+|\?|\[\d+\])x)*)(.+)", body)
+    dims = m.group(1).split("x")[:-1] if m else []
+    return [*dims, m.group(2) if m else body]
+
+
 @lru_cache(maxsize=None)
 def parse(text: str) -> T:
     if text in SCALARS:
         return T(text, "scalar", SCALARS[text], text)
     if text.startswith("vector<"):
         body = text[len("vector<"):-1]
-        *dims, el = body.split("x")
+        *dims, el = _dims_and_elem(body)
         if any(not d.isdigit() for d in dims):
             raise Unsupported(f"vector type {text} (scalable or 0-d)")
         e, dt = _elem(el)
@@ -89,8 +97,7 @@ def parse(text: str) -> T:
     if text.startswith("memref<"):
         body = text[len("memref<"):-1]
         head = re.split(r", (?=strided|affine|#|\d+ ?>|\d+$|\d+ : i\d+$)", body)[0]
-        parts = head.split("x")
-        dims, el = parts[:-1], parts[-1]
+        *dims, el = _dims_and_elem(head)
         e, dt = _elem(el)
         return T(text, "memref", dt, e, tuple(-1 if d == "?" else int(d) for d in dims),
                  _space(text))

@@ -69,7 +69,10 @@ def insert(agg: Any, pos: tuple[int, ...], value: Any) -> tuple:
 
 
 def extract(agg: Any, pos: tuple[int, ...]) -> Any:
+    """The field at ``pos``; :data:`UNDEF` if no insert reached it."""
     for p in pos:
+        if agg is UNDEF or agg is None or p >= len(agg):
+            return UNDEF
         agg = agg[p]
     return agg
 

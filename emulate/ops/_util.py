@@ -46,7 +46,3 @@ def const_array(value: np.ndarray) -> np.ndarray:
 def thread_axis(cond: np.ndarray, vrank: int) -> np.ndarray:
     """A per-thread (T,) array shaped to broadcast against (T, *vector_shape)."""
     return cond.reshape(cond.shape + (1,) * vrank)
-
-
-def int_attr(o: Op, name: str) -> int:
-    return int(o.attr(name).value)

@@ -25,7 +25,7 @@ def _dense_value(attr, t: irtypes.T) -> np.ndarray:
         if attr.is_splat:
             return np.full(t.shape, _scalar(attr.get_splat_value(), dt), dt)
         if t.elem in ("bf16", "f16") or t.elem.startswith("f8"):
-            body = str(attr)[len("dense<"):].rsplit(">", 1)[0]
+            body = str(attr)[len("dense<"):].split(">", 1)[0]  # not the type's ">"
             if body.startswith('"0x'):
                 raw = bytes.fromhex(body.strip('"')[2:])
                 return np.frombuffer(raw, dt).reshape(t.shape).copy()
@@ -64,10 +64,6 @@ def constant(o: Op) -> Step:
     def step(fr: Frame) -> None:
         fr.regs[out] = val
     return step
-
-
-def _wrap(fn):
-    return lambda *xs: fn(*xs)
 
 
 def _signed_div(a, b):
@@ -138,10 +134,23 @@ INT_BINARY = {
     "arith.maxui": _u(np.maximum), "arith.minui": _u(np.minimum),
     "arith.shli": _shift("shl"), "arith.shrsi": _shift("shrsi"), "arith.shrui": _shift("shrui"),
 }
+def maximumf(a, b):
+    """IEEE maximum: NaN if either is NaN, and -0.0 < +0.0 (np.maximum may
+    return either of two equal operands, so the sign of a zero is chosen here)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where(a == b, np.where(np.signbit(a), b, a), np.maximum(a, b))
+
+
+def minimumf(a, b):
+    """IEEE minimum: NaN if either is NaN, and -0.0 < +0.0."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where(a == b, np.where(np.signbit(a), a, b), np.minimum(a, b))
+
+
 FLOAT_BINARY = {
     "arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply,
     "arith.divf": np.divide, "arith.remf": np.fmod,
-    "arith.maximumf": np.maximum, "arith.minimumf": np.minimum,
+    "arith.maximumf": maximumf, "arith.minimumf": minimumf,
     "arith.maxnumf": np.fmax, "arith.minnumf": np.fmin,
 }
 
@@ -151,8 +160,10 @@ def _bool_ok(fn, name):
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype == np.bool_ and name in ("arith.addi", "arith.subi"):
             return np.logical_xor(a, b)
-        if a.dtype == np.bool_ and name == "arith.muli":
-            return np.logical_and(a, b)
+        if a.dtype == np.bool_ and name in ("arith.muli", "arith.maxsi"):
+            return np.logical_and(a, b)  # signed, true is -1: the max is true iff both are
+        if a.dtype == np.bool_ and name == "arith.minsi":
+            return np.logical_or(a, b)
         return fn(a, b)
     return f
 
@@ -290,11 +301,16 @@ def _fp_to_int(dt: np.dtype, unsigned: bool):
     bits = dt.itemsize * 8
     lo, hi = (0, 2 ** bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
 
+    out = irtypes.UNSIGNED[bits] if unsigned else dt
+
     def f(x):
         x = np.asarray(x).astype(np.float64)
         t = np.trunc(np.nan_to_num(x, nan=0.0))
-        t = np.clip(t, lo, hi)
-        return t.astype(irtypes.UNSIGNED[bits] if unsigned else dt).view(dt)
+        # compare in float64, but take the limits as integers: 2**63 - 1 (and
+        # 2**64 - 1) round up to a float that no longer fits
+        res = np.clip(t, lo, hi).astype(out)
+        res = np.where(t >= hi, np.array(hi).astype(out), res)
+        return np.where(t <= lo, np.array(lo).astype(out), res).astype(out).view(dt)
     return f
 
 

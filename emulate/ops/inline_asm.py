@@ -212,7 +212,8 @@ F32_TINY = np.float32(np.finfo(np.float32).tiny)
 
 
 def _ftz(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < F32_TINY, np.zeros_like(x), x)
+    """Subnormals to a zero of the same sign (PTX: "sign-preserving zero")."""
+    return np.where(np.abs(x) < F32_TINY, np.copysign(np.zeros_like(x), x), x)
 
 
 def _f32(fn, ftz: bool):

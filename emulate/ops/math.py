@@ -35,6 +35,15 @@ def _f64_2(fn):
     return f
 
 
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    """To nearest, halves away from zero, keeping the sign of zero. Not
+    ``floor(x + 0.5)``: the sum rounds up for odd doubles past 2**52, and
+    loses the sign of -0.0 and of -0.4."""
+    t = np.trunc(x)
+    r = np.where(np.abs(x - t) >= 0.5, t + np.copysign(1.0, x), t)  # x - t is exact
+    return np.copysign(r, x)
+
+
 UNARY = {
     "math.exp": np.exp, "math.exp2": np.exp2, "math.expm1": np.expm1,
     "math.log": np.log, "math.log2": np.log2, "math.log10": np.log10, "math.log1p": np.log1p,
@@ -46,7 +55,7 @@ UNARY = {
     "math.erf": lambda x: _erf(x).astype(np.float64),
     "math.floor": np.floor, "math.ceil": np.ceil, "math.trunc": np.trunc,
     "math.roundeven": np.rint,
-    "math.round": lambda x: np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)),
+    "math.round": lambda x: _round_half_away(x),
 }
 for _n, _f in UNARY.items():
     rule(_n)(lambda o, f=_f: unary(o, _f64(f)))
@@ -65,10 +74,6 @@ def fma(o: Op) -> Step:
         return (a.astype(np.float64) * np.asarray(b).astype(np.float64)
                 + np.asarray(c).astype(np.float64)).astype(a.dtype)
     return ternary(o, f)
-
-
-def _isnan(x):
-    return np.isnan(x)
 
 
 rule("math.isnan")(lambda o: unary(o, np.isnan))

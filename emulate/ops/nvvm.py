@@ -89,7 +89,7 @@ def shfl_sync(o: Op) -> Step:
     kind = str(o.attr("kind")).split("<")[-1].rstrip(">")
     _, val, off, clamp_s = o.ins
     outs = o.outs
-    pair = o.has("return_value_and_is_valid")
+    pair = _flag(o, "return_value_and_is_valid")
     loc = o.loc
 
     def step(fr: Frame) -> None:
@@ -471,7 +471,7 @@ def cp_async_bulk_commit_group(o: Op) -> Step:
 
 @rule("nvvm.cp.async.bulk.wait_group")
 def cp_async_bulk_wait_group(o: Op) -> Step:
-    pending, read_only = _int_attr(o, "group"), o.has("read")
+    pending, read_only = _int_attr(o, "group"), _flag(o, "read")
     return lambda fr: bulk_wait(fr, pending, read_only)
 
 
@@ -634,8 +634,17 @@ def redux_sync(o: Op) -> Step:
     return step
 
 
+def _flag(o: Op, name: str) -> bool:
+    """A unit or boolean attribute: MLIR now keeps ``nan = false`` and
+    ``abs = false`` as properties, so being there is not being set."""
+    if not o.has(name):
+        return False
+    return bool(getattr(o.attr(name), "value", True))
+
+
 def _redux_f32(o: Op, kind: str) -> Step:
-    nan = o.has("nan")
+    nan = _flag(o, "nan")
+    absolute = _flag(o, "abs")  # .abs: of each input's absolute value
     fn = {("fmax", True): np.max, ("fmin", True): np.min,
           ("fmax", False): np.fmax.reduce, ("fmin", False): np.fmin.reduce}[kind, nan]
     val, mask = o.ins
@@ -644,6 +653,8 @@ def _redux_f32(o: Op, kind: str) -> Step:
 
     def step(fr: Frame) -> None:
         v = _by_warp(fr, val, np.float32, "redux.sync", loc)
+        if absolute:
+            v = np.abs(v)
         fr.regs[out] = np.repeat(fn(v, axis=1).astype(np.float32), 32)
     return step
 

@@ -10,6 +10,7 @@ from .. import irtypes
 from ..compiler import MOVES, Op, Step, rule
 from ..machine import Frame
 from ..values import lead
+from . import arith
 from ._util import unary
 from .memref import element_addresses, memref_of
 
@@ -96,7 +97,7 @@ def insert(o: Op) -> Step:
     return step
 
 
-@rule("vector.broadcast", "vector.splat", accumulators=MOVES)
+@rule("vector.broadcast", accumulators=MOVES)  # (vector.splat: gone from MLIR)
 def broadcast(o: Op) -> Step:
     src_t, dst_t = o.in_types[0], o.out_types[0]
     svr, shape = src_t.vrank, dst_t.shape
@@ -181,7 +182,7 @@ def from_elements(o: Op) -> Step:
 
 
 REDUCE = {"add": np.add, "mul": np.multiply, "maxsi": np.maximum, "minsi": np.minimum,
-          "maximumf": np.maximum, "minimumf": np.minimum, "maxnumf": np.fmax,
+          "maximumf": arith.maximumf, "minimumf": arith.minimumf, "maxnumf": np.fmax,
           "minnumf": np.fmin, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
 
 
