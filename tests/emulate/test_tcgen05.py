@@ -147,6 +147,52 @@ def test_mma_matches_numpy(name):
     assert np.abs(want).max() > 1 and np.all(err < 1e-3 * np.abs(want).max())
 
 
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+@pytest.mark.parametrize("types", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2), (E5M2, E5M2)],
+                         ids=["e4m3", "e5m2xe4m3", "e4m3xe5m2", "e5m2"])
+@pytest.mark.parametrize("lhs_tmem", [False, True], ids=["a-smem", "a-tmem"])
+def test_fp8_mma_matches_numpy(types, lhs_tmem):
+    """kind::f8f6f4 with fp8 operands (A from TMEM: four elements a cell)."""
+    call, (sa, sb) = _mma(128, 128, 128, *types, lhs_tmem=lhs_tmem)
+    a, b = normal(sa.shape, types[0]), normal(sb.shape, types[1])
+    (got,) = run(call, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    err = np.abs(got.astype(np.float64) - a64 @ b64)
+    assert got.dtype == np.float32 and np.all(err <= mma_bound(a64, b64))
+    assert np.abs(a64 @ b64).max() > 1
+
+
+def ints(shape, dtype):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("lhs_tmem", [False, True], ids=["a-smem", "a-tmem"])
+def test_int8_mma_is_exact(lhs_tmem):
+    """kind::i8, s8 x s8 -> s32: exact (the extremes included)."""
+    call, (sa, sb) = _mma(128, 128, 128, jnp.int8, swizzle=64, lhs_tmem=lhs_tmem,
+                          acc_type=jnp.int32)
+    a, b = ints(sa.shape, np.int8), ints(sb.shape, np.int8)
+    a[0, :] = -128
+    b[:, 0] = -128
+    (got,) = run(call, a, b)
+    np.testing.assert_array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
+def test_uint8_mma_is_computed_signed_as_jax_encodes_it():
+    """jax 0.11.2 encodes any 8-bit integer input as signed in the instruction
+    descriptor (``i8`` is signless in MLIR), so uint8 operands are multiplied
+    as the int8 values of their bits: what the descriptor asks the GPU for."""
+    call, (sa, sb) = _mma(128, 128, 128, jnp.uint8, swizzle=64, acc_type=jnp.int32)
+    a, b = ints(sa.shape, np.uint8), ints(sb.shape, np.uint8)
+    (got,) = run(call, a, b)
+    signed = a.view(np.int8).astype(np.int64) @ b.view(np.int8).astype(np.int64)
+    np.testing.assert_array_equal(got, signed.astype(np.int32))
+    assert not np.array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
 # --- the official Blackwell matmul ----------------------------------------------------------
 
 SMALLEST = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
