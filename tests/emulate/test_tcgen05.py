@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu as matmul
 
@@ -191,6 +192,58 @@ def test_uint8_mma_is_computed_signed_as_jax_encodes_it():
     signed = a.view(np.int8).astype(np.int64) @ b.view(np.int8).astype(np.int64)
     np.testing.assert_array_equal(got, signed.astype(np.int32))
     assert not np.array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
+# --- SMEM -> TMEM copies (tcgen05.cp) --------------------------------------------------------
+
+def smem_to_tmem_kernel(shape, dtype, swizzle, wait=True):
+    """x -> SMEM (TMA) -> TMEM (tcgen05.cp from one warp, committed to a
+    barrier) -> registers -> out. ``swizzle`` None: 16-byte-wide tiles, no
+    swizzle (128x128b copies); else a swizzle (128x256b copies)."""
+    width = (swizzle or 16) // np.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, width)),) + (
+        (plgpu.SwizzleTransform(swizzle),) if swizzle else ())
+
+    def body(x_gmem, o_gmem, smem, t, loaded, copied):
+        tma_in(x_gmem, smem, loaded)
+
+        @plgpu.warp_map
+        def _(warp):
+            @pl.when(warp == 0)
+            def _():
+                plgpu.async_copy_smem_to_tmem(smem, t)  # <cp>
+                plgpu.tcgen05_commit_arrive(copied)
+
+        if wait:
+            plgpu.barrier_wait(copied)
+        o_gmem[...] = plgpu.async_load_tmem(t)  # <ld>
+        if not wait:
+            plgpu.barrier_wait(copied)
+
+    packed = True if np.dtype(dtype).itemsize == 2 else None
+    call = kernel(body, sds(shape, dtype),
+                  [plgpu.SMEM(shape, dtype, transforms=transforms),
+                   plgpu.TMEM(shape, dtype, packed=packed), plgpu.Barrier(),
+                   plgpu.Barrier(orders_tensor_core=True)])
+    return call, body
+
+
+@pytest.mark.parametrize("shape, dtype, swizzle", [
+    ((128, 64), jnp.int32, 128), ((128, 128), F16, 128), ((128, 128), F16, 32),
+    ((128, 64), jnp.int32, None), ((128, 128), F16, None)],
+    ids=["i32-swizzle128", "f16-swizzle128", "f16-swizzle32", "i32-unswizzled",
+         "f16-unswizzled"])
+def test_smem_to_tmem_copy(shape, dtype, swizzle):
+    x = (normal(shape, np.float32) * 1000).astype(dtype)
+    call, _ = smem_to_tmem_kernel(shape, dtype, swizzle)
+    (got,) = run(call, x)
+    np.testing.assert_array_equal(got, x)
+
+
+def test_reading_tmem_before_the_copy_is_committed_races():
+    call, body = smem_to_tmem_kernel((128, 64), jnp.int32, 128, wait=False)
+    assert_tmem_race(call, [np.arange(128 * 64, dtype=np.int32).reshape(128, 64)], body,
+                     ("tcgen05.cp", "<cp>"), ("tcgen05.ld", "<ld>"), "tcgen05.commit")
 
 
 # --- the official Blackwell matmul ----------------------------------------------------------
