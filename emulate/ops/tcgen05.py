@@ -13,7 +13,7 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
 * ``tcgen05.ld/st.sync.aligned.{32x32b,16x64b,16x128b,16x256b}.x{1..128}
   [.pack::16b|.unpack::16b].b32``: by whole warps, each warp at the address
   it gives (which must be the same in its 32 threads), in its own 32-lane
-  slab (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved at once (a loaded register may be used
+  slab (``tcgen05.ld.red...32x32b``: also each thread's min/max of its words) (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved at once (a loaded register may be used
   before ``tcgen05.wait::ld``: ptxas orders register uses, and jax relies on
   it), but for the checker a warp's TMEM loads and stores are asynchronous
   units that complete at its ``tcgen05.wait::ld`` / ``wait::st``.
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import re
 import types
+import warnings
 
 import numpy as np
 
@@ -280,6 +281,58 @@ def tmem_move(i: Instr) -> Step:
                 fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4, True,
                                      site, comp, stamp, agent, proxy_read=False)
     return store
+
+
+TMEM_LOAD_RED = re.compile(r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x(\d+)\.(min|max)"
+                           r"(\.abs)?(\.NaN)?\.(f32|s32|u32)")
+
+
+def _reduce(vals: np.ndarray, how: str, absolute: bool, nan: bool, ty: str) -> np.ndarray:
+    """Each thread's min/max over its registers (``vals``: (T, n) uint32 bits)."""
+    if ty == "f32":
+        x = vals.view(np.float32)
+        x = np.abs(x) if absolute else x
+        fn = (np.max if how == "max" else np.min) if nan else \
+            (np.nanmax if how == "max" else np.nanmin)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows of NaNs only
+            return fn(x, axis=1).astype(np.float32).view(np.int32)
+    x = vals.view(np.int32) if ty == "s32" else vals
+    r = x.max(axis=1) if how == "max" else x.min(axis=1)
+    return r.astype(x.dtype).view(np.int32)
+
+
+@ptx_pattern(TMEM_LOAD_RED.pattern,
+             "tcgen05.ld.red.sync.aligned.32x32b.x{N}.{min,max}[.abs][.NaN].{f32,s32,u32} "
+             "{regs}, red, [taddr]: a 32x32b load that also gives each thread the min/max "
+             "of its loaded words (.abs of their magnitudes; .NaN: NaN wins, else NaN is "
+             "ignored)")
+def tmem_load_red(i: Instr) -> Step:
+    m = TMEM_LOAD_RED.fullmatch(i.opcode)
+    num, how, absolute, nan, ty = int(m[1]), m[2], bool(m[3]), bool(m[4]), m[5]
+    if num & (num - 1) or num > 128 or (ty != "f32" and (absolute or nan)) or i.pred is not None:
+        raise i.unknown
+    regs = [a.strip("{} ") for a in i.args[:-2]]
+    if regs != [f"${r}" for r in range(num)] or i.args[-2].strip() != f"${num}" or \
+            i.args[-1].strip() != f"[${num + 1}]" or len(i.ins) != 1:
+        raise i.unknown
+    frag = tmem.fragment("32x32b", num)
+    (out,), addr_slot, loc, op, site = i.outs, i.ins[0], i.loc, i.opcode, i.site
+
+    def load(fr: Frame) -> None:
+        t = tmem.of_block(fr.need_block(op, loc))
+        vals = np.zeros((fr.T, num), np.uint32)
+        for k in _executing_warps(fr, [], op, loc):
+            lanes, cols = _cells(fr, t, k, addr_slot, frag, False, op, loc)
+            vals[32 * k: 32 * k + 32] = t.cells[lanes, cols]
+            if fr.sync is not None:
+                comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_LOAD, "tcgen05.ld")
+                fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4,
+                                     False, site, comp, stamp, agent, proxy_read=False)
+        v = vals.view(np.int32)
+        fr.regs[out] = tuple(v[:, r].copy() for r in range(num)) + (
+            _reduce(vals, how, absolute, nan, ty),)
+    return load
 
 
 @ptx("tcgen05.wait::ld.sync.aligned", "tcgen05.wait::st.sync.aligned")
