@@ -13,12 +13,13 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
 * ``tcgen05.ld/st.sync.aligned.{32x32b,16x64b,16x128b,16x256b}.x{1..128}
   [.pack::16b|.unpack::16b].b32``: by whole warps, each warp at the address
   it gives (which must be the same in its 32 threads), in its own 32-lane
-  slab (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved at once (a loaded register may be used
+  slab (``tcgen05.ld.red...32x32b``: also each thread's min/max of its words) (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved at once (a loaded register may be used
   before ``tcgen05.wait::ld``: ptxas orders register uses, and jax relies on
   it), but for the checker a warp's TMEM loads and stores are asynchronous
   units that complete at its ``tcgen05.wait::ld`` / ``wait::st``.
-* ``tcgen05.mma.cta_group::1.kind::f16`` (f16/bf16 inputs, f32 accumulator),
-  by each thread that executes it: D (TMEM, lanes 0-127 from the address's
+* ``tcgen05.mma.cta_group::{1,2}.kind::{f16,f8f6f4,i8}`` (f16/bf16, fp8
+  e4m3/e5m2 -- A and B may differ --, s8/u8; f32 or, for i8, s32
+  accumulators), by each thread that executes it: D (TMEM, lanes 0-127 from the address's
   column) = A @ B (+ D with ``enable-input-d``). A comes from an SMEM matrix
   descriptor or from TMEM (row i at lane i, two 16-bit elements a column,
   the even k in the low half); B from an SMEM descriptor. SMEM descriptors
@@ -27,13 +28,15 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   :func:`.wgmma._read_operand`. The instruction descriptor is decoded as the
   PTX ISA documents it (sparsity 0-2, saturate 3, D type 4-5, A/B type 7-9 /
   10-12, negate A/B 13/14, transpose A/B 15/16, N >> 3 in 17-22, M >> 4 in
-  24-28, max shift 30-31). Each instruction's 16 products are summed in
-  float64, added to D and rounded to f32 once (compare within the bound of
-  :mod:`.wgmma`). Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
+  24-28, max shift 30-31). Each instruction's K (32 bytes of a row) products
+  are summed in float64, added to D and rounded to f32 once (compare within
+  the bound of :mod:`.wgmma`); integer products and sums are exact, D wraps
+  to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
   by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
   TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
-  first). Other kinds, M = 64, ``.sp``, block scaling and f16 accumulators
-  raise :class:`Unsupported`.
+  first). kind::tf32 (jax 0.11.2 never emits it), f6/f4 operands, M = 64,
+  ``.sp``, block scaling, saturation and f16 accumulators raise
+  :class:`Unsupported`.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
   mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
   thread issued are complete (they ran when issued); one arrival.
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import re
 import types
+import warnings
 
 import numpy as np
 
@@ -279,6 +283,58 @@ def tmem_move(i: Instr) -> Step:
     return store
 
 
+TMEM_LOAD_RED = re.compile(r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x(\d+)\.(min|max)"
+                           r"(\.abs)?(\.NaN)?\.(f32|s32|u32)")
+
+
+def _reduce(vals: np.ndarray, how: str, absolute: bool, nan: bool, ty: str) -> np.ndarray:
+    """Each thread's min/max over its registers (``vals``: (T, n) uint32 bits)."""
+    if ty == "f32":
+        x = vals.view(np.float32)
+        x = np.abs(x) if absolute else x
+        fn = (np.max if how == "max" else np.min) if nan else \
+            (np.nanmax if how == "max" else np.nanmin)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows of NaNs only
+            return fn(x, axis=1).astype(np.float32).view(np.int32)
+    x = vals.view(np.int32) if ty == "s32" else vals
+    r = x.max(axis=1) if how == "max" else x.min(axis=1)
+    return r.astype(x.dtype).view(np.int32)
+
+
+@ptx_pattern(TMEM_LOAD_RED.pattern,
+             "tcgen05.ld.red.sync.aligned.32x32b.x{N}.{min,max}[.abs][.NaN].{f32,s32,u32} "
+             "{regs}, red, [taddr]: a 32x32b load that also gives each thread the min/max "
+             "of its loaded words (.abs of their magnitudes; .NaN: NaN wins, else NaN is "
+             "ignored)")
+def tmem_load_red(i: Instr) -> Step:
+    m = TMEM_LOAD_RED.fullmatch(i.opcode)
+    num, how, absolute, nan, ty = int(m[1]), m[2], bool(m[3]), bool(m[4]), m[5]
+    if num & (num - 1) or num > 128 or (ty != "f32" and (absolute or nan)) or i.pred is not None:
+        raise i.unknown
+    regs = [a.strip("{} ") for a in i.args[:-2]]
+    if regs != [f"${r}" for r in range(num)] or i.args[-2].strip() != f"${num}" or \
+            i.args[-1].strip() != f"[${num + 1}]" or len(i.ins) != 1:
+        raise i.unknown
+    frag = tmem.fragment("32x32b", num)
+    (out,), addr_slot, loc, op, site = i.outs, i.ins[0], i.loc, i.opcode, i.site
+
+    def load(fr: Frame) -> None:
+        t = tmem.of_block(fr.need_block(op, loc))
+        vals = np.zeros((fr.T, num), np.uint32)
+        for k in _executing_warps(fr, [], op, loc):
+            lanes, cols = _cells(fr, t, k, addr_slot, frag, False, op, loc)
+            vals[32 * k: 32 * k + 32] = t.cells[lanes, cols]
+            if fr.sync is not None:
+                comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_LOAD, "tcgen05.ld")
+                fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4,
+                                     False, site, comp, stamp, agent, proxy_read=False)
+        v = vals.view(np.int32)
+        fr.regs[out] = tuple(v[:, r].copy() for r in range(num)) + (
+            _reduce(vals, how, absolute, nan, ty),)
+    return load
+
+
 @ptx("tcgen05.wait::ld.sync.aligned", "tcgen05.wait::st.sync.aligned")
 def tmem_wait(i: Instr) -> Step:
     """The warp's earlier tcgen05.ld (wait::ld) or tcgen05.st (wait::st) are complete
@@ -311,28 +367,39 @@ MMA = re.compile(
     r"tcgen05\.mma(\.sp)?\.cta_group::(\d)\.kind::(\S+) \[\$0\], (\[a_desc\]|a_desc), b_desc, "
     r"(.*?)\$3, (.*?)\$4; \}")
 
-F16_TYPES = {0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}
+#: per kind: A/B type codes of the instruction descriptor -> element dtype, and the
+#: D type code it needs (1: f32, 2: s32); f6/f4 codes of kind::f8f6f4 are not modelled
+KINDS = {
+    "f16": ({0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}, 1),
+    "f8f6f4": ({0: irtypes.SCALARS["f8E4M3FN"], 1: irtypes.SCALARS["f8E5M2"]}, 1),
+    "i8": ({0: np.dtype(np.uint8), 1: np.dtype(np.int8)}, 2),
+}
 K_BYTES = 32  # one dense instruction's K: 32 bytes of each operand row
 
 
-def _idesc(idesc: int, ctas: int, where: str) -> dict:
-    """The fields of a kind::f16 instruction descriptor (PTX ISA, "Instruction
-    descriptor"), checked against what is modelled."""
+def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
+    """The fields of a kind::f16/f8f6f4/i8 instruction descriptor (PTX ISA,
+    "Instruction descriptor"), checked against what is modelled."""
     f = {"sparse": (idesc >> 2) & 1, "saturate": (idesc >> 3) & 1, "d": (idesc >> 4) & 3,
          "a": (idesc >> 7) & 7, "b": (idesc >> 10) & 7, "neg_a": (idesc >> 13) & 1,
          "neg_b": (idesc >> 14) & 1, "trans_a": (idesc >> 15) & 1, "trans_b": (idesc >> 16) & 1,
          "n": ((idesc >> 17) & 0x3F) << 3, "m": ((idesc >> 24) & 0x1F) << 4,
          "shift": (idesc >> 30) & 3}
+    types_, d_code = KINDS[kind]
     if f["sparse"] or idesc & 3:
         raise Unsupported(f"a tcgen05.mma instruction descriptor {idesc:#x} asking for sparsity "
                           "without .sp", where)
-    if f["d"] != 1:
-        raise Unsupported(f"tcgen05.mma with D type {f['d']} (instruction descriptor "
-                          f"{idesc:#x}; only f32 accumulators are modelled)", where)
-    if f["a"] not in F16_TYPES or f["a"] != f["b"]:
-        raise Unsupported(f"tcgen05.mma.kind::f16 with A type {f['a']} and B type {f['b']} "
-                          f"(instruction descriptor {idesc:#x}; f16 x f16 and bf16 x bf16 are "
-                          "modelled)", where)
+    if f["d"] != d_code or f["saturate"]:
+        raise Unsupported(f"tcgen05.mma.kind::{kind} with D type {f['d']} (instruction "
+                          f"descriptor {idesc:#x}; {'s32' if d_code == 2 else 'f32'} "
+                          "accumulators, without saturation, are modelled)", where)
+    if f["a"] not in types_ or f["b"] not in types_ or (kind != "f8f6f4" and f["a"] != f["b"]):
+        raise Unsupported(f"tcgen05.mma.kind::{kind} with A type {f['a']} and B type {f['b']} "
+                          f"(instruction descriptor {idesc:#x}; modelled: "
+                          f"{', '.join(str(t) for t in types_.values())})", where)
+    if kind == "i8" and (f["neg_a"] or f["neg_b"]):
+        raise EmulationError(f"tcgen05.mma.kind::i8 instruction descriptor {idesc:#x} at {where} "
+                             "negates an operand, which only floating-point kinds allow")
     if f["shift"]:
         raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} sets "
                              "the max shift, which only tcgen05.mma.ws takes")
@@ -344,6 +411,7 @@ def _idesc(idesc: int, ctas: int, where: str) -> dict:
         raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} has "
                              f"N = {f['n']}: with M = {f['m']}, N must be a multiple of 16 "
                              "from 16 to 256")
+    f["a_dtype"], f["b_dtype"] = types_[f["a"]], types_[f["b"]]
     return f
 
 
@@ -358,21 +426,22 @@ def _smem_desc(desc: int, where: str) -> int:
 
 def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, k: int, el: np.dtype, op: str,
                  where: str) -> tuple[np.ndarray, np.ndarray]:
-    """A (m x k, 16-bit elements) at a TMEM address: row i at lane i, element k in
-    column k // 2, half k % 2. Also the cells' byte addresses (for the checker)."""
+    """A (m x k) at a TMEM address: row i at lane i, its elements packed 32 bits a
+    cell (k // p in column k // p, the lowest bits first, p = 4 // itemsize).
+    Also the cells' byte addresses (for the checker)."""
     lane0, col0 = (int(x) for x in tmem.split(taddr))
     if lane0 + m > tmem.LANES:
         raise EmulationError(f"{op} at {where}: A at TMEM lane {lane0} has {m} rows")
     lanes = lane0 + np.arange(m)[:, None]
-    cols = col0 + np.arange(k // 2)[None, :]
+    cols = col0 + np.arange(k * el.itemsize // tmem.CELL)[None, :]
     t.check_columns(cols.reshape(-1), op, where)
-    cells = t.cells[lanes, cols]
-    halves = np.stack([cells & 0xFFFF, cells >> 16], axis=-1).astype(np.uint16)
-    return halves.reshape(m, k).view(el), t.byte_addresses(lanes, cols)
+    cells = np.ascontiguousarray(t.cells[lanes, cols])  # little-endian: low bits first
+    return cells.view(np.uint8).reshape(m, -1).view(el), t.byte_addresses(lanes, cols)
 
 
 @ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
-          "kind::f16 (f16/bf16, f32 accumulator, M = 128 a CTA), A from an SMEM "
+          "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
+          "accumulators, M = 128 a CTA; A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
           "the checker until its commit's mbarrier phase completes")
@@ -382,15 +451,16 @@ def tcgen05_mma(i: Instr) -> Step:
     if not m:
         raise Unsupported(f"inline PTX {i.text!r} (a tcgen05.mma form not modelled)", i.loc)
     a_reg, a_off, b_off, b_hi, a_hi, sparse, group, kind, a_op, extra, extra2 = m.groups()
-    if sparse or group not in ("1", "2") or kind != "f16" or extra or extra2:
+    if sparse or group not in ("1", "2") or kind not in KINDS or extra or extra2:
         what = ("sparse " if sparse else "") + f"kind::{kind}" + (
             " with scale factors or metadata" if extra or extra2 else "")
-        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16 is modelled)", i.loc)
+        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16, f8f6f4 (fp8) and i8 are "
+                          "modelled)", i.loc)
     a_tmem = a_op == "[a_desc]"
     if a_tmem != (a_reg == "b32") or len(i.ins) != 5 or i.results:
         raise i.unknown
-    mma = _Mma(int(group), a_tmem, int(a_off), int(a_hi or 0), int(b_off), int(b_hi), i.ins,
-               i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
+    mma = _Mma(int(group), kind, a_tmem, int(a_off), int(a_hi or 0), int(b_off), int(b_hi),
+               i.ins, i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
 
     def step(fr: Frame) -> None:
         fr.need_block(mma.op, mma.loc)
@@ -402,13 +472,13 @@ def tcgen05_mma(i: Instr) -> Step:
 class _Mma:
     """One tcgen05.mma instruction: its constant parts, and :meth:`issue`."""
 
-    def __init__(self, ctas: int, a_tmem: bool, a_off: int, a_hi: int, b_off: int, b_hi: int,
-                 ins: list[int], loc: str, site) -> None:
-        self.ctas, self.a_tmem = ctas, a_tmem
+    def __init__(self, ctas: int, kind: str, a_tmem: bool, a_off: int, a_hi: int, b_off: int,
+                 b_hi: int, ins: list[int], loc: str, site) -> None:
+        self.ctas, self.kind, self.a_tmem = ctas, kind, a_tmem
         self.a_off, self.a_hi, self.b_off, self.b_hi = a_off, a_hi, b_off, b_hi
         self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins
         self.loc, self.site = loc, site
-        self.op = f"tcgen05.mma.cta_group::{ctas}.kind::f16"
+        self.op = f"tcgen05.mma.cta_group::{ctas}.kind::{kind}"
 
     def blocks(self, b) -> list:
         """The CTAs the MMA spans: the issuing block, or its pair (the even rank first)."""
@@ -426,9 +496,11 @@ class _Mma:
         def val(slot: int) -> int:
             return int(per_thread(fr.regs[slot], fr.T)[th]) & 0xFFFFFFFF
         idesc = val(self.id_s)
-        f = _idesc(idesc, self.ctas, loc)
-        el = F16_TYPES[f["a"]]
+        f = _idesc(idesc, self.kind, self.ctas, loc)
+        el, b_el = f["a_dtype"], f["b_dtype"]
         k, n, rows = K_BYTES // el.itemsize, f["n"], f["m"] // self.ctas
+        exact = self.kind == "i8"  # integers: int64 products, s32 wrapping
+        wide = np.int64 if exact else np.float64
         d_lane, d_col = (int(x) for x in tmem.split(val(self.d_s)))
         if d_lane:
             raise EmulationError(f"{op} at {loc}: D at TMEM lane {d_lane}; an M = {rows} "
@@ -441,7 +513,7 @@ class _Mma:
         a_lo = (val(self.a_s) + self.a_off) & 0xFFFFFFFF
         b_desc = _smem_desc(((val(self.b_s) + self.b_off) & 0xFFFFFFFF) | (self.b_hi << 32), loc)
         # B is split by columns between the CTAs (the even CTA's first)
-        bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, el,
+        bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, b_el,
                                                f["trans_b"]) for blk in ctas])
         accumulate = bool(per_thread(fr.regs[self.acc_s], fr.T)[th])
         for blk in ctas:  # A and D are split by rows: each CTA's own
@@ -453,7 +525,7 @@ class _Mma:
             else:
                 a = self.smem_operand(blk, check, _smem_desc(a_lo | (self.a_hi << 32), loc),
                                       rows, k, el, f["trans_a"])
-            prod = a.astype(np.float64) @ bm.astype(np.float64).T
+            prod = a.astype(wide) @ bm.astype(wide).T
             if f["neg_a"] != f["neg_b"]:
                 prod = -prod
             lanes = np.arange(rows)[:, None]
@@ -461,10 +533,11 @@ class _Mma:
             t.check_columns(cols.reshape(-1), op, loc)
             d_cells = t.byte_addresses(lanes, cols)
             if accumulate:
-                prod = prod + t.cells[lanes, cols].view(np.float32).astype(np.float64)
+                prod = prod + t.cells[lanes, cols].view(np.int32 if exact else np.float32)
                 if check:
                     check(t.space, d_cells, False, False)
-            t.cells[lanes, cols] = prod.astype(np.float32).view(np.uint32)
+            t.cells[lanes, cols] = (prod.astype(np.uint64).astype(np.uint32) if exact else
+                                    prod.astype(np.float32).view(np.uint32))
             if check:
                 check(t.space, d_cells, True, False)
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu as matmul
 
@@ -87,6 +88,46 @@ def test_tmem_round_trip_under_smalti():
     np.testing.assert_array_equal(got, x * 3)
 
 
+def reducing_load_kernel(dtype, reduce):
+    """x -> TMEM; loaded back (32x32b) with a row reduction (tcgen05.ld.red)."""
+    def body(x_gmem, o_gmem, r_gmem, t):
+        plgpu.async_store_tmem(t, plgpu.load(x_gmem, layout=L.TCGEN05, optimized=False))
+        plgpu.commit_tmem()
+        o_gmem[...], r_gmem[...] = plgpu.async_load_tmem(t, layout=L.TCGEN05_TMEM_NATIVE,
+                                                         reduce=reduce)
+
+    return kernel(body, (sds((128, 128), dtype), sds((128,), dtype)),
+                  [plgpu.TMEM((128, 128), dtype)])
+
+
+REDUCTIONS = {
+    "max": lambda x: x.max(1), "min": lambda x: x.min(1),
+    "absmax": lambda x: np.abs(x).max(1), "absmin": lambda x: np.abs(x).min(1),
+}
+
+
+@pytest.mark.parametrize("reduce", list(REDUCTIONS))
+def test_reducing_tmem_load_f32(reduce):
+    x = normal((128, 128), F32)
+    x[3, 5] = -1e30  # the extremes of a row, with their signs
+    x[4, 6] = 1e-30
+    got, red = run(reducing_load_kernel(F32, reduce), x)
+    np.testing.assert_array_equal(got, x)
+    np.testing.assert_array_equal(red, REDUCTIONS[reduce](x))
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "absmax"])
+def test_reducing_tmem_load_i32(reduce):
+    """.s32 for max/min; jax asks for .u32 max for "absmax" of integers: the
+    unsigned maximum of the bits, which is what the emulator computes."""
+    x = RNG.integers(-2 ** 31, 2 ** 31, (128, 128)).astype(np.int32)
+    got, red = run(reducing_load_kernel(jnp.int32, reduce), x)
+    np.testing.assert_array_equal(got, x)
+    want = (x.view(np.uint32).max(1).view(np.int32) if reduce == "absmax"
+            else REDUCTIONS[reduce](x))
+    np.testing.assert_array_equal(red, want)
+
+
 def test_layout_cast_of_a_tmem_load():
     """TMEM -> TCGEN05 registers, cast to TCGEN05_TRANSPOSED and back, stored."""
     def body(x_gmem, o_gmem, t, smem, bar):
@@ -145,6 +186,104 @@ def test_mma_matches_numpy(name):
     assert np.all(err <= mma_bound(a64, b64)), err.max()
     # and it is a product, not a transposed or shifted one
     assert np.abs(want).max() > 1 and np.all(err < 1e-3 * np.abs(want).max())
+
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+@pytest.mark.parametrize("types", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2), (E5M2, E5M2)],
+                         ids=["e4m3", "e5m2xe4m3", "e4m3xe5m2", "e5m2"])
+@pytest.mark.parametrize("lhs_tmem", [False, True], ids=["a-smem", "a-tmem"])
+def test_fp8_mma_matches_numpy(types, lhs_tmem):
+    """kind::f8f6f4 with fp8 operands (A from TMEM: four elements a cell)."""
+    call, (sa, sb) = _mma(128, 128, 128, *types, lhs_tmem=lhs_tmem)
+    a, b = normal(sa.shape, types[0]), normal(sb.shape, types[1])
+    (got,) = run(call, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    err = np.abs(got.astype(np.float64) - a64 @ b64)
+    assert got.dtype == np.float32 and np.all(err <= mma_bound(a64, b64))
+    assert np.abs(a64 @ b64).max() > 1
+
+
+def ints(shape, dtype):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("lhs_tmem", [False, True], ids=["a-smem", "a-tmem"])
+def test_int8_mma_is_exact(lhs_tmem):
+    """kind::i8, s8 x s8 -> s32: exact (the extremes included)."""
+    call, (sa, sb) = _mma(128, 128, 128, jnp.int8, swizzle=64, lhs_tmem=lhs_tmem,
+                          acc_type=jnp.int32)
+    a, b = ints(sa.shape, np.int8), ints(sb.shape, np.int8)
+    a[0, :] = -128
+    b[:, 0] = -128
+    (got,) = run(call, a, b)
+    np.testing.assert_array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
+def test_uint8_mma_is_computed_signed_as_jax_encodes_it():
+    """jax 0.11.2 encodes any 8-bit integer input as signed in the instruction
+    descriptor (``i8`` is signless in MLIR), so uint8 operands are multiplied
+    as the int8 values of their bits: what the descriptor asks the GPU for."""
+    call, (sa, sb) = _mma(128, 128, 128, jnp.uint8, swizzle=64, acc_type=jnp.int32)
+    a, b = ints(sa.shape, np.uint8), ints(sb.shape, np.uint8)
+    (got,) = run(call, a, b)
+    signed = a.view(np.int8).astype(np.int64) @ b.view(np.int8).astype(np.int64)
+    np.testing.assert_array_equal(got, signed.astype(np.int32))
+    assert not np.array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
+# --- SMEM -> TMEM copies (tcgen05.cp) --------------------------------------------------------
+
+def smem_to_tmem_kernel(shape, dtype, swizzle, wait=True):
+    """x -> SMEM (TMA) -> TMEM (tcgen05.cp from one warp, committed to a
+    barrier) -> registers -> out. ``swizzle`` None: 16-byte-wide tiles, no
+    swizzle (128x128b copies); else a swizzle (128x256b copies)."""
+    width = (swizzle or 16) // np.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, width)),) + (
+        (plgpu.SwizzleTransform(swizzle),) if swizzle else ())
+
+    def body(x_gmem, o_gmem, smem, t, loaded, copied):
+        tma_in(x_gmem, smem, loaded)
+
+        @plgpu.warp_map
+        def _(warp):
+            @pl.when(warp == 0)
+            def _():
+                plgpu.async_copy_smem_to_tmem(smem, t)  # <cp>
+                plgpu.tcgen05_commit_arrive(copied)
+
+        if wait:
+            plgpu.barrier_wait(copied)
+        o_gmem[...] = plgpu.async_load_tmem(t)  # <ld>
+        if not wait:
+            plgpu.barrier_wait(copied)
+
+    packed = True if np.dtype(dtype).itemsize == 2 else None
+    call = kernel(body, sds(shape, dtype),
+                  [plgpu.SMEM(shape, dtype, transforms=transforms),
+                   plgpu.TMEM(shape, dtype, packed=packed), plgpu.Barrier(),
+                   plgpu.Barrier(orders_tensor_core=True)])
+    return call, body
+
+
+@pytest.mark.parametrize("shape, dtype, swizzle", [
+    ((128, 64), jnp.int32, 128), ((128, 128), F16, 128), ((128, 128), F16, 32),
+    ((128, 64), jnp.int32, None), ((128, 128), F16, None)],
+    ids=["i32-swizzle128", "f16-swizzle128", "f16-swizzle32", "i32-unswizzled",
+         "f16-unswizzled"])
+def test_smem_to_tmem_copy(shape, dtype, swizzle):
+    x = (normal(shape, np.float32) * 1000).astype(dtype)
+    call, _ = smem_to_tmem_kernel(shape, dtype, swizzle)
+    (got,) = run(call, x)
+    np.testing.assert_array_equal(got, x)
+
+
+def test_reading_tmem_before_the_copy_is_committed_races():
+    call, body = smem_to_tmem_kernel((128, 64), jnp.int32, 128, wait=False)
+    assert_tmem_race(call, [np.arange(128 * 64, dtype=np.int32).reshape(128, 64)], body,
+                     ("tcgen05.cp", "<cp>"), ("tcgen05.ld", "<ld>"), "tcgen05.commit")
 
 
 # --- the official Blackwell matmul ----------------------------------------------------------
