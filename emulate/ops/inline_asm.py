@@ -602,7 +602,7 @@ def register_block(i: Instr) -> Step:
     parsed = ptx_block.parse(i.text)
     if parsed is None:
         raise i.unknown
-    return ptx_block.compile_block(i.op, i.text, parsed, i.unknown)
+    return ptx_block.compile_block(i.op, parsed, i.unknown)
 
 
 # value instructions: `$0 = op($1, ...)`, all through `_value_fn`; the patterns
