@@ -218,8 +218,8 @@ def official_kernels():
     yield ("hopper_matmul (128, 128) x (128, 256) f16",
            lambda a, b: matmul.matmul(a, b, None, mm), [a, b], None)
 
-    # s8 x f16: the emulator does not model the bf16 variant's dequantizing
-    # inline PTX (prmt + sub.bf16x2); the tests lower both.
+    # s8 x f16 (s8 x bf16, with its prmt + sub.bf16x2 dequantizing PTX, is
+    # tests/emulate/test_ptx_convert.py's)
     mx = mixed.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
     a8 = rng.integers(-8, 8, (128, 128)).astype(np.int8)
     yield ("hopper_mixed_type_matmul s8 x f16",

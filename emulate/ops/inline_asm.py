@@ -302,6 +302,9 @@ def _value_fn(opcode: str, n_in: int) -> Callable | None:
         return _f32(np.abs, ftz)
     if base == "abs" and n_in == 1 and ty in ("f16", "f16x2", "bf16", "bf16x2"):
         return _packed(np.abs, ty.removesuffix("x2"), 1)
+    if opcode in ("max.s16", "max.u16", "max.s16x2", "max.u16x2", "min.s16", "min.u16",
+                  "min.s16x2", "min.u16x2") and n_in == 2:
+        return _int16(np.maximum if base == "max" else np.minimum, ty[0] == "s")
     if base in BINARY and n_in == 2:
         fn = BINARY[base]
         if ty == "f32":
@@ -313,6 +316,22 @@ def _value_fn(opcode: str, n_in: int) -> Callable | None:
     if opcode == "prmt.b32" and n_in == 3:
         return _prmt
     return None
+
+
+def _int16(fn, signed: bool):
+    """max/min.{s16,u16}[x2]: per 16-bit half, as signed or unsigned integers, on
+    i16 registers or i32 registers of two halves."""
+    half = np.dtype(np.int16 if signed else np.uint16)
+
+    def f(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.itemsize == 2:
+            return fn(a.view(half), b.view(half)).view(a.dtype)
+        # (..., 2) halves, the low half first, as little-endian memory holds them
+        ha = np.ascontiguousarray(a.astype(np.int32))[..., None].view(half)
+        hb = np.ascontiguousarray(b.astype(np.int32))[..., None].view(half)
+        return np.ascontiguousarray(fn(ha, hb)).view(np.int32)[..., 0]
+    return f
 
 
 def _value_instr(o: Op, opcode: str, n_in: int) -> Step | None:
@@ -589,7 +608,7 @@ def register_block(i: Instr) -> Step:
     parsed = ptx_block.parse(i.text)
     if parsed is None:
         raise i.unknown
-    return ptx_block.compile_block(i.op, i.text, parsed, i.unknown)
+    return ptx_block.compile_block(i.op, parsed, i.unknown)
 
 
 # value instructions: `$0 = op($1, ...)`, all through `_value_fn`; the patterns
@@ -614,6 +633,8 @@ _F16 = r"b?f16(?:x2)?"
 @ptx_pattern(rf"(?:add|sub|mul)(?!\.(?:approx|NaN)\.){_MODIFIERS}\.(?:f32|{_F16})",
              "add/sub/mul.{f32,f16,f16x2,bf16,bf16x2} $0, $1, $2: IEEE, rounded to nearest "
              "(rounding modifiers are ignored)", value=True)
+@ptx_pattern(r"(?:max|min)\.[su]16(?:x2)?",
+             "max/min.{s16,u16}[x2] $0, $1, $2: integer max/min per 16-bit half", value=True)
 @ptx("prmt.b32", description="prmt.b32 $0, $1, $2, $3: byte permute (default mode)",
      value=True)
 def value_instruction(i: Instr) -> Step:

@@ -96,9 +96,8 @@ def _prmt(a, b, c):
 
 
 def _halves(x, n: int) -> list:
-    """The n equal parts of x (as wide as the instruction's type), lowest first."""
-    w = 32 // n if n > 1 else 16
-    return [(x >> U64(w * k)) & U64(_mask(w)) for k in range(n)]
+    """The n 16-bit halves of x (n = 1: a 16-bit register), lowest first."""
+    return [(x >> U64(16 * k)) & U64(0xFFFF) for k in range(n)]
 
 
 def _packed_float(fn: Callable, half: str, n: int) -> Callable:
@@ -324,7 +323,7 @@ def parse(text: str):
     return regs, instrs
 
 
-def compile_block(o: Op, text: str, parsed, unknown: Exception) -> Step:
+def compile_block(o: Op, parsed, unknown: Exception) -> Step:
     """The step of a parsed block: inputs ``$n_out...`` from the op's operands,
     outputs ``$0...`` into its result (a tuple for several)."""
     regs, instrs = parsed

@@ -15,12 +15,18 @@ resolved to templates, over the source text only (``ast``):
 
 :func:`expand` then substitutes each placeholder by the values the code can
 give it (:data:`VALUES`, keyed by the placeholder's source text); a
-placeholder with no entry stays ``{...}`` and the template is judged as text."""
+placeholder the code around it does not settle stays as ``«source»`` (the
+brackets keep it apart from PTX's own braces). :func:`problems` judges a
+template with such placeholders by its instruction: it looks the string up
+with each remaining placeholder read as one operand ``$9`` (the table looks
+one-instruction strings up by opcode), so a placeholder inside an opcode
+leaves it unmodelled unless listed."""
 
 from __future__ import annotations
 
 import ast
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +46,6 @@ VALUES: dict[str, list[str]] = {
     "0x4342 if high else 0x4140": ["17218", "16704"],
     "low_prmt": ["5140", "6251", "7362", "7473"],
     "high_prmt": ["7362", "7473", "7777"],
-    "args_ptx": ["$0, $1", "$0, $1, $2"],
     "WARPGROUP_SIZE": ["128"],
     "memory_scope": ["gpu", "sys", "cta", "cluster"],
     "rank": ["1", "2", "3", "4", "5"],
@@ -91,31 +96,75 @@ def _functions(tree: ast.AST) -> dict[ast.AST, list[ast.AST]]:
 class _Resolver:
     def __init__(self, tree: ast.Module, source: str) -> None:
         self.tree, self.source = tree, source
+        self.lines = [line.encode() for line in source.splitlines(keepends=True)]
         self.chains = _functions(tree)
-        self.defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        self.calls: dict[str, list[ast.Call]] = {}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call):
+                f = n.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(
+                    f, ast.Attribute) else None
+                self.calls.setdefault(name, []).append(n)
+        self._assigns: dict[int, dict[str, list[ast.AST]]] = {}
+        self._memo: dict[tuple, list[str]] = {}
 
     def text(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.source, node) or ast.dump(node)
+        """The source of ``node`` (ast.get_source_segment, without re-splitting the file)."""
+        if getattr(node, "end_lineno", None) is None:
+            return ast.dump(node)
+        l0, l1 = node.lineno - 1, node.end_lineno - 1
+        if l0 == l1:
+            return self.lines[l0][node.col_offset:node.end_col_offset].decode()
+        parts = [self.lines[l0][node.col_offset:], *self.lines[l0 + 1:l1],
+                 self.lines[l1][:node.end_col_offset]]
+        return b"".join(parts).decode()
+
+    def assigns(self, fn: ast.FunctionDef) -> dict[str, list[ast.AST]]:
+        """name -> the values assigned to it anywhere in ``fn`` (computed once)."""
+        if id(fn) not in self._assigns:
+            table: dict[str, list[ast.AST]] = {}
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Name):
+                            table.setdefault(t.id, []).append(n.value)
+            self._assigns[id(fn)] = table
+        return self._assigns[id(fn)]
 
     def templates(self, node: ast.AST, scope: list, depth: int = 0) -> list[str]:
-        if depth > 6:
-            return ["{" + self.text(node) + "}"]
+        key = (id(node), id(scope[0]) if scope else None)
+        if key not in self._memo:
+            self._memo[key] = list(dict.fromkeys(self._templates(node, scope, depth)))
+        return self._memo[key]
+
+    def _templates(self, node: ast.AST, scope: list, depth: int) -> list[str]:
+        if depth > 8:
+            return ["«" + self.text(node) + "»"]
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return [node.value]
         if isinstance(node, ast.JoinedStr):
             if self.text(node)[2:-1] in TEMPLATES:
                 return TEMPLATES[self.text(node)[2:-1]]
-            parts = []
+            # a placeholder repeated in one string takes one value throughout
+            names, values = [], {}
             for v in node.values:
-                if isinstance(v, ast.Constant):
-                    parts.append([v.value])
-                else:
-                    vals = list(dict.fromkeys(self.placeholder(v.value, scope, depth)))
-                    parts.append(vals if len(vals) <= 16 else ["{" + self.text(v.value) + "}"])
-            return list(dict.fromkeys("".join(p) for p in itertools.product(*parts)))[:256]
+                if not isinstance(v, ast.Constant):
+                    src = self.text(v.value)
+                    if src not in values:
+                        names.append(src)
+                        values[src] = list(dict.fromkeys(self.placeholder(v.value, scope, depth)))
+            while math.prod(len(values[n]) for n in names) > 512:  # keep the widest as text
+                widest = max(names, key=lambda n: len(values[n]))
+                values[widest] = ["«" + widest + "»"]
+            out = []
+            for combo in itertools.product(*(values[n] for n in names)):
+                pick = dict(zip(names, combo))
+                out.append("".join(v.value if isinstance(v, ast.Constant)
+                                   else pick[self.text(v.value)] for v in node.values))
+            return out
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            return list(dict.fromkeys(a + b for a in self.templates(node.left, scope, depth + 1)
-                                      for b in self.templates(node.right, scope, depth + 1)))
+            return [a + b for a in self.templates(node.left, scope, depth + 1)
+                    for b in self.templates(node.right, scope, depth + 1)]
         if isinstance(node, ast.IfExp):
             return (self.templates(node.body, scope, depth + 1)
                     + self.templates(node.orelse, scope, depth + 1))
@@ -124,38 +173,31 @@ class _Resolver:
             if found is not None:
                 return found
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "join"):
-            return ["{join}"]
-        return ["{" + self.text(node) + "}"]
+                and node.func.attr == "join" and len(node.args) == 1
+                and isinstance(node.args[0], ast.Name) and self.block_lines(
+                    node.args[0].id, self.chains.get(node, scope))):
+            return ["«join:" + node.args[0].id + "»"]
+        return ["«" + self.text(node) + "»"]
 
     def placeholder(self, expr: ast.AST, scope: list, depth: int) -> list[str]:
         src = self.text(expr)
         if src in VALUES:
             return VALUES[src]
-        if isinstance(expr, ast.IfExp):
-            return self.templates(expr, scope, depth + 1)
-        if isinstance(expr, ast.Name):
-            found = self.assigned(expr.id, scope, depth)
-            if found is not None and "{join}" not in found:
+        if isinstance(expr, (ast.IfExp, ast.Name)):
+            found = self.templates(expr, scope, depth + 1)
+            if not any("«join:" in f for f in found):
                 return found
-        return ["{" + src + "}"]
+        return ["«" + src + "»"]
 
     def assigned(self, name: str, scope: list, depth: int) -> list[str] | None:
         """What ``name`` holds in the innermost enclosing function that binds it."""
         for fn in scope:
             if not isinstance(fn, ast.FunctionDef):
                 continue
-            values = [n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                      and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+            values = self.assigns(fn).get(name)
             if values:
-                out = []
-                for v in values:
-                    if (isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute)
-                            and v.func.attr == "join"):
-                        out.append("{join}")
-                    else:
-                        out += self.templates(v, self.chains.get(v, scope), depth + 1)
-                return out
+                return [t for v in values
+                        for t in self.templates(v, self.chains.get(v, scope), depth + 1)]
             params = [a.arg for a in fn.args.args + fn.args.kwonlyargs]
             if name in params:
                 return self.arguments(fn, params.index(name), depth)
@@ -165,24 +207,20 @@ class _Resolver:
         """The templates of argument ``index`` at every call of ``fn`` in the file."""
         skip_self = 1 if fn.args.args and fn.args.args[0].arg == "self" else 0
         out = []
-        for call in (n for n in ast.walk(self.tree) if isinstance(n, ast.Call)):
-            f = call.func
-            called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(
-                f, ast.Attribute) else None
-            if called != fn.name:
-                continue
-            k = index - skip_self if isinstance(f, ast.Attribute) and skip_self else index
+        for call in self.calls.get(fn.name, []):
+            k = index - skip_self if isinstance(call.func, ast.Attribute) and skip_self else index
             if k < len(call.args):
                 out += self.templates(call.args[k], self.chains.get(call, []), depth + 1)
         return out or None
 
-    def block_lines(self, scope: list) -> list[str]:
-        """The line templates appended to a list joined into the asm string."""
+    def block_lines(self, name: str, scope: list) -> list[str]:
+        """The line templates appended to list ``name`` in the innermost function."""
         out = []
         for fn in scope[:1]:
             for n in ast.walk(fn):
                 if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and n.func.attr == "append" and n.args):
+                        and n.func.attr == "append" and n.args
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == name):
                     out += self.templates(n.args[0], self.chains.get(n, scope))
         return out
 
@@ -213,8 +251,9 @@ def sites(directory: Path) -> list[Site]:
                 continue  # inline_ptx's own call: its callers are the sites
             site = Site(path.name, call.lineno)
             for t in res.templates(arg, scope):
-                if "{join}" in t:
-                    site.blocks.append(res.block_lines(scope))
+                joined = re.search(r"«join:(\w+)»", t)
+                if joined:
+                    site.blocks.append(res.block_lines(joined[1], scope))
                 else:
                     site.templates.append(t)
             found.append(site)
@@ -225,11 +264,14 @@ PREDICATE = re.compile(r"^@!?\$\d+\s+")
 
 
 def instructions(template: str) -> list[str]:
-    """The instruction lines of a template (declarations, braces and comments dropped)."""
+    """The instructions of a template: its ``;``-separated statements, without
+    comments, a block's own braces, declarations or predicates."""
     text = "\n".join(line.split("//")[0] for line in template.splitlines())
     out = []
-    for stmt in text.replace("{\n", ";").split(";"):
-        s = PREDICATE.sub("", " ".join(stmt.split()).strip("{} "))
+    for stmt in text.split(";"):
+        s = " ".join(stmt.split())
+        s = re.sub(r"^(?:\{ ?)+|(?: ?\})+$", "", s).strip()  # a block's lone braces
+        s = PREDICATE.sub("", s)
         if s and not s.startswith(".reg"):
             out.append(s)
     return out
@@ -247,11 +289,14 @@ def not_modelled_table(doc: str) -> list[tuple[re.Pattern, str]]:
     return rows
 
 
+PLACEHOLDER = re.compile(r"«[^«»]*»")
+
+
 def _in_block(instr: str) -> bool:
     from smalti.emulate.ops import ptx_block
+    if instr.startswith("mov.b"):  # any width jax computes is one mov.b8-64 models
+        instr = PLACEHOLDER.sub("32", instr)
     opcode = instr.split()[0]
-    if opcode.startswith("mov.b"):  # any width jax computes is one mov.b8-64 models
-        opcode = re.sub(r"\{[^}]*\}", "32", opcode)
     return bool(ptx_block.MOV.fullmatch(opcode) or ptx_block.semantics(opcode))
 
 
@@ -262,10 +307,10 @@ def problems(site: Site, listed: list[tuple[re.Pattern, str]]) -> list[str]:
     from smalti.emulate.ops import inline_asm
 
     def is_listed(instrs):
-        return any(p.search(i) for i in instrs for p, _ in listed)
+        return any(p.match(i) for i in instrs for p, _ in listed)
     out = []
     for t in site.templates:
-        if inline_asm.lookup(t) is None and not is_listed(instructions(t)):
+        if inline_asm.lookup(PLACEHOLDER.sub("$9", t)) is None and not is_listed(instructions(t)):
             out.append(f"{site.file}:{site.line}: {' '.join(t.split())!r}")
     for block in site.blocks:
         instrs = [i for line in block for i in instructions(line)]

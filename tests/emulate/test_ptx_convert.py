@@ -10,6 +10,7 @@ and the official int8 x bf16 mixed-type matmul."""
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 from unittest import mock
 
@@ -367,3 +368,76 @@ def test_official_mixed_type_matmul_int8_bf16_equals_jnp(pipeline):
     want = np.asarray(jnp.dot(jnp.asarray(a).astype(jnp.bfloat16), jnp.asarray(b),
                               preferred_element_type=jnp.float32).astype(jnp.bfloat16))
     np.testing.assert_array_equal(got[decided], want.astype(np.float64)[decided])
+
+
+# --- int4 blocks (register instructions, no cvt) ------------------------------
+
+def _int4_strings(target):
+    """The asm ops of a Lane-semantics kernel converting an int4 vector of 8 to
+    ``target`` (jax lowers it; the emulator cannot run int4 memory yet, so each
+    string is run on its own)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic import gpu as mgpu
+
+    def kernel(ctx, x_ref, o_ref, _):
+        x = mgpu.FragmentedArray.load_strided(x_ref, is_signed=True, vec_size=8)
+        y = x.astype(target(), is_signed=True if target is not ir.BF16Type.get else None)
+        y.store_untiled(o_ref)
+
+    out = jnp.int8 if target is not ir.BF16Type.get else jnp.bfloat16
+    with mlir.make_ir_context(), ir.Location.unknown():
+        fn = mgpu.as_gpu_kernel(kernel, (1, 1, 1), (128, 1, 1),
+                                (jax.ShapeDtypeStruct((1024,), ml_dtypes.int4),),
+                                jax.ShapeDtypeStruct((1024,), out), ())
+    (module,), _ = lower_for_cuda(fn, [np.zeros(1024, ml_dtypes.int4)])
+    from jax._src.lib.mlir import ir as ir_
+    return [(ir_.StringAttr(op.attributes["asm_string"]).value, op, module)
+            for op in _asm_ops(module)]
+
+
+def _run_asm(op, module, *ins):
+    with module.context:
+        o = Op(op, Compiler())
+        step = inline_asm.inline_asm(o)
+        frame = SimpleNamespace(regs=dict(zip(o.ins, ins)))
+        step(frame)
+        return frame.regs[o.outs[0]]
+
+
+def _nibbles(n: int) -> np.ndarray:
+    """n registers of 8 random signed nibbles (every value -8..7 appears), and
+    their values."""
+    vals = RNG.integers(-8, 8, (n, 8))
+    vals[:16] = np.arange(-8, 8)[:, None]
+    regs = sum((vals[:, k].astype(np.int64) & 0xF) << (4 * k) for k in range(8))
+    return regs.astype(np.uint32).view(np.int32), vals
+
+
+def test_int4_to_bf16_block_as_jax_emits_it():
+    """prmt + lop3 + sub.bf16x2: part p of register r (with r >> 4 beside it,
+    as jax passes it) gives nibbles 2p and 2p + 1 as bf16."""
+    from jax._src.lib.mlir import ir
+    found = [(t, op, m) for t, op, m in _int4_strings(ir.BF16Type.get) if "sub.bf16x2" in t]
+    assert len(found) == 4
+    regs, vals = _nibbles(512)
+    for text, op, module in found:
+        part = int(re.search(r"0xF\d+F(\d)", text)[1])
+        shifted = (regs.view(np.uint32) >> 4).view(np.int32)
+        out = _run_asm(op, module, regs, shifted).view(np.uint32)
+        got = np.stack([out & 0xFFFF, out >> 16], -1).astype(np.uint16).view(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(got.astype(np.float64), vals[:, 2 * part:2 * part + 2])
+
+
+def test_int4_to_int8_block_as_jax_emits_it():
+    """shl/shr + prmt sign replication + lop3 blends: the two i32 results hold
+    the 8 nibbles of the register as int8, in order."""
+    from jax._src.lib.mlir import ir
+    found = [(t, op, m) for t, op, m in _int4_strings(lambda: ir.IntegerType.get_signless(8))
+             if "lop3.b32" in t]
+    assert found
+    regs, vals = _nibbles(512)
+    for text, op, module in found:
+        lo, hi = _run_asm(op, module, regs)
+        got = np.stack([lo, hi], -1).astype(np.int32).view(np.int8).reshape(-1, 8)
+        np.testing.assert_array_equal(got, vals)
