@@ -79,7 +79,8 @@ def parse(text: str) -> T:
         return T(text, "scalar", SCALARS[text], text)
     if text.startswith("vector<"):
         body = text[len("vector<"):-1]
-        *dims, el = body.split("x")
+        m = re.fullmatch(r"((?:[^x]+x)*?)((?:index|[a-z]?[a-zA-Z]\w*))", body)
+        dims, el = [d for d in m.group(1).split("x") if d], m.group(2)
         if any(not d.isdigit() for d in dims):
             raise Unsupported(f"vector type {text} (scalable or 0-d)")
         e, dt = _elem(el)
@@ -87,8 +88,9 @@ def parse(text: str) -> T:
     if text.startswith("memref<"):
         body = text[len("memref<"):-1]
         head = re.split(r", (?=strided|affine|#|\d+ ?>|\d+$|\d+ : i\d+$)", body)[0]
-        parts = head.split("x")
-        dims, el = parts[:-1], parts[-1]
+        # the dims are the leading "<n>x"/"?x" groups ("index" holds an x too)
+        m = re.fullmatch(r"((?:(?:\d+|\?)x)*)(.+)", head)
+        dims, el = [d for d in m.group(1).split("x") if d], m.group(2)
         e, dt = _elem(el)
         return T(text, "memref", dt, e, tuple(-1 if d == "?" else int(d) for d in dims),
                  _space(text))
