@@ -87,3 +87,63 @@ def test_floor_division_by_zero_is_unsupported_not_guessed():
     y[5, 5] = 0
     with pytest.raises(emu.Unsupported, match="floordivsi by zero"):
         emu.run(f, x, y)
+
+
+def test_memref_index_type_parses():
+    """A profiler buffer is ``memref<index>``-like: "index" holds an x, which
+    once split the type name."""
+    from smalti.emulate import irtypes
+
+    assert irtypes.parse("memref<index>").shape == ()
+    assert irtypes.parse("memref<index>").elem == "index"
+    assert irtypes.parse("memref<4x?xindex, 3>").shape == (4, -1)
+    assert irtypes.parse("vector<2x4xindex>").shape == (2, 4)
+
+
+def _store_tid_to_one_address(pred):
+    """Threads for which ``pred(tid)`` holds store their thread id + 1000 to
+    element 0 of the output: a per-thread value through one pointer."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, memref, scf
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    def kernel(ctx, o_ref, _):
+        i32 = ir.IntegerType.get_signless(32)
+        tid = mgpu_utils.thread_idx()
+        c = lambda v: mgpu_utils.c(v, i32)  # noqa: E731
+        if_op = scf.IfOp(pred(tid, c), [], has_else=False)
+        with ir.InsertionPoint(if_op.then_block):
+            memref.store(arith.addi(tid, c(1000)), o_ref, [mgpu_utils.c(0, ir.IndexType.get())])
+            scf.yield_([])
+
+    return lane_kernel(kernel, [], [jax.ShapeDtypeStruct((1,), np.int32)])
+
+
+def test_a_per_thread_value_through_one_pointer_is_stored():
+    """One active thread (per-thread value, uniform address): its value lands.
+    All of warp 1 at once: the highest lane's value stays (the checker does
+    not see lanes of one warp race; the GPU keeps one of them)."""
+    from jax._src.lib.mlir.dialects import arith
+
+    eq = arith.CmpIPredicate.eq
+    one = _store_tid_to_one_address(lambda tid, c: arith.cmpi(eq, tid, c(37)))
+    np.testing.assert_array_equal(emu.run(one)[0], [1037])
+    warp1 = _store_tid_to_one_address(
+        lambda tid, c: arith.cmpi(eq, arith.divui(tid, c(32)), c(1)))
+    np.testing.assert_array_equal(emu.run(warp1)[0], [1063])
+
+
+def test_per_thread_values_from_several_warps_through_one_pointer_race():
+    """Lane 0 of each of the four warps stores its own value to one address,
+    unsynchronized: a write-after-write race the checker names."""
+    from jax._src.lib.mlir.dialects import arith
+
+    f = _store_tid_to_one_address(
+        lambda tid, c: arith.cmpi(arith.CmpIPredicate.eq, arith.remui(tid, c(32)), c(0)))
+    with pytest.raises(emu.RaceError) as e:
+        emu.run(f)
+    (race,) = e.value.races
+    assert race.kind == "write-after-write" and race.space == "gmem"
+    assert race.first.location == race.second.location  # the one store, by two warps
+    (out,) = emu.run(f, on_race="ignore")
+    assert out[0] in (1000, 1032, 1064, 1096)
