@@ -20,9 +20,10 @@ SCALARS: dict[str, np.dtype] = {
     "f8E4M3FN": np.dtype(ml_dtypes.float8_e4m3fn), "f8E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "f8E8M0FNU": np.dtype(ml_dtypes.float8_e8m0fnu),
     "i4": np.dtype(ml_dtypes.int4), "f4E2M1FN": np.dtype(ml_dtypes.float4_e2m1fn),
+    "i2": np.dtype(ml_dtypes.int2),
     "!mosaic_gpu.barrier": np.dtype(np.int64),  # an mbarrier is 8 bytes of SMEM
 }
-BITS = {"i1": 1, "i4": 4, "f4E2M1FN": 4}
+BITS = {"i1": 1, "i2": 2, "i4": 4, "f4E2M1FN": 4}
 UNSIGNED = {1: np.bool_, 8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 SIGNED = {1: np.bool_, 8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
 

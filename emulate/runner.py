@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import irtypes, ops  # noqa: F401  (ops registers the rules)
+from . import irtypes, ops, subbyte  # noqa: F401  (ops registers the rules)
 from .compiler import Compiler
 from .errors import EmulationError, Unsupported
 from .machine import Frame, Launch
@@ -74,14 +74,18 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
             if t is not None:
                 if tuple(arr.shape) != tuple(t.shape):
                     raise EmulationError(f"input {i} has shape {arr.shape}, the kernel wants {t.shape}")
-                arr = arr.astype(t.dtype)
+                if subbyte.bits_of(arr.dtype) != subbyte.bits_of(t.dtype) or \
+                        not subbyte.bits_of(t.dtype):  # uint4 for an i4 kernel: the same bits
+                    arr = arr.astype(t.dtype)
             arr = np.ascontiguousarray(arr)
         else:
             shape, dt = outputs[i - len(inputs)]
             arr = np.zeros(shape, dt)
-        r = g.alloc(arr.nbytes, f"kernel argument {i}")
+        # sub-byte arrays are bit-packed in memory, as the GPU holds them
+        data = subbyte.pack(arr) if subbyte.bits_of(arr.dtype) else arr.reshape(-1).view(np.uint8)
+        r = g.alloc(data.size, f"kernel argument {i}")
         r.tracked = True
-        r.data[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
+        r.data[:data.size] = data
         regions.append((r, arr.dtype, arr.shape))
     table = g.alloc(8 * n, "kernel argument table")
     table.data[:8 * n] = np.array([r.base for r, _, _ in regions], np.int64).view(np.uint8)
@@ -103,6 +107,9 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         launch.sync.finish()
     out = []
     for r, dt, shape in regions[len(inputs):]:
+        if subbyte.bits_of(dt):
+            out.append(subbyte.unpack(r.data[:subbyte.nbytes(shape, dt)], dt, shape))
+            continue
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         out.append(r.data[:nbytes].copy().view(dt).reshape(shape))
     return tuple(out)

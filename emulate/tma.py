@@ -32,6 +32,12 @@ def _box(desc: TmaDescriptor, coords_innermost_first: list[int]):
     if len(coords_innermost_first) != rank:
         raise Unsupported(f"TMA copy with {len(coords_innermost_first)} coordinates for a "
                           f"rank-{rank} tensor map")
+    coords_innermost_first = list(coords_innermost_first)
+    if desc.per_byte > 1:  # packed sub-byte elements: the map is in bytes
+        if coords_innermost_first[0] % desc.per_byte:
+            raise Unsupported(f"TMA copy of packed {8 // desc.per_byte}-bit elements at innermost "
+                              f"coordinate {coords_innermost_first[0]}, inside a byte")
+        coords_innermost_first[0] //= desc.per_byte
     start = list(reversed(coords_innermost_first))
     idx = np.indices(desc.window, dtype=np.int64).reshape(rank, -1)
     coords = idx + np.asarray(start, np.int64)[:, None]
@@ -91,6 +97,8 @@ def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
     """The (4, w) elements a ``tile::gather4``/``scatter4`` moves: four rows
     (any row coordinates) of a rank-2 tensor map whose box is (1, w), each
     starting at column ``col``."""
+    if desc.per_byte > 1:
+        raise Unsupported(f"tile::gather4/scatter4 of packed {8 // desc.per_byte}-bit elements")
     if len(desc.sizes) != 2 or desc.window[0] != 1:
         raise Unsupported(f"tile::gather4/scatter4 through a tensor map of box {desc.window} "
                           "(a rank-2 map with a (1, w) box is modelled)", where)

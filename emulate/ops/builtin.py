@@ -7,15 +7,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import TMA_MAGIC, Frame, TmaDescriptor
 from ..values import UNDEF, Bundle, MemRef
 from .memref import _contiguous_strides
 
-# TMA moves bits: each element type code is copied as an unsigned int of its size
+# TMA moves bits: each element type code (launch_context._tma_dma_type) is
+# copied as an unsigned int of its size; 0 (4-bit) and 8 (2-bit) as bytes
 TMA_DTYPES = {5: np.uint16, 6: np.uint32, 7: np.uint16, 1: np.uint8, 2: np.uint16,
-              3: np.uint32, 4: np.uint64, 9: np.uint32, 10: np.uint64}
+              3: np.uint32, 4: np.uint64, 9: np.uint32, 10: np.uint64, 0: np.uint8, 8: np.uint8}
+TMA_SUBBYTE_BITS = {0: 4, 8: 2}
+
+
+def _packed_map(sizes, strides, window, bits: int, where: str):
+    """A map of packed ``bits``-wide elements as one of bytes: the innermost
+    size and box divided by the elements per byte, the outer strides (in
+    elements) turned into bytes."""
+    per = 8 // bits
+    if sizes[-1] % per or window[-1] % per or any(s * bits % 8 for s in strides[:-1]):
+        raise Unsupported(f"a TMA map of {bits}-bit elements whose rows do not fill whole bytes "
+                          f"(sizes {sizes}, strides {strides}, box {window})", where)
+    return (sizes[:-1] + (sizes[-1] // per,), tuple(s * bits // 8 for s in strides[:-1]) + (1,),
+            window[:-1] + (window[-1] // per,))
 
 
 class Opaque:
@@ -57,7 +72,8 @@ def cast(o: Op) -> Step:
         if a.kind == "memref" and b.kind == "ptr":
             def to_ptr(fr: Frame) -> None:
                 m = fr.regs[src]
-                fr.regs[out] = np.asarray(m.aligned + m.offset * m.itemsize, np.int64)
+                fr.regs[out] = np.asarray(m.aligned + subbyte.byte_offset(m.offset, m.dtype, loc),
+                                          np.int64)
             return to_ptr
         if a.kind == "array" and b.kind == "ptr":
             # a by-value kernel parameter block (TMA descriptors): give it an address
@@ -117,10 +133,14 @@ def call(o: Op) -> Step:
         if code not in TMA_DTYPES:
             raise Unsupported(f"TMA element type code {code}", loc)
         dt = np.dtype(TMA_DTYPES[code])
-        desc = TmaDescriptor(
-            base=int(r[base_p]), dtype=dt, sizes=_i64s(fr, r[sizes_p], rank, loc),
-            strides=_i64s(fr, r[strides_p], rank, loc), swizzle=int(r[swz_p]),
-            window=_i64s(fr, r[window_p], rank, loc))
+        sizes, strides = _i64s(fr, r[sizes_p], rank, loc), _i64s(fr, r[strides_p], rank, loc)
+        window, per_byte = _i64s(fr, r[window_p], rank, loc), 1
+        if code in TMA_SUBBYTE_BITS:
+            bits = TMA_SUBBYTE_BITS[code]
+            sizes, strides, window = _packed_map(sizes, strides, window, bits, loc)
+            per_byte = 8 // bits
+        desc = TmaDescriptor(base=int(r[base_p]), dtype=dt, sizes=sizes, strides=strides,
+                             swizzle=int(r[swz_p]), window=window, per_byte=per_byte)
         key = len(fr.launch.tma) + 1
         fr.launch.tma[key] = desc
         tag = np.zeros(128, np.uint8)

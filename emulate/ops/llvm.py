@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
@@ -114,6 +114,15 @@ def load(o: Op) -> Step:
     vshape = t.shape if t.kind == "vector" else ()
     site = o.site()
 
+    if subbyte.bits_of(dt):
+        def packed_load(fr: Frame) -> None:
+            addr = _element_addresses(fr.regs[p], vshape, dt)
+            fr.regs[out] = subbyte.load(fr.mem[space], addr, dt, fr.mask, loc)
+            if fr.sync is not None:
+                fr.sync.thread_access(fr, space, subbyte.written_bytes(addr), len(vshape), 1,
+                                      False, site)
+        return packed_load
+
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.regs[out] = fr.mem[space].load(addr, dt, fr.mask, loc)
@@ -134,6 +143,15 @@ def store(o: Op) -> Step:
     vshape = t.shape if t.kind == "vector" else ()
     site = o.site()
 
+    if subbyte.bits_of(dt):
+        def packed_store(fr: Frame) -> None:
+            addr = _element_addresses(fr.regs[p], vshape, dt)
+            subbyte.store(fr.mem[space], addr, fr.regs[v], dt, fr.mask, loc)
+            if fr.sync is not None:
+                fr.sync.thread_access(fr, space, subbyte.written_bytes(addr), len(vshape), 1,
+                                      True, site, values=subbyte.raw(fr.regs[v], dt))
+        return packed_store
+
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.mem[space].store(addr, fr.regs[v], dt, fr.mask, loc)
@@ -145,8 +163,13 @@ def store(o: Op) -> Step:
 
 def _element_addresses(pointer: Any, vshape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     """The address of each element a load or store of a ``vshape`` vector (or
-    of a scalar, ``()``) at ``pointer`` touches, per thread."""
+    of a scalar, ``()``) at ``pointer`` touches, per thread; bit addresses
+    for a sub-byte element type (:mod:`..subbyte`)."""
     addr = np.asarray(pointer, np.int64)
+    if subbyte.bits_of(dt):
+        lanes = np.arange(vshape[0]) if vshape else 0
+        return subbyte.bit_addresses(addr.reshape(addr.shape + (1,)) if vshape else addr,
+                                     lanes, dt)
     if vshape:
         addr = addr.reshape(addr.shape + (1,)) + np.arange(vshape[0]) * dt.itemsize
     return addr

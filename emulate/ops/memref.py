@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, subbyte
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
@@ -23,12 +23,13 @@ def memref_of(fr: Frame, slot: int) -> MemRef:
     return m
 
 
-def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
-    """Byte addresses of element ``idx`` (plus a vector's trailing extent)."""
+def element_offsets(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
+    """Element offsets from ``m.aligned`` of element ``idx`` (plus a vector's
+    trailing extent)."""
     off = m.offset
     for i, s in zip(idx, m.strides):
         off = off + np.asarray(i, np.int64) * s
-    addr = np.asarray(m.aligned, np.int64) + np.asarray(off, np.int64) * m.itemsize
+    off = np.asarray(off, np.int64)
     if vshape:
         k = len(vshape)
         grid = np.zeros(vshape, np.int64)
@@ -36,8 +37,39 @@ def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
             shape = [1] * k
             shape[d] = n
             grid = grid + np.arange(n, dtype=np.int64).reshape(shape) * s
-        addr = addr.reshape(addr.shape + (1,) * k) + grid * m.itemsize
-    return addr
+        off = off.reshape(off.shape + (1,) * k) + grid
+    return off
+
+
+def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
+    """Byte addresses of element ``idx`` (plus a vector's trailing extent);
+    bit addresses for a sub-byte element type (:mod:`..subbyte`)."""
+    off = element_offsets(m, idx, vshape)
+    if subbyte.bits_of(m.dtype):
+        return subbyte.bit_addresses(m.aligned, off, m.dtype)
+    return np.asarray(m.aligned, np.int64) + off * m.itemsize
+
+
+def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None):
+    """Loads (``values`` None) or stores the elements at ``addrs`` (from
+    :func:`element_addresses`) of ``m``'s space and tells the checker."""
+    space = fr.mem[m.space]
+    packed = subbyte.bits_of(m.dtype)
+    if values is None:
+        out = (subbyte.load(space, addrs, m.dtype, fr.mask, loc) if packed
+               else space.load(addrs, m.dtype, fr.mask, loc))
+    elif packed:
+        subbyte.store(space, addrs, values, m.dtype, fr.mask, loc)
+    else:
+        space.store(addrs, values, m.dtype, fr.mask, loc)
+    if fr.sync is not None:
+        written = None if values is None else np.asarray(values, m.dtype)
+        if packed:
+            addrs = subbyte.written_bytes(addrs)
+            written = None if written is None else subbyte.raw(written, m.dtype)
+        fr.sync.thread_access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site,
+                              values=written)
+    return None if values is not None else out
 
 
 def _mixed(o: Op, static_name: str, dyn_slots: list[int]):
@@ -74,9 +106,7 @@ def load(o: Op) -> Step:
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
-        fr.regs[out] = fr.mem[m.space].load(a, m.dtype, fr.mask, loc)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, False, site)
+        fr.regs[out] = access(fr, m, a, 0, site, loc)
     return step
 
 
@@ -89,10 +119,7 @@ def store(o: Op) -> Step:
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
-        fr.mem[m.space].store(a, fr.regs[val], m.dtype, fr.mask, loc)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, True, site,
-                                  values=np.asarray(fr.regs[val], m.dtype))
+        access(fr, m, a, 0, site, loc, values=fr.regs[val])
     return step
 
 
