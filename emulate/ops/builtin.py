@@ -34,10 +34,15 @@ def _packed_map(sizes, strides, window, bits: int, where: str):
 
 
 class Opaque:
-    """A value only Warpgroup-level ops could use; reading it is Unsupported."""
+    """A value only Warpgroup-level ops could use; reading it is Unsupported.
+    A Warpgroup-level view of a memref keeps the memref (``source``, of type
+    text ``source_type``): casting the view back to that type is the memref
+    again, as MLIR's reconciliation of the two casts makes it."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, source=None, source_type: str = "") -> None:
         self.why = why
+        self.source = source
+        self.source_type = source_type
 
 
 @rule("builtin.unrealized_conversion_cast", accumulators=MOVES)
@@ -57,11 +62,27 @@ def cast(o: Op) -> Step:
                 fr.regs[out] = MemRef(b.space, b.dtype, alloc, aligned, offset, sizes, strides)
             return to_memref
         if a.kind == "memref" and b.kind == "struct":
-            return lambda fr: fr.regs.__setitem__(out, fr.regs[src].as_struct())
+            def to_struct(fr: Frame) -> None:
+                m = fr.regs[src]
+                if not isinstance(m, MemRef):
+                    raise Unsupported(f"unrealized_conversion_cast {a.text} -> {b.text} of "
+                                      f"{getattr(m, 'why', type(m).__name__)}", loc)
+                fr.regs[out] = m.as_struct()
+            return to_struct
         if a.kind == "memref" and b.kind == "memref":
             if a.shape != b.shape:
                 why = f"cast {a.text} -> {b.text} (a Warpgroup-level view)"
-                return lambda fr: fr.regs.__setitem__(out, Opaque(why))
+
+                def view(fr: Frame) -> None:
+                    v = fr.regs[src]
+                    if isinstance(v, Opaque) and v.source_type == b.text:
+                        fr.regs[out] = v.source  # the view cast back: the memref itself
+                    elif isinstance(v, Opaque):
+                        raise Unsupported(f"unrealized_conversion_cast of {v.why} to {b.text}",
+                                          loc)
+                    else:
+                        fr.regs[out] = Opaque(why, v, a.text)
+                return view
             return lambda fr: fr.regs.__setitem__(out, fr.regs[src].with_(dtype=b.dtype))
         if a.kind == "ptr" and b.kind == "memref":
             if any(d < 0 for d in b.shape):

@@ -5,7 +5,8 @@ All threads of a block run every step together. ``scf.for`` and
 (otherwise :class:`Unsupported`). ``scf.if`` on a condition that differs
 between threads runs each branch under a mask (the threads that took it) and
 merges the yielded values per thread, as a SIMT machine does; a branch no
-active thread takes is skipped."""
+active thread takes is skipped. ``scf.index_switch`` likewise runs each case
+some active thread selects."""
 
 from __future__ import annotations
 
@@ -138,16 +139,45 @@ def execute_region(o: Op) -> Step:
 
 @rule("scf.index_switch", accumulators=REGIONS)
 def index_switch(o: Op) -> Step:
+    """A selector the same in every active thread runs its case; one that
+    differs runs each case taken (in case order, then the default) under the
+    mask of the threads that take it, and merges the yielded values per
+    thread, as a divergent ``scf.if`` does."""
     cases = [int(c) for c in o.attr("cases")]
     default = o.region_block(0)
     blocks = [o.region_block(i + 1) for i in range(len(cases))]
     (arg,), outs = o.ins, o.outs
+    vranks = [t.vrank for t in o.out_types]
     loc = o.loc
 
     def step(fr: Frame) -> None:
-        v = uniform(fr.regs[arg], fr, "scf.index_switch selector", loc)
-        b = blocks[cases.index(int(v))] if v is not None and int(v) in cases else default
-        b.run(fr)
-        for out, t in zip(outs, b.term):
-            fr.regs[out] = fr.regs[t]
+        r = fr.regs
+        sel = np.asarray(r[arg])
+        base = np.ones(fr.T, bool) if fr.mask is None else fr.mask
+        act = sel if sel.ndim == 0 else sel[base]
+        if sel.ndim == 0 or act.size == 0 or np.all(act == act.flat[0]):
+            v = int(sel) if sel.ndim == 0 else (int(act.flat[0]) if act.size else None)
+            b = blocks[cases.index(v)] if v in cases else default
+            b.run(fr)
+            for out, t in zip(outs, b.term):
+                r[out] = r[t]
+            return
+        saved = fr.mask
+        taken = np.zeros(fr.T, bool)
+        results: list = [None] * len(outs)
+        arms = [(blocks[k], sel == c) for k, c in enumerate(cases)]
+        arms.append((default, ~np.isin(sel, cases)))
+        for block, who in arms:
+            m = base & who & ~taken
+            if not m.any():
+                continue
+            taken |= m
+            fr.mask = m
+            block.run(fr)
+            for k, t in enumerate(block.term):
+                results[k] = r[t] if results[k] is None else _merge(m, r[t], results[k],
+                                                                     vranks[k], loc)
+        fr.mask = saved
+        for out, v in zip(outs, results):
+            r[out] = v
     return step
