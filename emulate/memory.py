@@ -111,6 +111,8 @@ class Space:
                 return None, None, None
         else:
             m, active = None, a
+        if active.size == 0:  # nothing to touch: no buffer to find, wherever it points
+            return None, None, None
         lo, hi = int(active.min()), int(active.max()) + itemsize
         region = self.find(lo, hi, where)
         if itemsize > 1 and np.any(active % itemsize):

@@ -147,3 +147,17 @@ def test_per_thread_values_from_several_warps_through_one_pointer_race():
     assert race.first.location == race.second.location  # the one store, by two warps
     (out,) = emu.run(f, on_race="ignore")
     assert out[0] in (1000, 1032, 1064, 1096)
+
+
+def test_an_access_of_no_elements_touches_nothing():
+    """Zero elements at the end of a buffer (or anywhere): nothing is read or
+    written and nothing is out of bounds."""
+    from smalti.emulate.memory import Space
+
+    space = Space("global", 1 << 32)
+    region = space.alloc(64, "buffer")
+    at_end = np.full((0,), region.end, np.int64)
+    assert space.load(at_end, np.dtype(np.float32)).shape == (0,)
+    space.store(at_end, np.zeros(0, np.float32), np.dtype(np.float32))
+    assert space.read_bytes(region.end, 0).size == 0
+    assert not region.data.any()
