@@ -40,6 +40,23 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
     return found
 
 
+def _gmem_scratch(kargs: dict[int, irtypes.T], n_in: int, n_out: int) -> list:
+    """The (shape, dtype) of each GMEM scratch buffer of a kernel whose buffer
+    table is ``[inputs, scratch, outputs, scratch]`` (Pallas passes its GMEM
+    scratch as inputs aliased to extra outputs), or [] for none."""
+    n = max(kargs, default=-1) + 1
+    extra = n - n_in - n_out
+    if extra <= 0:
+        return []
+    k = extra // 2
+    tail = [kargs.get(n_in + k + n_out + j) for j in range(k)]
+    if extra % 2 or any(t is None or t.kind != "memref" or min(t.shape, default=1) < 0
+                        for t in tail):
+        raise Unsupported(f"a kernel with {n} buffer arguments for {n_in} inputs and {n_out} "
+                          "outputs (only Pallas' aliased GMEM scratch is modelled beyond them)")
+    return [(tuple(t.shape), t.dtype) for t in tail]
+
+
 def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
                on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True
@@ -55,10 +72,7 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
                    for i in range(len(inputs), len(kargs))]
     n = len(inputs) + len(outputs)
-    if any(i >= n for i in kargs):
-        raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
-                          f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
-                          "not modelled)")
+    scratch = _gmem_scratch(kargs, len(inputs), len(outputs))
     comp = Compiler(checked=sanitize)
     body = comp.block(func.regions[0].blocks[0])
     comp.finish()
@@ -87,8 +101,17 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         r.tracked = True
         r.data[:data.size] = data
         regions.append((r, arr.dtype, arr.shape))
-    table = g.alloc(8 * n, "kernel argument table")
-    table.data[:8 * n] = np.array([r.base for r, _, _ in regions], np.int64).view(np.uint8)
+    # Pallas' GMEM scratch (semaphores...): zeroed, an aliased input and output
+    extra = []
+    for j, (shape, dt) in enumerate(scratch):
+        r = g.alloc(max(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 1),
+                    f"GMEM scratch {j}")
+        r.tracked = True
+        extra.append(r.base)
+    bases = [r.base for r, _, _ in regions]
+    bases = bases[:len(inputs)] + extra + bases[len(inputs):] + extra
+    table = g.alloc(8 * len(bases), "kernel argument table")
+    table.data[:8 * len(bases)] = np.array(bases, np.int64).view(np.uint8)
     regs: list = [None] * comp.nslots
     token_slot, buffers_slot = body.args
     regs[token_slot] = np.asarray(0, np.int64)
