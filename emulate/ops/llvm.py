@@ -204,7 +204,11 @@ def int_ptr(o: Op) -> Step:
 
 @rule("llvm.addrspacecast")
 def addrspacecast(o: Op) -> Step:
-    raise o.unsupported("llvm.addrspacecast (generic pointers into SMEM are not modelled)")
+    """Generic <-> global (``ptr`` <-> ``ptr<1>``) is the same address here;
+    generic pointers into SMEM are not modelled."""
+    if {o.in_types[0].space, o.out_types[0].space} != {"global"}:
+        raise o.unsupported("llvm.addrspacecast (generic pointers into SMEM are not modelled)")
+    return unary(o, lambda x: x)
 
 
 LLVM_INT = {
