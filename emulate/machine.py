@@ -28,6 +28,7 @@ class TmaDescriptor:
     # sub-byte elements (Mosaic's codes 0 and 8: 4 and 2 bits) per byte: the map
     # is kept in bytes, and the innermost coordinate of a copy divided by this
     per_byte: int = 1
+    code: int = -1  # Mosaic's element type code (TMA reductions read its signedness)
 
 
 @dataclass

@@ -40,6 +40,22 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
     return found
 
 
+def _inouts(kargs: dict[int, irtypes.T], inputs, outputs) -> int:
+    """How many of the last inputs are in-out buffers (``mgpu.as_gpu_kernel``'s
+    ``inout_shape``): the kernel's buffer table is ``[inputs, outputs]`` with
+    those inputs returned as the last outputs, so it has that many fewer
+    buffers than inputs and outputs together."""
+    k = len(inputs) + len(outputs) - (max(kargs, default=-1) + 1)
+    if k <= 0:
+        return 0
+    pairs = zip(inputs[len(inputs) - k:], outputs[len(outputs) - k:])
+    if k > min(len(inputs), len(outputs)) or any(
+            tuple(np.shape(a)) != tuple(shape) for a, (shape, _) in pairs):
+        raise Unsupported(f"a kernel with {max(kargs, default=-1) + 1} buffer arguments for "
+                          f"{len(inputs)} inputs and {len(outputs)} outputs")
+    return k
+
+
 def _gmem_scratch(kargs: dict[int, irtypes.T], n_in: int, n_out: int) -> list:
     """The (shape, dtype) of each GMEM scratch buffer of a kernel whose buffer
     table is ``[inputs, scratch, outputs, scratch]`` (Pallas passes its GMEM
@@ -71,7 +87,8 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
     if outputs is None:
         outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
                    for i in range(len(inputs), len(kargs))]
-    n = len(inputs) + len(outputs)
+    inout = _inouts(kargs, inputs, outputs)
+    n = len(inputs) + len(outputs) - inout  # the in-out buffers are inputs' regions
     scratch = _gmem_scratch(kargs, len(inputs), len(outputs))
     comp = Compiler(checked=sanitize)
     body = comp.block(func.regions[0].blocks[0])
@@ -129,7 +146,11 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
     if launch.sync is not None:
         launch.sync.finish()
     out = []
-    for r, dt, shape in regions[len(inputs):]:
+    returned = regions[len(inputs):] + regions[len(inputs) - inout:len(inputs)]
+    for (r, dt, shape), (_, want) in zip(returned, outputs):
+        if np.dtype(want).itemsize == dt.itemsize and \
+                subbyte.bits_of(want) == subbyte.bits_of(dt):
+            dt = np.dtype(want)  # the same bits as the caller's type (an in-out u32 for i32)
         if subbyte.bits_of(dt):
             out.append(subbyte.unpack(r.data[:subbyte.nbytes(shape, dt)], dt, shape))
             continue

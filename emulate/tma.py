@@ -93,6 +93,25 @@ def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: s
         check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, True)
 
 
+def reduce(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], fn, dt: np.dtype,
+           where: str, check: Check = None) -> None:
+    """SMEM -> global, combining: each element of the box inside the tensor
+    becomes ``fn(global, smem)`` in ``dt`` (a TMA reduction: atomic per
+    element, a write of GMEM to the checker that races with no other atomic)."""
+    gaddr, inside = _box(desc, coords)
+    saddr = _smem_addresses(desc, smem)
+    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where).view(dt)
+    g = gaddr[inside]
+    if g.size:
+        glob = fr.mem["global"]
+        with np.errstate(over="ignore"):
+            glob.store(g, np.asarray(fn(glob.load(g, dt, None, where), vals[inside]), dt), dt,
+                       None, where)
+    if check is not None:
+        check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
+        check(fr.mem["global"], g, desc.dtype.itemsize, True, atomic=True)
+
+
 def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
     """The (4, w) elements a ``tile::gather4``/``scatter4`` moves: four rows
     (any row coordinates) of a rank-2 tensor map whose box is (1, w), each

@@ -2,4 +2,4 @@
 
 from . import arith, builtin, gpu, llvm, math, memref, nvvm, scf, vector  # noqa: F401
 from . import inline_asm  # noqa: F401
-from . import atomics  # noqa: F401  (registers its PTX forms in inline_asm's table)
+from . import atomics, tma_reduce  # noqa: F401  (register PTX forms in inline_asm's table)

@@ -161,7 +161,8 @@ def call(o: Op) -> Step:
             sizes, strides, window = _packed_map(sizes, strides, window, bits, loc)
             per_byte = 8 // bits
         desc = TmaDescriptor(base=int(r[base_p]), dtype=dt, sizes=sizes, strides=strides,
-                             swizzle=int(r[swz_p]), window=window, per_byte=per_byte)
+                             swizzle=int(r[swz_p]), window=window, per_byte=per_byte,
+                             code=code)
         key = len(fr.launch.tma) + 1
         fr.launch.tma[key] = desc
         tag = np.zeros(128, np.uint8)
