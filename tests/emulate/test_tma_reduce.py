@@ -68,3 +68,28 @@ def test_reductions_of_several_blocks_into_one_tensor_do_not_race():
     src, dst = _values((8, 128), np.int32, 3), np.zeros((8, 128), np.int32)
     (out,) = emu.run(_reduce_kernel((8, 128), jnp.int32, "add", blocks=4), src, dst)
     np.testing.assert_array_equal(out, 4 * src)
+
+
+@pytest.mark.parametrize("dtype,shape", [(jnp.float32, (64, 32)), (jnp.float16, (2, 3, 5, 64)),
+                                         (jnp.int4, (5, 256))])
+def test_a_tma_prefetch_then_copy(dtype, shape):
+    """``ctx.async_prefetch`` (cp.async.bulk.prefetch.tensor) before the TMA load
+    of the same tensor changes nothing: the copy round-trips."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic import gpu as mgpu
+
+    def body(ctx, src, dst, smem):
+        tmp, bar = smem
+        ctx.async_prefetch(gmem_ref=src)
+        ctx.async_copy(src_ref=src, dst_ref=tmp, barrier=bar)
+        bar.wait()
+        ctx.async_copy(src_ref=tmp, dst_ref=dst)
+        ctx.await_async_copy(0)
+
+    x = _values(shape, dtype, 4)
+    sds = jax.ShapeDtypeStruct(shape, dtype)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        f = mgpu.as_gpu_kernel(body, (1, 1, 1), (128, 1, 1), sds, sds, (sds, mgpu.TMABarrier()))
+    (y,) = emu.run(f, x)
+    np.testing.assert_array_equal(y, x)
