@@ -230,7 +230,7 @@ rule("llvm.bitcast", accumulators=MOVES)(arith.bitcast)
 rule("llvm.select")(arith.select)
 
 
-@rule("llvm.extractelement")
+@rule("llvm.extractelement", accumulators=MOVES)
 def extractelement(o: Op) -> Step:
     (v, i), (out,) = o.ins, o.outs
     loc = o.loc
@@ -244,7 +244,7 @@ def extractelement(o: Op) -> Step:
     return step
 
 
-@rule("llvm.insertelement")
+@rule("llvm.insertelement", accumulators=MOVES)
 def insertelement(o: Op) -> Step:
     (vec, val, i), (out,) = o.ins, o.outs
     loc = o.loc
