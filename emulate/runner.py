@@ -56,21 +56,26 @@ def _inouts(kargs: dict[int, irtypes.T], inputs, outputs) -> int:
     return k
 
 
-def _gmem_scratch(kargs: dict[int, irtypes.T], n_in: int, n_out: int) -> list:
+def _gmem_scratch(kargs: dict[int, irtypes.T], n_in: int, n_out: int) -> tuple[list, list]:
     """The (shape, dtype) of each GMEM scratch buffer of a kernel whose buffer
     table is ``[inputs, scratch, outputs, scratch]`` (Pallas passes its GMEM
-    scratch as inputs aliased to extra outputs), or [] for none."""
+    scratch as inputs aliased to extra outputs), and of the profiler buffer
+    Mosaic GPU appends last (``prof_spec``) when the caller did not ask for it:
+    ([...], [] or [profile])."""
     n = max(kargs, default=-1) + 1
     extra = n - n_in - n_out
     if extra <= 0:
-        return []
+        return [], []
     k = extra // 2
     tail = [kargs.get(n_in + k + n_out + j) for j in range(k)]
-    if extra % 2 or any(t is None or t.kind != "memref" or min(t.shape, default=1) < 0
-                        for t in tail):
+    profile = [kargs.get(n - 1)] if extra % 2 else []
+    if any(t is None or t.kind != "memref" or min(t.shape, default=1) < 0
+           for t in tail + profile):
         raise Unsupported(f"a kernel with {n} buffer arguments for {n_in} inputs and {n_out} "
-                          "outputs (only Pallas' aliased GMEM scratch is modelled beyond them)")
-    return [(tuple(t.shape), t.dtype) for t in tail]
+                          "outputs (only Pallas' aliased GMEM scratch and a profiler buffer are "
+                          "modelled beyond them)")
+    return ([(tuple(t.shape), t.dtype) for t in tail],
+            [(tuple(t.shape), t.dtype) for t in profile])
 
 
 def run_module(module: Any, inputs: Sequence[np.ndarray],
@@ -89,7 +94,7 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
                    for i in range(len(inputs), len(kargs))]
     inout = _inouts(kargs, inputs, outputs)
     n = len(inputs) + len(outputs) - inout  # the in-out buffers are inputs' regions
-    scratch = _gmem_scratch(kargs, len(inputs), len(outputs))
+    scratch, profile = _gmem_scratch(kargs, len(inputs), len(outputs))
     comp = Compiler(checked=sanitize)
     body = comp.block(func.regions[0].blocks[0])
     comp.finish()
@@ -118,15 +123,17 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
         r.tracked = True
         r.data[:data.size] = data
         regions.append((r, arr.dtype, arr.shape))
-    # Pallas' GMEM scratch (semaphores...): zeroed, an aliased input and output
+    # Pallas' GMEM scratch (semaphores...): zeroed, an aliased input and output;
+    # a profiler buffer nobody asked for: zeroed, written, dropped
     extra = []
-    for j, (shape, dt) in enumerate(scratch):
+    for j, (shape, dt) in enumerate(scratch + profile):
         r = g.alloc(max(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 1),
-                    f"GMEM scratch {j}")
+                    f"GMEM scratch {j}" if j < len(scratch) else "profiler buffer")
         r.tracked = True
         extra.append(r.base)
     bases = [r.base for r, _, _ in regions]
-    bases = bases[:len(inputs)] + extra + bases[len(inputs):] + extra
+    bases = (bases[:len(inputs)] + extra[:len(scratch)] + bases[len(inputs):]
+             + extra[:len(scratch)] + extra[len(scratch):])
     table = g.alloc(8 * len(bases), "kernel argument table")
     table.data[:8 * len(bases)] = np.array(bases, np.int64).view(np.uint8)
     regs: list = [None] * comp.nslots

@@ -2,4 +2,4 @@
 
 from . import arith, builtin, gpu, llvm, math, memref, nvvm, scf, vector  # noqa: F401
 from . import inline_asm  # noqa: F401
-from . import atomics, printf, tma_prefetch, tma_reduce  # noqa: F401
+from . import atomics, printf, timers, tma_prefetch, tma_reduce  # noqa: F401
