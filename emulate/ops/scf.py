@@ -1,8 +1,9 @@
 """``scf``: structured control flow in lockstep.
 
-All threads of a block run every step together. ``scf.for`` and
-``scf.while`` need bounds/conditions that agree between the active threads
-(otherwise :class:`Unsupported`). ``scf.if`` on a condition that differs
+All threads of a block run every step together. ``scf.for`` needs bounds
+that agree between the active threads (otherwise :class:`Unsupported`);
+``scf.while`` whose condition differs lets each thread leave when its own
+condition is false and runs the others on under a mask. ``scf.if`` on a condition that differs
 between threads runs each branch under a mask (the threads that took it) and
 merges the yielded values per thread, as a SIMT machine does; a branch no
 active thread takes is skipped. ``scf.index_switch`` likewise runs each case
@@ -97,30 +98,63 @@ def if_(o: Op) -> Step:
 
 @rule("scf.while", accumulators=REGIONS)
 def while_(o: Op) -> Step:
+    """A condition the same in every active thread loops them together; one
+    that differs lets the threads whose condition is false leave (their
+    results are what they forwarded then) while the others go on under a mask,
+    until none is left -- as a SIMT machine runs a divergent loop."""
     before = o.region_block(0)
     after = o.region_block(1)
     inits, outs = o.ins, o.outs
+    vranks = [t.vrank for t in o.out_types]
     loc = o.loc
 
     def step(fr: Frame) -> None:
         r = fr.regs
         vals = [r[i] for i in inits]
+        saved = fr.mask
+        left: np.ndarray | None = None  # threads that left, once the condition diverged
+        results: list = [None] * len(outs)
         while True:
             for a, v in zip(before.args, vals):
                 r[a] = v
             before.run(fr)
             c, *fwd = before.term
-            go = uniform(r[c], fr, "scf.while condition", loc)
+            cond = np.asarray(r[c])
             fwd_vals = [r[f] for f in fwd]
-            if not go:
-                for out, v in zip(outs, fwd_vals):
-                    r[out] = v
-                return
+            base = np.ones(fr.T, bool) if fr.mask is None else fr.mask
+            together = _together(cond, base) if left is None else None
+            if together is False:  # every active thread leaves
+                results = fwd_vals
+                break
+            if together is None:  # diverged: the threads whose condition is false leave
+                go = base & np.broadcast_to(cond, (fr.T,))
+                leaving = base & ~go
+                for k, v in enumerate(fwd_vals):
+                    results[k] = v if results[k] is None else _merge(leaving, v, results[k],
+                                                                     vranks[k], loc)
+                left = leaving if left is None else left | leaving
+                if not go.any():
+                    break
+                fr.mask = go
             for a, v in zip(after.args, fwd_vals):
                 r[a] = v
             after.run(fr)
             vals = [r[t] for t in after.term]
+        fr.mask = saved
+        for out, v in zip(outs, results):
+            r[out] = v
     return step
+
+
+def _together(cond: np.ndarray, active: np.ndarray) -> bool | None:
+    """The condition every active thread has (False when none is active), or
+    None where it differs between them."""
+    if cond.ndim == 0:
+        return bool(cond)
+    a = cond[active]
+    if a.size == 0:
+        return False
+    return bool(a[0]) if (a.all() or not a.any()) else None
 
 
 @rule("scf.execute_region")

@@ -95,3 +95,36 @@ def test_inline_mgpu_with_transformed_smem_refs():
     x = np.random.default_rng(0).standard_normal((128, 64)).astype(f16)
     (y,) = emu.run(call, x)
     np.testing.assert_array_equal(y, x + x)
+
+
+def test_a_while_loop_whose_condition_differs_between_threads():
+    """Each thread counts to tid % 7, summing i * i on the way (``scf.while``
+    with a per-thread condition): every thread leaves when its own count is
+    reached, with its own results."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, memref, scf
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    def kernel(ctx, n_ref, s_ref, _):
+        i32, index = ir.IntegerType.get_signless(32), ir.IndexType.get()
+        c = lambda v: mgpu_utils.c(v, i32)  # noqa: E731
+        tid = mgpu_utils.thread_idx()
+        limit = arith.remui(tid, c(7))
+        loop = scf.WhileOp([i32, i32], [c(0), c(0)])
+        before = loop.before.blocks.append(i32, i32)
+        with ir.InsertionPoint(before):
+            i, acc = before.arguments
+            scf.condition(arith.cmpi(arith.CmpIPredicate.ult, i, limit), [i, acc])
+        after = loop.after.blocks.append(i32, i32)
+        with ir.InsertionPoint(after):
+            i, acc = after.arguments
+            scf.yield_([arith.addi(i, c(1)), arith.addi(acc, arith.muli(i, i))])
+        at = [arith.index_cast(index, tid)]
+        memref.store(loop.results[0], n_ref, at)
+        memref.store(loop.results[1], s_ref, at)
+
+    sds = jax.ShapeDtypeStruct((128,), np.int32)
+    n, s = emu.run(lane_kernel(kernel, [], [sds, sds]))
+    limit = np.arange(128) % 7
+    np.testing.assert_array_equal(n, limit)
+    np.testing.assert_array_equal(s, [sum(i * i for i in range(m)) for m in limit])

@@ -33,7 +33,7 @@ def _matmul(dtype, acc_dtype, a_in_registers: bool, n: int, k: int):
         plgpu.barrier_wait(bar)
 
         def scope(acc):
-            lhs = plgpu.load(a, (), layout=layout) if a_in_registers else a
+            lhs = plgpu.load(a, layout=layout) if a_in_registers else a
             plgpu.wgmma(acc, lhs, b.transpose((1, 0)))
             plgpu.wgmma_wait(0)
             return acc[...]
