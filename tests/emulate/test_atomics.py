@@ -105,3 +105,51 @@ def test_a_wait_for_a_block_that_runs_later_is_a_named_deadlock():
     block 1's signal would spin forever, so the emulator stops and says why."""
     with pytest.raises(emu.Deadlock, match="atom.cas poll"):
         emu.run(_semaphore_kernel(1, 0))
+
+
+@pytest.mark.parametrize("op,dtype", [("add", jnp.int32), ("max", jnp.int32), ("add", jnp.float32)])
+def test_shared_memory_atomics_from_two_warpgroups(op, dtype):
+    """Two warpgroups atomically combine their halves of x into one SMEM
+    buffer (``red.shared::cta...``) after a zeroing write and a block barrier;
+    a second barrier, and the buffer goes out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import gpu
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    def kernel(ctx, x_ref, o_ref, acc):
+        wg = mgpu_utils.warpgroup_idx(sync=True)
+        idx = ir.IndexType.get()
+        mine = mgpu_utils.memref_slice(x_ref, mgpu_utils.ds(
+            mgpu_utils.arith.index_cast(idx, wg), 1))
+        mine = mgpu_utils.memref_reshape(mine, (64, 32))
+        signed = True if dtype == jnp.int32 else None
+        zero = mgpu.FragmentedArray.splat(mgpu_utils.c(0, mgpu_utils.dtype_to_ir_type(dtype)),
+                                          (64, 32), is_signed=signed)
+        with mgpu_utils.when(mgpu_utils.arith.cmpi(mgpu_utils.arith.CmpIPredicate.eq, wg,
+                                                   mgpu_utils.c(0, wg.type))):
+            zero.store_untiled(acc, optimized=False)
+        gpu.barrier()
+        v = mgpu.FragmentedArray.load_strided(mine, is_signed=signed)
+        v.store_untiled(acc, atomic=op, optimized=False)
+        gpu.barrier()
+        with mgpu_utils.when(mgpu_utils.arith.cmpi(mgpu_utils.arith.CmpIPredicate.eq, wg,
+                                                   mgpu_utils.c(1, wg.type))):
+            mgpu.FragmentedArray.load_strided(acc, is_signed=signed).store_untiled(
+                o_ref, optimized=False)
+
+    sds = jax.ShapeDtypeStruct((2, 64, 32), dtype)
+    out = jax.ShapeDtypeStruct((64, 32), dtype)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        f = mgpu.as_gpu_kernel(kernel, (1, 1, 1), (256, 1, 1), sds, out, out)
+    rng = np.random.default_rng(5)
+    x = (rng.integers(-1000, 1000, (2, 64, 32)) if dtype == jnp.int32
+         else rng.standard_normal((2, 64, 32))).astype(dtype)
+    (o,) = emu.run(f, x)
+    zero = np.zeros((64, 32), dtype)
+    if op == "add":
+        want = (zero + x[0]) + x[1]
+    else:  # FragmentedArray says is_signed: .s32
+        want = np.maximum(np.maximum(zero, x[0]), x[1])
+    np.testing.assert_array_equal(o, want)
