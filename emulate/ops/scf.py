@@ -1,9 +1,10 @@
 """``scf``: structured control flow in lockstep.
 
-All threads of a block run every step together. ``scf.for`` needs bounds
-that agree between the active threads (otherwise :class:`Unsupported`);
-``scf.while`` whose condition differs lets each thread leave when its own
-condition is false and runs the others on under a mask. ``scf.if`` on a condition that differs
+All threads of a block run every step together. An ``scf.for`` whose bounds
+differ between the active threads runs each iteration for the threads that
+have it, under a mask (its step must agree); an ``scf.while`` whose condition
+differs lets each thread leave when its own condition is false and runs the
+others on under a mask. ``scf.if`` on a condition that differs
 between threads runs each branch under a mask (the threads that took it) and
 merges the yielded values per thread, as a SIMT machine does; a branch no
 active thread takes is skipped. ``scf.index_switch`` likewise runs each case
@@ -21,15 +22,22 @@ from ._util import thread_axis
 
 @rule("scf.for", accumulators=REGIONS)
 def for_(o: Op) -> Step:
+    """Bounds the same in every active thread loop them together; bounds that
+    differ (a uniform step) run iteration ``k`` for the threads that have a
+    k-th iteration, under a mask, each with its own induction variable, the
+    others keeping their carried values -- as a SIMT machine runs it."""
     lb, ub, st, *inits = o.ins
     body = o.region_block()
     iv, *carried = body.args
     outs = o.outs
+    vranks = [t.vrank for t in o.out_types]
     loc = o.loc
     idt = o.in_types[0].dtype
 
     def step(fr: Frame) -> None:
         r = fr.regs
+        if _differs(fr, r[lb]) or _differs(fr, r[ub]):
+            return _divergent_for(fr)
         lo = uniform(r[lb], fr, "scf.for lower bound", loc)
         hi = uniform(r[ub], fr, "scf.for upper bound", loc)
         s = uniform(r[st], fr, "scf.for step", loc)
@@ -43,7 +51,39 @@ def for_(o: Op) -> Step:
                 vals = [r[t] for t in body.term]
         for out, v in zip(outs, vals):
             r[out] = v
+
+    def _divergent_for(fr: Frame) -> None:
+        r = fr.regs
+        s = int(uniform(r[st], fr, "scf.for step (with bounds that differ between threads)",
+                        loc))
+        lo = np.broadcast_to(np.asarray(r[lb], np.int64), (fr.T,))
+        hi = np.broadcast_to(np.asarray(r[ub], np.int64), (fr.T,))
+        trips = np.maximum(-(-(hi - lo) // s), 0)
+        saved = fr.mask
+        base = np.ones(fr.T, bool) if saved is None else saved
+        vals = [r[i] for i in inits]
+        for k in range(int(trips[base].max(initial=0))):
+            go = base & (k < trips)
+            fr.mask = go
+            r[iv] = (lo + k * s).astype(idt)
+            for a, v in zip(carried, vals):
+                r[a] = v
+            body.run(fr)
+            vals = [_merge(go, r[t], v, vr, loc) for t, v, vr in zip(body.term, vals, vranks)]
+        fr.mask = saved
+        for out, v in zip(outs, vals):
+            r[out] = v
     return step
+
+
+def _differs(fr: Frame, x) -> bool:
+    """Whether ``x`` has different values in the active threads."""
+    a = np.asarray(x)
+    if a.ndim == 0:
+        return False
+    if fr.mask is not None:
+        a = a[fr.mask]
+    return a.size > 0 and bool(np.any(a != a.flat[0]))
 
 
 def _merge(cond: np.ndarray, a, b, vrank: int, where: str):

@@ -128,3 +128,24 @@ def test_a_while_loop_whose_condition_differs_between_threads():
     limit = np.arange(128) % 7
     np.testing.assert_array_equal(n, limit)
     np.testing.assert_array_equal(s, [sum(i * i for i in range(m)) for m in limit])
+
+
+def test_a_for_loop_whose_bounds_differ_between_threads():
+    """``scf.for i in [tid % 5, tid % 11) step 2`` summing i: each thread runs
+    its own iterations with its own induction variable."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, memref, scf
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    def kernel(ctx, o_ref, _):
+        i32, index = ir.IntegerType.get_signless(32), ir.IndexType.get()
+        c = lambda v: mgpu_utils.c(v, i32)  # noqa: E731
+        tid = mgpu_utils.thread_idx()
+        loop = scf.ForOp(arith.remui(tid, c(5)), arith.remui(tid, c(11)), c(2), [c(0)])
+        with ir.InsertionPoint(loop.body):
+            scf.yield_([arith.addi(loop.inner_iter_args[0], loop.induction_variable)])
+        memref.store(loop.results[0], o_ref, [arith.index_cast(index, tid)])
+
+    (out,) = emu.run(lane_kernel(kernel, [], [jax.ShapeDtypeStruct((128,), np.int32)]))
+    t = np.arange(128)
+    np.testing.assert_array_equal(out, [sum(range(a % 5, a % 11, 2)) for a in t])
