@@ -130,7 +130,7 @@ def byte_size(text: str) -> int:
     m = re.fullmatch(r"!llvm\.array<(\d+) x (.+)>", text)
     if m:
         return int(m.group(1)) * byte_size(m.group(2))
-    if text.startswith("vector<"):
+    if text.startswith("vector<"):  # packed, as LLVM stores vectors: whole bytes
         t = parse(text)
-        return int(np.prod(t.shape)) * t.bits // 8
+        return max(1, -(-int(np.prod(t.shape)) * t.bits // 8))
     raise Unsupported(f"size of type {text}")

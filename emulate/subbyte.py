@@ -5,11 +5,14 @@ A register holds one element per numpy item (ml_dtypes ``int4``/``uint4``/
 ``int2``/``uint2``/``float4_e2m1fn``: the element's bits in the low bits of a
 byte). Memory holds them bit-packed: element ``i`` of a buffer occupies bits
 ``[i b, (i + 1) b)`` counted from bit 0 of byte 0, little-endian within the
-byte (element 0 in the low nibble), which is how an ``i4`` memref, an
-``!llvm.ptr`` load of ``vector<8xi4>`` and jax's packed ``int4`` arrays
-address them. Accesses here take *bit* addresses (byte address times 8 plus
-the element's bit offset); they touch the bytes that hold the elements,
-reading and rewriting only the element's own bits.
+byte (element 0 in the low nibble): jax's packed ``int4`` arrays, the
+pointers ``utils.memref_ptr`` computes (``offset * bits / 8``), ``!llvm.ptr``
+loads and stores of ``vector<Nxi4>`` (LLVM's vectors are bit-packed; a store
+must fill whole bytes) and TMA. (Indexed memref/vector accesses of sub-byte
+elements are not: MLIR's lowering puts those a byte apart, which jax avoids;
+the emulator refuses them.) Accesses here take *bit* addresses (byte address
+times 8 plus the element's bit offset); they touch the bytes that hold the
+elements, reading and rewriting only the element's own bits.
 
 The synchronization checker sees such an access as one of the bytes holding
 the elements (a byte is the smallest unit a store can write)."""

@@ -144,6 +144,10 @@ def store(o: Op) -> Step:
     site = o.site()
 
     if subbyte.bits_of(dt):
+        if int(np.prod(vshape, dtype=np.int64)) * subbyte.bits_of(dt) % 8:
+            # LLVM leaves the rest of the last byte unspecified
+            raise o.unsupported(f"llvm.store of {t.text}, which does not fill whole bytes")
+
         def packed_store(fr: Frame) -> None:
             addr = _element_addresses(fr.regs[p], vshape, dt)
             subbyte.store(fr.mem[space], addr, fr.regs[v], dt, fr.mask, loc)

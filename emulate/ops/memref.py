@@ -23,13 +23,12 @@ def memref_of(fr: Frame, slot: int) -> MemRef:
     return m
 
 
-def element_offsets(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
-    """Element offsets from ``m.aligned`` of element ``idx`` (plus a vector's
-    trailing extent)."""
+def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
+    """Byte addresses of element ``idx`` (plus a vector's trailing extent)."""
     off = m.offset
     for i, s in zip(idx, m.strides):
         off = off + np.asarray(i, np.int64) * s
-    off = np.asarray(off, np.int64)
+    addr = np.asarray(m.aligned, np.int64) + np.asarray(off, np.int64) * m.itemsize
     if vshape:
         k = len(vshape)
         grid = np.zeros(vshape, np.int64)
@@ -37,36 +36,30 @@ def element_offsets(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
             shape = [1] * k
             shape[d] = n
             grid = grid + np.arange(n, dtype=np.int64).reshape(shape) * s
-        off = off.reshape(off.shape + (1,) * k) + grid
-    return off
-
-
-def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
-    """Byte addresses of element ``idx`` (plus a vector's trailing extent);
-    bit addresses for a sub-byte element type (:mod:`..subbyte`)."""
-    off = element_offsets(m, idx, vshape)
-    if subbyte.bits_of(m.dtype):
-        return subbyte.bit_addresses(m.aligned, off, m.dtype)
-    return np.asarray(m.aligned, np.int64) + off * m.itemsize
+        addr = addr.reshape(addr.shape + (1,) * k) + grid * m.itemsize
+    return addr
 
 
 def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None):
     """Loads (``values`` None) or stores the elements at ``addrs`` (from
-    :func:`element_addresses`) of ``m``'s space and tells the checker."""
+    :func:`element_addresses`) of ``m``'s space and tells the checker.
+
+    Elements of a sub-byte type are not reached this way: MLIR's lowering of
+    memref/vector accesses to LLVM addresses ``i4`` elements one *byte* apart
+    (LLVM's size of ``i4``) while the data is packed, so jax loads and stores
+    them through pointers (``llvm.load`` of ``vector<Nxi4>``, modelled in
+    :mod:`..subbyte`) -- an indexed access is :class:`Unsupported`, not guessed."""
+    if subbyte.bits_of(m.dtype):
+        raise Unsupported(f"{site.op} of a memref of {m.dtype} elements (MLIR's lowering "
+                          "addresses sub-byte elements a byte apart over packed data; load "
+                          "and store them through pointers, as jax does)", loc)
     space = fr.mem[m.space]
-    packed = subbyte.bits_of(m.dtype)
     if values is None:
-        out = (subbyte.load(space, addrs, m.dtype, fr.mask, loc) if packed
-               else space.load(addrs, m.dtype, fr.mask, loc))
-    elif packed:
-        subbyte.store(space, addrs, values, m.dtype, fr.mask, loc)
+        out = space.load(addrs, m.dtype, fr.mask, loc)
     else:
         space.store(addrs, values, m.dtype, fr.mask, loc)
     if fr.sync is not None:
         written = None if values is None else np.asarray(values, m.dtype)
-        if packed:
-            addrs = subbyte.written_bytes(addrs)
-            written = None if written is None else subbyte.raw(written, m.dtype)
         fr.sync.thread_access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site,
                               values=written)
     return None if values is not None else out
