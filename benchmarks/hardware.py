@@ -238,36 +238,6 @@ def _outputs(out) -> list[np.ndarray]:
     return [np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else (out,))]
 
 
-def launch_vocabulary(path: str, repeats: int = 3) -> None:
-    """Launches every kernel of ``benchmarks.vocabulary`` that smalti lowers,
-    once to warm up and ``repeats`` times more, for a profiler to time and
-    count (``ncu`` profiles each launch); saves, in launch order, each
-    kernel's name and number of launches to ``path`` (JSON). Needs smalti."""
-    import json
-
-    import smalti
-    import smalti.jax
-    import smalti.vocabulary
-    from benchmarks import vocabulary
-
-    pipeline = smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary})
-    launched = []
-    for entry in vocabulary.entries():
-        k = vocabulary.kernel(entry.fn, entry.args)
-        try:
-            with smalti.jax.installed(pipeline):
-                fn = jax.jit(k)
-                for _ in range(1 + repeats):
-                    jax.block_until_ready(fn(*entry.args))
-        except Exception as error:  # not lowered, or failed: it launched nothing counted
-            print(f"{entry.name}: {type(error).__name__}: {str(error)[:100]}", flush=True)
-            continue
-        launched.append((entry.name, 1 + repeats))
-    with open(path, "w") as f:
-        json.dump(launched, f)
-    print(f"launched {len(launched)} kernels", flush=True)
-
-
 def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Distance in units in the last place between same-typed float arrays."""
     bits = {2: np.int16, 4: np.int32}[a.dtype.itemsize]
@@ -316,8 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="run the cases on a GPU and save their outputs")
     rec.add_argument("path")
     rec.add_argument("--races", help="also run the race catalogue and save its counts here")
-    voc = sub.add_parser("vocabulary", help="launch the vocabulary kernels (for ncu)")
-    voc.add_argument("path", help="JSON file: the kernels in launch order")
     cmp_ = sub.add_parser("compare", help="emulate the cases and compare with a recording")
     cmp_.add_argument("path")
     cmp_.add_argument("-k", dest="only", help="only cases whose name contains this")
@@ -330,9 +298,6 @@ def main(argv: list[str] | None = None) -> int:
                 record_races(args.races)
             except Exception:
                 traceback.print_exc()
-        return 0
-    if args.command == "vocabulary":
-        launch_vocabulary(args.path)
         return 0
     return compare(args.path, args.only)
 

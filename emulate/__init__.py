@@ -16,14 +16,16 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
   ``barrier.cluster``). Within a warpgroup
   all threads execute in lockstep, vectorized: a register is a numpy array
   with a leading thread axis (or without it when it is the same in every
-  thread). Divergent ``scf.if`` runs each branch under a mask of active
-  threads; stores, mbarrier arrivals and copies honour the mask and the ops'
-  predicates. A block of several warpgroups (or a cluster of several
+  thread). Divergent ``scf.if`` and ``scf.index_switch`` run each branch
+  under a mask of active threads, divergent loops each thread's own
+  iterations; stores, mbarrier arrivals and copies honour the mask and the
+  ops' predicates. A block of several warpgroups (or a cluster of several
   blocks) runs each warpgroup as a coroutine (:mod:`.sched`) that switches
   where it waits, so warp-specialized
   producer/consumer kernels run.
 * **Memory** (:mod:`.memory`) is byte arrays: global buffers for the inputs
-  and outputs, SMEM per block, addresses exactly as the IR computes them.
+  and outputs, SMEM per block, addresses exactly as the IR computes them;
+  sub-byte types bit-packed as on the GPU (:mod:`.subbyte`).
   TMA copies (:mod:`.tma`) read their descriptors and apply box, swizzle and
   out-of-bounds rules; mbarriers count arrivals and transaction bytes.
 * **Ordering.** Every op completes before the next starts and asynchronous

@@ -67,7 +67,13 @@ def lower_for_cuda(f: Callable, args: Sequence[np.ndarray],
     with gpu_facts(arch), capturing(modules):
         jax.clear_caches()  # jax caches lowerings: make it lower again
         traced = jax.jit(f).trace(*structs)
-        traced.lower(lowering_platforms=("cuda",))
+        try:
+            traced.lower(lowering_platforms=("cuda",))
+        except ValueError:
+            # a host callback (a profiled kernel's trace dump) does not lower for
+            # CUDA on the CPU; an mgpu.as_gpu_kernel module rides on the call anyway
+            if modules or not prebuilt_modules(traced.jaxpr):
+                raise
     out_avals = jax.tree.leaves(traced.out_info)
     if not modules:  # mgpu.as_gpu_kernel lowers when it is built: the module rides on the call
         modules = prebuilt_modules(traced.jaxpr)

@@ -20,9 +20,10 @@ SCALARS: dict[str, np.dtype] = {
     "f8E4M3FN": np.dtype(ml_dtypes.float8_e4m3fn), "f8E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "f8E8M0FNU": np.dtype(ml_dtypes.float8_e8m0fnu),
     "i4": np.dtype(ml_dtypes.int4), "f4E2M1FN": np.dtype(ml_dtypes.float4_e2m1fn),
+    "i2": np.dtype(ml_dtypes.int2),
     "!mosaic_gpu.barrier": np.dtype(np.int64),  # an mbarrier is 8 bytes of SMEM
 }
-BITS = {"i1": 1, "i4": 4, "f4E2M1FN": 4}
+BITS = {"i1": 1, "i2": 2, "i4": 4, "f4E2M1FN": 4}
 UNSIGNED = {1: np.bool_, 8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 SIGNED = {1: np.bool_, 8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
 
@@ -136,7 +137,7 @@ def byte_size(text: str) -> int:
     m = re.fullmatch(r"!llvm\.array<(\d+) x (.+)>", text)
     if m:
         return int(m.group(1)) * byte_size(m.group(2))
-    if text.startswith("vector<"):
+    if text.startswith("vector<"):  # packed, as LLVM stores vectors: whole bytes
         t = parse(text)
-        return int(np.prod(t.shape)) * t.bits // 8
+        return max(1, -(-int(np.prod(t.shape)) * t.bits // 8))
     raise Unsupported(f"size of type {text}")

@@ -25,6 +25,10 @@ class TmaDescriptor:
     strides: tuple[int, ...]  # in elements, outermost first
     swizzle: int  # bytes; 16 means none
     window: tuple[int, ...]  # the box, outermost first
+    # sub-byte elements (Mosaic's codes 0 and 8: 4 and 2 bits) per byte: the map
+    # is kept in bytes, and the innermost coordinate of a copy divided by this
+    per_byte: int = 1
+    code: int = -1  # Mosaic's element type code (TMA reductions read its signedness)
 
 
 @dataclass

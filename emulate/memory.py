@@ -56,6 +56,18 @@ def _full_mask(mask: np.ndarray, shape) -> np.ndarray:
     return np.broadcast_to(mask.reshape(mask.shape + (1,) * (len(shape) - 1)), shape)
 
 
+def per_thread(addrs, values, dtype: np.dtype):
+    """A store's addresses and values, the addresses broadcast to the values
+    where the pointer is the same in every thread but the value is not: each
+    active thread stores, and where several store to one element the highest
+    thread's value stays (as among per-thread addresses that coincide); the
+    synchronization checker sees the other warps' stores as racing writes."""
+    a, v = np.asarray(addrs, np.int64), np.asarray(values, dtype)
+    if v.ndim > a.ndim:
+        a = np.broadcast_to(a, v.shape)
+    return a, v
+
+
 class Space:
     def __init__(self, name: str, base: int) -> None:
         self.name = name
@@ -99,6 +111,8 @@ class Space:
                 return None, None, None
         else:
             m, active = None, a
+        if active.size == 0:  # nothing to touch: no buffer to find, wherever it points
+            return None, None, None
         lo, hi = int(active.min()), int(active.max()) + itemsize
         region = self.find(lo, hi, where)
         if itemsize > 1 and np.any(active % itemsize):
@@ -115,10 +129,11 @@ class Space:
         return region.view(dtype)[idx]
 
     def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "") -> None:
+        addrs, values = per_thread(addrs, values, dtype)
         region, idx, m = self._locate(addrs, dtype.itemsize, mask, where)
         if region is None:
             return
-        vals = np.broadcast_to(np.asarray(values, dtype), np.shape(idx))
+        vals = np.broadcast_to(values, np.shape(idx))
         view = region.view(dtype)
         if m is None:
             view[idx] = vals
@@ -186,6 +201,7 @@ class ClusterSpace:
         return out
 
     def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "") -> None:
+        addrs, values = per_thread(addrs, values, dtype)
         for space, local, sel in self._each(addrs, mask, where):
             space.store(local, values, dtype, sel, where)
 

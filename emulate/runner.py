@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import irtypes, ops  # noqa: F401  (ops registers the rules)
+from . import irtypes, ops, subbyte  # noqa: F401  (ops registers the rules)
 from .compiler import Compiler
 from .errors import EmulationError, Unsupported
 from .machine import Frame, Launch
@@ -40,6 +40,44 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
     return found
 
 
+def _inouts(kargs: dict[int, irtypes.T], inputs, outputs) -> int:
+    """How many of the last inputs are in-out buffers (``mgpu.as_gpu_kernel``'s
+    ``inout_shape``): the kernel's buffer table is ``[inputs, outputs]`` with
+    those inputs returned as the last outputs, so it has that many fewer
+    buffers than inputs and outputs together."""
+    k = len(inputs) + len(outputs) - (max(kargs, default=-1) + 1)
+    if k <= 0:
+        return 0
+    pairs = zip(inputs[len(inputs) - k:], outputs[len(outputs) - k:])
+    if k > min(len(inputs), len(outputs)) or any(
+            tuple(np.shape(a)) != tuple(shape) for a, (shape, _) in pairs):
+        raise Unsupported(f"a kernel with {max(kargs, default=-1) + 1} buffer arguments for "
+                          f"{len(inputs)} inputs and {len(outputs)} outputs")
+    return k
+
+
+def _gmem_scratch(kargs: dict[int, irtypes.T], n_in: int, n_out: int) -> tuple[list, list]:
+    """The (shape, dtype) of each GMEM scratch buffer of a kernel whose buffer
+    table is ``[inputs, scratch, outputs, scratch]`` (Pallas passes its GMEM
+    scratch as inputs aliased to extra outputs), and of the profiler buffer
+    Mosaic GPU appends last (``prof_spec``) when the caller did not ask for it:
+    ([...], [] or [profile])."""
+    n = max(kargs, default=-1) + 1
+    extra = n - n_in - n_out
+    if extra <= 0:
+        return [], []
+    k = extra // 2
+    tail = [kargs.get(n_in + k + n_out + j) for j in range(k)]
+    profile = [kargs.get(n - 1)] if extra % 2 else []
+    if any(t is None or t.kind != "memref" or min(t.shape, default=1) < 0
+           for t in tail + profile):
+        raise Unsupported(f"a kernel with {n} buffer arguments for {n_in} inputs and {n_out} "
+                          "outputs (only Pallas' aliased GMEM scratch and a profiler buffer are "
+                          "modelled beyond them)")
+    return ([(tuple(t.shape), t.dtype) for t in tail],
+            [(tuple(t.shape), t.dtype) for t in profile])
+
+
 def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
                on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True,
@@ -54,11 +92,9 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
     if outputs is None:
         outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
                    for i in range(len(inputs), len(kargs))]
-    n = len(inputs) + len(outputs)
-    if any(i >= n for i in kargs):
-        raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
-                          f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
-                          "not modelled)")
+    inout = _inouts(kargs, inputs, outputs)
+    n = len(inputs) + len(outputs) - inout  # the in-out buffers are inputs' regions
+    scratch, profile = _gmem_scratch(kargs, len(inputs), len(outputs))
     comp = Compiler(checked=sanitize, profiled=profiler is not None)
     body = comp.block(func.regions[0].blocks[0])
     comp.finish()
@@ -75,17 +111,32 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
             if t is not None:
                 if tuple(arr.shape) != tuple(t.shape):
                     raise EmulationError(f"input {i} has shape {arr.shape}, the kernel wants {t.shape}")
-                arr = arr.astype(t.dtype)
+                if subbyte.bits_of(arr.dtype) != subbyte.bits_of(t.dtype) or \
+                        not subbyte.bits_of(t.dtype):  # uint4 for an i4 kernel: the same bits
+                    arr = arr.astype(t.dtype)
             arr = np.ascontiguousarray(arr)
         else:
             shape, dt = outputs[i - len(inputs)]
             arr = np.zeros(shape, dt)
-        r = g.alloc(arr.nbytes, f"kernel argument {i}")
+        # sub-byte arrays are bit-packed in memory, as the GPU holds them
+        data = subbyte.pack(arr) if subbyte.bits_of(arr.dtype) else arr.reshape(-1).view(np.uint8)
+        r = g.alloc(data.size, f"kernel argument {i}")
         r.tracked = True
-        r.data[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
+        r.data[:data.size] = data
         regions.append((r, arr.dtype, arr.shape))
-    table = g.alloc(8 * n, "kernel argument table")
-    table.data[:8 * n] = np.array([r.base for r, _, _ in regions], np.int64).view(np.uint8)
+    # Pallas' GMEM scratch (semaphores...): zeroed, an aliased input and output;
+    # a profiler buffer nobody asked for: zeroed, written, dropped
+    extra = []
+    for j, (shape, dt) in enumerate(scratch + profile):
+        r = g.alloc(max(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 1),
+                    f"GMEM scratch {j}" if j < len(scratch) else "profiler buffer")
+        r.tracked = True
+        extra.append(r.base)
+    bases = [r.base for r, _, _ in regions]
+    bases = (bases[:len(inputs)] + extra[:len(scratch)] + bases[len(inputs):]
+             + extra[:len(scratch)] + extra[len(scratch):])
+    table = g.alloc(8 * len(bases), "kernel argument table")
+    table.data[:8 * len(bases)] = np.array(bases, np.int64).view(np.uint8)
     regs: list = [None] * comp.nslots
     token_slot, buffers_slot = body.args
     regs[token_slot] = np.asarray(0, np.int64)
@@ -103,7 +154,14 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
     if launch.sync is not None:
         launch.sync.finish()
     out = []
-    for r, dt, shape in regions[len(inputs):]:
+    returned = regions[len(inputs):] + regions[len(inputs) - inout:len(inputs)]
+    for (r, dt, shape), (_, want) in zip(returned, outputs):
+        if np.dtype(want).itemsize == dt.itemsize and \
+                subbyte.bits_of(want) == subbyte.bits_of(dt):
+            dt = np.dtype(want)  # the same bits as the caller's type (an in-out u32 for i32)
+        if subbyte.bits_of(dt):
+            out.append(subbyte.unpack(r.data[:subbyte.nbytes(shape, dt)], dt, shape))
+            continue
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         out.append(r.data[:nbytes].copy().view(dt).reshape(shape))
     return tuple(out)

@@ -39,7 +39,7 @@ import numpy as np
 # Bits kept below the largest alignment exponent (step 2).
 ALIGNMENT_BITS = 25
 # The exponent field's value for subnormals, per operand format.
-MIN_EXPONENT = {"f16": -14, "bf16": -126, "f32": -126}
+MIN_EXPONENT = {"f16": -14, "bf16": -126, "f32": -126, "e4m3": -6, "e5m2": -14}
 _NONE = np.int64(-(1 << 20))  # the alignment exponent of a zero term: below any other
 
 
@@ -56,12 +56,13 @@ def _round_towards_zero_f32(s: np.ndarray) -> np.ndarray:
     return np.where(away, np.nextafter(f, np.float32(0)), f)
 
 
-def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *, operands: str,
-        accumulator: str) -> np.ndarray:
+def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
+        operands: str | tuple[str, str], accumulator: str) -> np.ndarray:
     """One instruction: ``acc + a @ b.T`` as the tensor core rounds it.
 
-    ``a`` is (M, K) and ``b`` (N, K), both holding f16 or bf16 values
-    (``operands``) in float64, signs already applied; ``acc`` is (M, N) in
+    ``a`` is (M, K) and ``b`` (N, K), holding values of the ``operands``
+    formats (one name for both, or A's and B's: "f16", "bf16", "e4m3",
+    "e5m2"; fp8 follows the f16 rule, unvalidated) in float64, signs already applied; ``acc`` is (M, N) in
     the accumulator's type (``accumulator``: "f32" or "f16"), or None when
     the instruction does not add it (scale-d 0). Returns (M, N) in the
     accumulator's type.
@@ -71,9 +72,10 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *, operands: str,
     out_type = np.float32 if accumulator == "f32" else np.float16
     c = np.zeros((a.shape[0], b.shape[0])) if acc is None else np.asarray(acc, np.float64)
     products = a[:, None, :] * b[None, :, :]  # (M, N, K), exact
-    low = MIN_EXPONENT[operands]
+    a_format, b_format = (operands, operands) if isinstance(operands, str) else operands
     # A zero operand's exponent is _NONE, so its products align below any other term.
-    align = _exponents(a, low)[:, None, :] + _exponents(b, low)[None, :, :]
+    align = _exponents(a, MIN_EXPONENT[a_format])[:, None, :] + \
+        _exponents(b, MIN_EXPONENT[b_format])[None, :, :]
     emax = np.maximum(align.max(axis=2), _exponents(c, MIN_EXPONENT[accumulator]))
     shift = ALIGNMENT_BITS - np.where(emax < _NONE // 2, 0, emax)  # all terms zero: any shift
     kept = np.trunc(np.ldexp(products, shift[:, :, None])).sum(axis=2) + \

@@ -32,6 +32,12 @@ def _box(desc: TmaDescriptor, coords_innermost_first: list[int]):
     if len(coords_innermost_first) != rank:
         raise Unsupported(f"TMA copy with {len(coords_innermost_first)} coordinates for a "
                           f"rank-{rank} tensor map")
+    coords_innermost_first = list(coords_innermost_first)
+    if desc.per_byte > 1:  # packed sub-byte elements: the map is in bytes
+        if coords_innermost_first[0] % desc.per_byte:
+            raise Unsupported(f"TMA copy of packed {8 // desc.per_byte}-bit elements at innermost "
+                              f"coordinate {coords_innermost_first[0]}, inside a byte")
+        coords_innermost_first[0] //= desc.per_byte
     start = list(reversed(coords_innermost_first))
     idx = np.indices(desc.window, dtype=np.int64).reshape(rank, -1)
     coords = idx + np.asarray(start, np.int64)[:, None]
@@ -91,10 +97,31 @@ def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: s
         fr.prof.tma(where, int(inside.sum()) * desc.dtype.itemsize, store=True)
 
 
+def reduce(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], fn, dt: np.dtype,
+           where: str, check: Check = None) -> None:
+    """SMEM -> global, combining: each element of the box inside the tensor
+    becomes ``fn(global, smem)`` in ``dt`` (a TMA reduction: atomic per
+    element, a write of GMEM to the checker that races with no other atomic)."""
+    gaddr, inside = _box(desc, coords)
+    saddr = _smem_addresses(desc, smem)
+    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where).view(dt)
+    g = gaddr[inside]
+    if g.size:
+        glob = fr.mem["global"]
+        with np.errstate(over="ignore"):
+            glob.store(g, np.asarray(fn(glob.load(g, dt, None, where), vals[inside]), dt), dt,
+                       None, where)
+    if check is not None:
+        check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
+        check(fr.mem["global"], g, desc.dtype.itemsize, True, atomic=True)
+
+
 def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
     """The (4, w) elements a ``tile::gather4``/``scatter4`` moves: four rows
     (any row coordinates) of a rank-2 tensor map whose box is (1, w), each
     starting at column ``col``."""
+    if desc.per_byte > 1:
+        raise Unsupported(f"tile::gather4/scatter4 of packed {8 // desc.per_byte}-bit elements")
     if len(desc.sizes) != 2 or desc.window[0] != 1:
         raise Unsupported(f"tile::gather4/scatter4 through a tensor map of box {desc.window} "
                           "(a rank-2 map with a (1, w) box is modelled)", where)

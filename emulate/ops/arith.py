@@ -14,7 +14,7 @@ from .. import irtypes
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
-from ._util import binary, const_array, ternary, unary
+from ._util import binary, const_array, ternary, thread_axis, unary
 
 
 def _dense_value(attr, t: irtypes.T) -> np.ndarray:
@@ -67,43 +67,81 @@ def constant(o: Op) -> Step:
 
 
 def _signed_div(a, b):
+    """``div.s``: truncating; by zero all ones (-1), as NVIDIA GPUs give
+    (the PTX ISA leaves it machine-specific); INT_MIN / -1 wraps."""
     a, b = np.asarray(a), np.asarray(b)
-    b = np.where(b == 0, 1, b).astype(b.dtype)
-    q = np.floor_divide(a, b)
-    fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
-    return (q + fix.astype(q.dtype)).astype(a.dtype)
+    zero = b == 0
+    b1 = np.where(zero, 1, b).astype(b.dtype)
+    with np.errstate(over="ignore"):
+        q = np.floor_divide(a, b1)
+        fix = (np.remainder(a, b1) != 0) & ((a < 0) != (b1 < 0))
+        q = (q + fix.astype(q.dtype)).astype(a.dtype)
+    return np.where(zero, np.asarray(-1, a.dtype), q).astype(a.dtype)
 
 
 def _signed_rem(a, b):
-    q = _signed_div(a, b)
-    return (np.asarray(a) - q * np.asarray(b)).astype(np.asarray(a).dtype)
+    """``rem.s``: the sign of the dividend; by zero the dividend itself
+    (a - (a / 0) * 0, as the GPU computes it)."""
+    a, b = np.asarray(a), np.asarray(b)
+    b1 = np.where(b == 0, 1, b).astype(b.dtype)
+    with np.errstate(over="ignore"):
+        q = _signed_div(a, b1)
+        r = (a - q * b1).astype(a.dtype)
+    return np.where(b == 0, a, r).astype(a.dtype)
+
+
+def _udiv(a, b):
+    """``div.u``: by zero all ones (0xFF..F)."""
+    ua, ub = irtypes.unsigned(a), irtypes.unsigned(b)
+    zero = ub == 0
+    q = ua // np.where(zero, 1, ub).astype(ub.dtype)
+    q = np.where(zero, np.asarray(np.iinfo(ua.dtype).max if ua.dtype != np.bool_ else True,
+                                  ua.dtype), q)
+    return np.asarray(q).astype(ua.dtype).view(np.asarray(a).dtype)
+
+
+def _urem(a, b):
+    """``rem.u``: by zero the dividend."""
+    ua, ub = irtypes.unsigned(a), irtypes.unsigned(b)
+    zero = ub == 0
+    r = np.where(zero, ua, ua % np.where(zero, 1, ub).astype(ub.dtype))
+    return np.asarray(r).astype(ua.dtype).view(np.asarray(a).dtype)
 
 
 def _u(fn):
     def f(a, b):
         ua, ub = irtypes.unsigned(a), irtypes.unsigned(b)
-        if fn in (np.floor_divide, np.remainder):
-            ub = np.where(ub == 0, 1, ub).astype(ub.dtype)
         return np.asarray(fn(ua, ub)).astype(ua.dtype).view(np.asarray(a).dtype)
     return f
 
 
+class _ZeroDivisor(Exception):
+    """A ceildiv/floordiv by zero: its value depends on how MLIR expands the
+    op into div.s/div.u, which varies between versions -- not modelled."""
+
+
+def _no_zero(b):
+    if np.any(np.asarray(b) == 0):
+        raise _ZeroDivisor
+    return b
+
+
 def _ceildiv_s(a, b):
+    b = _no_zero(b)
     q = _signed_div(a, b)
     r = np.asarray(a) - q * np.asarray(b)
     return (q + ((r != 0) & ((r < 0) == (np.asarray(b) < 0))).astype(q.dtype)).astype(q.dtype)
 
 
 def _ceildiv_u(a, b):
+    _no_zero(b)
     ua, ub = irtypes.unsigned(a), irtypes.unsigned(b)
-    ub = np.where(ub == 0, 1, ub).astype(ub.dtype)
     q = ua // ub + (ua % ub != 0).astype(ua.dtype)
     return q.astype(ua.dtype).view(np.asarray(a).dtype)
 
 
 def _floordiv_s(a, b):
-    b = np.asarray(b)
-    return np.floor_divide(a, np.where(b == 0, 1, b).astype(b.dtype))
+    return np.floor_divide(a, _no_zero(np.asarray(b)))
 
 
 def _shift(kind: str):
@@ -128,7 +166,7 @@ INT_BINARY = {
     "arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
     "arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor,
     "arith.divsi": _signed_div, "arith.remsi": _signed_rem,
-    "arith.divui": _u(np.floor_divide), "arith.remui": _u(np.remainder),
+    "arith.divui": _udiv, "arith.remui": _urem,
     "arith.ceildivsi": _ceildiv_s, "arith.ceildivui": _ceildiv_u, "arith.floordivsi": _floordiv_s,
     "arith.maxsi": np.maximum, "arith.minsi": np.minimum,
     "arith.maxui": _u(np.maximum), "arith.minui": _u(np.minimum),
@@ -175,8 +213,27 @@ def _fastmath(o: Op) -> None:
             raise o.unsupported(f"{o.name} with {text} (approximate rounding not modelled)")
 
 
+def _int_rule(o: Op, fn) -> Step:
+    fn = _bool_ok(fn, o.name)
+    if o.name not in ("arith.ceildivsi", "arith.ceildivui", "arith.floordivsi"):
+        return binary(o, fn)
+    (a, b), (out,) = o.ins, o.outs
+    vrank, loc, name = o.in_types[1].vrank, o.loc, o.name
+
+    def step(fr: Frame) -> None:
+        x, y = fr.regs[a], np.asarray(fr.regs[b])
+        if fr.mask is not None and y.ndim > vrank:  # inactive threads' divisors do not count
+            y = np.where(thread_axis(fr.mask, vrank), y, np.ones_like(y))
+        try:
+            fr.regs[out] = fn(x, y)
+        except _ZeroDivisor:
+            raise Unsupported(f"{name} by zero (its value depends on how MLIR expands it "
+                              "into div.s/div.u; keep the divisor nonzero)", loc) from None
+    return step
+
+
 for _name, _fn in INT_BINARY.items():
-    rule(_name)(lambda o, fn=_fn: binary(o, _bool_ok(fn, o.name)))
+    rule(_name)(lambda o, fn=_fn: _int_rule(o, fn))
 for _name, _fn in FLOAT_BINARY.items():
     def _frule(o: Op, fn=_fn) -> Step:
         _fastmath(o)

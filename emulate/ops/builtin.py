@@ -7,22 +7,42 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import TMA_MAGIC, Frame, TmaDescriptor
 from ..values import UNDEF, Bundle, MemRef
 from .memref import _contiguous_strides
 
-# TMA moves bits: each element type code is copied as an unsigned int of its size
+# TMA moves bits: each element type code (launch_context._tma_dma_type) is
+# copied as an unsigned int of its size; 0 (4-bit) and 8 (2-bit) as bytes
 TMA_DTYPES = {5: np.uint16, 6: np.uint32, 7: np.uint16, 1: np.uint8, 2: np.uint16,
-              3: np.uint32, 4: np.uint64, 9: np.uint32, 10: np.uint64}
+              3: np.uint32, 4: np.uint64, 9: np.uint32, 10: np.uint64, 0: np.uint8, 8: np.uint8}
+TMA_SUBBYTE_BITS = {0: 4, 8: 2}
+
+
+def _packed_map(sizes, strides, window, bits: int, where: str):
+    """A map of packed ``bits``-wide elements as one of bytes: the innermost
+    size and box divided by the elements per byte, the outer strides (in
+    elements) turned into bytes."""
+    per = 8 // bits
+    if sizes[-1] % per or window[-1] % per or any(s * bits % 8 for s in strides[:-1]):
+        raise Unsupported(f"a TMA map of {bits}-bit elements whose rows do not fill whole bytes "
+                          f"(sizes {sizes}, strides {strides}, box {window})", where)
+    return (sizes[:-1] + (sizes[-1] // per,), tuple(s * bits // 8 for s in strides[:-1]) + (1,),
+            window[:-1] + (window[-1] // per,))
 
 
 class Opaque:
-    """A value only Warpgroup-level ops could use; reading it is Unsupported."""
+    """A value only Warpgroup-level ops could use; reading it is Unsupported.
+    A Warpgroup-level view of a memref keeps the memref (``source``, of type
+    text ``source_type``): casting the view back to that type is the memref
+    again, as MLIR's reconciliation of the two casts makes it."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, source=None, source_type: str = "") -> None:
         self.why = why
+        self.source = source
+        self.source_type = source_type
 
 
 @rule("builtin.unrealized_conversion_cast", accumulators=MOVES)
@@ -46,11 +66,27 @@ def cast(o: Op) -> Step:
                 fr.regs[out] = MemRef(b.space, b.dtype, alloc, aligned, offset, sizes, strides)
             return to_memref
         if a.kind == "memref" and b.kind == "struct":
-            return lambda fr: fr.regs.__setitem__(out, fr.regs[src].as_struct())
+            def to_struct(fr: Frame) -> None:
+                m = fr.regs[src]
+                if not isinstance(m, MemRef):
+                    raise Unsupported(f"unrealized_conversion_cast {a.text} -> {b.text} of "
+                                      f"{getattr(m, 'why', type(m).__name__)}", loc)
+                fr.regs[out] = m.as_struct()
+            return to_struct
         if a.kind == "memref" and b.kind == "memref":
             if a.shape != b.shape:
                 why = f"cast {a.text} -> {b.text} (a Warpgroup-level view)"
-                return lambda fr: fr.regs.__setitem__(out, Opaque(why))
+
+                def view(fr: Frame) -> None:
+                    v = fr.regs[src]
+                    if isinstance(v, Opaque) and v.source_type == b.text:
+                        fr.regs[out] = v.source  # the view cast back: the memref itself
+                    elif isinstance(v, Opaque):
+                        raise Unsupported(f"unrealized_conversion_cast of {v.why} to {b.text}",
+                                          loc)
+                    else:
+                        fr.regs[out] = Opaque(why, v, a.text)
+                return view
             return lambda fr: fr.regs.__setitem__(out, fr.regs[src].with_(dtype=b.dtype))
         if a.kind == "ptr" and b.kind == "memref":
             if any(d < 0 for d in b.shape):
@@ -61,7 +97,8 @@ def cast(o: Op) -> Step:
         if a.kind == "memref" and b.kind == "ptr":
             def to_ptr(fr: Frame) -> None:
                 m = fr.regs[src]
-                fr.regs[out] = np.asarray(m.aligned + m.offset * m.itemsize, np.int64)
+                fr.regs[out] = np.asarray(m.aligned + subbyte.byte_offset(m.offset, m.dtype, loc),
+                                          np.int64)
             return to_ptr
         if a.kind == "array" and b.kind == "ptr":
             # a by-value kernel parameter block (TMA descriptors): give it an address
@@ -121,10 +158,15 @@ def call(o: Op) -> Step:
         if code not in TMA_DTYPES:
             raise Unsupported(f"TMA element type code {code}", loc)
         dt = np.dtype(TMA_DTYPES[code])
-        desc = TmaDescriptor(
-            base=int(r[base_p]), dtype=dt, sizes=_i64s(fr, r[sizes_p], rank, loc),
-            strides=_i64s(fr, r[strides_p], rank, loc), swizzle=int(r[swz_p]),
-            window=_i64s(fr, r[window_p], rank, loc))
+        sizes, strides = _i64s(fr, r[sizes_p], rank, loc), _i64s(fr, r[strides_p], rank, loc)
+        window, per_byte = _i64s(fr, r[window_p], rank, loc), 1
+        if code in TMA_SUBBYTE_BITS:
+            bits = TMA_SUBBYTE_BITS[code]
+            sizes, strides, window = _packed_map(sizes, strides, window, bits, loc)
+            per_byte = 8 // bits
+        desc = TmaDescriptor(base=int(r[base_p]), dtype=dt, sizes=sizes, strides=strides,
+                             swizzle=int(r[swz_p]), window=window, per_byte=per_byte,
+                             code=code)
         key = len(fr.launch.tma) + 1
         fr.launch.tma[key] = desc
         tag = np.zeros(128, np.uint8)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
@@ -114,6 +114,15 @@ def load(o: Op) -> Step:
     vshape = t.shape if t.kind == "vector" else ()
     site = o.site()
 
+    if subbyte.bits_of(dt):
+        def packed_load(fr: Frame) -> None:
+            addr = _element_addresses(fr.regs[p], vshape, dt)
+            fr.regs[out] = subbyte.load(fr.mem[space], addr, dt, fr.mask, loc)
+            if fr.sync is not None:
+                fr.sync.thread_access(fr, space, subbyte.written_bytes(addr), len(vshape), 1,
+                                      False, site)
+        return packed_load
+
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.regs[out] = fr.mem[space].load(addr, dt, fr.mask, loc)
@@ -136,6 +145,19 @@ def store(o: Op) -> Step:
     vshape = t.shape if t.kind == "vector" else ()
     site = o.site()
 
+    if subbyte.bits_of(dt):
+        if int(np.prod(vshape, dtype=np.int64)) * subbyte.bits_of(dt) % 8:
+            # LLVM leaves the rest of the last byte unspecified
+            raise o.unsupported(f"llvm.store of {t.text}, which does not fill whole bytes")
+
+        def packed_store(fr: Frame) -> None:
+            addr = _element_addresses(fr.regs[p], vshape, dt)
+            subbyte.store(fr.mem[space], addr, fr.regs[v], dt, fr.mask, loc)
+            if fr.sync is not None:
+                fr.sync.thread_access(fr, space, subbyte.written_bytes(addr), len(vshape), 1,
+                                      True, site, values=subbyte.raw(fr.regs[v], dt))
+        return packed_store
+
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.mem[space].store(addr, fr.regs[v], dt, fr.mask, loc)
@@ -149,8 +171,13 @@ def store(o: Op) -> Step:
 
 def _element_addresses(pointer: Any, vshape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     """The address of each element a load or store of a ``vshape`` vector (or
-    of a scalar, ``()``) at ``pointer`` touches, per thread."""
+    of a scalar, ``()``) at ``pointer`` touches, per thread; bit addresses
+    for a sub-byte element type (:mod:`..subbyte`)."""
     addr = np.asarray(pointer, np.int64)
+    if subbyte.bits_of(dt):
+        lanes = np.arange(vshape[0]) if vshape else 0
+        return subbyte.bit_addresses(addr.reshape(addr.shape + (1,)) if vshape else addr,
+                                     lanes, dt)
     if vshape:
         addr = addr.reshape(addr.shape + (1,)) + np.arange(vshape[0]) * dt.itemsize
     return addr
@@ -185,7 +212,11 @@ def int_ptr(o: Op) -> Step:
 
 @rule("llvm.addrspacecast")
 def addrspacecast(o: Op) -> Step:
-    raise o.unsupported("llvm.addrspacecast (generic pointers into SMEM are not modelled)")
+    """Generic <-> global (``ptr`` <-> ``ptr<1>``) is the same address here;
+    generic pointers into SMEM are not modelled."""
+    if {o.in_types[0].space, o.out_types[0].space} != {"global"}:
+        raise o.unsupported("llvm.addrspacecast (generic pointers into SMEM are not modelled)")
+    return unary(o, lambda x: x)
 
 
 LLVM_INT = {
@@ -207,7 +238,7 @@ rule("llvm.bitcast", accumulators=MOVES)(arith.bitcast)
 rule("llvm.select")(arith.select)
 
 
-@rule("llvm.extractelement")
+@rule("llvm.extractelement", accumulators=MOVES)
 def extractelement(o: Op) -> Step:
     (v, i), (out,) = o.ins, o.outs
     loc = o.loc
@@ -221,7 +252,7 @@ def extractelement(o: Op) -> Step:
     return step
 
 
-@rule("llvm.insertelement")
+@rule("llvm.insertelement", accumulators=MOVES)
 def insertelement(o: Op) -> Step:
     (vec, val, i), (out,) = o.ins, o.outs
     loc = o.loc

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, subbyte
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
@@ -38,6 +38,34 @@ def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
             grid = grid + np.arange(n, dtype=np.int64).reshape(shape) * s
         addr = addr.reshape(addr.shape + (1,) * k) + grid * m.itemsize
     return addr
+
+
+def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None):
+    """Loads (``values`` None) or stores the elements at ``addrs`` (from
+    :func:`element_addresses`) of ``m``'s space and tells the profiler and
+    the checker.
+
+    Elements of a sub-byte type are not reached this way: MLIR's lowering of
+    memref/vector accesses to LLVM addresses ``i4`` elements one *byte* apart
+    (LLVM's size of ``i4``) while the data is packed, so jax loads and stores
+    them through pointers (``llvm.load`` of ``vector<Nxi4>``, modelled in
+    :mod:`..subbyte`) -- an indexed access is :class:`Unsupported`, not guessed."""
+    if subbyte.bits_of(m.dtype):
+        raise Unsupported(f"{site.op} of a memref of {m.dtype} elements (MLIR's lowering "
+                          "addresses sub-byte elements a byte apart over packed data; load "
+                          "and store them through pointers, as jax does)", loc)
+    space = fr.mem[m.space]
+    if values is None:
+        out = space.load(addrs, m.dtype, fr.mask, loc)
+    else:
+        space.store(addrs, values, m.dtype, fr.mask, loc)
+    if fr.prof is not None:
+        fr.prof.access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site)
+    if fr.sync is not None:
+        written = None if values is None else np.asarray(values, m.dtype)
+        fr.sync.thread_access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site,
+                              values=written)
+    return None if values is not None else out
 
 
 def _mixed(o: Op, static_name: str, dyn_slots: list[int]):
@@ -74,11 +102,7 @@ def load(o: Op) -> Step:
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
-        fr.regs[out] = fr.mem[m.space].load(a, m.dtype, fr.mask, loc)
-        if fr.prof is not None:
-            fr.prof.access(fr, m.space, a, 0, m.itemsize, False, site)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, False, site)
+        fr.regs[out] = access(fr, m, a, 0, site, loc)
     return step
 
 
@@ -91,12 +115,7 @@ def store(o: Op) -> Step:
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
-        fr.mem[m.space].store(a, fr.regs[val], m.dtype, fr.mask, loc)
-        if fr.prof is not None:
-            fr.prof.access(fr, m.space, a, 0, m.itemsize, True, site)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, m.space, a, 0, m.itemsize, True, site,
-                                  values=np.asarray(fr.regs[val], m.dtype))
+        access(fr, m, a, 0, site, loc, values=fr.regs[val])
     return step
 
 

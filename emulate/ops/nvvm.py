@@ -383,9 +383,9 @@ def tma_store_check(fr: Frame, t: int, site, what: str = "TMA store"):
     reads, writes, stamp = sync.bulk_issue(fr.block, int(fr.block.flat[t]))
     agent = f"{what} issued by {sync.clocks.names[row]}"
 
-    def check(space, addrs, itemsize: int, is_write: bool) -> None:
+    def check(space, addrs, itemsize: int, is_write: bool, atomic: bool = False) -> None:
         sync.async_access(view, space, addrs, itemsize, is_write, site,
-                          writes if is_write else reads, stamp, agent)
+                          writes if is_write else reads, stamp, agent, atomic=atomic)
     return check
 
 

@@ -1,12 +1,14 @@
 """``scf``: structured control flow in lockstep.
 
-All threads of a block run every step together. ``scf.for`` and
-``scf.while`` need bounds/conditions that agree between the active threads
-(otherwise :class:`Unsupported`). ``scf.if`` on a condition that differs
+All threads of a block run every step together. An ``scf.for`` whose bounds
+differ between the active threads runs each iteration for the threads that
+have it, under a mask (its step must agree); an ``scf.while`` whose condition
+differs lets each thread leave when its own condition is false and runs the
+others on under a mask. ``scf.if`` on a condition that differs
 between threads runs each branch under a mask (the threads that took it) and
 merges the yielded values per thread, as a SIMT machine does; a branch no
-active thread takes is skipped. An ``scf.index_switch`` without results does
-the same with its cases."""
+active thread takes is skipped. ``scf.index_switch`` likewise runs each case
+some active thread selects."""
 
 from __future__ import annotations
 
@@ -20,15 +22,22 @@ from ._util import thread_axis
 
 @rule("scf.for", accumulators=REGIONS)
 def for_(o: Op) -> Step:
+    """Bounds the same in every active thread loop them together; bounds that
+    differ (a uniform step) run iteration ``k`` for the threads that have a
+    k-th iteration, under a mask, each with its own induction variable, the
+    others keeping their carried values -- as a SIMT machine runs it."""
     lb, ub, st, *inits = o.ins
     body = o.region_block()
     iv, *carried = body.args
     outs = o.outs
+    vranks = [t.vrank for t in o.out_types]
     loc = o.loc
     idt = o.in_types[0].dtype
 
     def step(fr: Frame) -> None:
         r = fr.regs
+        if _differs(fr, r[lb]) or _differs(fr, r[ub]):
+            return _divergent_for(fr)
         lo = uniform(r[lb], fr, "scf.for lower bound", loc)
         hi = uniform(r[ub], fr, "scf.for upper bound", loc)
         s = uniform(r[st], fr, "scf.for step", loc)
@@ -42,7 +51,39 @@ def for_(o: Op) -> Step:
                 vals = [r[t] for t in body.term]
         for out, v in zip(outs, vals):
             r[out] = v
+
+    def _divergent_for(fr: Frame) -> None:
+        r = fr.regs
+        s = int(uniform(r[st], fr, "scf.for step (with bounds that differ between threads)",
+                        loc))
+        lo = np.broadcast_to(np.asarray(r[lb], np.int64), (fr.T,))
+        hi = np.broadcast_to(np.asarray(r[ub], np.int64), (fr.T,))
+        trips = np.maximum(-(-(hi - lo) // s), 0)
+        saved = fr.mask
+        base = np.ones(fr.T, bool) if saved is None else saved
+        vals = [r[i] for i in inits]
+        for k in range(int(trips[base].max(initial=0))):
+            go = base & (k < trips)
+            fr.mask = go
+            r[iv] = (lo + k * s).astype(idt)
+            for a, v in zip(carried, vals):
+                r[a] = v
+            body.run(fr)
+            vals = [_merge(go, r[t], v, vr, loc) for t, v, vr in zip(body.term, vals, vranks)]
+        fr.mask = saved
+        for out, v in zip(outs, vals):
+            r[out] = v
     return step
+
+
+def _differs(fr: Frame, x) -> bool:
+    """Whether ``x`` has different values in the active threads."""
+    a = np.asarray(x)
+    if a.ndim == 0:
+        return False
+    if fr.mask is not None:
+        a = a[fr.mask]
+    return a.size > 0 and bool(np.any(a != a.flat[0]))
 
 
 def _merge(cond: np.ndarray, a, b, vrank: int, where: str):
@@ -97,30 +138,63 @@ def if_(o: Op) -> Step:
 
 @rule("scf.while", accumulators=REGIONS)
 def while_(o: Op) -> Step:
+    """A condition the same in every active thread loops them together; one
+    that differs lets the threads whose condition is false leave (their
+    results are what they forwarded then) while the others go on under a mask,
+    until none is left -- as a SIMT machine runs a divergent loop."""
     before = o.region_block(0)
     after = o.region_block(1)
     inits, outs = o.ins, o.outs
+    vranks = [t.vrank for t in o.out_types]
     loc = o.loc
 
     def step(fr: Frame) -> None:
         r = fr.regs
         vals = [r[i] for i in inits]
+        saved = fr.mask
+        left: np.ndarray | None = None  # threads that left, once the condition diverged
+        results: list = [None] * len(outs)
         while True:
             for a, v in zip(before.args, vals):
                 r[a] = v
             before.run(fr)
             c, *fwd = before.term
-            go = uniform(r[c], fr, "scf.while condition", loc)
+            cond = np.asarray(r[c])
             fwd_vals = [r[f] for f in fwd]
-            if not go:
-                for out, v in zip(outs, fwd_vals):
-                    r[out] = v
-                return
+            base = np.ones(fr.T, bool) if fr.mask is None else fr.mask
+            together = _together(cond, base) if left is None else None
+            if together is False:  # every active thread leaves
+                results = fwd_vals
+                break
+            if together is None:  # diverged: the threads whose condition is false leave
+                go = base & np.broadcast_to(cond, (fr.T,))
+                leaving = base & ~go
+                for k, v in enumerate(fwd_vals):
+                    results[k] = v if results[k] is None else _merge(leaving, v, results[k],
+                                                                     vranks[k], loc)
+                left = leaving if left is None else left | leaving
+                if not go.any():
+                    break
+                fr.mask = go
             for a, v in zip(after.args, fwd_vals):
                 r[a] = v
             after.run(fr)
             vals = [r[t] for t in after.term]
+        fr.mask = saved
+        for out, v in zip(outs, results):
+            r[out] = v
     return step
+
+
+def _together(cond: np.ndarray, active: np.ndarray) -> bool | None:
+    """The condition every active thread has (False when none is active), or
+    None where it differs between them."""
+    if cond.ndim == 0:
+        return bool(cond)
+    a = cond[active]
+    if a.size == 0:
+        return False
+    return bool(a[0]) if (a.all() or not a.any()) else None
 
 
 @rule("scf.execute_region")
@@ -139,35 +213,47 @@ def execute_region(o: Op) -> Step:
 
 @rule("scf.index_switch", accumulators=REGIONS)
 def index_switch(o: Op) -> Step:
+    """A selector the same in every active thread runs its case; one that
+    differs runs each case taken (in case order, then the default) under the
+    mask of the threads that take it, and merges the yielded values per
+    thread, as a divergent ``scf.if`` does."""
     cases = [int(c) for c in o.attr("cases")]
     default = o.region_block(0)
     blocks = [o.region_block(i + 1) for i in range(len(cases))]
     (arg,), outs = o.ins, o.outs
+    vranks = [t.vrank for t in o.out_types]
     loc = o.loc
 
     def step(fr: Frame) -> None:
-        sel = np.asarray(fr.regs[arg])
-        if sel.ndim and not outs:  # maybe divergent (jax's pl.when inside warp_map)
-            act = sel if fr.mask is None else sel[fr.mask]
-            if act.size and np.any(act != act.flat[0]):
-                return _divergent_switch(fr, sel, cases, blocks, default)
-        v = uniform(sel, fr, "scf.index_switch selector", loc)
-        b = blocks[cases.index(int(v))] if v is not None and int(v) in cases else default
-        b.run(fr)
-        for out, t in zip(outs, b.term):
-            fr.regs[out] = fr.regs[t]
+        r = fr.regs
+        sel = np.asarray(r[arg])
+        base = np.ones(fr.T, bool) if fr.mask is None else fr.mask
+        act = sel if sel.ndim == 0 else sel[base]
+        if sel.ndim == 0 or act.size == 0 or np.all(act == act.flat[0]):
+            v = int(sel) if sel.ndim == 0 else (int(act.flat[0]) if act.size else None)
+            b = blocks[cases.index(v)] if v in cases else default
+            b.run(fr)
+            for out, t in zip(outs, b.term):
+                r[out] = r[t]
+            return
+        saved = fr.mask
+        taken = np.zeros(fr.T, bool)
+        results: list = [None] * len(outs)
+        arms = [(blocks[k], sel == c) for k, c in enumerate(cases)]
+        arms.append((default, ~np.isin(sel, cases)))
+        for block, who in arms:
+            m = base & who & ~taken
+            if not m.any():
+                continue
+            taken |= m
+            fr.mask = m
+            block.run(fr)
+            for k, t in enumerate(block.term):
+                results[k] = r[t] if results[k] is None else _merge(m, r[t], results[k],
+                                                                     vranks[k], loc)
+        fr.mask = saved
+        for out, v in zip(outs, results):
+            r[out] = v
     return step
 
 
-def _divergent_switch(fr: Frame, sel: np.ndarray, cases: list[int], blocks, default) -> None:
-    """An ``scf.index_switch`` without results whose selector differs between
-    threads: each case runs under the mask of the threads that select it (in
-    case order, the default last), as ``scf.if`` does its branches."""
-    saved = fr.mask
-    base = np.ones(fr.T, bool) if saved is None else saved
-    for c, b in [*zip(cases, blocks), (None, default)]:
-        take = base & (~np.isin(sel, cases) if c is None else sel == c)
-        if take.any():
-            fr.mask = take
-            b.run(fr)
-    fr.mask = saved

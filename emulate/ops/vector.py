@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..machine import Frame
 from ..values import lead
 from . import arith
 from ._util import unary
-from .memref import element_addresses, memref_of
+from .memref import access, element_addresses, memref_of
 
 
 def _static(o: Op, name: str) -> list[int]:
@@ -116,9 +116,12 @@ def broadcast(o: Op) -> Step:
 @rule("vector.bitcast", accumulators=MOVES)
 def bitcast(o: Op) -> Step:
     src_t, dst_t = o.in_types[0], o.out_types[0]
-    if src_t.bits < 8 or dst_t.bits < 8 or dst_t.dtype == np.bool_:
+    if (src_t.dtype == np.bool_ or dst_t.dtype == np.bool_
+            or src_t.shape[-1] * src_t.bits % 8):
         raise o.unsupported(f"vector.bitcast {src_t.text} -> {dst_t.text}")
-    dt = dst_t.dtype
+    st, dt = src_t.dtype, dst_t.dtype
+    if src_t.bits < 8 or dst_t.bits < 8:  # packed: element 0 in the lowest bits
+        return unary(o, lambda x: subbyte.from_bytes(subbyte.to_bytes(x, st), dt))
     return unary(o, lambda x: np.ascontiguousarray(x).view(dt))
 
 
@@ -225,11 +228,7 @@ def load(o: Op) -> Step:
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
-        fr.regs[out] = fr.mem[m.space].load(addrs, m.dtype, fr.mask, loc)
-        if fr.prof is not None:
-            fr.prof.access(fr, m.space, addrs, len(vshape), m.itemsize, False, site)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, m.space, addrs, len(vshape), m.itemsize, False, site)
+        fr.regs[out] = access(fr, m, addrs, len(vshape), site, loc)
     return step
 
 
@@ -244,12 +243,7 @@ def store(o: Op) -> Step:
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
-        fr.mem[m.space].store(addrs, fr.regs[val], m.dtype, fr.mask, loc)
-        if fr.prof is not None:
-            fr.prof.access(fr, m.space, addrs, len(vshape), m.itemsize, True, site)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, m.space, addrs, len(vshape), m.itemsize, True, site,
-                                  values=np.asarray(fr.regs[val], m.dtype))
+        access(fr, m, addrs, len(vshape), site, loc, values=fr.regs[val])
     return step
 
 

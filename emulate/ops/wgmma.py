@@ -25,18 +25,25 @@ Accumulate", matrix descriptors and shared memory layouts):
 
   each byte address then passed through the S-byte swizzle
   (:func:`..memory.swizzle`).
-* **A in registers** (f16/bf16): four b32 registers per thread, the halves
-  ``h = 0..7`` at row ``16 * warp + lane // 4 + 8 * ((h // 2) % 2)``, column
-  ``2 * (lane % 4) + h % 2 + 8 * (h // 4)``.
+* **A in registers**: four b32 registers per thread; register ``g`` holds
+  ``p = 4 / e`` consecutive elements (``e``-byte; the low bits first) of row
+  ``16 * warp + lane // 4 + 8 * (g % 2)``, from column
+  ``p * (lane % 4) + 4 * p * (g // 2)`` -- for f16/bf16 (K = 16) and for
+  s8/e4m3/e5m2 (K = 32) alike.
 * **D** (f32 or s32): N/2 registers per thread, register ``i`` at row
   ``16 * warp + lane // 4 + 8 * ((i // 2) % 2)``, column
-  ``8 * (i // 4) + 2 * (lane % 4) + i % 2``.
+  ``8 * (i // 4) + 2 * (lane % 4) + i % 2``. An f16 D packs two of those
+  elements (``2j``, ``2j + 1``, the low half first) in each of N/4 b32
+  registers.
 
 Numbers: each f16/bf16 instruction adds its K products and D as an H200's
-tensor core does, bit for bit (:mod:`..tensorcore`: truncated alignment
-to 25 bits below the largest term, rounded towards zero to f32). s8 x s8 ->
-s32 is exact (wrapping). tf32, fp8, f16 accumulators and
-8-bit A in registers raise :class:`Unsupported`.
+tensor core does, bit for bit (:mod:`..tensorcore`: products aligned to the
+largest term, truncated 25 bits below it, summed exactly, rounded towards
+zero to an f32 D or to nearest to an f16 D). fp8 (e4m3/e5m2, mixed as the
+PTX ISA allows) goes through the same adder, one group per instruction (K =
+32) -- a reading, not validated on the hardware. s8 x s8 -> s32 is exact
+(wrapping). tf32 (f32 inputs: how the hardware drops f32's low mantissa bits
+is not documented) raises :class:`Unsupported`; so do scales other than +-1.
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ WGMMA = re.compile(
     r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(\d+)\.(\w+)\.(\w+)\.(\w+)\s+"
     r"\{([^}]*)\},\s*(\{[^}]*\}|\$\d+),\s*\$(\d+),\s*p((?:,\s*\$\d+)*);\s*\}\s*$")
 
-ELEMENTS = {"f16": np.dtype(np.float16), "bf16": irtypes.SCALARS["bf16"], "s8": np.dtype(np.int8)}
+ELEMENTS = {"f16": np.dtype(np.float16), "bf16": irtypes.SCALARS["bf16"], "s8": np.dtype(np.int8),
+            "e4m3": irtypes.SCALARS["f8E4M3FN"], "e5m2": irtypes.SCALARS["f8E5M2"]}
+FP8 = ("e4m3", "e5m2")
 SWIZZLES = {1: 128, 2: 64, 3: 32}
 
 
@@ -77,14 +86,16 @@ def compile_wgmma(o: Op, text: str) -> Step:
     use_out, n, k, dty, aty, bty, d_list, a_op, b_op, imms = m.groups()
     n, k = int(n), int(k)
     d_regs = [_num(x) for x in d_list.split(",")]
-    if dty not in ("f32", "s32"):
-        raise Unsupported(f"WGMMA with a .{dty} accumulator (its accumulation rounding is not "
-                          "modelled)", loc)
-    if aty not in ELEMENTS or bty not in ELEMENTS or aty != bty:
-        raise Unsupported(f"WGMMA of .{aty} x .{bty} (f16, bf16 and s8 are modelled)", loc)
-    el = ELEMENTS[aty]
+    if dty not in ("f32", "s32", "f16"):
+        raise Unsupported(f"WGMMA with a .{dty} accumulator", loc)
+    if aty not in ELEMENTS or bty not in ELEMENTS or (aty != bty and not {aty, bty} <= set(FP8)):
+        raise Unsupported(f"WGMMA of .{aty} x .{bty} (f16, bf16, fp8 and s8 are modelled)", loc)
+    el, el_b = ELEMENTS[aty], ELEMENTS[bty]
     is_int = aty == "s8"
-    if k * el.itemsize != 32 or len(d_regs) != n // 2:
+    if (dty == "f16") == (is_int or aty == "bf16") and dty != "f32":
+        raise Unsupported(f"WGMMA of .{aty} into a .{dty} accumulator", loc)
+    packed = dty == "f16"  # two f16 accumulators per b32 register
+    if k * el.itemsize != 32 or len(d_regs) != n // (4 if packed else 2):
         raise Unsupported(f"WGMMA m64n{n}k{k} with {len(d_regs)} accumulator registers", loc)
     n_out = len(d_regs)  # "=f"/"=r" outputs $0..; then the tied inputs
     ins = o.ins
@@ -98,8 +109,6 @@ def compile_wgmma(o: Op, text: str) -> Step:
     tied = [slot(n_out + i) for i in range(n_out)]
     a_in_regs = a_op.startswith("{")
     if a_in_regs:
-        if el.itemsize != 2:
-            raise Unsupported("WGMMA with 8-bit A in registers", loc)
         a_slots = [slot(_num(x)) for x in a_op.strip("{}").split(",")]
         if len(a_slots) != 4:
             raise Unsupported(f"WGMMA with {len(a_slots)} A registers", loc)
@@ -110,13 +119,14 @@ def compile_wgmma(o: Op, text: str) -> Step:
     imm_slots = [slot(_num(x)) for x in imms.split(",") if x.strip()]
     if el.itemsize == 2:
         want = 3 if a_in_regs else 4  # scale-a, scale-b, [trans-a,] trans-b
-        if len(imm_slots) != want:
-            raise Unsupported(f"inline PTX {text!r}: {len(imm_slots)} immediates", loc)
-    elif imm_slots:
-        raise Unsupported(f"inline PTX {text!r}: immediates for an integer WGMMA", loc)
+    else:
+        want = 0 if is_int else 2  # fp8: scale-a, scale-b (no transposes)
+    if len(imm_slots) != want:
+        raise Unsupported(f"inline PTX {text!r}: {len(imm_slots)} immediates", loc)
     (out,) = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
     o.comp.accumulators.add(out)  # the checker guards what reads it before the wait
-    acc_dt = np.dtype(np.float32) if dty == "f32" else np.dtype(np.int32)
+    acc_dt = {"f32": np.dtype(np.float32), "s32": np.dtype(np.int32),
+              "f16": np.dtype(np.float16)}[dty]
     site = o.site(f"wgmma.mma_async.m64n{n}k{k}.{dty}.{aty}.{bty}")
 
     def step(fr: Frame) -> None:
@@ -126,6 +136,8 @@ def compile_wgmma(o: Op, text: str) -> Step:
         r = fr.regs
         vals = [uniform(r[s], fr, "a WGMMA immediate", loc) for s in imm_slots]
         scale_a, scale_b = (int(vals[0]), int(vals[1])) if vals else (1, 1)
+        if scale_a not in (1, -1) or scale_b not in (1, -1):
+            raise Unsupported(f"WGMMA scales {scale_a}, {scale_b} (1 or -1)", loc)
         if el.itemsize == 2:
             trans_a = int(vals[2]) if not a_in_regs else 0
             trans_b = int(vals[-1])
@@ -139,26 +151,35 @@ def compile_wgmma(o: Op, text: str) -> Step:
             desc = int(uniform(r[a_slots[0]], fr, "the WGMMA A descriptor", loc))
             a = _read_operand(fr, desc, 64, k, el, trans_a, loc, check)
         desc_b = int(uniform(r[b_slot], fr, "the WGMMA B descriptor", loc))
-        bm = _read_operand(fr, desc_b, n, k, el, trans_b, loc, check)  # (N, K)
+        bm = _read_operand(fr, desc_b, n, k, el_b, trans_b, loc, check)  # (N, K)
         del b
         rows, cols = _d_positions(n)
         use = np.asarray(r[use_slot]).reshape(-1)
         if np.any(use != use[0]):
             raise Unsupported("a WGMMA scale-d that differs between threads", loc)
-        acc = np.stack([_per_thread_scalar(r[s], fr.T) for s in tied], axis=1)  # (T, N/2)
+        if packed:  # (T, N/4) b32 registers, each two f16: the low half first
+            words = np.stack([per_thread_word(r[s], fr.T) for s in tied], axis=1)
+            acc = words.view(np.float16).reshape(fr.T, n // 2)
+        else:
+            acc = np.stack([_per_thread_scalar(r[s], fr.T) for s in tied], axis=1)  # (T, N/2)
         if is_int:
             prod = (a.astype(np.int64) @ bm.astype(np.int64).T)[rows, cols]
             res = (prod + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
         else:  # the tensor core's own rounding (see ..tensorcore)
-            d = np.zeros((64, n), acc_dt)
+            d = np.zeros((64, n), acc.dtype)
             d[rows, cols] = acc
             res = tensorcore.mma(a.astype(np.float64) * scale_a, bm.astype(np.float64) * scale_b,
-                                 d if use[0] else None, operands=aty, accumulator=dty)[rows, cols]
-        r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
+                                 d if use[0] else None, operands=(aty, bty),
+                                 accumulator=dty)[rows, cols]
+        if packed:
+            words = np.ascontiguousarray(res.astype(np.float16)).view(np.int32)  # (T, N/4)
+            r[out] = tuple(words[:, i] for i in range(n_out))
+        else:
+            r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
         if fr.prof is not None:  # A from registers reads no SMEM
             fr.prof.mma(loc, 64, n, k, (0 if a_in_regs else 64 * k * el.itemsize)
-                        + n * k * el.itemsize)
+                        + n * k * el_b.itemsize)
         if issued is not None:  # the accumulators are the WGMMA's until waited for
             comp, stamp, agent = issued
             fr.pending[out] = (comp, stamp, site, agent)
@@ -173,6 +194,12 @@ def _per_thread_scalar(v, T: int) -> np.ndarray:
     return np.broadcast_to(v.reshape(-1)[:1], (T,))
 
 
+def per_thread_word(v, T: int) -> np.ndarray:
+    """A b32 register (per thread (T,), or uniform) as (T,) int32."""
+    v = np.asarray(v).astype(np.int32)
+    return v.reshape(T) if v.size == T else np.broadcast_to(v.reshape(-1)[:1], (T,))
+
+
 def _d_positions(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, column) of accumulator register i of each thread: (128, N/2) each."""
     t = np.arange(128)[:, None]
@@ -184,17 +211,22 @@ def _d_positions(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _a_from_registers(fr: Frame, slots: list[int], el: np.dtype) -> np.ndarray:
-    """The 64 x 16 A tile held in four b32 registers per thread."""
-    regs = np.stack([np.broadcast_to(np.asarray(fr.regs[s]).reshape(-1), (fr.T,))
-                     for s in slots], axis=1).astype(np.int32).view(np.uint32)  # (T, 4)
-    halves = np.stack([regs & 0xFFFF, regs >> 16], axis=-1).astype(np.uint16).reshape(fr.T, 8)
-    t = np.arange(fr.T)[:, None]
-    h = np.arange(8)[None, :]
+    """The 64 x K A tile (K = 32 bytes of elements) held in four b32 registers
+    per thread: register ``g`` holds ``p = 4 / e`` consecutive elements of row
+    ``16 warp + lane // 4 + 8 (g % 2)``, from column ``p (lane % 4) + 4 p (g // 2)``
+    (the low bits first) -- the PTX ISA's fragment for 16- and 8-bit A."""
+    regs = np.stack([per_thread_word(fr.regs[s], fr.T) for s in slots], axis=1)  # (T, 4)
+    e = el.itemsize
+    p = 4 // e
+    elems = np.ascontiguousarray(regs).view(np.dtype(f"u{e}")).reshape(fr.T, 4, p)
+    t = np.arange(fr.T)[:, None, None]
+    g = np.arange(4)[None, :, None]
+    j = np.arange(p)[None, None, :]
     warp, lane = t // 32, t % 32
-    rows = 16 * warp + lane // 4 + 8 * ((h // 2) % 2)
-    cols = 2 * (lane % 4) + h % 2 + 8 * (h // 4)
-    a = np.zeros((64, 16), np.uint16)
-    a[rows, cols] = halves
+    rows = 16 * warp + lane // 4 + 8 * (g % 2)
+    cols = p * (lane % 4) + j + 4 * p * (g // 2)
+    a = np.zeros((64, 8 * p), np.dtype(f"u{e}"))
+    a[rows, cols] = elems
     return a.view(el)
 
 

@@ -131,13 +131,14 @@ class Checker:
 
     def thread_access(self, fr, space_name: str, addrs, vrank: int, itemsize: int,
                       is_write: bool, site: OpSite, mask=None, by_warp: bool = False,
-                      values=None) -> None:
+                      values=None, atomic: bool = False) -> None:
         """Threads of ``fr`` (those active, or in ``mask``) access the elements
         at ``addrs`` (per thread, or the same in each: ``vrank`` trailing dims;
         ``by_warp``: a leading axis of warps, for warp collectives). A write
         passes the ``values`` written (of the element dtype): warps writing
         equal values to a byte in one step are not a race (replicated layouts,
-        which jax stores from every warp)."""
+        which jax stores from every warp). ``atomic``: an atomic access
+        (``red``/``atom``, a strong ``ld``), which races with no other atomic one."""
         a = np.asarray(addrs, np.int64)
         lead = fr.block.warp_rows[::32] if by_warp else fr.block.warp_rows
         if a.ndim == vrank:
@@ -152,7 +153,7 @@ class Checker:
                 (lambda: np.broadcast_to(values, shape).reshape(-1))
             if a.size:
                 self._thread_cells(fr.mem[space_name], a, Warps(urows, a.size // urows.size),
-                                   itemsize, is_write, site, written)
+                                   itemsize, is_write, site, written, atomic)
             return
         v = None if values is None else np.broadcast_to(values, a.shape)
         rows = np.broadcast_to(lead.reshape((lead.size,) + (1,) * (a.ndim - 1)), a.shape)
@@ -168,7 +169,7 @@ class Checker:
             vs = v if v is None or sel is None else v[sel]
             if r.size:
                 self._thread_cells(space, local, Warps(np.unique(r), rows=r), itemsize, is_write,
-                                   site, None if vs is None else (lambda vs=vs: vs))
+                                   site, None if vs is None else (lambda vs=vs: vs), atomic)
 
     def spaces(self, fr, space_name: str, a: np.ndarray):
         """(space, addresses in it, which of ``a``) of addresses in ``space_name``;
@@ -185,7 +186,8 @@ class Checker:
 
     def _thread_cells(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
                       is_write: bool, site: OpSite,
-                      values: Callable[[], np.ndarray] | None = None) -> None:
+                      values: Callable[[], np.ndarray] | None = None,
+                      atomic: bool = False) -> None:
         """A thread access of elements ``a`` of ``space``; a write's ``values``
         (flat, made on demand: they matter only where warps overlap)."""
         # the memory op found every element in one buffer: the first one's
@@ -202,11 +204,14 @@ class Checker:
                 who = Warps(who.urows, rows=np.repeat(who.rows(), k))
         table = self._site_table(site, who.urows, is_write)
         sites = np.repeat(table[who.urows], who.per) if who.runs else table[who.rows()]
-        who.overlap = is_write and self._overlapping(site, region, off, who)
+        if atomic:  # several warps' atomics on one cell in a step: each applied, no race
+            self.sites.atomic[sites] = True
+        who.overlap = is_write and not atomic and self._overlapping(site, region, off, who)
         written = None
         if who.overlap and values is not None:  # the bytes each cell's writer wrote
             written = np.ascontiguousarray(values()).view(np.uint8).reshape(off.size, -1)
-        self._check(region, space_kind(space), off, sites, who, None, is_write, False, written)
+        self._check(region, space_kind(space), off, sites, who, None, is_write, False, written,
+                    atomic)
 
     def _site_table(self, site: OpSite, urows: np.ndarray, is_write: bool) -> np.ndarray:
         """Site ids of ``site`` executed by each warp of ``urows`` now, by
@@ -226,7 +231,7 @@ class Checker:
 
     def async_access(self, view: np.ndarray, space, addrs, itemsize: int, is_write: bool,
                      site: OpSite, component: int, stamp: int, agent: str,
-                     proxy_read: bool = True) -> None:
+                     proxy_read: bool = True, atomic: bool = False) -> None:
         """An asynchronous unit (TMA, WGMMA, st.async) accesses the elements at
         ``addrs``: checked against ``view`` (what its issuer knew when issuing
         it), recorded as ``(component, stamp)``. ``proxy_read``: a read
@@ -240,9 +245,11 @@ class Checker:
             return
         off = self._shadow(region).cells(a - region.base, itemsize)
         s = self._site(site, component, stamp, agent, is_write, generic=False)
+        if atomic:
+            self.sites.atomic[s] = True
         sites = np.full(off.size, s, np.int32)
         self._check(region, space_kind(space), off, sites, None, view, is_write,
-                    proxy_read and not is_write)
+                    proxy_read and not is_write, atomic=atomic)
 
     # --- the check --------------------------------------------------------------------------
 
@@ -367,7 +374,8 @@ class Checker:
 
     def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
                who: Warps | None, view: np.ndarray | None, is_write: bool,
-               proxy_read: bool, written: np.ndarray | None = None) -> None:
+               proxy_read: bool, written: np.ndarray | None = None,
+               atomic: bool = False) -> None:
         """Checks an access of cells ``off`` of ``region``'s shadow (each by site
         ``sites``) against the shadow, reports conflicts, records it. A
         thread access says ``who`` made each cell (their clock rows, which
@@ -381,7 +389,9 @@ class Checker:
             if fresh.any():
                 self._uninitialized(region, space, off[fresh], sites[fresh])
         ok = self._ordered_cells(w, who, view, need_all=is_write)
-        if ok is not None:
+        if ok is not None and atomic:  # atomics never race with each other
+            ok = ok | S.atomic[w]
+        if ok is not None and not ok.all():
             bad = ~ok
             self._race(region, space, w[bad], sites[bad], off[bad])
         if proxy_read:
@@ -403,7 +413,9 @@ class Checker:
                 cols.append(sh.earlier[off])
             for r in cols:
                 ok = self._ordered_cells(r, who, view)
-                if ok is not None:
+                if ok is not None and atomic:
+                    ok = ok | S.atomic[r]
+                if ok is not None and not ok.all():
                     bad = ~ok
                     self._race(region, space, r[bad], sites[bad], off[bad])
             sh.write[off] = sites

@@ -38,6 +38,8 @@ class Sites:
         self.component = np.zeros(cap, np.int32)
         self.time = np.zeros(cap, np.int32)
         self.generic = np.zeros(cap, bool)  # a generic-proxy (thread) write
+        # an atomic access (red/atom, strong ld, TMA reduction): never a race with another
+        self.atomic = np.zeros(cap, bool)
         self.info: list = [None]  # (OpSite, agent name, is_write)
         # a *group* site (component -1): several warps writing the same bytes
         # with equal values in one step; its member sites, one per warp
@@ -51,7 +53,7 @@ class Sites:
         """Several sites at once (one op by several warps); the first's id."""
         k, n = self.n, len(components)
         while k + n > self.cluster.size:
-            for name in ("cluster", "component", "time", "generic"):
+            for name in ("cluster", "component", "time", "generic", "atomic"):
                 old = getattr(self, name)
                 new = np.zeros(2 * old.size, old.dtype)
                 new[:old.size] = old
@@ -60,6 +62,7 @@ class Sites:
         self.component[k:k + n] = components
         self.time[k:k + n] = times
         self.generic[k:k + n] = generic
+        self.atomic[k:k + n] = False
         self.info.extend(infos)
         self.n += n
         return k

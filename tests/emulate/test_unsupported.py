@@ -14,27 +14,13 @@ from tests.emulate.kernels import WG, S, cases, normal
 
 
 def test_a_wgmma_form_not_modelled_is_unsupported_and_named():
-    """WGMMA into an f16 accumulator: its accumulation rounding is not
-    documented, so the emulator refuses it rather than guess."""
-    def body(a_gmem, b_gmem, o_gmem, a, b, bar):
-        plgpu.copy_gmem_to_smem(a_gmem, a, bar)
-        plgpu.barrier_wait(bar)
-        plgpu.copy_gmem_to_smem(b_gmem, b, bar)
-        plgpu.barrier_wait(bar)
+    """WGMMA of f32 inputs (.tf32): how the hardware rounds f32 to tf32 is
+    not documented, so the emulator refuses it rather than guess."""
+    from tests.emulate.test_wgmma_forms import _matmul
 
-        def scope(acc):
-            plgpu.wgmma(acc, a, b)
-            plgpu.wgmma_wait(0)
-            return acc[...]
-        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 64), jnp.float16))
-    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    call = plgpu.kernel(body, out_type=S((64, 64), jnp.float16), compiler_params=WG,
-                        scratch_types=[plgpu.SMEM((64, 64), jnp.float16, transforms=t),
-                                       plgpu.SMEM((64, 64), jnp.float16, transforms=t),
-                                       plgpu.Barrier()])
-    x = normal((64, 64), np.float16)
-    with pytest.raises(emu.Unsupported, match=r"WGMMA with a \.f16 accumulator.* at loc\("):
-        emu.run(call, x, x)
+    x = normal((64, 64), np.float32)
+    with pytest.raises(emu.Unsupported, match=r"WGMMA of \.tf32 x \.tf32.* at loc\("):
+        emu.run(_matmul(jnp.float32, jnp.float32, False, 64, 64), x, x)
 
 
 @pytest.mark.parametrize("name,output", [("tma_smem_swizzle128", 1), ("tma_gather4_swizzle128", 1),

@@ -62,6 +62,15 @@ PENDING = {
     r"red(?:\.(?:shared::cta|global))?\.(?:relaxed|release)\.(?:cta|gpu|sys)(?:\."
     r"(?:shared::cta|global))?\.(add|min|max|and|or|xor|inc|dec)(?:\.noftz)?(?:\."
     r"v([24]))?\.(u32|s32|b32|f32|f16|bf16|f16x2|bf16x2)",
+    # merged later the same day: run by tests/emulate/test_ptx_int16.py,
+    # test_profiler.py (jax's profiler's clocks) and test_tcgen05.py
+    r"(?:max|min)\.[su]16(?:x2)?",
+    r"@\$0 st\.shared\.v2\.u32 \[\$1\], ?\{\$2, ?%clock\};",
+    r"mov\.u32 \$0, ?%globaltimer_(lo|hi);",
+    r"mov\.u32 \$0, ?%smid;",
+    r"mov\.u64 \$0, ?%globaltimer;",
+    r"tcgen05\.cp\..*",
+    r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x(\d+)\.(min|max)(\.abs)?(\.NaN)?\.(f32|s32|u32)",
     # branch tcgen05: tcgen05 and cluster launch control
     r".*tcgen05\.mma.*",
     r"\{ \.reg \.b128 handle; ld\.shared\.b128 handle, \[\$4\]; clusterlaunchcon"

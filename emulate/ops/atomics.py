@@ -1,0 +1,258 @@
+"""Atomic PTX as Mosaic GPU emits it: ``red`` (``FragmentedArray``'s atomic
+stores, ``pl.atomic_add``..., semaphore signals), ``atom.cas`` (semaphore
+waits), strong loads (``ld.relaxed``/``ld.acquire``: semaphore reads) and the
+``fence.acquire`` that ends a wait.
+
+**Values.** The active threads' operations are applied one after another in
+thread order, each element in turn (a valid order of the GPU's; for the
+integer operations and min/max any order gives the same memory). Each is a
+read-modify-write of one element: ``add`` wraps (integers) or rounds once to
+the element type (floats: f32 is IEEE, f16/bf16 are added in f32, which is
+correctly rounded for them), ``min``/``max`` compare signed (``.s32``) or
+unsigned (``.u32``), floats as ``fmin``/``fmax`` (a NaN operand loses), ``inc``
+gives ``old >= v ? 0 : old + 1`` and ``dec`` ``old == 0 || old > v ? v : old - 1``
+(unsigned, as the PTX ISA defines them). ``atom.cas`` stores the new value where
+memory holds the expected one and returns what memory held.
+
+**Synchronization.** The checker records them as atomic accesses: an atomic
+access races with no other atomic one, only with plain reads and writes it is
+not ordered with. Release/acquire through memory between blocks of different
+clusters is not modelled (blocks of different clusters are never ordered), so
+plain data handed from one block to another through a semaphore is reported
+as a race.
+
+**Spinning.** A semaphore wait polls memory in a loop. Blocks of different
+clusters run one after another, and the warpgroups of one block switch only
+where one waits: a poll that sees memory unchanged lets the other warpgroups
+of the block (or cluster) run first; when none can, or after
+``sched.MAX_POLLS`` unchanged polls in a block of one warpgroup, the wait
+could only be ended by a block that has not run yet, which is not modelled:
+:class:`..sync.reports.Deadlock`."""
+
+from __future__ import annotations
+
+import re
+import weakref
+
+import numpy as np
+
+from ..compiler import Step
+from ..machine import Frame
+from ..sched import MAX_POLLS
+from ..sync.reports import Deadlock
+from .inline_asm import Instr, ptx, ptx_pattern
+from .nvvm import effective, per_thread
+
+RED = (r"red(?:\.(?:shared::cta|global))?\.(?:relaxed|release)\.(?:cta|gpu|sys)"
+       r"(?:\.(?:shared::cta|global))?\.(add|min|max|and|or|xor|inc|dec)(?:\.noftz)?"
+       r"(?:\.v([24]))?\.(u32|s32|b32|f32|f16|bf16|f16x2|bf16x2)")
+ATOM = (r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:cta|gpu|sys))?"
+        r"(?:\.(?:shared::cta|global))?\.(cas|exch|add|min|max|and|or|xor|inc|dec)"
+        r"\.(b32|u32|s32)")
+STRONG_LD = r"ld\.(?:relaxed|acquire)\.(?:cta|gpu|sys)(?:\.(?:shared::cta|global))?\.(b32|u32|s32)"
+
+ELEMS = {"u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32,
+         "f16": np.float16, "f16x2": np.float16}
+
+
+def _elem(ty: str) -> np.dtype:
+    if ty.startswith("bf16"):
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(ELEMS[ty])
+
+
+def _combine(op: str, dt: np.dtype):
+    """new = f(old, v) for elements of ``dt`` (unsigned for u32/b32)."""
+    is_float = dt.kind in "fV"
+    if op == "add":
+        return np.add
+    if op in ("min", "max"):
+        if is_float:
+            return np.fmin if op == "min" else np.fmax
+        return np.minimum if op == "min" else np.maximum
+    if op in ("and", "or", "xor"):
+        return {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[op]
+    if op == "exch":
+        return lambda old, v: v
+    if op == "inc":
+        return lambda old, v: np.where(old >= v, dt.type(0), old + dt.type(1)).astype(dt)
+    if op == "dec":
+        return lambda old, v: np.where((old == 0) | (old > v), v, old - dt.type(1)).astype(dt)
+    raise ValueError(op)
+
+
+def _space_name(text: str) -> str:
+    return "shared" if "shared::cta" in text else "global"
+
+
+def read_modify_write(space, addrs: np.ndarray, vals: np.ndarray, dt: np.dtype, fn,
+                      where: str) -> np.ndarray:
+    """Applies ``fn`` at each address in order (``addrs``, ``vals`` flat);
+    returns the value each operation found."""
+    with np.errstate(over="ignore"):
+        if np.unique(addrs).size == addrs.size:  # no element twice: all at once
+            old = space.load(addrs, dt, None, where)
+            space.store(addrs, np.asarray(fn(old, vals), dt), dt, None, where)
+            return old
+        found = np.empty(addrs.size, dt)
+        for k in range(addrs.size):
+            a = addrs[k:k + 1]
+            found[k] = space.load(a, dt, None, where)[0]
+            space.store(a, np.asarray(fn(found[k:k + 1], vals[k:k + 1]), dt), dt, None, where)
+        return found
+
+
+def _regs_as(vals: list[np.ndarray], T: int, dt: np.dtype) -> np.ndarray:
+    """Per thread, the elements the registers hold, in order: (T, n)."""
+    cols = []
+    for v in vals:
+        v = per_thread(v, T)
+        raw = np.ascontiguousarray(v).reshape(T, -1).view(np.uint8)
+        cols.append(raw)
+    return np.concatenate(cols, axis=1).view(dt).reshape(T, -1)
+
+
+def _check(fr: Frame, space_name: str, addrs: np.ndarray, m: np.ndarray, itemsize: int,
+           is_write: bool, site) -> None:
+    if fr.sync is not None and m.any():
+        fr.sync.thread_access(fr, space_name, addrs, 1, itemsize, is_write, site, mask=m,
+                              atomic=True)
+
+
+@ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,gpu,sys}[.space].op[.noftz][.v2|.v4].type "
+             "[addr], value(s): an atomic reduction into memory, each active thread's in turn "
+             "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2])")
+def red(i: Instr) -> Step:
+    m = re.fullmatch(RED, i.opcode)
+    op, vec, ty = m[1], int(m[2] or 1), m[3]
+    if len(i.args) < 2:
+        raise i.unknown
+    ptr, *vals = (i.arg_slot(a) for a in i.args)
+    dt = _elem(ty)
+    if dt.kind in "fV" and op not in ("add", "min", "max"):
+        raise i.unknown
+    if op in ("min", "max") and ty == "b32":
+        raise i.unknown
+    fn = _combine(op, dt)
+    name, pred_slots, loc, site = _space_name(i.opcode), i.pred_slots, i.loc, i.site
+    if len(vals) != vec:
+        raise i.unknown
+
+    def step(fr: Frame) -> None:
+        m = effective(fr, pred_slots)
+        if not m.any():
+            return
+        elems = _regs_as([fr.regs[v] for v in vals], fr.T, dt)  # (T, n)
+        n = elems.shape[1]
+        base = per_thread(np.asarray(fr.regs[ptr], np.int64), fr.T)
+        addrs = base[:, None] + np.arange(n, dtype=np.int64) * dt.itemsize
+        t = np.flatnonzero(m)
+        read_modify_write(fr.mem[name], addrs[t].reshape(-1), elems[t].reshape(-1), dt, fn, loc)
+        _check(fr, name, addrs, m, dt.itemsize, True, site)
+    return step
+
+
+class _Polls:
+    """Per launch: the last value each polling op saw at an address, and how
+    many times in a row it saw it."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, tuple[int, int]] = {}
+
+
+_POLLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _observe(fr: Frame, key: tuple, value: int, what: str) -> None:
+    """A poll that saw ``value``: when it saw the same last time, the other
+    warpgroups may run first (see the module docstring)."""
+    polls = _POLLS.setdefault(fr.launch, _Polls())
+    last, count = polls.seen.get(key, (None, 0))
+    count = count + 1 if last == value else 0
+    polls.seen[key] = (value, count)
+    if count == 0:
+        return
+    s = None if fr.block is None else fr.block.sched
+    if s is not None and any(t is not s.current and not t.done and (t.cond is None or t.cond())
+                             for t in s.tasks):
+        s.poll(what)  # another warpgroup may change it: let it run first
+        return
+    if count > MAX_POLLS:
+        raise Deadlock(f"{what} saw the same value {MAX_POLLS} times in a row and nothing in "
+                       "this block (or cluster) can change it: only a block of another cluster "
+                       "could, and blocks of different clusters run one after another in the "
+                       "emulator (grid-wide waits are not modelled); on the GPU this may hang too")
+
+
+@ptx_pattern(ATOM, "atom[.sem][.scope][.space].op.{b32,u32,s32} $0, [addr], v[, new]: an atomic "
+             "read-modify-write returning the old value, each active thread's in turn "
+             "(cas: store new where memory holds v)", value=True)
+def atom(i: Instr) -> Step:
+    m = re.fullmatch(ATOM, i.opcode)
+    op, ty = m[1], m[2]
+    if len(i.args) != (4 if op == "cas" else 3) or len(i.results) != 1:
+        raise i.unknown
+    ptr, *vals = (i.arg_slot(a) for a in i.args[1:])
+    dt = np.dtype(ELEMS[ty])
+    (out,) = i.results
+    name, loc, site = _space_name(i.opcode), i.loc, i.site
+    fn = None if op == "cas" else _combine(op, dt)
+
+    def step(fr: Frame) -> None:
+        m = effective(fr, [])
+        addrs = per_thread(np.asarray(fr.regs[ptr], np.int64), fr.T)
+        args = [per_thread(np.asarray(fr.regs[v]), fr.T).astype(np.int64).astype(dt)
+                for v in vals]
+        found = np.zeros(fr.T, dt)
+        space = fr.mem[name]
+        for t in np.flatnonzero(m):
+            a = addrs[t:t + 1]
+            old = space.load(a, dt, None, loc)
+            if op == "cas":
+                new = args[1][t:t + 1] if old[0] == args[0][t] else old
+                if old[0] != args[0][t]:
+                    _observe(fr, (id(site), int(a[0])), int(old[0]),
+                             f"an atom.cas poll of {int(a[0]):#x} at {loc}")
+            else:
+                with np.errstate(over="ignore"):
+                    new = np.asarray(fn(old, args[0][t:t + 1]), dt)
+            space.store(a, new, dt, None, loc)
+            found[t] = old[0]
+        fr.regs[out] = found.view(np.int32) if dt.itemsize == 4 else found
+        _check(fr, name, addrs[:, None], m, dt.itemsize, True, site)
+    return step
+
+
+@ptx_pattern(STRONG_LD, "ld.{relaxed,acquire}.{cta,gpu,sys}[.space].{b32,u32,s32} $0, [addr]: a "
+             "strong (atomic) load", value=True)
+def strong_load(i: Instr) -> Step:
+    if len(i.args) != 2 or len(i.results) != 1:
+        raise i.unknown
+    ptr = i.arg_slot(i.args[1])
+    (out,) = i.results
+    name, loc, site = _space_name(i.opcode), i.loc, i.site
+
+    def step(fr: Frame) -> None:
+        m = effective(fr, [])
+        addrs = np.asarray(fr.regs[ptr], np.int64)
+        vals = fr.mem[name].load(addrs, np.dtype(np.int32), fr.mask, loc)
+        if m.any():
+            a = per_thread(addrs, fr.T)[np.flatnonzero(m)[0]]
+            v = per_thread(vals, fr.T)[np.flatnonzero(m)[0]]
+            _observe(fr, (id(site), int(a)), int(v), f"a poll ({i.opcode}) of {int(a):#x} at {loc}")
+            _check(fr, name, per_thread(addrs, fr.T)[:, None], m, 4, False, site)
+        fr.regs[out] = vals
+    return step
+
+
+@ptx("fence.acquire.sys", "fence.acquire.gpu", "fence.release.sys", "fence.release.gpu",
+     "fence.acq_rel.sys", "fence.acq_rel.gpu")
+def memory_fence(i: Instr) -> Step:
+    """Nothing to compute (memory effects are immediate); the ordering between
+    blocks it would give is not modelled by the checker (see ``red``)."""
+    if i.args:
+        raise i.unknown
+    return lambda fr: None
+
