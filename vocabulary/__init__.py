@@ -74,6 +74,7 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.ad_util:stop_gradient_p": "primitives:lower_stop_gradient",
     "jax._src.lax.lax:copy_p": "primitives:lower_copy",
     "jax._src.lax.lax:polynomial_p": "primitives:lower_polynomial",
+    "jax._src.lax.lax:bitcast_convert_type_p": "primitives:lower_bitcast_convert_type",
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
     "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:lower_custom_vjp_call",
     # special functions (special.py)

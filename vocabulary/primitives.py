@@ -39,6 +39,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith as arith_dialect
 from jax._src.lib.mlir.dialects import math as mlir_math
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.diagnostics import SmaltiNotImplementedError, format_location
 from smalti.jax import replaced_rule
@@ -373,6 +374,25 @@ def estimate_custom_jvp_call(ctx, *avals, call_jaxpr, **params):
     del avals, params
     jaxpr = call_jaxpr.jaxpr if hasattr(call_jaxpr, "consts") else call_jaxpr
     return pallas_lowering._estimate_resources(ctx, jaxpr)
+
+
+# --- bit casts of scalars ----------------------------------------------------------------
+
+
+def lower_bitcast_convert_type(ctx, x, *, new_dtype):
+    """jax's rule for vectors; a scalar (``jnp.signbit(-1.0)``, so
+    ``jnp.copysign(x, -1.0)``) is bitcast to the scalar type: jax's rule
+    makes a 0-D vector of it, which Pallas then refuses ("Scalars must be
+    represented by non-vector types")."""
+    [aval] = ctx.avals_in
+    if aval.shape:
+        return jax_rule(ctx)(ctx, x, new_dtype=new_dtype)
+    source, target = (mgpu_utils.dtype_to_ir_type(d) for d in (aval.dtype, new_dtype))
+    if mgpu_utils.bitwidth(source) != mgpu_utils.bitwidth(target):
+        raise refuse(ctx, f"a bitcast from {np.dtype(aval.dtype)} to {np.dtype(new_dtype)} "
+                     "changes the width", fix="bitcast between types of one width "
+                     "(lax.bitcast_convert_type(x, jnp.int32) for float32)")
+    return arith_dialect.bitcast(target, pallas_lowering._ensure_ir_value(x, aval.dtype))
 
 
 # --- bit counting -----------------------------------------------------------------------
