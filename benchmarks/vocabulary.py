@@ -286,8 +286,10 @@ MORE: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
 
 
 def _pick(x, y):
-    """Cross-entropy's pick: y at each row's argmax of x."""
-    return jnp.take_along_axis(y, jnp.argmax(x, 1)[:, None], axis=1)
+    """Cross-entropy: logsumexp of y's rows less y at each row's label (here
+    the argmax of x)."""
+    picked = jnp.take_along_axis(y, jnp.argmax(x, 1)[:, None], axis=1)
+    return jax.nn.logsumexp(y, axis=1) - picked[:, 0]
 
 
 def _group_scale(x):

@@ -58,18 +58,25 @@ LOG_2A_FROM = float(2 ** 24)
 # --- errors ---------------------------------------------------------------------------
 
 
-def refuse(ctx, message: str, *, fix: str | list[str]) -> SmaltiNotImplementedError:
+def refuse(ctx, message: str, *, fix: str | list[str],
+           jax_cannot: bool = False) -> SmaltiNotImplementedError:
     """The error for a use of a primitive this plugin cannot lower: the
     primitive, its operand types and the user's line (Pallas sets the
-    equation's location as the current MLIR location)."""
+    equation's location as the current MLIR location). The plugin's rules
+    hand a refused equation to jax's own rule (``_or_jax`` in
+    ``smalti.vocabulary``), unless ``jax_cannot`` says that jax's rule
+    certainly fails too (no register layout holds the result): then this
+    error, with its way out, is what the user sees."""
     try:
         location = format_location(ir.Location.current)
     except ValueError:
         location = None
     avals = ", ".join(a.str_short() for a in ctx.avals_in)
-    return SmaltiNotImplementedError(
+    error = SmaltiNotImplementedError(
         "SM206", f"Pallas primitive {ctx.prim.name}: {message}", location=location,
         values={"primitive": ctx.prim.name, "operands": avals}, fix=fix)
+    error.jax_cannot = jax_cannot
+    return error
 
 
 def jax_rule(ctx) -> Callable:
