@@ -154,20 +154,13 @@ def reduce_f(x, *, axis: int, kind: str):
     coords = [0, 0, 0]
     coords[axis] = lax.broadcasted_iota(jnp.int32, (rows, k), 1)
     coords[rest[0]], coords[rest[1]] = lax.div(r, jnp.int32(q)), lax.rem(r, jnp.int32(q))
-    t = take(_flat(x), _linear(coords, shape))
-    if rows % TILE[0] == 0 and k % TILE[1] == 0:
-        # nothing else pins it: iotas alone may be given the strided layout,
-        # which a reduction along one axis does not take
-        t = plgpu.layout_cast(t, plgpu.Layout.WGMMA)
-    reduced = REDUCE[kind](t, (1,))
-    if rows % TILE[0] == 0:
-        reduced = lax.broadcast_in_dim(reduced, (rows, TILE[1]), (0,))
-        scale = TILE[1]
-    else:
-        scale = 1
+    # nothing else pins it: iotas alone may be given the strided layout,
+    # which a reduction along one axis does not take (the rule checked the tile)
+    t = plgpu.layout_cast(take(_flat(x), _linear(coords, shape)), plgpu.Layout.WGMMA)
+    reduced = lax.broadcast_in_dim(REDUCE[kind](t, (1,)), (rows, TILE[1]), (0,))
     i = lax.broadcasted_iota(jnp.int32, (p, q), 0)
     j = lax.broadcasted_iota(jnp.int32, (p, q), 1)
-    return take(reduced, (i * q + j) * scale if scale != 1 else i * q + j)
+    return take(reduced, (i * q + j) * TILE[1])
 
 
 def stack_f(*xs, axis: int):
@@ -274,6 +267,15 @@ def _reduce_rule(kind: str):
         if len(axes) != 1:
             raise refuse(ctx, f"reduce_{kind} of a 3-D view over axes {tuple(axes)}",
                          fix="reduce one axis at a time (jnp.max(jnp.max(x, 2), 1))")
+        shape = tuple(aval.shape)
+        rows = math.prod(shape) // shape[axes[0]]
+        if rows % TILE[0] or shape[axes[0]] % TILE[1]:
+            raise refuse(ctx, f"reduce_{kind} of a {shape} view along an axis of "
+                         f"{shape[axes[0]]}: the view is reduced as ({rows}, "
+                         f"{shape[axes[0]]}), which needs multiples of {TILE}",
+                         fix="reduce along an axis of a multiple of 8 elements (the last, "
+                             "in groups of 8 or more), or group the columns differently",
+                         jax_cannot=True)
         return _lowered(ctx, lambda v: reduce_f(v, axis=int(axes[0]), kind=kind), x)
 
     rule.__name__ = rule.__qualname__ = f"lower_reduce_{kind}"
