@@ -26,7 +26,8 @@ moves the elements with one :func:`smalti.vocabulary.movement.take`:
   operand its stacked coordinate names.
 
 Which shapes: a reshape between a 1-D/2-D and a 3-D shape that changes the
-minor dimension (not one that only adds or removes unit dimensions), a
+minor dimension (not one that only adds or removes unit dimensions, nor one
+of a block loaded plainly from GMEM, strided already: jax's), a
 broadcast or reduction of a 3-D shape whose last two dimensions are not
 tile-shaped; everything else is jax's own rule (shapes jax may tile,
 leading dimensions split off a tiled block: kernels jax lowers keep their
@@ -197,9 +198,20 @@ def _check(ctx, what: str, *avals) -> None:
                          fix="move 8-, 16- or 32-bit values (x.astype(jnp.int32) for booleans)")
 
 
+def _plainly_loaded(value) -> bool:
+    """Whether ``value`` is a ``vector_load`` from GMEM: the strided layout,
+    which jax reshapes itself (a ``shape_cast`` between strided layouts)."""
+    owner = getattr(value, "owner", None)
+    op = getattr(owner, "operation", owner)
+    if not isinstance(value, ir.Value) or getattr(op, "name", "") != "mosaic_gpu.vector_load":
+        return False
+    return ir.MemRefType(op.operands[0].type).memory_space is None
+
+
 def lower_reshape(ctx, x, *, new_sizes, dimensions, sharding=None, **params):
     [aval] = ctx.avals_in
-    if dimensions is not None or not views_reshape(tuple(aval.shape), tuple(new_sizes)):
+    if dimensions is not None or _plainly_loaded(x) or \
+            not views_reshape(tuple(aval.shape), tuple(new_sizes)):
         return jax_rule(ctx)(ctx, x, new_sizes=new_sizes, dimensions=dimensions,
                              sharding=sharding, **params)
     _check(ctx, "a reshape into or out of a 3-D view", aval)

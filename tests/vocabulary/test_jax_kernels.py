@@ -12,6 +12,7 @@ in a layout, unary ops), not copied from them.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import jax
@@ -97,6 +98,18 @@ def reshaped_tiled_load():
         [x], x.reshape(shape)
 
 
+def grouped_plain_load():
+    """A block loaded plainly from GMEM (strided) reshaped into groups of 32
+    columns: jax's own reshape (a view of a tiled block is the plugin's)."""
+    x = np.arange(64 * 128, dtype=np.float32).reshape(64, 128) / 7
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...].reshape(64, 4, 32) * 2
+
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 4, 32), F32),
+                        compiler_params=WG), [x], x.reshape(64, 4, 32) * 2
+
+
 def dynamic_row_of_a_ref():
     """``x_ref[i]`` with ``i`` a sum computed in the kernel."""
     x = np.arange(4 * 128, dtype=np.float32).reshape(4, 128)
@@ -145,8 +158,8 @@ def integer_sign_and_shifts():
 
 
 KERNELS = [slice_untiled_dim_loaded, slice_untiled_dim_from_smem, reshaped_ref,
-           reshaped_tiled_load, dynamic_row_of_a_ref, iota_in_a_layout, unary_ops,
-           integer_sign_and_shifts]
+           reshaped_tiled_load, grouped_plain_load, dynamic_row_of_a_ref, iota_in_a_layout,
+           unary_ops, integer_sign_and_shifts]
 
 
 @pytest.mark.parametrize("make", KERNELS, ids=lambda f: f.__name__)
@@ -161,7 +174,22 @@ def test_jax_lowers_it_and_the_plugin_keeps_its_modules(pipeline, make):
     with smalti.jax.installed(pipeline):
         with_plugin = capture_modules(call, *structs)
     assert len(by_jax) == len(with_plugin) == 1
+    if make in RESERVING:
+        with_plugin, without = map(_without_smem_size, (with_plugin, without))
     assert with_plugin == without
+
+
+#: Kernels whose only difference with the plugin is SMEM the plugin's
+#: estimator reserves and the kernel leaves unused: Pallas estimates before
+#: lowering, from shapes alone, and a (64, 128) -> (64, 4, 32) reshape is the
+#: plugin's unless the block was loaded plainly (which only lowering sees).
+RESERVING = {grouped_plain_load}
+
+
+def _without_smem_size(modules: list[str]) -> list[str]:
+    text = [re.sub(r"dynamic_shared_memory_size %c\d+_i32", "dynamic_shared_memory_size N", m)
+            for m in modules]
+    return [re.sub(r" *%c\d+_i32 = arith.constant \d+ : i32\n", "", m) for m in text]
 
 
 @pytest.mark.parametrize("make", KERNELS, ids=lambda f: f.__name__)

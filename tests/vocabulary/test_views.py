@@ -17,23 +17,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import smalti
 import smalti.emulate
 import smalti.jax
-import smalti.vocabulary
 from benchmarks.vocabulary import kernel as tma_kernel
-from tests.vocabulary.test_movement import WG, data
-from tests.vocabulary.test_movement import check as check_built
-from tests.vocabulary.test_movement import emulate
+from tests.vocabulary.test_indexing import check, pipeline  # noqa: F401 -- a fixture
+from tests.vocabulary.test_movement import WG, data, emulate
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def pipeline():
-    return smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary})
-
-
-def check(pipeline, fn, *args):
-    check_built(pipeline, fn, *args, build=tma_kernel)
 
 
 def finite(shape, dtype, seed=0):
