@@ -50,6 +50,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
+import ml_dtypes
 import numpy as np
 import scipy.special
 from jax import lax
@@ -172,6 +173,9 @@ BOUNDED = {
     "dot": within(lambda x: x @ x.T, lambda x: _dot_bound(x, x.T)),
     "matvec": within(lambda x: x @ x[0], lambda x: _dot_bound(x, x[0])),
     "f16 dot": within(lambda x: x @ x.T, lambda x: _dot_bound(x, x.T)),
+    "bf16 matvec": within(lambda x: x @ x[0], lambda x: _dot_bound(x, x[0])),
+    "vecmat": within(lambda x: x.sum(1) @ x,
+                     lambda x: _dot_bound(x.sum(1), x) + 64 * EPS32 * np.abs(x).sum(1) @ np.abs(x)),
 }
 
 
@@ -297,6 +301,58 @@ MORE: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
 ]
 
 
+def _pick(x, y):
+    """Cross-entropy: logsumexp of y's rows less y at each row's label (here
+    the argmax of x)."""
+    picked = jnp.take_along_axis(y, jnp.argmax(x, 1)[:, None], axis=1)
+    return jax.nn.logsumexp(y, axis=1) - picked[:, 0]
+
+
+def _group_scale(x):
+    """Per-group (of 32 columns) quantization: x over its group's max |x|."""
+    groups = x.reshape(64, 4, 32)
+    s = jnp.max(jnp.abs(groups), axis=-1)
+    return (groups / s[..., None]).reshape(64, 128)
+
+
+def _top2(x):
+    v, i = lax.top_k(jax.nn.softmax(x), 2)
+    return jnp.concatenate([v, i.astype(jnp.float32)], 1)
+
+
+def bf16():
+    return RNG.standard_normal(C.SHAPE).astype(ml_dtypes.bfloat16)
+
+
+#: Issue 37's snippets (attention, MoE, normalization, quantization kernels
+#: as people write them) and the families they stand for.
+ISSUE_37: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
+    ("take_along_axis", _pick, lambda: [x32(), x32()]),
+    ("take_along_axis 0", lambda x, y: jnp.take_along_axis(y, jnp.argmax(x, 0)[None, :], axis=0),
+     lambda: [x32(), x32()]),
+    ("gather rows", lambda x, y: y[jnp.argmax(x, 0)[:64]], lambda: [x32(), x32()]),
+    ("gather cols", lambda x, y: y[:, jnp.argmax(x, 1)], lambda: [x32(), x32()]),
+    ("scatter set", lambda x, y: y.at[jnp.argmax(x, 0)[:16]].set(x[:16]), lambda: [x32(), x32()]),
+    ("scatter add", lambda x, y: y.at[jnp.argmax(x, 0)[:16] // 2].add(1.0),
+     lambda: [x32(), x32()]),
+    ("group max", lambda x: jnp.max(jnp.abs(x.reshape(64, 4, 32)), axis=-1), lambda: [x32()]),
+    ("group scale", _group_scale, lambda: [x32()]),
+    ("repeat", lambda x: jnp.repeat(x[:, :64], 2, axis=1), lambda: [x32()]),
+    ("tile", lambda x: jnp.tile(x[:, :64], (1, 2)), lambda: [x32()]),
+    ("interleave", lambda x: jnp.stack([x[:, :64], x[:, 64:]], -1).reshape(64, 128),
+     lambda: [x32()]),
+    ("top_k + concat", _top2, lambda: [x32()]),
+    ("top_k 1", lambda x: lax.top_k(x, 1)[0][:, 0], lambda: [x32()]),
+    ("sort - x", lambda x: jnp.sort(x, 1) - x, lambda: [x32()]),
+    ("argsort pick", lambda x: jnp.take_along_axis(x, jnp.argsort(x, 1), axis=1),
+     lambda: [x32()]),
+    ("bf16 matvec", lambda x: jnp.dot(x, x[0], preferred_element_type=jnp.float32),
+     lambda: [bf16()]),
+    ("vecmat", lambda x: x.sum(1) @ x, lambda: [x32()]),
+    ("copysign -1", lambda x: jnp.copysign(x, -1.0), lambda: [x32()]),
+]
+
+
 #: Cases of ``tests/vocabulary/cases.py`` added after issue 27's table was
 #: drawn up: counted with the further functions.
 LATER_CASES = {"copy"}
@@ -311,6 +367,8 @@ def entries() -> list[Entry]:
             for name, fn, gen in OTHERS]
     out += [Entry(name, fn, gen(), BOUNDED.get(name) or like_jnp(fn),
                   group="more everyday functions") for name, fn, gen in MORE]
+    out += [Entry(name, fn, gen(), BOUNDED.get(name) or like_jnp(fn), group="issue 37's snippets")
+            for name, fn, gen in ISSUE_37]
     return out
 
 

@@ -715,6 +715,27 @@ o_ref[...] = jnp.tan(x_ref[...]).astype(o_ref.dtype)   # f32, f16 or bf16
 """,
     ),
     Code(
+        "SM207",
+        "A jax error escaped Pallas' lowering of a primitive",
+        """
+While smalti is installed, an exception that Pallas' rule for a primitive
+(jax's own, or a plugin's) or Mosaic GPU's code generators under it raised
+-- an `AssertionError`, a `ValueError`, a `TypeError` of the MLIR bindings
+-- is reported with this code, the primitive, its operand types, the
+kernel's line and jax's message; so is a rule that returns a value of the
+wrong kind (a 0-D vector for a scalar, a vector of another shape), which
+Pallas would refuse with a bare `AssertionError` and no line. The error is
+still an instance of the class jax raised. Rewrite the line with functions
+that lower, or lower the primitive in a plugin.
+""",
+        before="""
+o_ref[...] = lax.bitcast_convert_type(x_ref[0, 0], jnp.int32) + y  # jax: a 0-D vector
+""",
+        after="""
+o_ref[...] = lax.bitcast_convert_type(x_ref[...], jnp.int32) + y   # on the array
+""",
+    ),
+    Code(
         "SM301",
         "The command-line input could not be read",
         """

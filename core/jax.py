@@ -29,7 +29,7 @@ from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.mosaic.gpu import launch_context as lc
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti import kernels
+from smalti import escaped, kernels
 from smalti.inference import infer_layouts
 from smalti.lowering import lower
 from smalti.pipeline import Pipeline, default_pipeline
@@ -73,9 +73,11 @@ def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
     return lower_mgpu_module
 
 
-def _allowing_unregistered_dialects(lowering: Any) -> Any:
-    """``lowering`` (a plugin's Pallas lowering), run in a context that accepts
-    ops of unregistered dialects until smalti has lowered the kernel."""
+def _allowing_unregistered_dialects(lowering: Any, primitive: Any) -> Any:
+    """``lowering`` (a plugin's Pallas lowering of ``primitive``), run in a
+    context that accepts ops of unregistered dialects until smalti has
+    lowered the kernel, and guarded (:func:`smalti.escaped.guarded`)."""
+    guarded = escaped.guarded(primitive, lowering)
 
     @functools.wraps(lowering)
     def wrapper(ctx: Any, *args: Any, **params: Any) -> Any:
@@ -85,8 +87,9 @@ def _allowing_unregistered_dialects(lowering: Any) -> Any:
             # jax reuses its contexts: remember the setting to put it back.
             opened.append((context, context.allow_unregistered_dialects))
         context.allow_unregistered_dialects = True
-        return lowering(ctx, *args, **params)
+        return guarded(ctx, *args, **params)
 
+    wrapper.smalti_guarded = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -107,11 +110,25 @@ class _RulesWithRefusal(dict):
     """Pallas' Warpgroup rule table while smalti is installed: the same
     rules, and for a primitive that neither jax nor a plugin lowers, a rule
     that raises smalti's SM206 (a ``NotImplementedError`` with jax's phrase,
-    the kernel's line and what to do) instead of Pallas' bare error. Pallas
-    asks ``primitive in table`` and then ``table[primitive]``."""
+    the kernel's line and what to do) instead of Pallas' bare error. Every
+    rule it hands out is :func:`smalti.escaped.guarded`: a jax error that
+    escapes the rule is SM207. Pallas asks ``primitive in table`` and then
+    ``table[primitive]``."""
 
     def __contains__(self, primitive: object) -> bool:
         return True
+
+    def __getitem__(self, primitive: Any) -> Any:
+        # jax errors escaping the rule become smalti errors (SM207); one
+        # guard per rule, so that a rule looked up twice is the same object
+        rule = super().__getitem__(primitive)
+        if getattr(rule, "smalti_guarded", False):
+            return rule
+        guards = self.__dict__.setdefault("guards", {})
+        cached = guards.get(primitive)
+        if cached is None or cached[0] is not rule:
+            cached = guards[primitive] = (rule, escaped.guarded(primitive, rule))
+        return cached[1]
 
     def __missing__(self, primitive: Any) -> Any:
         return functools.partial(_refuse_unlowered, primitive)
@@ -175,7 +192,8 @@ def replaced_rule(primitive: Any) -> Any:
     for table, saved, previous in _state.get("saved", ()):
         if saved is primitive and table is _pallas_tables()[RuleKind.PALLAS]:
             return None if previous is _MISSING else previous
-    return _pallas_tables()[RuleKind.PALLAS].get(primitive)
+    table = _pallas_tables()[RuleKind.PALLAS]
+    return table[primitive] if dict.__contains__(table, primitive) else None
 
 
 def is_installed() -> bool:
@@ -195,7 +213,8 @@ def install(pipeline: Pipeline | None = None) -> None:
                     for record in records:
                         primitive = _resolve(record.target)
                         saved.append((table, primitive, table.get(primitive, _MISSING)))
-                        table[primitive] = _allowing_unregistered_dialects(record.function) \
+                        table[primitive] = _allowing_unregistered_dialects(
+                            record.function, primitive) \
                             if kind is RuleKind.PALLAS else record.function
             mgpu_core.lower_mgpu_module = _lower_mgpu_module_with(pipeline, original)
             _state.update(original=original, saved=saved, pipeline=pipeline)

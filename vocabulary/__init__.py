@@ -74,6 +74,7 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.ad_util:stop_gradient_p": "primitives:lower_stop_gradient",
     "jax._src.lax.lax:copy_p": "primitives:lower_copy",
     "jax._src.lax.lax:polynomial_p": "primitives:lower_polynomial",
+    "jax._src.lax.lax:bitcast_convert_type_p": "primitives:lower_bitcast_convert_type",
     "jax._src.custom_derivatives:custom_jvp_call_p": "primitives:lower_custom_jvp_call",
     "jax._src.custom_derivatives:custom_vjp_call_p": "primitives:lower_custom_vjp_call",
     # special functions (special.py)
@@ -103,6 +104,33 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.lax:tile_p": "movement:lower_tile",
     "jax._src.lax.slicing:dynamic_slice_p": "movement:lower_dynamic_slice",
     "jax._src.lax.slicing:dynamic_update_slice_p": "movement:lower_dynamic_update_slice",
+    # rank-3 views of blocks (views.py)
+    "jax._src.lax.lax:reshape_p": "views:lower_reshape",
+    "jax._src.lax.lax:broadcast_in_dim_p": "views:lower_broadcast_in_dim",
+    "jax._src.lax.lax:reduce_sum_p": "views:lower_reduce_sum",
+    "jax._src.lax.lax:reduce_max_p": "views:lower_reduce_max",
+    "jax._src.lax.lax:reduce_min_p": "views:lower_reduce_min",
+    "jax._src.lax.lax:stack_p": "views:lower_stack",
+    "jax._src.lax.lax:add_p": "views:lower_elementwise",
+    "jax._src.lax.lax:sub_p": "views:lower_elementwise",
+    "jax._src.lax.lax:mul_p": "views:lower_elementwise",
+    "jax._src.lax.lax:div_p": "views:lower_elementwise",
+    "jax._src.lax.lax:max_p": "views:lower_elementwise",
+    "jax._src.lax.lax:min_p": "views:lower_elementwise",
+    "jax._src.lax.lax:rem_p": "views:lower_elementwise",
+    "jax._src.lax.lax:eq_p": "views:lower_elementwise",
+    "jax._src.lax.lax:ne_p": "views:lower_elementwise",
+    "jax._src.lax.lax:lt_p": "views:lower_elementwise",
+    "jax._src.lax.lax:le_p": "views:lower_elementwise",
+    "jax._src.lax.lax:gt_p": "views:lower_elementwise",
+    "jax._src.lax.lax:ge_p": "views:lower_elementwise",
+    # gathers and scatters (indexing.py)
+    "jax._src.lax.slicing:gather_p": "indexing:lower_gather",
+    "jax._src.lax.slicing:scatter_p": "indexing:lower_scatter",
+    "jax._src.lax.slicing:scatter_add_p": "indexing:lower_scatter_add",
+    "jax._src.lax.slicing:scatter_mul_p": "indexing:lower_scatter_mul",
+    "jax._src.lax.slicing:scatter_min_p": "indexing:lower_scatter_min",
+    "jax._src.lax.slicing:scatter_max_p": "indexing:lower_scatter_max",
     # scans and sorting (scans.py, sorting.py)
     "jax._src.lax.control_flow.loops:cumsum_p": "scans:lower_cumsum",
     "jax._src.lax.control_flow.loops:cumprod_p": "scans:lower_cumprod",
@@ -137,6 +165,17 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.lax.slicing:dynamic_slice_p": "movement:estimate_one",
     "jax._src.lax.slicing:dynamic_update_slice_p": "movement:estimate_update",
     "jax._src.lax.lax:concatenate_p": "movement:estimate_concatenate",
+    # rank-3 views of blocks (views.py)
+    "jax._src.lax.lax:reshape_p": "views:estimate_reshape",
+    "jax._src.lax.lax:broadcast_in_dim_p": "views:estimate_broadcast_in_dim",
+    "jax._src.lax.lax:stack_p": "views:estimate_stack",
+    # gathers and scatters (indexing.py)
+    "jax._src.lax.slicing:gather_p": "indexing:estimate",
+    "jax._src.lax.slicing:scatter_p": "indexing:estimate",
+    "jax._src.lax.slicing:scatter_add_p": "indexing:estimate",
+    "jax._src.lax.slicing:scatter_mul_p": "indexing:estimate",
+    "jax._src.lax.slicing:scatter_min_p": "indexing:estimate",
+    "jax._src.lax.slicing:scatter_max_p": "indexing:estimate",
     # scans and sorting (scans.py, sorting.py)
     "jax._src.lax.control_flow.loops:cumsum_p": "scans:estimate_scan",
     "jax._src.lax.control_flow.loops:cumprod_p": "scans:estimate_scan",
@@ -181,6 +220,38 @@ def _deferred(reference: str):
     return call
 
 
+def _or_jax(rule):
+    """A Pallas rule of the plugin that never takes away what jax lowers:
+    where it refuses (SM206), jax's own rule for the primitive (if Pallas
+    has one) gets the equation; only if that raises too, or where the
+    refusal knows that jax's rule cannot work (``refuse(...,
+    jax_cannot=True)``), is the plugin's refusal (which says what to write
+    instead) raised."""
+    from smalti.diagnostics import SmaltiNotImplementedError
+
+    def call(ctx, *args, **params):
+        try:
+            return rule(ctx, *args, **params)
+        except SmaltiNotImplementedError as refusal:
+            if refusal.code != "SM206" or getattr(refusal, "jax_cannot", False):
+                raise
+            from smalti.jax import replaced_rule
+
+            jax_rule = replaced_rule(ctx.prim)
+            if jax_rule is None:
+                raise
+            try:
+                return jax_rule(ctx, *args, **params)
+            except Exception as e:  # noqa: BLE001 -- jax cannot either: the plugin's reason
+                raise refusal from e
+
+    call.__name__ = call.__qualname__ = rule.__name__
+    return call
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 #: What jax's own Pallas has since 0.12, so the vocabulary's rule is for
 #: earlier jax only: functions with custom derivatives lower to their body,
 #: and reduce_prod reserves its scratch, in jax 0.12 itself.
@@ -204,6 +275,7 @@ def _versions(primitive: str) -> JaxVersions:
 @hookimpl
 def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     for primitive, reference in PRIMITIVES.items():
-        registry.pallas_lowering(primitive, jax=_versions(primitive))(_deferred(reference))
+        registry.pallas_lowering(primitive, jax=_versions(primitive))(
+            _or_jax(_deferred(reference)))
     for primitive, reference in RESOURCE_ESTIMATORS.items():
         registry.resource_estimator(primitive, jax=_versions(primitive))(_deferred(reference))

@@ -388,7 +388,7 @@ def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
             fix=["concatenate the slices inside a jax.jit function (as jnp.roll does): "
                  "slices feeding a concatenation there are fused into it",
                  "or slice whole multiples of 8 columns (64 rows), or take() the elements "
-                 "you need from the whole block"])
+                 "you need from the whole block"], jax_cannot=True)
     return _lowered(slice_f)(ctx, x, start_indices=tuple(start_indices),
                              limit_indices=tuple(limit_indices),
                              strides=None if strides is None else tuple(strides))
@@ -426,7 +426,11 @@ def lower_concatenate(ctx, *xs, dimension):
 
 def _scratch(*avals) -> object:
     """The largest operand's bytes: the takes run one after another, each
-    releasing its scratch."""
+    releasing its scratch. Nothing where an operand is not 1-D or 2-D: the
+    plugin hands those to jax's rule (its estimate must then not change the
+    kernel jax lowers)."""
+    if any(a.ndim not in (1, 2) for a in avals):
+        return pallas_lowering.Resources(smem_scratch_bytes=0)
     size = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
     return pallas_lowering.Resources(smem_scratch_bytes=size)
 

@@ -39,6 +39,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith as arith_dialect
 from jax._src.lib.mlir.dialects import math as mlir_math
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.diagnostics import SmaltiNotImplementedError, format_location
 from smalti.jax import replaced_rule
@@ -57,18 +58,25 @@ LOG_2A_FROM = float(2 ** 24)
 # --- errors ---------------------------------------------------------------------------
 
 
-def refuse(ctx, message: str, *, fix: str | list[str]) -> SmaltiNotImplementedError:
+def refuse(ctx, message: str, *, fix: str | list[str],
+           jax_cannot: bool = False) -> SmaltiNotImplementedError:
     """The error for a use of a primitive this plugin cannot lower: the
     primitive, its operand types and the user's line (Pallas sets the
-    equation's location as the current MLIR location)."""
+    equation's location as the current MLIR location). The plugin's rules
+    hand a refused equation to jax's own rule (``_or_jax`` in
+    ``smalti.vocabulary``), unless ``jax_cannot`` says that jax's rule
+    certainly fails too (no register layout holds the result): then this
+    error, with its way out, is what the user sees."""
     try:
         location = format_location(ir.Location.current)
     except ValueError:
         location = None
     avals = ", ".join(a.str_short() for a in ctx.avals_in)
-    return SmaltiNotImplementedError(
+    error = SmaltiNotImplementedError(
         "SM206", f"Pallas primitive {ctx.prim.name}: {message}", location=location,
         values={"primitive": ctx.prim.name, "operands": avals}, fix=fix)
+    error.jax_cannot = jax_cannot
+    return error
 
 
 def jax_rule(ctx) -> Callable:
@@ -373,6 +381,25 @@ def estimate_custom_jvp_call(ctx, *avals, call_jaxpr, **params):
     del avals, params
     jaxpr = call_jaxpr.jaxpr if hasattr(call_jaxpr, "consts") else call_jaxpr
     return pallas_lowering._estimate_resources(ctx, jaxpr)
+
+
+# --- bit casts of scalars ----------------------------------------------------------------
+
+
+def lower_bitcast_convert_type(ctx, x, *, new_dtype):
+    """jax's rule for vectors; a scalar (``jnp.signbit(-1.0)``, so
+    ``jnp.copysign(x, -1.0)``) is bitcast to the scalar type: jax's rule
+    makes a 0-D vector of it, which Pallas then refuses ("Scalars must be
+    represented by non-vector types")."""
+    [aval] = ctx.avals_in
+    if aval.shape:
+        return jax_rule(ctx)(ctx, x, new_dtype=new_dtype)
+    source, target = (mgpu_utils.dtype_to_ir_type(d) for d in (aval.dtype, new_dtype))
+    if mgpu_utils.bitwidth(source) != mgpu_utils.bitwidth(target):
+        raise refuse(ctx, f"a bitcast from {np.dtype(aval.dtype)} to {np.dtype(new_dtype)} "
+                     "changes the width", fix="bitcast between types of one width "
+                     "(lax.bitcast_convert_type(x, jnp.int32) for float32)")
+    return arith_dialect.bitcast(target, pallas_lowering._ensure_ir_value(x, aval.dtype))
 
 
 # --- bit counting -----------------------------------------------------------------------

@@ -323,6 +323,23 @@ def top_k_f(x: jnp.ndarray, *, k: int, axis: int) -> list[jnp.ndarray]:
     return [from_total_order_key(~key, x.dtype), index]
 
 
+def top_1_f(x: jnp.ndarray, *, axis: int) -> list[jnp.ndarray]:
+    """lax.top_k with k = 1 along the last axis of a 2-D block: the largest
+    total-order key by a reduction and the least index holding it (ties to
+    the lower index, as top_k), no take at all. Both (n, 1) results are
+    reductions broadcast back: no iota of an (n, 1) shape has a layout, so
+    the network's reads could not build them."""
+    key = total_order_key(x)
+    best = lax.reduce_max(key, (axis,))
+    kept = tuple(d for d in range(x.ndim) if d != axis)
+    pos = positions(x.shape, axis)
+    hit = key == lax.broadcast_in_dim(best, x.shape, kept)
+    index = lax.reduce_min(jnp.where(hit, pos, x.shape[axis]), (axis,))
+    out_shape = tuple(1 if d == axis else n for d, n in enumerate(x.shape))
+    value = from_total_order_key(best, x.dtype)
+    return [lax.broadcast_in_dim(v, out_shape, kept) for v in (value, index)]
+
+
 # --- Pallas rules -----------------------------------------------------------------------------
 
 
@@ -356,6 +373,8 @@ def lower_top_k(ctx, x, *, k: int, axis: int = -1, is_stable: bool = True):
     axis = int(axis) % len(aval.shape)
     _check_dtypes(ctx, "top_k")
     check_block(ctx, tuple(aval.shape), axis, "top_k")
+    if int(k) == 1 and len(aval.shape) == 2:
+        return _lower_fun(partial(top_1_f, axis=axis))(ctx, x)
     return _lower_fun(partial(top_k_f, k=int(k), axis=axis))(ctx, x)
 
 

@@ -452,6 +452,21 @@ def test_copysign(pipeline, dtype):
         assert np.array_equal(got.view(bits), want.view(bits))
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("sign", [-1.0, 1.0, -0.0, 0.0])
+def test_copysign_with_a_scalar(pipeline, dtype, sign):
+    """``jnp.copysign(x, -1.0)``: ``jnp.signbit`` of the scalar bitcasts a
+    0-D value, which the vocabulary keeps a scalar (jax's rule makes a 0-D
+    vector of it: SM207 without the vocabulary). Exact, NaN and zeros of
+    either sign included."""
+    x, _ = _copysign_inputs(dtype)
+    fn = lambda v: jnp.copysign(v, sign)  # noqa: E731
+    (got,) = emulate(pipeline, [fn], x)
+    want = np.asarray(jax.jit(fn)(x))
+    bits = {2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
+    assert np.array_equal(got.view(bits), want.view(bits))
+
+
 def test_trunci_to_i1_keeps_the_lowest_bit(pipeline):
     """``x.astype(bool)`` of integers: smalti.plugins lowers Pallas'
     ``arith.trunci`` to i1 as MLIR defines it (the lowest bit); the

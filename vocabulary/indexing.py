@@ -1,0 +1,298 @@
+"""Gathers and scatters inside Pallas Mosaic GPU kernels: ``gather``
+(``jnp.take_along_axis``, ``x[idx]``, ``x[:, idx]``, ``jnp.take``) and
+``scatter`` / ``scatter-add`` / ``scatter-mul`` / ``scatter-min`` /
+``scatter-max`` (``x.at[idx].set/add/multiply/min/max``), on 1-D and 2-D
+operands, along either axis.
+
+How: decompositions over :func:`smalti.vocabulary.movement.take`, written
+from XLA's definitions of the operations (any dimension numbers with at most
+2-D operands and results):
+
+- ``gather``: for each output element, its batch coordinates pick an index
+  vector (one ``take`` from the indices per component), which with the
+  element's offset coordinates addresses the operand (one ``take``). Start
+  indices are clamped as XLA clamps them (``clip``, ``promise_in_bounds``);
+  with ``fill`` (jnp's default for ``take_along_axis``) a window out of
+  bounds gives the fill value (NaN for floats, the most negative signed
+  value, the largest unsigned one, as jnp);
+- ``scatter*``: a ``fori_loop`` over the index vectors, in order: each step
+  reads its index vector (``take`` at one address, broadcast over the
+  block), finds the operand elements inside its window and combines the
+  update elements there (one ``take`` from the updates): a later update
+  wins for ``set`` (XLA leaves the order of duplicates unspecified; this is
+  the sequential one), ``add`` and the others combine every update, as on the
+  CPU. A window out of bounds is dropped (``fill``, jnp's default for
+  ``.at[]``) or clamped (``clip``).
+
+Index arrays that jax reshapes to add the index-vector dimension
+(``take_along_axis`` makes a (64, 1, 1) array of a (64, 1) one) are read
+through the ``vector.shape_cast``: the values are the same in the same
+order, and no register layout holds such 3-D arrays.
+Results with unit dimensions (``take_along_axis``'s (64, 1)) are computed
+without them and broadcast back (iotas of such shapes have no layout).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import core as jax_core
+from jax._src.lax import slicing
+from jax._src.lib.mlir import ir
+from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+from smalti.vocabulary.movement import take
+from smalti.vocabulary.primitives import refuse
+
+Mode = slicing.GatherScatterMode
+
+
+# --- geometry ------------------------------------------------------------------------------
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    kept = tuple(n for n in shape if n != 1)
+    return kept or (1,)
+
+
+def _column(shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` is an (n, 1) column computed as (n, 8) (see :func:`_back`)."""
+    return len(shape) == 2 and shape[1] == 1 and shape[0] % 64 == 0
+
+
+def _positions(shape: tuple[int, ...]):
+    """Each element's coordinate along every dim of ``shape``, computed on
+    ``shape`` without its unit dims (a coordinate along a unit dim is 0), or
+    for an (n, 1) column on (n, 8), every column the same."""
+    if _column(shape):
+        return (shape[0], 8), [lax.broadcasted_iota(jnp.int32, (shape[0], 8), 0), 0]
+    inner = _squeezed(shape)
+    iotas = iter(lax.broadcasted_iota(jnp.int32, inner, d) for d in range(len(inner)))
+    if inner == (1,) and shape != (1,):
+        return inner, [0] * len(shape)
+    return inner, [next(iotas) if n != 1 else 0 for n in shape]
+
+
+def _linear(coords, shape: tuple[int, ...], like):
+    """The row-major linear index of ``coords`` (arrays or ints) in ``shape``,
+    as an int32 array of ``like``'s shape."""
+    index, stride = 0, 1
+    for c, n in zip(reversed(coords), reversed(shape)):
+        if not (isinstance(c, int) and c == 0):
+            index = index + c * stride if stride != 1 else index + c
+        stride *= n
+    if isinstance(index, int):
+        return jnp.full(like, index, jnp.int32)
+    return index
+
+
+def _back(result, shape: tuple[int, ...]):
+    """``result`` (on the squeezed shape) with ``shape``'s unit dims back. An
+    (n, 1) column was computed as (n, 8) with equal columns: their maximum
+    (the value itself, NaN included) has the layout of a reduction, which
+    broadcasts to (n, 1) (an iota-derived (n,) vector does not)."""
+    if tuple(result.shape) == tuple(shape):
+        return result
+    if _column(shape):
+        return lax.broadcast_in_dim(lax.reduce_max(result, (1,)), shape, (0,))
+    kept = [d for d, n in enumerate(shape) if n != 1]
+    if not kept:
+        return lax.broadcast_in_dim(result.reshape(()), shape, ())
+    return lax.broadcast_in_dim(result, shape, kept)
+
+
+def default_fill(dtype):
+    """jnp's fill value for out-of-bounds gathers."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" or dtype == np.dtype(jnp.bfloat16):
+        return np.nan
+    if dtype.kind == "i":
+        return int(np.iinfo(dtype).min)
+    if dtype.kind == "u":
+        return int(np.iinfo(dtype).max)
+    return True
+
+
+def _index(indices, coords, index_shape, k: int, like):
+    """Component ``k`` of the index vector at batch coordinates ``coords``."""
+    linear = _linear([*coords, k], index_shape, like)
+    return take(indices, linear).astype(jnp.int32)
+
+
+# --- gather --------------------------------------------------------------------------------
+
+
+def gather_f(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
+             index_shape, out_shape):
+    """XLA's gather of a 1-D/2-D ``operand``; ``indices`` holds the index
+    array of ``index_shape`` (last dim: the index vector) in row-major order."""
+    dn = dimension_numbers
+    shape = tuple(operand.shape)
+    inner, pos = _positions(out_shape)
+    batch = [pos[d] for d in range(len(out_shape)) if d not in dn.offset_dims]
+    offsets = [od for od in range(len(shape))
+               if od not in dn.collapsed_slice_dims and od not in dn.operand_batching_dims]
+    start = [0] * len(shape)
+    valid = None
+    for k, od in enumerate(dn.start_index_map):
+        s = _index(indices, batch, index_shape, k, inner)
+        hi = shape[od] - slice_sizes[od]
+        if mode == Mode.FILL_OR_DROP:
+            ok = (s >= 0) & (s <= hi)
+            valid = ok if valid is None else valid & ok
+        start[od] = jnp.clip(s, 0, hi)
+    for od, j in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+        start[od] = start[od] + batch[j]
+    coords = list(start)
+    for od, d in zip(offsets, sorted(dn.offset_dims)):
+        coords[od] = coords[od] + pos[d]
+    result = take(operand, _linear(coords, shape, inner))
+    if valid is not None:
+        fill = default_fill(operand.dtype) if fill_value is None else fill_value
+        result = jnp.where(valid, result, jnp.full(inner, fill, operand.dtype))
+    return _back(result, out_shape)
+
+
+def see_through(value, aval):
+    """The source of a ``vector.shape_cast`` (same elements, same order) and
+    its aval, or the value itself."""
+    owner = getattr(value, "owner", None)
+    op = getattr(owner, "operation", owner)
+    if isinstance(value, ir.Value) and op is not None and getattr(op, "name", "") == \
+            "vector.shape_cast":
+        source = op.operands[0]
+        shape = tuple(ir.VectorType(source.type).shape)
+        return source, jax_core.ShapedArray(shape, aval.dtype)
+    return value, aval
+
+
+def _supported(ctx, avals, what: str) -> None:
+    for aval in avals:
+        dtype = np.dtype(aval.dtype)
+        if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
+            raise refuse(ctx, f"{what} of operands of dtype {dtype} is not supported",
+                         fix="gather 8-, 16- or 32-bit values (x.astype(jnp.int32) for "
+                             "booleans)")
+        if aval.ndim not in (1, 2) or aval.size == 0:
+            raise refuse(ctx, f"{what} of a {aval.ndim}-D or empty operand is not supported",
+                         fix="reshape the operand to 1-D or 2-D first")
+
+
+def _checked_indices(ctx, indices, aval, what: str):
+    value, seen = see_through(indices, aval)
+    if seen.ndim not in (1, 2) and seen.size != 1:
+        raise refuse(ctx, f"{what} with a {aval.ndim}-D index array is not supported",
+                     fix="index with a 1-D or 2-D integer array")
+    if np.dtype(seen.dtype).kind not in "iu" or np.dtype(seen.dtype).itemsize > 4:
+        raise refuse(ctx, f"{what} with indices of dtype {seen.dtype} is not supported",
+                     fix="index with int32 arrays")
+    return value, seen
+
+
+def lower_gather(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode,
+                 fill_value, **params):
+    del params
+    o_aval, i_aval = ctx.avals_in
+    [out_aval] = ctx.avals_out
+    _supported(ctx, [o_aval, out_aval], "gather")
+    indices, seen = _checked_indices(ctx, indices, i_aval, "gather")
+    fn = partial(gather_f, dimension_numbers=dimension_numbers,
+                 slice_sizes=tuple(slice_sizes), mode=Mode.from_any(mode),
+                 fill_value=fill_value, index_shape=tuple(i_aval.shape),
+                 out_shape=tuple(out_aval.shape))
+    return pallas_lowering._lower_fun(fn, in_avals=(o_aval, seen))(ctx, operand, indices)
+
+
+# --- scatter -------------------------------------------------------------------------------
+
+
+def _combine(kind: str):
+    return {"set": lambda old, new: new, "add": lax.add, "mul": lax.mul,
+            "min": lax.min, "max": lax.max}[kind]
+
+
+def scatter_f(operand, indices, updates, *, dimension_numbers, mode, kind: str,
+              index_shape):
+    """XLA's scatter into a 1-D/2-D ``operand``, one index vector after
+    another (see the module docstring)."""
+    dn = dimension_numbers
+    shape = tuple(operand.shape)
+    u_shape = tuple(updates.shape)
+    count = math.prod(index_shape[:-1])
+    k_size = index_shape[-1]
+    windows = [od for od in range(len(shape)) if od not in dn.inserted_window_dims]
+    sizes = [1] * len(shape)
+    for od, ud in zip(windows, sorted(dn.update_window_dims)):
+        sizes[od] = u_shape[ud]
+    scatter_dims = [d for d in range(len(u_shape)) if d not in dn.update_window_dims]
+    pos = [lax.broadcasted_iota(jnp.int32, shape, d) for d in range(len(shape))]
+    combine = _combine(kind)
+
+    def step(n, acc):
+        nn = jnp.full(shape, n, jnp.int32)
+        start, valid = [0] * len(shape), None
+        for k, od in enumerate(dn.scatter_dims_to_operand_dims):
+            s = take(indices, nn * k_size + k).astype(jnp.int32)
+            hi = shape[od] - sizes[od]
+            if mode == Mode.FILL_OR_DROP:
+                ok = (s >= 0) & (s <= hi)
+                valid = ok if valid is None else valid & ok
+            start[od] = jnp.clip(s, 0, hi)
+        inside = valid
+        u_coords = [0] * len(u_shape)
+        rest = nn  # n's coordinates along the updates' scatter dims, last fastest
+        for d in reversed(scatter_dims):
+            u_coords[d] = lax.rem(rest, jnp.int32(u_shape[d]))
+            rest = lax.div(rest, jnp.int32(u_shape[d]))
+        for od in range(len(shape)):
+            q = pos[od] - start[od]
+            ok = (q >= 0) & (q < sizes[od])
+            inside = ok if inside is None else inside & ok
+        for od, ud in zip(windows, sorted(dn.update_window_dims)):
+            u_coords[ud] = jnp.clip(pos[od] - start[od], 0, u_shape[ud] - 1)
+        new = take(updates, _linear(u_coords, u_shape, shape))
+        return jnp.where(inside, combine(acc, new), acc)
+
+    return lax.fori_loop(0, count, step, operand)
+
+
+def _scatter_rule(kind: str):
+    def rule(ctx, operand, indices, updates, *, dimension_numbers, mode, **params):
+        del params
+        o_aval, i_aval, u_aval = ctx.avals_in
+        what = "scatter" if kind == "set" else f"scatter-{kind}"
+        _supported(ctx, [o_aval, u_aval], what)
+        if dimension_numbers.operand_batching_dims:
+            raise refuse(ctx, f"{what} with batching dimensions is not supported",
+                         fix="scatter each batch element in a lax.fori_loop")
+        indices, seen = _checked_indices(ctx, indices, i_aval, what)
+        fn = partial(scatter_f, dimension_numbers=dimension_numbers,
+                     mode=Mode.from_any(mode), kind=kind, index_shape=tuple(i_aval.shape))
+        return pallas_lowering._lower_fun(fn, in_avals=(o_aval, seen, u_aval))(
+            ctx, operand, indices, updates)
+
+    rule.__name__ = rule.__qualname__ = f"lower_scatter_{kind}"
+    return rule
+
+
+lower_scatter = _scatter_rule("set")
+lower_scatter_add = _scatter_rule("add")
+lower_scatter_mul = _scatter_rule("mul")
+lower_scatter_min = _scatter_rule("min")
+lower_scatter_max = _scatter_rule("max")
+
+
+# --- resource estimators -------------------------------------------------------------------
+
+
+def estimate(ctx, *avals, **params):
+    """The largest of the operands: each ``take`` reads one of them, one
+    after another."""
+    del ctx, params
+    sizes = [int(a.size) * np.dtype(a.dtype).itemsize for a in avals]
+    return pallas_lowering.Resources(smem_scratch_bytes=max(sizes, default=0))
