@@ -152,7 +152,9 @@ def plugins_report(pipeline: Pipeline, *, verbose: bool = False) -> list[str]:
     rows, details = [], []
     for info in pipeline.plugins:
         by_kind = pipeline.ops(info.name)
-        archs = [r.archs for records in by_kind.values() for r in records]
+        # Pallas rules have no architectures: the op rules of what they emit decide.
+        archs = [r.archs for kind in (RuleKind.CONSTRAINT, RuleKind.LOWERING)
+                 for r in by_kind[kind]]
         rows.append([info.name, info.version, _op_counts(by_kind), describe_archs(archs),
                      info.source])
         details += _op_names(info.name, by_kind)
@@ -343,7 +345,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- smalti explain ----------------------------------------------------------------------
+# --- smalti conformance ------------------------------------------------------------------
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
@@ -358,6 +360,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return conformance.main(args.paths, args.expected, args.require,
                             shlex.split(args.pytest_args), sys.stdout, reference=args.jax,
                             write_passing=args.write_passing)
+
+
+# --- smalti explain ----------------------------------------------------------------------
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -1055,9 +1055,9 @@ class TransferableSmem(_Statement, Constraint):
         reg, smem = values
         if not isinstance(reg, RegisterLayout) or not isinstance(smem, SmemTransforms):
             return False
-        from smalti import transfers  # a heavy probe: import lazily
+        from smalti import transferable_smem  # a heavy probe: import lazily
 
-        return transfers.smem_transfer_supported(
+        return transferable_smem.smem_transfer_supported(
             reg.layout,
             smem,
             shape=self.shape,
@@ -1071,11 +1071,11 @@ class TransferableSmem(_Statement, Constraint):
         if found is None:
             return
         variable, known = found
-        from smalti import transfers
+        from smalti import transferable_smem
 
         if isinstance(known, RegisterLayout):
             if known.is_tiled and len(variable.shape) >= 2:
-                for transforms in transfers.smem_transforms_candidates(
+                for transforms in transferable_smem.smem_transforms_candidates(
                     variable, ctx.divides_for(variable)
                 ):
                     yield variable, transforms

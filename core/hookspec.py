@@ -53,11 +53,23 @@ def smalti_register_constraint_rules(registry: ConstraintRegistry) -> None:
         def same_layout(op, b):
             b.variable(*b.layout_sites())
 
-    :param registry: add rules with ``registry.constraint_rule(*op_names,
-        archs=..., overrides=...)``. ``archs`` (an
-        :class:`smalti.registry.Architectures`) says which GPU architectures
-        the rule supports; ``overrides`` names the plugin whose rule for the
-        same op this one replaces.
+    :param registry: the plugin's
+        :class:`smalti.registry.ConstraintRegistry`. Add rules with the
+        decorator ``registry.constraint_rule(*op_names, **options)`` or with
+        ``registry.add(op_name, rule, **options)``. Every option may be left
+        out (:class:`smalti.registry.ConstraintOptions`):
+
+        - ``archs``: the GPU architectures the rule supports, a
+          :class:`smalti.registry.Architectures` (default: any);
+        - ``overrides``: the name of the plugin whose rule for the same op
+          this one replaces (default: none; two plugins claiming one op on
+          overlapping architectures are otherwise an error);
+        - ``opaque_regions``: ``True`` if the op's regions hold Lane-level
+          code, which inference does not enter (default ``False``; a rule
+          may also say so for one op with ``builder.opaque_regions()``);
+        - ``jax``: the jax versions the rule is for, a
+          :class:`smalti.registry.JaxVersions`; a pipeline built under
+          another jax leaves the rule out (default: any).
     """
 
 
@@ -78,14 +90,32 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
             lhs, rhs = ctx.operand_arrays(op)
             return [ctx.to_ir(lhs + rhs, op.result.type)]
 
-    :param registry: add rules with ``registry.lowering_rule(*op_names,
-        archs=..., overrides=..., warp_semantics=..., opaque_regions=...)``
-        (``warp_semantics=True``: the rule also lowers the op inside a
-        ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP;
-        ``opaque_regions=True``: the op's regions are Lane-level code that
-        smalti does not check); declare with
-        ``registry.require_lowering(prefix)`` that every op whose name starts
-        with ``prefix`` (e.g. ``"mosaic_gpu."``) must be lowered by some rule.
+    :param registry: the plugin's :class:`smalti.registry.LoweringRegistry`.
+        Add rules with the decorator ``registry.lowering_rule(*op_names,
+        **options)`` or with ``registry.add(op_name, rule, **options)``.
+        Every option may be left out
+        (:class:`smalti.registry.LoweringOptions`):
+
+        - ``archs``, ``overrides``, ``opaque_regions`` and ``jax``: as for
+          constraint rules (:func:`smalti_register_constraint_rules`);
+          ``opaque_regions=True`` also keeps lowering's checks out of the
+          op's regions;
+        - ``warp_semantics``: ``True`` if the rule also lowers its op inside
+          a ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP
+          (default ``False``: such an op is refused there, SM204);
+        - ``warp_regions``: ``True`` if the rule lowers the op's regions
+          under warp semantics (as ``mosaic_gpu.warp_map``'s does): every op
+          inside them then needs a rule registered with ``warp_semantics``
+          (default ``False``);
+        - ``check``: a function ``check(op)`` that raises a smalti error for
+          an op the rule cannot lower, for a reason visible before
+          rewriting; lowering runs it on every op of the rule before it
+          rewrites anything, so that no module is left half-lowered
+          (default: none).
+
+        Declare with ``registry.require_lowering(prefix)`` that every op
+        whose name starts with ``prefix`` (e.g. ``"mosaic_gpu."``) must be
+        lowered by some rule.
     """
 
 
@@ -106,7 +136,17 @@ def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     and refusing those that carry a jaxpr. Its signature is Pallas':
     ``fn(ctx, *avals, **params)`` returning Pallas' ``Resources``.
 
-    :param registry: add lowerings with
-        ``registry.pallas_lowering(primitive, overrides=...)`` and estimators
-        with ``registry.resource_estimator(primitive, overrides=...)``.
+    :param registry: the plugin's :class:`smalti.registry.PallasRegistry`.
+        Add lowerings with the decorator
+        ``registry.pallas_lowering(primitive, **options)`` and estimators
+        with ``registry.resource_estimator(primitive, **options)``;
+        ``primitive`` is the primitive object or a ``"module:attribute"``
+        reference to it, resolved only when smalti is installed into jax.
+        Every option may be left out
+        (:class:`smalti.registry.PallasOptions`):
+
+        - ``overrides``: the name of the plugin whose rule for the same
+          primitive this one replaces (default: none);
+        - ``jax``: the jax versions the rule is for, a
+          :class:`smalti.registry.JaxVersions` (default: any).
     """

@@ -461,13 +461,13 @@ def infer_layouts(module: ir.Module, *, arch: tuple[int, int] = (9, 0),
     if trace is None:
         trace = os.environ.get(TRACE_ENV, "").strip().lower() not in ("", "0", "false", "no")
     report = InferenceReport()
-    # Inference makes many small acyclic objects: collecting them mid-pass is
-    # waste. They die when _infer returns, before collection resumes, so the
-    # collector never scans them either.
     if fuel is not None and (isinstance(fuel, bool) or not isinstance(fuel, int) or fuel < 0):
         raise SmaltiValueError(
             "SM104", f"fuel must be a non-negative int, got {fuel!r}",
             values={"fuel": repr(fuel)}, fix="pass fuel=None for the default budget, or an int")
+    # Inference makes many small acyclic objects: collecting them mid-pass is
+    # waste. They die when _infer returns, before collection resumes, so the
+    # collector never scans them either.
     with _gc_paused():
         _infer(module, arch, pipeline, report, trace, fuel, arch_policy.strict(strict_arch))
     report.seconds = time.perf_counter() - start

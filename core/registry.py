@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypedDict, Unpack
 
 from smalti.diagnostics import PluginError
 from smalti.records import Record
@@ -137,8 +137,64 @@ class RuleKind(enum.Enum):
     PALLAS_RESOURCES = "pallas resource estimation"
 
 
+# The options of a registration, defined once: each registry takes the
+# keywords of one of these TypedDicts (its ``options``), checks them in
+# ``_Registry._add`` and stores each under its name in the RuleRecord; an
+# option left out has its DEFAULT_OPTIONS value.
+
+
+class PallasOptions(TypedDict, total=False):
+    """The options a Pallas lowering or resource estimator is registered
+    with (``PallasRegistry.pallas_lowering``, ``resource_estimator``)."""
+
+    #: The plugin whose rule for the same op (or primitive) this one replaces.
+    overrides: str | None
+    #: The jax versions the rule is for (:class:`JaxVersions`): a pipeline
+    #: built under another jax leaves it out.
+    jax: JaxVersions
+
+
+class ConstraintOptions(PallasOptions, total=False):
+    """The options a constraint rule is registered with (the keywords of
+    ``ConstraintRegistry.add``, of its ``constraint_rule`` decorator and of
+    the registry called as a decorator): those of :class:`PallasOptions`
+    and these."""
+
+    #: The GPU architectures the rule supports (:class:`Architectures`).
+    archs: Architectures
+    #: The op's regions are already at Lane level: inference and lowering's
+    #: checks do not enter them (e.g. ``mosaic_gpu.custom_primitive``).
+    opaque_regions: bool
+
+
+class LoweringOptions(ConstraintOptions, total=False):
+    """The options a lowering rule is registered with (the keywords of
+    ``LoweringRegistry.add`` and ``lowering_rule``): those of a constraint
+    rule (:class:`ConstraintOptions`) and these."""
+
+    #: The rule also lowers its op under warp semantics (inside a
+    #: ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP).
+    warp_semantics: bool
+    #: The rule lowers the op's regions under warp semantics
+    #: (``mosaic_gpu.warp_map``): every op inside needs ``warp_semantics``.
+    warp_regions: bool
+    #: The rule's check, ``check(op)``: raises a smalti error for an op the
+    #: rule cannot lower, for a reason visible before rewriting (lowering runs
+    #: it on every such op before the first rewrite, so that no module is
+    #: left half-lowered).
+    check: Callable[[Any], None] | None
+
+
+#: The value of each option a registration leaves out.
+DEFAULT_OPTIONS: LoweringOptions = {
+    "overrides": None, "jax": ANY_JAX, "archs": ANY_ARCH, "opaque_regions": False,
+    "warp_semantics": False, "warp_regions": False, "check": None,
+}
+
+
 class RuleRecord(Record):
-    """One rule as registered: what it handles, where it came from."""
+    """One rule as registered: what it handles, where it came from, and its
+    options (:class:`LoweringOptions` says what each means)."""
 
     __slots__ = ("kind", "key", "function", "plugin", "archs", "overrides", "target",
                  "opaque_regions", "warp_semantics", "warp_regions", "jax", "check")
@@ -149,21 +205,10 @@ class RuleRecord(Record):
     archs: Architectures
     overrides: str | None
     target: Any  # the Pallas primitive object, for PALLAS rules
-    #: The op's regions are already at Lane level: inference and lowering's
-    #: checks do not enter them (e.g. ``mosaic_gpu.custom_primitive``).
     opaque_regions: bool
-    #: A lowering rule that may run under warp semantics (inside a
-    #: ``mosaic_gpu.warp_map``, where ``ctx.thread_semantics`` is WARP).
     warp_semantics: bool
-    #: A lowering rule that lowers the op's regions under warp semantics
-    #: (``mosaic_gpu.warp_map``): every op inside needs ``warp_semantics``.
     warp_regions: bool
-    #: The jax versions the rule is for (a pipeline built under another
-    #: leaves it out).
     jax: JaxVersions
-    #: A lowering rule's check, ``check(op)``: raises a smalti error for an op
-    #: the rule cannot lower, for a reason visible before rewriting (lowering
-    #: runs it on every such op before the first rewrite).
     check: Callable[[Any], None] | None
 
     def __init__(self, kind: RuleKind, key: str, function: Callable[..., Any], plugin: str,
@@ -183,26 +228,37 @@ class RuleRecord(Record):
 
 class _Registry:
     kind: RuleKind
+    #: The options its rules take (a TypedDict: its keys are their names).
+    options: ClassVar[type]
 
     def __init__(self, plugin: str) -> None:
         self.plugin = plugin
         self.records: list[RuleRecord] = []
 
-    def _check(self, key: Any, function: Any, archs: Any, overrides: Any,
-               jax: Any = ANY_JAX, check: Any = None) -> None:
+    def _add(self, key: Any, function: Any, options: Mapping[str, Any], target: Any = None,
+             kind: RuleKind | None = None) -> None:
+        """Records a rule, once its key, function and options are checked:
+        an option the registry does not take is a ``TypeError``, as an
+        unknown keyword is; a malformed value, a :class:`PluginError`."""
+        allowed = self.options.__annotations__
+        for name in options:
+            if name not in allowed:
+                raise TypeError(f"{type(self).__name__} takes no option {name!r} "
+                                f"(its options: {', '.join(allowed)})")
+        given = {**DEFAULT_OPTIONS, **options}
         problems = []
         if not isinstance(key, str) or not key:
             problems.append(f"op name {key!r} is not a non-empty string")
         if not callable(function):
             problems.append(f"rule {function!r} is not callable")
-        if not isinstance(archs, Architectures):
-            problems.append(f"archs={archs!r} is not a smalti.registry.Architectures")
-        if overrides is not None and not isinstance(overrides, str):
-            problems.append(f"overrides={overrides!r} is not a plugin name")
-        if not isinstance(jax, JaxVersions):
-            problems.append(f"jax={jax!r} is not a smalti.registry.JaxVersions")
-        if check is not None and not callable(check):
-            problems.append(f"check={check!r} is not callable")
+        if not isinstance(given["archs"], Architectures):
+            problems.append(f"archs={given['archs']!r} is not a smalti.registry.Architectures")
+        if given["overrides"] is not None and not isinstance(given["overrides"], str):
+            problems.append(f"overrides={given['overrides']!r} is not a plugin name")
+        if not isinstance(given["jax"], JaxVersions):
+            problems.append(f"jax={given['jax']!r} is not a smalti.registry.JaxVersions")
+        if given["check"] is not None and not callable(given["check"]):
+            problems.append(f"check={given['check']!r} is not callable")
         if problems:
             raise PluginError(
                 "SM006",
@@ -210,44 +266,27 @@ class _Registry:
                 + "; ".join(problems),
                 fix="fix the registration call in the plugin",
             )
-
-    def _add(self, key: str, function: Callable[..., Any], archs: Architectures,
-             overrides: str | None, target: Any = None, jax: JaxVersions = ANY_JAX,
-             check: Callable[[Any], None] | None = None, kind: RuleKind | None = None,
-             **flags: bool) -> None:
-        self._check(key, function, archs, overrides, jax, check)
-        self.records.append(
-            RuleRecord(kind or self.kind, key, function, self.plugin, archs, overrides, target,
-                       jax=jax, check=check,
-                       **{name: bool(value) for name, value in flags.items()})
-        )
+        for name, default in DEFAULT_OPTIONS.items():
+            if type(default) is bool:  # a flag: stored as True or False
+                given[name] = bool(given[name])
+        self.records.append(RuleRecord(kind or self.kind, key, function, self.plugin,
+                                       target=target, **given))
 
 
 class _OpRuleRegistry(_Registry):
-    def add(
-        self,
-        op_name: str,
-        rule: Callable[..., Any],
-        *,
-        archs: Architectures = ANY_ARCH,
-        overrides: str | None = None,
-        opaque_regions: bool = False,
-        jax: JaxVersions = ANY_JAX,
-    ) -> None:
-        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
+    def add(self, op_name: str, rule: Callable[..., Any],
+            **options: Unpack[ConstraintOptions]) -> None:
+        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``),
+        with the options of :attr:`options` (:class:`ConstraintOptions`)."""
+        self._add(op_name, rule, options)
 
-        ``opaque_regions=True`` says the op's regions hold Lane-level code that
-        smalti must not look into (no inference inside, no lowering checks);
-        ``jax`` the jax versions the rule is for."""
-        self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions, jax=jax)
-
-    def __call__(
-        self, *op_names: str, archs: Architectures = ANY_ARCH, overrides: str | None = None,
-        jax: JaxVersions = ANY_JAX, **options: Any,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def __call__(self, *op_names: str, **options: Any
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: registers the decorated function for each op name, with
+        the options :meth:`add` takes."""
         def decorate(rule: Callable[..., Any]) -> Callable[..., Any]:
             for name in op_names:
-                self.add(name, rule, archs=archs, overrides=overrides, jax=jax, **options)
+                self.add(name, rule, **options)
             return rule
 
         return decorate
@@ -257,59 +296,36 @@ class ConstraintRegistry(_OpRuleRegistry):
     """Where a plugin registers its constraint (layout inference) rules."""
 
     kind = RuleKind.CONSTRAINT
+    options = ConstraintOptions
 
-    def constraint_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
-                        overrides: str | None = None, opaque_regions: bool = False,
-                        jax: JaxVersions = ANY_JAX):
-        """Decorator: registers the decorated function for each op name."""
-        return self(*op_names, archs=archs, overrides=overrides,
-                    opaque_regions=opaque_regions, jax=jax)
+    def constraint_rule(self, *op_names: str, **options: Unpack[ConstraintOptions]
+                        ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: registers the decorated function for each op name
+        (options: :class:`ConstraintOptions`)."""
+        return self(*op_names, **options)
 
 
 class LoweringRegistry(_OpRuleRegistry):
     """Where a plugin registers its lowering rules."""
 
     kind = RuleKind.LOWERING
+    options = LoweringOptions
 
     def __init__(self, plugin: str) -> None:
         super().__init__(plugin)
         self.required_prefixes: list[str] = []
 
-    def add(
-        self,
-        op_name: str,
-        rule: Callable[..., Any],
-        *,
-        archs: Architectures = ANY_ARCH,
-        overrides: str | None = None,
-        opaque_regions: bool = False,
-        warp_semantics: bool = False,
-        warp_regions: bool = False,
-        jax: JaxVersions = ANY_JAX,
-        check: Callable[[Any], None] | None = None,
-    ) -> None:
-        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``).
+    def add(self, op_name: str, rule: Callable[..., Any],
+            **options: Unpack[LoweringOptions]) -> None:
+        """Registers ``rule`` for the op named ``op_name`` (``op.operation.name``),
+        with the options of :class:`LoweringOptions`."""
+        self._add(op_name, rule, options)
 
-        ``warp_semantics=True`` says the rule also lowers the op under warp
-        semantics (inside ``mosaic_gpu.warp_map``, ``ctx.thread_semantics`` is
-        WARP); ``warp_regions=True`` that it lowers the op's regions under warp
-        semantics; ``opaque_regions=True`` that the op's regions are Lane-level
-        code, not checked before lowering; ``jax`` the jax versions the rule is
-        for. ``check(op)``, if given, runs on every op of the rule before
-        lowering rewrites anything, and raises a smalti error for one the rule
-        cannot lower (so that no module is left half-lowered)."""
-        self._add(op_name, rule, archs, overrides, opaque_regions=opaque_regions,
-                  warp_semantics=warp_semantics, warp_regions=warp_regions, jax=jax,
-                  check=check)
-
-    def lowering_rule(self, *op_names: str, archs: Architectures = ANY_ARCH,
-                      overrides: str | None = None, opaque_regions: bool = False,
-                      warp_semantics: bool = False, warp_regions: bool = False,
-                      jax: JaxVersions = ANY_JAX, check: Callable[[Any], None] | None = None):
-        """Decorator: registers the decorated function for each op name."""
-        return self(*op_names, archs=archs, overrides=overrides,
-                    opaque_regions=opaque_regions, warp_semantics=warp_semantics,
-                    warp_regions=warp_regions, jax=jax, check=check)
+    def lowering_rule(self, *op_names: str, **options: Unpack[LoweringOptions]
+                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: registers the decorated function for each op name
+        (options: :class:`LoweringOptions`)."""
+        return self(*op_names, **options)
 
     def require_lowering(self, prefix: str) -> None:
         """Every op whose name starts with ``prefix`` must be lowered by a rule:
@@ -325,10 +341,12 @@ class PallasRegistry(_Registry):
     """Where a plugin registers Warpgroup lowerings of Pallas primitives."""
 
     kind = RuleKind.PALLAS
+    options = PallasOptions
 
-    def pallas_lowering(self, primitive: Any, *, overrides: str | None = None,
-                        jax: JaxVersions = ANY_JAX):
-        """Decorator: lowers the Pallas ``primitive``.
+    def pallas_lowering(self, primitive: Any, **options: Unpack[PallasOptions]
+                        ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: lowers the Pallas ``primitive`` (options:
+        :class:`PallasOptions`).
 
         ``primitive`` is the ``jax.extend.core.Primitive`` object, or a
         ``"module:attribute"`` reference to it, resolved only when smalti is
@@ -336,11 +354,12 @@ class PallasRegistry(_Registry):
         Pallas).
         """
 
-        return self._primitive_rule(primitive, RuleKind.PALLAS, overrides, jax)
+        return self._primitive_rule(primitive, RuleKind.PALLAS, options)
 
-    def resource_estimator(self, primitive: Any, *, overrides: str | None = None,
-                           jax: JaxVersions = ANY_JAX):
-        """Decorator: estimates the resources Pallas reserves for ``primitive``.
+    def resource_estimator(self, primitive: Any, **options: Unpack[PallasOptions]
+                           ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: estimates the resources Pallas reserves for ``primitive``
+        (options: :class:`PallasOptions`).
 
         Pallas sizes a kernel's scratch SMEM, barriers and TMEM before lowering
         it, by walking the kernel's jaxpr with a table of estimators; a
@@ -354,10 +373,10 @@ class PallasRegistry(_Registry):
         ``jax._src.pallas.mosaic_gpu.lowering.Resources``. ``primitive`` is as
         for :meth:`pallas_lowering`.
         """
-        return self._primitive_rule(primitive, RuleKind.PALLAS_RESOURCES, overrides, jax)
+        return self._primitive_rule(primitive, RuleKind.PALLAS_RESOURCES, options)
 
-    def _primitive_rule(self, primitive: Any, kind: RuleKind, overrides: str | None,
-                        jax: JaxVersions):
+    def _primitive_rule(self, primitive: Any, kind: RuleKind, options: PallasOptions
+                        ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(primitive, str) and primitive.count(":") == 1:
                 name = primitive.split(":")[1]
@@ -370,7 +389,7 @@ class PallasRegistry(_Registry):
                     f"{primitive!r}, which is not a jax primitive",
                     fix="pass the primitive object (e.g. my_op_p) or 'module:my_op_p'",
                 )
-            self._add(name, fn, ANY_ARCH, overrides, target=primitive, jax=jax, kind=kind)
+            self._add(name, fn, options, target=primitive, kind=kind)
             return fn
 
         return decorate

@@ -137,6 +137,28 @@ def test_plugins_shows_overrides_and_problems(capsys, monkeypatch):
     assert "explicit" in out
 
 
+def test_plugins_table_gives_the_architectures_of_op_rules_only(capsys, monkeypatch):
+    # A Pallas rule has no architecture range (the op rules of what it emits
+    # decide): it must not widen the plugin's to "any".
+    def lowering(registry):
+        registry.lowering_rule("mine.op", archs=HOPPER_AND_LATER)(lambda ctx, op: [])
+
+    def pallas(primitive):
+        return lambda registry: registry.pallas_lowering(primitive)(lambda ctx, x: x)
+
+    mine = _plugin("mine", smalti_register_lowering_rules=lowering,
+                   smalti_register_pallas_lowerings=pallas("mine:op_p"))
+    only_pallas = _plugin("only_pallas",
+                          smalti_register_pallas_lowerings=pallas("theirs:other_p"))
+    monkeypatch.setattr(cli, "default_pipeline", lambda: smalti.build_pipeline(
+        plugins=[mine, only_pallas], autoload=False))
+    code, out, _ = run(capsys, "plugins")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
+    assert rows["mine"][-2:] == [">=sm_90", "explicit"]
+    assert rows["only_pallas"][-2:] == ["-", "explicit"]
+
+
 def test_plugins_reports_a_conflict(capsys, monkeypatch):
     def claim_addf(registry):
         registry.constraint_rule("arith.addf")(lambda op, b: None)

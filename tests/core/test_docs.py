@@ -12,6 +12,7 @@ import inspect
 import re
 import sys
 import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,8 +21,10 @@ import pytest
 
 import smalti
 import smalti.plugins
+import smalti.registry
 from smalti import hookspec
 from smalti.kernels import example_kernel
+from smalti.registry import RuleKind
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "writing-plugins.md"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -84,6 +87,21 @@ def test_hook_specs_take_a_registry():
     # The guide tells plugin authors to name the parameter `registry`.
     for name, fn in _hook_specs().items():
         assert list(inspect.signature(fn).parameters) == ["registry"], name
+
+
+def test_every_option_of_each_hooks_registry_is_documented_in_the_hook():
+    # pytest documents every parameter a hook receives; a registry's
+    # options are what a plugin author passes it.
+    from smalti.registry import DEFAULT_OPTIONS, RuleRecord
+
+    for name, fn in _hook_specs().items():
+        registry = typing.get_type_hints(fn, vars(smalti.registry))["registry"]
+        doc = inspect.getdoc(fn) or ""
+        for option in registry.options.__annotations__:
+            assert f"``{option}``" in doc, f"{name}: option {option!r} is not documented"
+    # Every option is stored in the rule's record, left out as its default.
+    record = RuleRecord(RuleKind.LOWERING, "my.op", print, "mine")
+    assert {option: getattr(record, option) for option in DEFAULT_OPTIONS} == DEFAULT_OPTIONS
 
 
 def test_python_snippets_parse(guide):

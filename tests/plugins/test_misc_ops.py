@@ -189,7 +189,7 @@ def test_tmem_layouts_are_spelled_like_jax(index):
     """TMEM refs need Blackwell ops to build; check the spelling directly."""
     from jax.experimental.mosaic.gpu import tcgen05
 
-    from smalti.plugins.misc_ops import tmem_layout_text
+    from smalti.plugins.printing import tmem_layout_text
 
     with kernels.make_context(), ir.Location.unknown():
         layout = _tmem_layouts()[index]

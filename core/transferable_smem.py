@@ -1,4 +1,7 @@
-"""What can be copied between registers and shared memory, and how to guess it.
+"""What can be copied between registers and shared memory, and how to guess
+it: the probe behind the :class:`smalti.constraints.TransferableSmem`
+constraint. (The rules of the ops that copy, ``vector_load`` and
+``vector_store``, are in ``smalti.plugins.transfers``.)
 
 Whether a register layout can be stored to (or loaded from) an SMEM ref with
 given transforms is decided by Mosaic GPU's own transfer planner: we ask it to
