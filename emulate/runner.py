@@ -1,8 +1,15 @@
-"""Running a captured Lane-level module: host code once, then the launch."""
+"""Running a captured Lane-level module: host code once, then the launch.
+
+:class:`Program` compiles a module once (:mod:`.compiler`) and runs it as
+often as asked, each run on fresh memory: the kernel's buffers are the
+inputs followed by the outputs, as the ``mosaic_gpu`` custom call passes
+them, and an output aliased to an input (``input_output_aliases``,
+``mgpu.as_gpu_kernel``'s in-out buffers, Pallas' GMEM scratch) is the same
+buffer as that input, starting with the input's contents."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,69 +47,102 @@ def _kernel_args(func: Any) -> dict[int, irtypes.T]:
     return found
 
 
+class Program:
+    """A Lane-level module compiled once (with the synchronization checker's
+    hooks when ``sanitize``), run by :meth:`run` on fresh memory each time."""
+
+    def __init__(self, module: Any, *, sanitize: bool = True) -> None:
+        # The compiled steps hold MLIR operations (for locations in reports):
+        # the module must outlive them.
+        self.module = module
+        func = _entry(module)
+        self.kargs = _kernel_args(func)
+        self.sanitize = sanitize
+        comp = Compiler(checked=sanitize)
+        self.body = comp.block(func.regions[0].blocks[0])
+        comp.finish()
+        self.nslots = comp.nslots
+
+    def run(self, inputs: Sequence[np.ndarray],
+            outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
+            aliases: Mapping[int, int] | None = None, on_race: str = "raise",
+            on_uninitialized: str = "warn") -> tuple[np.ndarray, ...]:
+        """Runs the kernel on ``inputs``; returns the output buffers, each of
+        the given (shape, dtype) -- by default, the types of the kernel
+        arguments after the inputs. ``aliases`` maps an output's index to the
+        input whose buffer it is. The checker reports by the two policies."""
+        kargs = self.kargs
+        aliases = dict(aliases or {})
+        if outputs is None:
+            outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
+                       for i in range(len(inputs), len(kargs))]
+        n = len(inputs) + len(outputs)
+        if any(i >= n for i in kargs):
+            raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
+                              f"inputs and {len(outputs)} outputs")
+        launch = Launch()
+        if self.sanitize:
+            launch.sync = Checker(on_race, on_uninitialized)
+        g = launch.memory["global"]
+        regions: list = []
+        for i in range(n):
+            if i >= len(inputs) and i - len(inputs) in aliases:
+                j = aliases[i - len(inputs)]
+                shape, dt = outputs[i - len(inputs)]
+                r, in_dt, in_shape = regions[j]
+                if np.dtype(dt) != in_dt or tuple(shape) != tuple(in_shape):
+                    raise EmulationError(f"output {i - len(inputs)} ({shape}, {np.dtype(dt)}) "
+                                         f"aliases input {j} of another type ({in_shape}, "
+                                         f"{in_dt})")
+                regions.append((r, in_dt, in_shape))
+                continue
+            if i < len(inputs):
+                t = kargs.get(i)
+                arr = np.asarray(inputs[i])
+                if t is not None:
+                    if tuple(arr.shape) != tuple(t.shape):
+                        raise EmulationError(f"input {i} has shape {arr.shape}, the kernel "
+                                             f"wants {t.shape}")
+                    arr = arr.astype(t.dtype)
+                arr = np.ascontiguousarray(arr)
+            else:
+                shape, dt = outputs[i - len(inputs)]
+                arr = np.zeros(shape, dt)
+            r = g.alloc(arr.nbytes, f"kernel argument {i}")
+            r.tracked = True
+            r.data[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            regions.append((r, arr.dtype, arr.shape))
+        table = g.alloc(8 * n, "kernel argument table")
+        table.data[:8 * n] = np.array([r.base for r, _, _ in regions], np.int64).view(np.uint8)
+        regs: list = [None] * self.nslots
+        token_slot, buffers_slot = self.body.args
+        regs[token_slot] = np.asarray(0, np.int64)
+        regs[buffers_slot] = np.asarray(table.base, np.int64)
+        frame = Frame(regs, launch)
+        try:
+            with np.errstate(all="ignore"):
+                self.body.run(frame)
+        except (EmulationError, Unsupported) as e:
+            if launch.sync is not None and launch.sync.races and on_race != "ignore":
+                races = list(launch.sync.races.values())
+                e.add_note(f"before this, the checker found {len(races)} data race(s), which "
+                           "may have caused it:\n" + "\n".join(str(r) for r in races[:3]))
+            raise
+        if launch.sync is not None:
+            launch.sync.finish()
+        out = []
+        for r, dt, shape in regions[len(inputs):]:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            out.append(r.data[:nbytes].copy().view(dt).reshape(shape))
+        return tuple(out)
+
+
 def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
-               on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True
+               aliases: Mapping[int, int] | None = None, on_race: str = "raise",
+               on_uninitialized: str = "warn", sanitize: bool = True
                ) -> tuple[np.ndarray, ...]:
-    """Runs ``module`` (a Lane-level Mosaic GPU module) on ``inputs``; returns
-    the output buffers, each of the given (shape, dtype) -- by default, the
-    types of the kernel arguments after the inputs. With ``sanitize``, the
-    synchronization checker (:mod:`.sync`) runs beside it and reports by the
-    two policies."""
-    func = _entry(module)
-    kargs = _kernel_args(func)
-    if outputs is None:
-        outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
-                   for i in range(len(inputs), len(kargs))]
-    n = len(inputs) + len(outputs)
-    if any(i >= n for i in kargs):
-        raise Unsupported(f"a kernel with {len(kargs)} buffer arguments for {len(inputs)} "
-                          f"inputs and {len(outputs)} outputs (aliased inputs/outputs are "
-                          "not modelled)")
-    comp = Compiler(checked=sanitize)
-    body = comp.block(func.regions[0].blocks[0])
-    comp.finish()
-    launch = Launch()
-    if sanitize:
-        launch.sync = Checker(on_race, on_uninitialized)
-    g = launch.memory["global"]
-    regions = []
-    for i in range(n):
-        if i < len(inputs):
-            t = kargs.get(i)
-            arr = np.asarray(inputs[i])
-            if t is not None:
-                if tuple(arr.shape) != tuple(t.shape):
-                    raise EmulationError(f"input {i} has shape {arr.shape}, the kernel wants {t.shape}")
-                arr = arr.astype(t.dtype)
-            arr = np.ascontiguousarray(arr)
-        else:
-            shape, dt = outputs[i - len(inputs)]
-            arr = np.zeros(shape, dt)
-        r = g.alloc(arr.nbytes, f"kernel argument {i}")
-        r.tracked = True
-        r.data[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
-        regions.append((r, arr.dtype, arr.shape))
-    table = g.alloc(8 * n, "kernel argument table")
-    table.data[:8 * n] = np.array([r.base for r, _, _ in regions], np.int64).view(np.uint8)
-    regs: list = [None] * comp.nslots
-    token_slot, buffers_slot = body.args
-    regs[token_slot] = np.asarray(0, np.int64)
-    regs[buffers_slot] = np.asarray(table.base, np.int64)
-    frame = Frame(regs, launch)
-    try:
-        with np.errstate(all="ignore"):
-            body.run(frame)
-    except (EmulationError, Unsupported) as e:
-        if launch.sync is not None and launch.sync.races and on_race != "ignore":
-            races = list(launch.sync.races.values())
-            e.add_note(f"before this, the checker found {len(races)} data race(s), which may "
-                       "have caused it:\n" + "\n".join(str(r) for r in races[:3]))
-        raise
-    if launch.sync is not None:
-        launch.sync.finish()
-    out = []
-    for r, dt, shape in regions[len(inputs):]:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        out.append(r.data[:nbytes].copy().view(dt).reshape(shape))
-    return tuple(out)
+    """Compiles ``module`` (a Lane-level Mosaic GPU module) and runs it once
+    (see :meth:`Program.run`)."""
+    return Program(module, sanitize=sanitize).run(
+        inputs, outputs, aliases=aliases, on_race=on_race, on_uninitialized=on_uninitialized)
