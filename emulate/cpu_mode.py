@@ -276,3 +276,17 @@ class EmulatedKernel:
             return self.program.run(operands, self.outputs, aliases=self.aliases,
                                     on_race=self.settings.on_race,
                                     on_uninitialized=self.settings.on_uninitialized)
+
+
+def kernel_error(message: str) -> str | None:
+    """The emulator's error inside the message of a ``JaxRuntimeError`` that a
+    kernel's callback raised (``"RaceError: 1 data race(s) found:"``), or
+    ``None`` if the message is not a callback's."""
+    if "CpuCallback error" not in message:
+        return None
+    lines = message.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    for line in lines[frames[-1] + 1 if frames else 1:]:
+        if line and not line.startswith(" "):
+            return line
+    return None

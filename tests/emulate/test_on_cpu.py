@@ -191,8 +191,9 @@ def test_a_race_raises_by_on_race_and_its_clean_twin_runs():
     clean = race_kernels.commit_before_tma_store(False)
     with emu.on_cpu(on_race="raise"):
         with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=r"(?s)RaceError: 1 data race.*read-after-write, smem"):
+                           match=r"(?s)RaceError: 1 data race.*read-after-write, smem") as e:
             np.asarray(racy.fn(*racy.args))
+        assert cpu_mode.kernel_error(str(e.value)) == "RaceError: 1 data race(s) found:"
         (want,) = clean.ref(*clean.args)
         np.testing.assert_array_equal(np.asarray(clean.fn(*clean.args)), want)
     with emu.on_cpu(on_race="warn"):
@@ -211,8 +212,10 @@ def test_an_emulator_error_at_run_time_reaches_the_caller(monkeypatch):
     monkeypatch.setattr(runner.Program, "run", unmodelled)
     k = scale_shift(1.0, 0.0)
     with emu.on_cpu(), pytest.raises(jax.errors.JaxRuntimeError,
-                                     match="Unsupported: the op under test"):
+                                     match="Unsupported: the op under test") as e:
         np.asarray(jax.jit(k)(X))
+    assert cpu_mode.kernel_error(str(e.value)) == "Unsupported: the op under test"
+    assert cpu_mode.kernel_error("ValueError: not from a kernel") is None
 
 
 def test_an_emulator_error_at_lowering_time_is_raised_as_itself(monkeypatch):
