@@ -39,6 +39,7 @@ them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -70,6 +71,8 @@ def format_result(result: Result, *, out: TextIO, shown: int = 40) -> None:
     if fallbacks:
         print(f"\n{fallbacks} tests used a rule outside its architecture range "
               "(SM002 warnings, as jax does not check the architecture)", file=out)
+    if not has_list:
+        _print_failure_reasons(result, out=out, shown=shown)
     missing = result.expected_not_passing
     if has_list and missing:
         print(f"\nexpected to pass, did not ({len(missing)}):", file=out)
@@ -79,6 +82,26 @@ def format_result(result: Result, *, out: TextIO, shown: int = 40) -> None:
             print(f"  {test}\n      {why[:300]}", file=out)
         if len(missing) > shown:
             print(f"  ... and {len(missing) - shown} more", file=out)
+
+
+_WHERE = re.compile(r" at (loc\(.*?\)|\S+:\d+)|0x[0-9a-f]+")
+
+
+def _print_failure_reasons(result: Result, *, out: TextIO, shown: int) -> None:
+    """Without a list of expected tests: the failures grouped by why (the
+    reason's first line, without source locations), most frequent first."""
+    reasons: dict[str, int] = {}
+    for outcome in result.outcomes.values():
+        if outcome.outcome == "failed":
+            why = _WHERE.sub("", outcome.reason)[:160]
+            reasons[why] = reasons.get(why, 0) + 1
+    if not reasons:
+        return
+    print(f"\nwhy tests failed ({sum(reasons.values())}):", file=out)
+    for why, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:shown]:
+        print(f"  {count:>5}  {why}", file=out)
+    if len(reasons) > shown:
+        print(f"  ... and {len(reasons) - shown} more reasons", file=out)
 
 
 def main(paths: Sequence[str], expected_file: str | None, require: int | None,
