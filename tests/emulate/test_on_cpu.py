@@ -301,3 +301,16 @@ def test_an_official_kernel_in_a_jitted_program():
         got = np.asarray(f(a, b))
     want = np.tanh(a.astype(np.float32) @ b.astype(np.float32))
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_the_readmes_on_cpu_example_runs_as_shown():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    section = text[text.index("### Whole programs: `smalti.emulate.on_cpu`"):]
+    code = section[section.index("```python") + len("```python"):]
+    scope: dict = {}
+    exec(compile(code[:code.index("```")], "README.md", "exec"), scope)
+    a, b = (scope[n].astype(np.float32) for n in "ab")
+    np.testing.assert_allclose(np.asarray(scope["out"], np.float32), np.maximum(a @ b, 0),
+                               rtol=2e-2, atol=5e-2)
