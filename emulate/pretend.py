@@ -91,8 +91,7 @@ def start(arch: Sequence[int] = (9, 0), *, on_race: str | None = None,
 
     def patch(owner: Any, name: str, value: Any) -> None:
         missing = object()
-        saved = owner.__dict__.get(name, missing) if isinstance(owner, type) else getattr(
-            owner, name, missing)
+        saved = getattr(owner, name, missing)
         setattr(owner, name, value)
         undo.append(lambda: delattr(owner, name) if saved is missing
                     else setattr(owner, name, saved))
