@@ -90,11 +90,14 @@ class Program:
                 j = aliases[i - len(inputs)]
                 shape, dt = outputs[i - len(inputs)]
                 r, in_dt, in_shape = regions[j]
-                if np.dtype(dt) != in_dt or tuple(shape) != tuple(in_shape):
+                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                if nbytes != int(np.prod(in_shape, dtype=np.int64)) * in_dt.itemsize:
                     raise EmulationError(f"output {i - len(inputs)} ({shape}, {np.dtype(dt)}) "
-                                         f"aliases input {j} of another type ({in_shape}, "
+                                         f"aliases input {j} of another size ({in_shape}, "
                                          f"{in_dt})")
-                regions.append((r, in_dt, in_shape))
+                # The same bytes, read back as the output's type (jax aliases
+                # int32 to uint32, say).
+                regions.append((r, np.dtype(dt), tuple(shape)))
                 continue
             if i < len(inputs):
                 t = kargs.get(i)

@@ -314,3 +314,19 @@ def test_the_readmes_on_cpu_example_runs_as_shown():
     a, b = (scope[n].astype(np.float32) for n in "ab")
     np.testing.assert_allclose(np.asarray(scope["out"], np.float32), np.maximum(a @ b, 0),
                                rtol=2e-2, atol=5e-2)
+
+
+def test_an_aliased_output_is_the_inputs_bytes_read_as_its_own_type():
+    from smalti.emulate.capture import prebuilt_modules
+    from smalti.emulate.runner import Program
+
+    kernel = lane_kernel(inout=True)
+    x, y = normal((128,)), normal((128,))
+    [module] = prebuilt_modules(jax.make_jaxpr(kernel)(x, y))
+    out, updated = Program(module).run([x, y], [((128,), np.float32), ((128,), np.int32)],
+                                       aliases={1: 1})
+    np.testing.assert_array_equal(out, x + y)
+    np.testing.assert_array_equal(updated, (y * y).view(np.int32))
+    with pytest.raises(emu.EmulationError, match="aliases input 1 of another size"):
+        Program(module).run([x, y], [((128,), np.float32), ((64,), np.float32)],
+                            aliases={1: 1})
