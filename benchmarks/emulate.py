@@ -20,6 +20,11 @@ lowers. Columns:
 * ``(3) jax``: jax's GPU interpret mode
   (``plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams())``);
 * ``(4) +races``: the same with ``detect_races=True``, and ``(4)/(2)``;
+* ``(5) on_cpu``: the same jitted function as (3) and (4), its kernels run on
+  the emulator with the checker (``smalti.emulate.on_cpu``), and ``(4)/(5)``:
+  warm calls on both sides -- the first call lowered the kernels and
+  compiled them for the emulator once, so a timed call only runs them, as a
+  timed call of (4) only interprets;
 * ``cold: lower+(2)``, ``(4) 1st call``, ``ratio``: checking a kernel once,
   as a test suite does -- smalti's lowering plus the first checked emulation
   against jax's first call with ``detect_races=True`` (tracing, lowering and
@@ -76,6 +81,8 @@ S = jax.ShapeDtypeStruct
 
 # The emulator's synchronization checker, where this emulator has one.
 HAS_CHECKER = "sanitize" in inspect.signature(run_module).parameters
+# The execution mode, where this emulator has one.
+HAS_ON_CPU = hasattr(smalti_emulate, "on_cpu")
 
 
 def count_ops(module) -> int:
@@ -467,6 +474,23 @@ def jax_run(case: Case, detect_races: bool, reports: dict[str, int]) -> Callable
     return go
 
 
+def on_cpu_run(case: Case, reports: dict[str, int]) -> Callable[[], None]:
+    """A call of ``case.jax_fn``, jitted, under ``smalti.emulate.on_cpu``: the
+    first call lowers its kernels and compiles them for the emulator, later
+    ones only run them, checker on (races counted, not raised)."""
+    compiled = jax.jit(case.jax_fn)
+
+    def go() -> None:
+        with warnings.catch_warnings(record=True) as caught, \
+                smalti_emulate.on_cpu(case.arch, on_race="warn", on_uninitialized="ignore"):
+            warnings.simplefilter("always")
+            jax.block_until_ready(compiled(*case.jax_args))
+        races = sum(type(w.message).__name__ == "RaceWarning" for w in caught)
+        if races:
+            reports["races"] = max(reports.get("races", 0), races)
+    return go
+
+
 def warm_up_jax() -> None:
     """The process's first interpret-mode calls pay once for what the later
     ones reuse (the second call of the first kernel still took ~0.1 s, the
@@ -512,6 +536,7 @@ class Row:
     jax: Figure = ""  # (3)
     jax_races: Figure = ""  # (4)
     jax_races_cold: Figure = ""  # (4) on its first call: tracing and compiling included
+    on_cpu: Figure = ""  # (5)
     reports: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -548,16 +573,21 @@ def measure(case: Case, repeat: int) -> Row:
         row.jax = row.jax_races = "n/a"
         return row
     runs = [jax_run(case, False, row.reports), jax_run(case, True, row.reports)]
+    if HAS_ON_CPU:
+        runs.append(on_cpu_run(case, row.reports))
     warm = fastest(runs, 1)  # traces, lowers and compiles each for its mode
     row.jax_races_cold = warm[1]
-    row.jax, row.jax_races = (w if isinstance(w, BaseException) else t
-                              for w, t in zip(warm, fastest(runs, repeat)))
+    figures = [w if isinstance(w, BaseException) else t
+               for w, t in zip(warm, fastest(runs, repeat))]
+    row.jax, row.jax_races = figures[:2]
+    row.on_cpu = figures[2] if HAS_ON_CPU else "n/a"
     return row
 
 
 COLUMNS = [("kernel", 48), ("ops", 6), ("lower s", 8), ("emulate s", 10), ("(1) emu", 9),
            ("(2) +check", 11), ("(2)/(1)", 8), ("(3) jax", 9), ("(4) +races", 11),
-           ("(4)/(2)", 8), ("cold: lower+(2)", 16), ("(4) 1st call", 13), ("ratio", 6)]
+           ("(4)/(2)", 8), ("(5) on_cpu", 11), ("(4)/(5)", 8), ("cold: lower+(2)", 16),
+           ("(4) 1st call", 13), ("ratio", 6)]
 
 
 def _cell(value: Figure, prefix: str, mark: bool = False) -> str:
@@ -593,7 +623,8 @@ def format_row(row: Row) -> str:
     else:
         tail = [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[7:], [
             _cell(row.jax, "jax"), _cell(row.jax_races, "jax", jax_races),
-            _ratio(row.jax_races, row.checked), _cell(row.checked_cold, "emu"),
+            _ratio(row.jax_races, row.checked), _cell(row.on_cpu, "emu", emu_races),
+            _ratio(row.jax_races, row.on_cpu), _cell(row.checked_cold, "emu"),
             _cell(row.jax_races_cold, "jax"), _ratio(row.jax_races_cold, row.checked_cold)])]
     out = [f"{cells[0]:{COLUMNS[0][1]}s}"]
     out += [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[1:7], cells[1:])]
@@ -621,7 +652,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     checker = "" if HAS_CHECKER else " (n/a: this emulator has none)"
     print(f"seconds, fastest of {args.repeat} after a warm-up; (1) the emulator, (2) with its "
           f"synchronization checker{checker};\n(3) jax's GPU interpret mode, (4) with "
-          "detect_races=True; ! = races reported; lowering not included;\ncold: checking a "
+          "detect_races=True; (5) the same jitted calls with kernels on the emulator and its "
+          "checker\n(smalti.emulate.on_cpu); ! = races reported; lowering not included;\n"
+          "cold: checking a "
           "kernel once -- smalti's lowering plus its first checked emulation, against jax's "
           "first call of (4) (tracing and compiling included)")
     warm_up_jax()

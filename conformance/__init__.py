@@ -23,6 +23,12 @@ How it works:
    figures against the expected list and the expected tests that did not
    pass, with why.
 
+With ``--emulate[=ARCH]`` the runner takes jax's GPU tests (tests that run
+kernels and check their numbers, e.g. ``tests/mosaic/gpu_test.py``) to the
+CPU: the process pretends to have that GPU (:mod:`smalti.emulate.pretend`)
+and every kernel the tests launch runs on smalti's emulator; ``--timeout``
+stops a test that runs too long (the emulator is slow on large shapes).
+
 With smalti's default settings: no test-specific code exists in smalti; the
 runner's only knowledge of the tests is the three facts above. This package
 is the one place outside the tests where smalti references jax's
@@ -33,6 +39,7 @@ them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -64,6 +71,8 @@ def format_result(result: Result, *, out: TextIO, shown: int = 40) -> None:
     if fallbacks:
         print(f"\n{fallbacks} tests used a rule outside its architecture range "
               "(SM002 warnings, as jax does not check the architecture)", file=out)
+    if not has_list:
+        _print_failure_reasons(result, out=out, shown=shown)
     missing = result.expected_not_passing
     if has_list and missing:
         print(f"\nexpected to pass, did not ({len(missing)}):", file=out)
@@ -75,19 +84,45 @@ def format_result(result: Result, *, out: TextIO, shown: int = 40) -> None:
             print(f"  ... and {len(missing) - shown} more", file=out)
 
 
+_WHERE = re.compile(r" at (loc\(.*?\)|\S+:\d+)|0x[0-9a-f]+")
+
+
+def _print_failure_reasons(result: Result, *, out: TextIO, shown: int) -> None:
+    """Without a list of expected tests: the failures grouped by why (the
+    reason's first line, without source locations), most frequent first."""
+    reasons: dict[str, int] = {}
+    for outcome in result.outcomes.values():
+        if outcome.outcome == "failed":
+            why = _WHERE.sub("", outcome.reason)[:160]
+            reasons[why] = reasons.get(why, 0) + 1
+    if not reasons:
+        return
+    print(f"\nwhy tests failed ({sum(reasons.values())}):", file=out)
+    for why, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:shown]:
+        print(f"  {count:>5}  {why}", file=out)
+    if len(reasons) > shown:
+        print(f"  ... and {len(reasons) - shown} more reasons", file=out)
+
+
 def main(paths: Sequence[str], expected_file: str | None, require: int | None,
          pytest_args: Sequence[str], out: TextIO, *, reference: bool = False,
-         write_passing: str | None = None) -> int:
+         write_passing: str | None = None, emulate: tuple[int, int] | None = None,
+         timeout: float | None = None) -> int:
     """``smalti conformance``: 0 if at least ``require`` expected tests passed
     (default: all of them; without a list, if pytest found no failure).
     ``reference``: run under jax's own middle-end; ``write_passing``: write
-    the ids of the tests that passed there (a list for a later run)."""
+    the ids of the tests that passed there (a list for a later run);
+    ``emulate``: run jax's GPU tests on the CPU, their kernels on the
+    emulator as that architecture; ``timeout``: seconds each test may run."""
     expected = read_expected(Path(expected_file)) if expected_file else None
     result = run([Path(p) for p in paths], expected=expected, pytest_args=pytest_args,
-                 reference=reference)
+                 reference=reference, emulate=emulate, timeout=timeout)
     print(file=out)
     print("under jax's own inference and lowering (the reference)" if reference else
           "under smalti's inference and lowering", file=out)
+    if emulate is not None:
+        print(f"on the CPU: kernels run on smalti's emulator as sm_{emulate[0]}{emulate[1]}",
+              file=out)
     format_result(result, out=out)
     if write_passing:
         passed = sorted(t for t, o in result.outcomes.items() if o.outcome == "passed")

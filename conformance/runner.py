@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import signal
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from pytest import hookimpl as pytest_hookimpl
 
 from smalti.records import Fields
 
@@ -181,6 +184,8 @@ class _Collector:
     def __init__(self, drop_in: Any | None) -> None:
         self.drop_in = drop_in
         self.outcomes: dict[str, Outcome] = {}
+        #: tests stopped by the per-test timeout, with it
+        self.timed_out: dict[str, float] = {}
         self._fallbacks = 0
         if drop_in is not None:
             drop_in.on_fallbacks = self._count_fallbacks
@@ -206,10 +211,69 @@ class _Collector:
             if report.failed:
                 crash = getattr(report.longrepr, "reprcrash", None)
                 reason = crash.message if crash is not None else str(report.longrepr)
+                reason = _kernel_error(reason) or reason
+                if test in self.timed_out:
+                    reason = f"timed out after {self.timed_out[test]:g} s"
             elif report.skipped and isinstance(report.longrepr, tuple):
                 reason = str(report.longrepr[2])
             self.outcomes[test] = Outcome(test, report.outcome, reason.splitlines()[0]
                                           if reason else "", self._fallbacks)
+
+
+class TimedOut(Exception):
+    """A test ran past the runner's per-test timeout."""
+
+
+class _Timeout:
+    """A pytest plugin: stops a test's call after ``seconds``, recording it
+    in the collector -- by SIGALRM in the main thread, and by the emulator's
+    deadline (:mod:`smalti.emulate.deadline`) in a kernel's host callback,
+    which runs on a thread of XLA's while the main thread waits where no
+    signal handler can run."""
+
+    def __init__(self, seconds: float, collector: _Collector) -> None:
+        self.seconds = seconds
+        self.collector = collector
+
+    @pytest_hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: Any) -> Any:
+        test = _test_id(item.nodeid)
+
+        def expire(signum: int, frame: Any) -> None:
+            self.collector.timed_out[test] = self.seconds
+            raise TimedOut(f"{test} ran past {self.seconds:g} s")
+
+        from smalti.emulate.deadline import deadline
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        try:
+            with deadline(self.seconds):
+                return (yield)
+        except BaseException as e:
+            if _timed_out(e):
+                self.collector.timed_out[test] = self.seconds
+            raise
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is the emulator's deadline, raised directly or
+    (inside a kernel's host callback) as the message of jax's runtime error."""
+    from smalti.emulate.deadline import DeadlineExceeded
+
+    return isinstance(error, DeadlineExceeded) or "DeadlineExceeded" in str(error)
+
+
+def _kernel_error(message: str) -> str | None:
+    """The emulator's error in the message of a kernel's failed callback."""
+    if "CpuCallback error" not in message:
+        return None
+    from smalti.emulate.cpu_mode import kernel_error
+
+    return kernel_error(message)
 
 
 def _test_id(nodeid: str) -> str:
@@ -219,19 +283,32 @@ def _test_id(nodeid: str) -> str:
 
 
 def run(paths: Sequence[Path], *, expected: list[str] | None = None,
-        pytest_args: Sequence[str] = (), reference: bool = False) -> Result:
+        pytest_args: Sequence[str] = (), reference: bool = False,
+        emulate: tuple[int, int] | None = None, timeout: float | None = None) -> Result:
     """Runs the jax test files in ``paths`` with smalti in place of jax's
     middle-end (``reference``: with jax's own, to see what that jax passes);
-    ``expected``: the test ids that should pass."""
+    ``expected``: the test ids that should pass. ``emulate``: the process
+    pretends to have that GPU and runs the tests' kernels on the emulator
+    (:mod:`smalti.emulate.pretend`); ``timeout``: seconds a test may run."""
     import pytest
 
     from smalti.conformance.drop_in import DropIn
 
     files = test_files(paths)
-    directories = list(dict.fromkeys(f.parent for f in files))
-    with helpers_preloaded(directories), (
+    # The helpers sit beside the test files (jax's tests/mosaic) or one level up
+    # (jax's tests/pallas beside tests/mosaic share them).
+    directories = list(dict.fromkeys(d for f in files for d in (f.parent, f.parent.parent)))
+    gpu: Any = contextlib.nullcontext()
+    if emulate is not None:
+        from smalti.emulate.pretend import pretend_gpu
+
+        gpu = pretend_gpu(emulate)
+    with gpu, helpers_preloaded(directories), (
             contextlib.nullcontext() if reference else DropIn()) as drop_in:
         collector = _Collector(drop_in)
+        plugins: list[Any] = [collector]
+        if timeout:
+            plugins.append(_Timeout(timeout, collector))
         status = pytest.main([*PYTEST_OPTIONS, *pytest_args, *map(str, files)],
-                             plugins=[collector])
+                             plugins=plugins)
     return Result(collector.outcomes, expected, int(status))

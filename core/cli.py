@@ -8,6 +8,8 @@
 - ``smalti conformance PATH...``: jax's own Mosaic GPU tests run with smalti
   in place of jax's inference and lowering, counted against a list of the
   tests expected to pass (:mod:`smalti.conformance`); exit 1 below the target;
+  with ``--emulate[=ARCH]``, jax's GPU tests on the CPU, their kernels on
+  smalti's emulator;
 - ``smalti explain [CODE]``: the long form of an error code.
 
 Exit status: 0 on success, 1 when smalti reports an error in the input kernel
@@ -359,7 +361,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     return conformance.main(args.paths, args.expected, args.require,
                             shlex.split(args.pytest_args), sys.stdout, reference=args.jax,
-                            write_passing=args.write_passing)
+                            write_passing=args.write_passing, emulate=args.emulate,
+                            timeout=args.timeout)
 
 
 # --- smalti explain ----------------------------------------------------------------------
@@ -431,6 +434,14 @@ def make_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--write-passing", metavar="FILE",
                              help="write the ids of the tests that passed to FILE (with --jax: "
                              "the list to check smalti against)")
+    conformance.add_argument("--emulate", metavar="ARCH", nargs="?", const=DEFAULT_ARCH,
+                             type=parse_arch, default=None,
+                             help="run jax's GPU tests on the CPU: the process answers as an "
+                             "NVIDIA GPU of ARCH (default 9.0) and the tests' kernels run on "
+                             "smalti's emulator (write --emulate=ARCH, or put it after the "
+                             "paths)")
+    conformance.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
+                             help="stop (and fail) a test that runs longer than this")
     conformance.add_argument("--pytest-args", metavar="ARGS", default="",
                              help="more pytest options, as one string (e.g. '-x -k tmem')")
     conformance.set_defaults(run=cmd_conformance)

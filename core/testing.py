@@ -14,6 +14,19 @@ plugin's tests get these fixtures without any import or ``conftest.py``:
 - ``smalti_compare(body, in_shapes, out_shapes, pipeline=..., reference=...)``:
   asserts that a pipeline lowers a kernel to the same IR as a reference —
   ``"jax"`` (jax's own middle-end) or another pipeline — and returns the text.
+- ``smalti_emulate(f, *numpy_args, pipeline=None, arch=(9, 0), ...)``: runs
+  ``f`` (one Mosaic GPU kernel call) lowered through a pipeline on smalti's
+  emulator and returns its outputs, its synchronization checked (or, with
+  ``profile=True``, a :class:`smalti.emulate.Profile` of what it costs).
+
+And one command-line switch: ``pytest --smalti-emulate[=ARCH]`` (ARCH as
+``9.0`` or ``sm_100a``; default 9.0) runs the session on the CPU as if it had
+that NVIDIA GPU: every Mosaic GPU kernel the tests launch runs on smalti's
+emulator (:func:`smalti.emulate.set_on_cpu`), and what jax's test utilities
+ask of the device answers as the emulated GPU (:mod:`smalti.emulate.pretend`),
+so a kernel library's GPU tests run in a CPU-only CI job::
+
+    pytest tests/gpu --smalti-emulate=9.0
 
 The same helpers are plain functions here, for use outside fixtures::
 
@@ -159,10 +172,49 @@ def assert_same_lowering(body: Callable[..., None], in_shapes: Sequence[Any],
 # --- the pytest plugin ---------------------------------------------------------------------
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+EMULATE_OPTION = "--smalti-emulate"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("smalti")
+    group.addoption(
+        EMULATE_OPTION, nargs="?", const="9.0", default=None, metavar="ARCH",
+        help="run Mosaic GPU kernels on smalti's emulator, the CPU answering jax's test "
+        "utilities as an NVIDIA GPU of ARCH (e.g. 9.0, sm_100a; default 9.0)")
+
+
+def emulated_arch(value: str) -> tuple[int, int]:
+    """The architecture ``--smalti-emulate=VALUE`` names (a usage error if none)."""
+    import argparse
+
+    from smalti.cli import parse_arch
+
+    try:
+        return parse_arch(value)
+    except argparse.ArgumentTypeError as e:
+        raise pytest.UsageError(
+            f"{EMULATE_OPTION}: {e} (write {EMULATE_OPTION}=ARCH with '=', or put the switch "
+            "after the test paths, so that a path is not taken for it)") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = config.getoption("smalti_emulate", None)
+    if value is None:
+        return
+    from smalti.emulate import pretend
+
+    config.add_cleanup(pretend.start(emulated_arch(value)))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
     from smalti import __version__
 
-    return f"smalti: {__version__} (test kit: smalti.testing)"
+    lines = [f"smalti: {__version__} (test kit: smalti.testing)"]
+    value = config.getoption("smalti_emulate", None)
+    if value is not None:
+        major, minor = emulated_arch(value)
+        lines.append(f"smalti: Mosaic GPU kernels run on the emulator, as sm_{major}{minor}")
+    return lines
 
 
 @pytest.fixture

@@ -69,8 +69,8 @@ from .sync.reports import (Access, BarrierDivergence, Deadlock, MBarrierOverArri
                            Race, RaceError, RaceWarning, UninitializedRead,
                            UninitializedReadWarning, check_policy)
 
-__all__ = ["run", "run_module", "profile", "Profile", "lower", "modelled_ptx", "Unsupported",
-           "EmulationError", "Race",
+__all__ = ["run", "run_module", "profile", "Profile", "lower", "modelled_ptx", "on_cpu",
+           "set_on_cpu", "Unsupported", "EmulationError", "Race",
            "Access",
            "RaceError", "RaceWarning", "UninitializedRead", "UninitializedReadWarning",
            "OutOfBounds", "BarrierDivergence", "MBarrierOverArrival", "Deadlock"]
@@ -162,3 +162,23 @@ def run_module(module: Any, inputs, outputs=None, *, on_race: str | None = None,
     race, uninit = _policies(on_race, on_uninitialized)
     return _run(module, inputs, outputs, on_race=race, on_uninitialized=uninit,
                 sanitize=sanitize)
+
+
+def on_cpu(arch: tuple[int, int] = (9, 0), *, on_race: str | None = None,
+           on_uninitialized: str | None = None, sanitize: bool = True, **kwargs: Any):
+    """A context inside which every Mosaic GPU kernel a jax program launches
+    on the CPU backend runs on the emulator (:mod:`.on_cpu`)."""
+    from .cpu_mode import on_cpu as mode
+
+    return mode(arch, on_race=on_race, on_uninitialized=on_uninitialized, sanitize=sanitize,
+                **kwargs)
+
+
+def set_on_cpu(arch: tuple[int, int] | None = (9, 0), *, on_race: str | None = None,
+               on_uninitialized: str | None = None, sanitize: bool = True,
+               **kwargs: Any) -> None:
+    """:func:`on_cpu` process-wide; ``set_on_cpu(None)`` turns it off."""
+    from .cpu_mode import set_on_cpu as set_mode
+
+    set_mode(arch, on_race=on_race, on_uninitialized=on_uninitialized, sanitize=sanitize,
+             **kwargs)

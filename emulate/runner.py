@@ -1,8 +1,17 @@
-"""Running a captured Lane-level module: host code once, then the launch."""
+"""Running a captured Lane-level module: host code once, then the launch.
+
+:class:`Program` compiles a module once (:mod:`.compiler`) and runs it as
+often as asked, each run on fresh memory. The kernel's buffer table is the
+inputs followed by the outputs, as the ``mosaic_gpu`` custom call passes
+them; an output aliased to an input (``input_output_aliases``) is the same
+buffer as that input, starting with the input's contents. Called with the
+user's arrays only (:func:`smalti.emulate.run`), the buffers jax adds are
+made here: ``mgpu.as_gpu_kernel``'s in-out buffers, Pallas' GMEM scratch and
+an unrequested profiler buffer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,90 +87,146 @@ def _gmem_scratch(kargs: dict[int, irtypes.T], n_in: int, n_out: int) -> tuple[l
             [(tuple(t.shape), t.dtype) for t in profile])
 
 
+class Program:
+    """A Lane-level module compiled once (with the synchronization checker's
+    hooks when ``sanitize``, the profiler's when ``profiled``), run by
+    :meth:`run` on fresh memory each time."""
+
+    def __init__(self, module: Any, *, sanitize: bool = True, profiled: bool = False) -> None:
+        # The compiled steps hold MLIR operations (for locations in reports):
+        # the module must outlive them.
+        self.module = module
+        func = _entry(module)
+        self.kargs = _kernel_args(func)
+        self.sanitize = sanitize
+        self.profiled = profiled
+        comp = Compiler(checked=sanitize, profiled=profiled)
+        self.body = comp.block(func.regions[0].blocks[0])
+        comp.finish()
+        self.nslots = comp.nslots
+
+    def run(self, inputs: Sequence[np.ndarray],
+            outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
+            aliases: Mapping[int, int] | None = None, on_race: str = "raise",
+            on_uninitialized: str = "warn", profiler=None) -> tuple[np.ndarray, ...]:
+        """Runs the kernel on ``inputs``; returns the output buffers, each of
+        the given (shape, dtype) -- by default, the types of the kernel
+        arguments after the inputs. ``aliases`` maps an output's index to the
+        input whose buffer it is. The checker reports by the two policies; a
+        ``profiler`` (:class:`.profiling.Profiler`, with ``profiled``) counts
+        the run."""
+        if profiler is not None and not self.profiled:
+            raise ValueError("a profiler for a Program compiled without profiled=True")
+        kargs = self.kargs
+        aliases = dict(aliases or {})
+        if outputs is None:
+            outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
+                       for i in range(len(inputs), len(kargs))]
+        # With ``aliases`` the buffers are the custom call's, all of them
+        # given; without, the ones jax adds to the user's are made here.
+        inout = 0 if aliases else _inouts(kargs, inputs, outputs)
+        n = len(inputs) + len(outputs) - inout  # the in-out buffers are inputs' regions
+        scratch, profile = ([], []) if aliases else _gmem_scratch(kargs, len(inputs),
+                                                                  len(outputs))
+        launch = Launch()
+        if self.sanitize:
+            launch.sync = Checker(on_race, on_uninitialized)
+        launch.prof = profiler
+        g = launch.memory["global"]
+        regions: list = []
+        for i in range(n):
+            if i >= len(inputs) and i - len(inputs) in aliases:
+                regions.append(_aliased(regions, aliases[i - len(inputs)],
+                                        i - len(inputs), outputs[i - len(inputs)]))
+                continue
+            if i < len(inputs):
+                t = kargs.get(i)
+                arr = np.asarray(inputs[i])
+                if t is not None:
+                    if tuple(arr.shape) != tuple(t.shape):
+                        raise EmulationError(f"input {i} has shape {arr.shape}, the kernel "
+                                             f"wants {t.shape}")
+                    if subbyte.bits_of(arr.dtype) != subbyte.bits_of(t.dtype) or \
+                            not subbyte.bits_of(t.dtype):  # uint4 for an i4 kernel: the same bits
+                        arr = arr.astype(t.dtype)
+                arr = np.ascontiguousarray(arr)
+            else:
+                shape, dt = outputs[i - len(inputs)]
+                arr = np.zeros(shape, dt)
+            # sub-byte arrays are bit-packed in memory, as the GPU holds them
+            data = (subbyte.pack(arr) if subbyte.bits_of(arr.dtype)
+                    else arr.reshape(-1).view(np.uint8))
+            r = g.alloc(data.size, f"kernel argument {i}")
+            r.tracked = True
+            r.data[:data.size] = data
+            regions.append((r, arr.dtype, arr.shape))
+        # Pallas' GMEM scratch (semaphores...): zeroed, an aliased input and
+        # output; a profiler buffer nobody asked for: zeroed, written, dropped
+        extra = []
+        for j, (shape, dt) in enumerate(scratch + profile):
+            r = g.alloc(max(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 1),
+                        f"GMEM scratch {j}" if j < len(scratch) else "profiler buffer")
+            r.tracked = True
+            extra.append(r.base)
+        bases = [r.base for r, _, _ in regions]
+        bases = (bases[:len(inputs)] + extra[:len(scratch)] + bases[len(inputs):]
+                 + extra[:len(scratch)] + extra[len(scratch):])
+        table = g.alloc(8 * len(bases), "kernel argument table")
+        table.data[:8 * len(bases)] = np.array(bases, np.int64).view(np.uint8)
+        regs: list = [None] * self.nslots
+        token_slot, buffers_slot = self.body.args
+        regs[token_slot] = np.asarray(0, np.int64)
+        regs[buffers_slot] = np.asarray(table.base, np.int64)
+        frame = Frame(regs, launch)
+        try:
+            with np.errstate(all="ignore"):
+                self.body.run(frame)
+        except (EmulationError, Unsupported) as e:
+            if launch.sync is not None and launch.sync.races and on_race != "ignore":
+                races = list(launch.sync.races.values())
+                e.add_note(f"before this, the checker found {len(races)} data race(s), which "
+                           "may have caused it:\n" + "\n".join(str(r) for r in races[:3]))
+            raise
+        if launch.sync is not None:
+            launch.sync.finish()
+        out = []
+        returned = regions[len(inputs):] + regions[len(inputs) - inout:len(inputs)]
+        for (r, dt, shape), (_, want) in zip(returned, outputs):
+            if np.dtype(want).itemsize == dt.itemsize and \
+                    subbyte.bits_of(want) == subbyte.bits_of(dt):
+                dt = np.dtype(want)  # the same bits as the caller's type (an in-out u32 for i32)
+            if subbyte.bits_of(dt):
+                out.append(subbyte.unpack(r.data[:subbyte.nbytes(shape, dt)], dt, shape))
+                continue
+            out.append(r.data[:_nbytes(shape, dt)].copy().view(dt).reshape(shape))
+        return tuple(out)
+
+
+def _nbytes(shape: tuple, dtype: Any) -> int:
+    """A buffer's size in memory (sub-byte elements packed)."""
+    if subbyte.bits_of(dtype):
+        return subbyte.nbytes(shape, dtype)
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _aliased(regions: list, j: int, index: int, output: tuple) -> tuple:
+    """Output ``index``'s region when it aliases input ``j``: the same bytes,
+    read back as the output's type (jax aliases int32 to uint32, say)."""
+    shape, dt = output
+    r, in_dt, in_shape = regions[j]
+    if _nbytes(shape, dt) != _nbytes(in_shape, in_dt):
+        raise EmulationError(f"output {index} ({shape}, {np.dtype(dt)}) aliases input {j} "
+                             f"of another size ({in_shape}, {in_dt})")
+    return (r, np.dtype(dt), tuple(shape))
+
+
 def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
-               on_race: str = "raise", on_uninitialized: str = "warn", sanitize: bool = True,
+               aliases: Mapping[int, int] | None = None, on_race: str = "raise",
+               on_uninitialized: str = "warn", sanitize: bool = True,
                profiler=None) -> tuple[np.ndarray, ...]:
-    """Runs ``module`` (a Lane-level Mosaic GPU module) on ``inputs``; returns
-    the output buffers, each of the given (shape, dtype) -- by default, the
-    types of the kernel arguments after the inputs. With ``sanitize``, the
-    synchronization checker (:mod:`.sync`) runs beside it and reports by the
-    two policies. A ``profiler`` (:class:`.profiling.Profiler`) counts the run."""
-    func = _entry(module)
-    kargs = _kernel_args(func)
-    if outputs is None:
-        outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
-                   for i in range(len(inputs), len(kargs))]
-    inout = _inouts(kargs, inputs, outputs)
-    n = len(inputs) + len(outputs) - inout  # the in-out buffers are inputs' regions
-    scratch, profile = _gmem_scratch(kargs, len(inputs), len(outputs))
-    comp = Compiler(checked=sanitize, profiled=profiler is not None)
-    body = comp.block(func.regions[0].blocks[0])
-    comp.finish()
-    launch = Launch()
-    if sanitize:
-        launch.sync = Checker(on_race, on_uninitialized)
-    launch.prof = profiler
-    g = launch.memory["global"]
-    regions = []
-    for i in range(n):
-        if i < len(inputs):
-            t = kargs.get(i)
-            arr = np.asarray(inputs[i])
-            if t is not None:
-                if tuple(arr.shape) != tuple(t.shape):
-                    raise EmulationError(f"input {i} has shape {arr.shape}, the kernel wants {t.shape}")
-                if subbyte.bits_of(arr.dtype) != subbyte.bits_of(t.dtype) or \
-                        not subbyte.bits_of(t.dtype):  # uint4 for an i4 kernel: the same bits
-                    arr = arr.astype(t.dtype)
-            arr = np.ascontiguousarray(arr)
-        else:
-            shape, dt = outputs[i - len(inputs)]
-            arr = np.zeros(shape, dt)
-        # sub-byte arrays are bit-packed in memory, as the GPU holds them
-        data = subbyte.pack(arr) if subbyte.bits_of(arr.dtype) else arr.reshape(-1).view(np.uint8)
-        r = g.alloc(data.size, f"kernel argument {i}")
-        r.tracked = True
-        r.data[:data.size] = data
-        regions.append((r, arr.dtype, arr.shape))
-    # Pallas' GMEM scratch (semaphores...): zeroed, an aliased input and output;
-    # a profiler buffer nobody asked for: zeroed, written, dropped
-    extra = []
-    for j, (shape, dt) in enumerate(scratch + profile):
-        r = g.alloc(max(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 1),
-                    f"GMEM scratch {j}" if j < len(scratch) else "profiler buffer")
-        r.tracked = True
-        extra.append(r.base)
-    bases = [r.base for r, _, _ in regions]
-    bases = (bases[:len(inputs)] + extra[:len(scratch)] + bases[len(inputs):]
-             + extra[:len(scratch)] + extra[len(scratch):])
-    table = g.alloc(8 * len(bases), "kernel argument table")
-    table.data[:8 * len(bases)] = np.array(bases, np.int64).view(np.uint8)
-    regs: list = [None] * comp.nslots
-    token_slot, buffers_slot = body.args
-    regs[token_slot] = np.asarray(0, np.int64)
-    regs[buffers_slot] = np.asarray(table.base, np.int64)
-    frame = Frame(regs, launch)
-    try:
-        with np.errstate(all="ignore"):
-            body.run(frame)
-    except (EmulationError, Unsupported) as e:
-        if launch.sync is not None and launch.sync.races and on_race != "ignore":
-            races = list(launch.sync.races.values())
-            e.add_note(f"before this, the checker found {len(races)} data race(s), which may "
-                       "have caused it:\n" + "\n".join(str(r) for r in races[:3]))
-        raise
-    if launch.sync is not None:
-        launch.sync.finish()
-    out = []
-    returned = regions[len(inputs):] + regions[len(inputs) - inout:len(inputs)]
-    for (r, dt, shape), (_, want) in zip(returned, outputs):
-        if np.dtype(want).itemsize == dt.itemsize and \
-                subbyte.bits_of(want) == subbyte.bits_of(dt):
-            dt = np.dtype(want)  # the same bits as the caller's type (an in-out u32 for i32)
-        if subbyte.bits_of(dt):
-            out.append(subbyte.unpack(r.data[:subbyte.nbytes(shape, dt)], dt, shape))
-            continue
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        out.append(r.data[:nbytes].copy().view(dt).reshape(shape))
-    return tuple(out)
+    """Compiles ``module`` (a Lane-level Mosaic GPU module) and runs it once
+    (see :meth:`Program.run`)."""
+    return Program(module, sanitize=sanitize, profiled=profiler is not None).run(
+        inputs, outputs, aliases=aliases, on_race=on_race, on_uninitialized=on_uninitialized,
+        profiler=profiler)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .deadline import check as check_deadline
 from .sync.clocks import SyncPoint
 from .sync.reports import Deadlock
 
@@ -115,6 +116,7 @@ class Scheduler:
                 task = self._next(k)
                 if task is None:
                     break
+                check_deadline(f"a switch to {task.name}")
                 k = self.tasks.index(task)
                 self.current = task
                 self.switches += 1

@@ -11,6 +11,7 @@ from collections import deque
 import numpy as np
 
 from ..compiler import REGIONS, Op, Step, rule
+from ..deadline import check as check_deadline
 from ..errors import EmulationError, Unsupported
 from ..sync.reports import BarrierDivergence, Deadlock
 from ..machine import Block, Cluster, Frame, uniform
@@ -89,6 +90,7 @@ def launch(o: Op) -> Step:
             (kx * cdim[0], ky * cdim[1], kz * cdim[2]) for kz in range(ncl[2])
             for ky in range(ncl[1]) for kx in range(ncl[0]))
         while unlaunched:
+            check_deadline(f"gpu.launch at {loc}")
             first = unlaunched.popleft()
             kx, ky, kz = (f // c for f, c in zip(first, cdim))
             cl = Cluster((kx, ky, kz), cdim, ncl)

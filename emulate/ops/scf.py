@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..compiler import REGIONS, Op, Step, rule
+from ..deadline import check as check_deadline
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from ._util import thread_axis
@@ -32,6 +33,7 @@ def for_(o: Op) -> Step:
     outs = o.outs
     vranks = [t.vrank for t in o.out_types]
     loc = o.loc
+    here = f"scf.for at {loc}"  # for the deadline's message
     idt = o.in_types[0].dtype
 
     def step(fr: Frame) -> None:
@@ -44,6 +46,7 @@ def for_(o: Op) -> Step:
         vals = [r[i] for i in inits]
         if lo is not None:
             for i in range(int(lo), int(hi), int(s)):
+                check_deadline(here)
                 r[iv] = np.asarray(i, idt)
                 for a, v in zip(carried, vals):
                     r[a] = v
@@ -63,6 +66,7 @@ def for_(o: Op) -> Step:
         base = np.ones(fr.T, bool) if saved is None else saved
         vals = [r[i] for i in inits]
         for k in range(int(trips[base].max(initial=0))):
+            check_deadline(here)
             go = base & (k < trips)
             fr.mask = go
             r[iv] = (lo + k * s).astype(idt)
@@ -147,6 +151,7 @@ def while_(o: Op) -> Step:
     inits, outs = o.ins, o.outs
     vranks = [t.vrank for t in o.out_types]
     loc = o.loc
+    here = f"scf.while at {loc}"  # for the deadline's message
 
     def step(fr: Frame) -> None:
         r = fr.regs
@@ -155,6 +160,7 @@ def while_(o: Op) -> Step:
         left: np.ndarray | None = None  # threads that left, once the condition diverged
         results: list = [None] * len(outs)
         while True:
+            check_deadline(here)
             for a, v in zip(before.args, vals):
                 r[a] = v
             before.run(fr)

@@ -1,4 +1,4 @@
-"""benchmarks/emulate.py: its quick mode runs and prints all four timings."""
+"""benchmarks/emulate.py: its quick mode runs and prints all five timings."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import re
 from benchmarks import emulate
 
 
-def test_quick_mode_prints_the_four_timings_and_both_ratios_per_kernel(capsys):
+def test_quick_mode_prints_the_five_timings_and_their_ratios_per_kernel(capsys):
     emulate.main(["--quick", "--repeat", "1"])
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("kernel"))
     for title in ("ops", "lower s", "emulate s", "(1) emu", "(2) +check", "(2)/(1)",
-                  "(3) jax", "(4) +races", "(4)/(2)"):
+                  "(3) jax", "(4) +races", "(4)/(2)", "(5) on_cpu", "(4)/(5)"):
         assert title in lines[head]
     rows = {name: line[len(name):].split() for line in lines[head + 1:]
             for name in emulate.QUICK if line.startswith(name)}
@@ -27,6 +27,8 @@ def test_quick_mode_prints_the_four_timings_and_both_ratios_per_kernel(capsys):
     assert re.fullmatch(r"\d+\.\dx|-", cells[5])  # (2)/(1)
     assert cells[6].startswith("jax:") or (re.fullmatch(figure, cells[6])
                                             and re.fullmatch(figure, cells[7]))
+    if not cells[6].startswith("jax:"):  # (4)/(2), then the execution mode's warm call
+        assert re.fullmatch(figure, cells[9]) and re.fullmatch(r"\d+\.\dx", cells[10])
     # A kernel only smalti lowers: nothing for jax to interpret.
     assert " ".join(rows["smalti: keep_dims mean (128, 128)"]).endswith("n/a (no jax function)")
 

@@ -225,7 +225,7 @@ def test_the_readme_explains_every_environment_variable():
 
 def test_the_readmes_emulator_example_runs_as_shown():
     text = README.read_text()
-    section = text[text.index("## Run a kernel on the CPU"):]
+    section = text[text.index("## Run kernels and their tests on the CPU"):]
     code = section[section.index("```python") + len("```python"):]
     code = code[:code.index("```")]
     scope: dict = {}
