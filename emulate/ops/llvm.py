@@ -160,12 +160,14 @@ def store(o: Op) -> Step:
 
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
+        # the checker tells an unordered write of the bytes already there
+        overwritten = None if fr.sync is None else fr.mem[space].load(addr, dt, fr.mask, loc)
         fr.mem[space].store(addr, fr.regs[v], dt, fr.mask, loc)
         if fr.prof is not None:
             fr.prof.access(fr, space, addr, len(vshape), dt.itemsize, True, site)
         if fr.sync is not None:
             fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, True, site,
-                                  values=np.asarray(fr.regs[v], dt))
+                                  values=np.asarray(fr.regs[v], dt), overwritten=overwritten)
     return step
 
 

@@ -55,16 +55,19 @@ def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None)
                           "addresses sub-byte elements a byte apart over packed data; load "
                           "and store them through pointers, as jax does)", loc)
     space = fr.mem[m.space]
+    overwritten = None
     if values is None:
         out = space.load(addrs, m.dtype, fr.mask, loc)
     else:
+        if fr.sync is not None:  # the checker tells an unordered write of equal bytes
+            overwritten = space.load(addrs, m.dtype, fr.mask, loc)
         space.store(addrs, values, m.dtype, fr.mask, loc)
     if fr.prof is not None:
         fr.prof.access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site)
     if fr.sync is not None:
         written = None if values is None else np.asarray(values, m.dtype)
         fr.sync.thread_access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site,
-                              values=written)
+                              values=written, overwritten=overwritten)
     return None if values is not None else out
 
 

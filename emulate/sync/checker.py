@@ -131,14 +131,18 @@ class Checker:
 
     def thread_access(self, fr, space_name: str, addrs, vrank: int, itemsize: int,
                       is_write: bool, site: OpSite, mask=None, by_warp: bool = False,
-                      values=None, atomic: bool = False) -> None:
+                      values=None, atomic: bool = False, overwritten=None) -> None:
         """Threads of ``fr`` (those active, or in ``mask``) access the elements
         at ``addrs`` (per thread, or the same in each: ``vrank`` trailing dims;
         ``by_warp``: a leading axis of warps, for warp collectives). A write
         passes the ``values`` written (of the element dtype): warps writing
         equal values to a byte in one step are not a race (replicated layouts,
-        which jax stores from every warp). ``atomic``: an atomic access
-        (``red``/``atom``, a strong ``ld``), which races with no other atomic one."""
+        which jax stores from every warp). A write that also passes the values
+        it ``overwritten`` (read before the store, shaped as ``values``) is
+        not a race with an unordered earlier write whose bytes it leaves as
+        they were: no order of the two changes what any read can see.
+        ``atomic``: an atomic access (``red``/``atom``, a strong ``ld``), which
+        races with no other atomic one."""
         a = np.asarray(addrs, np.int64)
         lead = fr.block.warp_rows[::32] if by_warp else fr.block.warp_rows
         if a.ndim == vrank:
@@ -149,27 +153,34 @@ class Checker:
             urows = lead[::1 if by_warp else 32]
             shape = a.shape
             a = a.reshape(-1)
-            written = None if values is None else \
-                (lambda: np.broadcast_to(values, shape).reshape(-1))
+
+            def flat(x):
+                return None if x is None else (lambda: np.broadcast_to(x, shape).reshape(-1))
             if a.size:
                 self._thread_cells(fr.mem[space_name], a, Warps(urows, a.size // urows.size),
-                                   itemsize, is_write, site, written, atomic)
+                                   itemsize, is_write, site, flat(values), atomic,
+                                   flat(overwritten))
             return
         v = None if values is None else np.broadcast_to(values, a.shape)
+        o = None if overwritten is None else np.broadcast_to(overwritten, a.shape)
         rows = np.broadcast_to(lead.reshape((lead.size,) + (1,) * (a.ndim - 1)), a.shape)
         if m is not None:
             full = _full_mask(np.asarray(m), a.shape)
             a, rows = a[full], rows[full]
             v = None if v is None else v[full]
+            o = None if o is None else o[full]
         else:
             a, rows = a.reshape(-1), rows.reshape(-1)
             v = None if v is None else v.reshape(-1)
+            o = None if o is None else o.reshape(-1)
+
+        def part(x, sel):
+            return None if x is None else (lambda: x if sel is None else x[sel])
         for space, local, sel in self.spaces(fr, space_name, a):
             r = rows if sel is None else rows[sel]
-            vs = v if v is None or sel is None else v[sel]
             if r.size:
                 self._thread_cells(space, local, Warps(np.unique(r), rows=r), itemsize, is_write,
-                                   site, None if vs is None else (lambda vs=vs: vs), atomic)
+                                   site, part(v, sel), atomic, part(o, sel))
 
     def spaces(self, fr, space_name: str, a: np.ndarray):
         """(space, addresses in it, which of ``a``) of addresses in ``space_name``;
@@ -187,9 +198,11 @@ class Checker:
     def _thread_cells(self, space: Space, a: np.ndarray, who: Warps, itemsize: int,
                       is_write: bool, site: OpSite,
                       values: Callable[[], np.ndarray] | None = None,
-                      atomic: bool = False) -> None:
+                      atomic: bool = False,
+                      overwritten: Callable[[], np.ndarray] | None = None) -> None:
         """A thread access of elements ``a`` of ``space``; a write's ``values``
-        (flat, made on demand: they matter only where warps overlap)."""
+        and the ``overwritten`` ones (flat, made on demand: they matter only
+        where warps overlap or an earlier write is unordered)."""
         # the memory op found every element in one buffer: the first one's
         region = space.find(int(a[0]), int(a[0]) + itemsize, site.location)
         if not region.tracked:
@@ -207,11 +220,18 @@ class Checker:
         if atomic:  # several warps' atomics on one cell in a step: each applied, no race
             self.sites.atomic[sites] = True
         who.overlap = is_write and not atomic and self._overlapping(site, region, off, who)
+        def cell_bytes(x: Callable[[], np.ndarray]) -> np.ndarray:
+            return np.ascontiguousarray(x()).view(np.uint8).reshape(off.size, -1)
         written = None
         if who.overlap and values is not None:  # the bytes each cell's writer wrote
-            written = np.ascontiguousarray(values()).view(np.uint8).reshape(off.size, -1)
+            written = cell_bytes(values)
+        unchanged = None
+        if values is not None and overwritten is not None:
+            def unchanged(cells: np.ndarray) -> np.ndarray:
+                new = written if written is not None else cell_bytes(values)
+                return (new[cells] == cell_bytes(overwritten)[cells]).all(1)
         self._check(region, space_kind(space), off, sites, who, None, is_write, False, written,
-                    atomic)
+                    atomic, unchanged)
 
     def _site_table(self, site: OpSite, urows: np.ndarray, is_write: bool) -> np.ndarray:
         """Site ids of ``site`` executed by each warp of ``urows`` now, by
@@ -363,6 +383,7 @@ class Checker:
         bad = S.time[writes] > fenced[np.maximum(comp, 0)]
         for k in np.flatnonzero(comp < 0):
             members = S.members[int(writes[k])]
+            members = members[members >= self.first_site]  # earlier clusters': never ordered
             bad[k] = bool((S.time[members] > fenced[S.component[members]]).any())
         return bad
 
@@ -375,12 +396,14 @@ class Checker:
     def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
                who: Warps | None, view: np.ndarray | None, is_write: bool,
                proxy_read: bool, written: np.ndarray | None = None,
-               atomic: bool = False) -> None:
+               atomic: bool = False,
+               unchanged: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """Checks an access of cells ``off`` of ``region``'s shadow (each by site
         ``sites``) against the shadow, reports conflicts, records it. A
         thread access says ``who`` made each cell (their clock rows, which
         are also their components); an asynchronous unit's is seen from
-        ``view``, its issuer's clock."""
+        ``view``, its issuer's clock. ``unchanged`` (a write's): which of
+        the cells selected it leaves holding the bytes they held."""
         sh = region.shadow
         S = self.sites
         w = sh.write[off]
@@ -391,9 +414,18 @@ class Checker:
         ok = self._ordered_cells(w, who, view, need_all=is_write)
         if ok is not None and atomic:  # atomics never race with each other
             ok = ok | S.atomic[w]
+        benign = None
         if ok is not None and not ok.all():
             bad = ~ok
-            self._race(region, space, w[bad], sites[bad], off[bad])
+            if is_write and unchanged is not None:
+                # an unordered write of the bytes already there: whichever
+                # lands last, memory holds the same: no read can tell
+                same = np.zeros(bad.shape, bool)
+                same[bad] = unchanged(bad)
+                if same.any():
+                    benign, bad = same, bad & ~same
+            if bad.any():
+                self._race(region, space, w[bad], sites[bad], off[bad])
         if proxy_read:
             gen = w != 0
             if ok is not None:
@@ -421,6 +453,8 @@ class Checker:
             sh.write[off] = sites
             if who is not None and who.overlap:
                 self._same_op_writes(sh, region, space, off, sites, who.rows(), written)
+            if benign is not None:
+                self._equal_writes(sh, off[benign], w[benign], sh.write[off[benign]])
             return
         # each component's reads go in its column
         if who is None:  # an asynchronous unit: one component
@@ -500,6 +534,27 @@ class Checker:
                      f"{', '.join(str(self.clocks.names[r].rsplit(' ', 1)[1]) for r in members)}")
             g = self.sites.add_group(table[list(members)], (first[0], agent, True))
             sh.write[np.asarray(at)] = g
+
+    def _equal_writes(self, sh: Shadow, off: np.ndarray, earlier: np.ndarray,
+                      later: np.ndarray) -> None:
+        """Cells ``off`` written again, unordered, with the bytes they held:
+        their last write becomes the group of both writers, which (like a
+        replicated store's group) orders before a read once one of its
+        writes does and before a write only once all of them do."""
+        S = self.sites
+        keys = earlier.astype(np.int64) << 32 | later.astype(np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        for k, key in enumerate(uniq):
+            pair = [int(key >> 32), int(key & 0xFFFFFFFF)]
+            members = np.concatenate([S.members.get(p, np.array([p], np.int32))
+                                      for p in pair]).astype(np.int32)
+            # reported as the earliest write: the one a later writer of the
+            # block that made the last is not ordered after
+            site, agent, _ = S.info[int(members[0])]
+            n = members.size - 1
+            info = (site, f"{agent} (and {n} unordered write{'s' * (n > 1)} of the same "
+                          "bytes)", True)
+            sh.write[off[inv == k]] = S.add_group(members, info)
 
     # --- reports ---------------------------------------------------------------------------
 

@@ -96,6 +96,62 @@ def test_blocks_writing_their_own_rows_do_not_race():
     np.testing.assert_array_equal(got, X * 2)
 
 
+def test_blocks_writing_equal_bytes_to_the_same_gmem_do_not_race():
+    """The racy twin above with every block storing the same rows: whichever
+    store lands last, memory holds the same bytes (a benign race)."""
+    def body(x_ref, o_ref):
+        o_ref[pl.ds(0, 64)] = x_ref[pl.ds(0, 64)] * 2
+    kernel = plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG,
+                          grid=(2,), grid_names=("i",))
+    (got,) = emu.run(kernel, X, on_race="raise")
+    np.testing.assert_array_equal(got[:64], X[:64] * 2)
+
+
+def rewrite_kernel():
+    """Each block stores x, then x + its index: block 1's first store
+    leaves the bytes block 0 left, its second changes them."""
+    def body(x_ref, o_ref):
+        i = lax.axis_index("i")
+        o_ref[...] = x_ref[...]  # equal store
+        o_ref[...] = x_ref[...] + i.astype(jnp.float32)  # changing store
+    return plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG,
+                        grid=(2,), grid_names=("i",))
+
+
+def test_a_write_after_unordered_equal_writes_races_with_the_other_block():
+    """The equal writes' group orders before a write only once all of them
+    do: block 1's changing store races with block 0's last store."""
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(rewrite_kernel(), X)
+    (race,) = err.value.races
+    line = _line(rewrite_kernel, "changing store")
+    assert race.kind == "write-after-write" and race.space == "gmem"
+    assert race.first.location.endswith(f":{line}") and race.second.location.endswith(f":{line}")
+    assert race.first.agent.startswith("block (0, 0, 0)")
+    assert race.second.agent.startswith("block (1, 0, 0)")
+
+
+def test_an_unordered_write_of_equal_bytes_in_smem_is_not_a_race_but_one_of_others_is():
+    """Two warpgroups store to one SMEM buffer without a barrier: the same
+    values (benign), or each its own (a write-after-write race)."""
+    def kernel(equal: bool):
+        def body(x_ref, o_ref, smem):
+            wg = lax.axis_index("wg")
+            val = x_ref[...] if equal else x_ref[...] + wg.astype(jnp.float32)
+            smem[...] = val  # unordered store
+        return plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG,
+                            num_threads=2, thread_name="wg",
+                            scratch_types=[plgpu.SMEM((128, 128), jnp.float32)])
+    emu.run(kernel(True), X, on_race="raise")
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(kernel(False), X)
+    (race,) = err.value.races
+    line = _line(kernel, "unordered store")
+    assert race.kind == "write-after-write" and race.space == "smem"
+    assert race.first.location.endswith(f":{line}") and race.second.location.endswith(f":{line}")
+    assert "warpgroup 0" in race.first.agent and "warpgroup 1" in race.second.agent
+
+
 def test_the_race_report_says_both_sides_and_the_fix():
     with pytest.raises(emu.RaceError) as err:
         emu.run(blocks_kernel(True), X)
