@@ -50,9 +50,8 @@ from types import CodeType
 from jax._src.lib.mlir import ir
 
 import smalti
-from smalti import kernels
-
 from benchmarks.run import SHAPE, SYNTHETIC, _unrolled_wgmma_text, read_ops
+from smalti import kernels
 
 _TOOL = sys.monitoring.PROFILER_ID
 

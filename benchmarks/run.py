@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +42,6 @@ from smalti import kernels
 from smalti.layouts import ATTRIBUTE_NAMES
 
 Body = Callable[..., None]
-T = TypeVar("T")
 SHAPE = jax.ShapeDtypeStruct((128, 128), jnp.float32)
 
 
@@ -148,11 +146,11 @@ def read_ops(module: ir.Module) -> int:
     while stack:
         op = stack.pop()
         count += 1
-        op.name
+        _ = op.name
         for value in op.operands:
-            value.type
+            _ = value.type
         for value in op.results:
-            value.type
+            _ = value.type
         for region in op.regions:
             for block in region.blocks:
                 stack.extend(child.operation for child in block.operations)
@@ -178,7 +176,7 @@ def read_and_infer_times(make_module: Callable[[], ir.Module], repeat: int
     return min(reads), min(infers), ratio_by_turns(infers, reads)
 
 
-def in_order_of_turn(turn: int, first: T, second: T) -> tuple[T, T]:
+def in_order_of_turn[T](turn: int, first: T, second: T) -> tuple[T, T]:
     """Two runs of a turn, each first in every other turn: neither always
     runs right after the other's garbage."""
     return (first, second) if turn % 2 == 0 else (second, first)
@@ -275,6 +273,7 @@ def _unrolled_wgmma_text(steps: int) -> str:
     the module smalti receives before inference (textual)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
+
     import smalti.jax
 
     def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, barrier):
@@ -376,12 +375,12 @@ def floor_times(text: str, repeat: int) -> list[float]:
         writes = iter(plan)
 
         def visit(op: ir.Operation) -> ir.WalkResult:
-            op.name
+            _ = op.name
             operands, results = op.operands, op.results
             for index in range(len(operands)):
-                operands[index].type
+                _ = operands[index].type
             for index in range(len(results)):
-                results[index].type
+                _ = results[index].type
             attributes = op.attributes
             for name, attribute in next(writes):
                 attributes[name] = attribute
@@ -476,6 +475,7 @@ def targeting(arch: tuple[int, int]) -> Iterator[None]:
     """Pallas lowers for a GPU of compute capability ``arch`` on this
     machine, which has none: the device's core count and arch are stubbed."""
     import types
+
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jax.extend import backend
 
@@ -530,12 +530,13 @@ def official_cases() -> list[tuple[str, Callable, tuple, tuple[int, int]]]:
 def official_kernels(repeat: int) -> None:
     from jax.experimental.mosaic.gpu import dialect_lowering as jax_lowering  # reference
     from jax.experimental.mosaic.gpu import layout_inference as jax_inference  # reference
+
     import smalti.jax
 
-    print("\nofficial Pallas kernels (fastest of %d lowerings each, smalti's and jax's in "
-          "turns, each first\nin every other turn, the garbage collector kept out of both; "
+    print(f"\nofficial Pallas kernels (fastest of {repeat} lowerings each, smalti's and jax's "
+          "in turns, each first\nin every other turn, the garbage collector kept out of both; "
           "by turns: the median of\nsmalti's lowering over jax's in each turn; ops = "
-          "Warpgroup ops before inference):" % repeat)
+          "Warpgroup ops before inference):")
     widths = [34, 6, 10, 10, 8, 10, 10, 8, 9]
     print(row(["kernel", "ops", "sm infer", "jax infer", "jax/sm", "sm lower", "jax lower",
                "sm/jax", "by turns"], widths))
@@ -586,6 +587,7 @@ def official_kernels(repeat: int) -> None:
 
 def pipeline_cost() -> None:
     from importlib.metadata import entry_points
+
     from smalti.pipeline import BLOCK_ENV
 
     # Plugins of other distributions (the example plugin, in a test

@@ -7,11 +7,15 @@ sm_110), not on sm_120; cluster launch control exists from sm_100 on.
 
 from __future__ import annotations
 
+from smalti.blackwell import cluster_launch_control, mma, smem_to_tmem, tmem
 from smalti.hookspec import hookimpl
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
-from smalti.registry import BLACKWELL_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry
-
-from smalti.blackwell import cluster_launch_control, mma, smem_to_tmem, tmem
+from smalti.registry import (
+    BLACKWELL_AND_LATER,
+    Architectures,
+    ConstraintRegistry,
+    LoweringRegistry,
+)
 
 SMALTI_HOOK_VERSION = 1
 #: Where tcgen05 and tensor memory exist.

@@ -26,9 +26,9 @@ from smalti.blackwell.tmem_layouts import fitting, mma_tmem_layout
 from smalti.blackwell.tmem_refs import check_tmem_operand, tmem_ref_from_ir
 from smalti.constraints import Equal, Excludes, Reduced, TransferableTmem
 from smalti.diagnostics import SmaltiValueError
+from smalti.layouts import SmemTransforms, TmemLayout
 from smalti.refs import tmem_address_cast as address_cast
 from smalti.refs import tmem_layout_from_attribute
-from smalti.layouts import SmemTransforms, TmemLayout
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
 
 _ALIAS_KEY = "smalti.blackwell/slice_tmem alias"

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from jax._src.lib.mlir import ir
 
-Result = TypeVar("Result")
 
-
-def per_context(function: Callable[..., Result]) -> Callable[..., Result]:
+def per_context[Result](function: Callable[..., Result]) -> Callable[..., Result]:
     """Memoizes ``function(key, *args)``, ``key`` an ``ir.Type`` or
     ``ir.Attribute`` and ``args`` hashable, for the context of the latest
     ``key`` only (a key of another context starts the cache afresh)."""

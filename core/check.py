@@ -54,7 +54,7 @@ def _conflicts(discovery: Discovery) -> list[Finding]:
     for record in discovery.records:
         grouped[record.kind, record.key].append(record)
     findings = []
-    for (_, key), group in sorted(grouped.items(), key=lambda item: item[0][1]):
+    for _, group in sorted(grouped.items(), key=lambda item: item[0][1]):
         try:
             discovery.pipeline(group)
         except SmaltiError as e:

@@ -276,7 +276,7 @@ func.func @f(%ref: memref<128xf32, #gpu.address_space<workgroup>>) {
         after="""
 %ref = "mosaic_gpu.slice_smem"() <{offset = 0 : i32}> : () -> memref<128xf32, #gpu.address_space<workgroup>>
 %x = mosaic_gpu.vector_load %ref
-""",
+""",  # noqa: E501 -- MLIR and prose as smalti explain prints them
     ),
     Code(
         "SM104",
@@ -334,11 +334,11 @@ the same shape.
         before="""
 %a = "mosaic_gpu.slice_smem"() <{alias_id = 0 : i64, offset = 0 : i32}> : () -> memref<128x64xf16, ...>
 %b = "mosaic_gpu.slice_smem"() <{alias_id = 0 : i64, offset = 0 : i32}> : () -> memref<64x64xf16, ...>
-""",
+""",  # noqa: E501 -- MLIR and prose as smalti explain prints them
         after="""
 %a = "mosaic_gpu.slice_smem"() <{alias_id = 0 : i64, offset = 0 : i32}> : () -> memref<128x64xf16, ...>
 %b = "mosaic_gpu.slice_smem"() <{alias_id = 1 : i64, offset = 0 : i32}> : () -> memref<64x64xf16, ...>
-""",
+""",  # noqa: E501 -- MLIR and prose as smalti explain prints them
     ),
     Code(
         "SM107",
@@ -397,7 +397,7 @@ GMEM ref has dimensions, a GMEM ref that is not a kernel argument (needed to
 fold it), an index vector that is not 1-D or whose length is not a multiple of 4, or a minor slice length that is not a multiple of 256 bits.
 Reshape the GMEM ref so that the gathered rows come first and are
 contiguous, pad the index vector, or widen the copied rows.
-""",
+""",  # noqa: E501 -- MLIR and prose as smalti explain prints them
         before="""
 mosaic_gpu.async_load %gmem[%rows_vector, %c0] ... slice_lengths = [8, 12] : f32
 """,
@@ -498,7 +498,7 @@ data into TMEM with `async_store_smem_to_tmem` first.
 """,
         before="""
 mosaic_gpu.tcgen05_mma %acc_smem, %a, %b ... : memref<128x128xf32, #gpu.address_space<workgroup>>, ...
-""",
+""",  # noqa: E501 -- MLIR and prose as smalti explain prints them
         after="""
 mosaic_gpu.tcgen05_mma %acc_tmem, %a, %b ... : memref<128x128xf32, #mosaic_gpu.tmem>, ...
 """,

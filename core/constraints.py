@@ -326,7 +326,8 @@ def _reduced(value: Constant, axes: tuple[int, ...], rank: int,
     layout = value.layout
     match layout:
         case fa.WGSplatFragLayout():
-            return RegisterLayout(fa.WGSplatFragLayout(_reduce_shape(layout.shape, axes, keep_dims)))
+            return RegisterLayout(
+                fa.WGSplatFragLayout(_reduce_shape(layout.shape, axes, keep_dims)))
         case fa.WGStridedFragLayout():
             trailing = math.prod(layout.shape[axes[-1] + 1 :])
             if trailing % (layout.vec_size * fa.WARPGROUP_SIZE):

@@ -34,8 +34,12 @@ from jax._src import core as jax_core
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti.diagnostics import (SmaltiError, SmaltiNotImplementedError, SmaltiValueError,
-                                format_location)
+from smalti.diagnostics import (
+    SmaltiError,
+    SmaltiNotImplementedError,
+    SmaltiValueError,
+    format_location,
+)
 
 #: smalti's error class for each built-in class jax's rules raise (others:
 #: a class made on first use, a subclass of SmaltiError and of jax's class).

@@ -51,7 +51,6 @@ from smalti.solver import (
     Unsolvable,
 )
 
-
 TRACE_ENV = "SMALTI_TRACE"
 ADVANCE, SKIP, INTERRUPT = ir.WalkResult.ADVANCE, ir.WalkResult.SKIP, ir.WalkResult.INTERRUPT
 

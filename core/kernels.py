@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax._src.interpreters import mlir as mlir_interpreter
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir, passmanager
-from jax._src.lib.mlir.dialects import arith, math as mlir_math
+from jax._src.lib.mlir.dialects import arith
+from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import launch_context as lc

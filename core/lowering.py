@@ -211,7 +211,8 @@ class _Lowerer:
                          f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"],
                 ) from e
         self.report.ops += 1
-        self.report.ops_per_plugin[record.plugin] = self.report.ops_per_plugin.get(record.plugin, 0) + 1
+        per_plugin = self.report.ops_per_plugin
+        per_plugin[record.plugin] = per_plugin.get(record.plugin, 0) + 1
         if results is RECURSED:
             return
         results = _checked_results(results, record, operation)
@@ -253,7 +254,7 @@ class _Snapshot:
     def __init__(self, module: ir.Module) -> None:
         self.copy: ir.Operation | None = module.operation.clone()
         try:
-            self.copy.parent  # the bindings clone at the caller's insertion point, if any
+            _ = self.copy.parent  # the bindings clone at the caller's insertion point, if any
         except ValueError:  # "Detached operations have no parent": nowhere, as wanted
             pass
         else:
@@ -340,7 +341,8 @@ def _no_warp_semantics(record: RuleRecord, op: ir.Operation) -> SmaltiError:
     )
 
 
-def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation, error: Exception) -> SmaltiError:
+def _rule_failure(kind: type, record: RuleRecord, op: ir.Operation,
+                  error: Exception) -> SmaltiError:
     cls = SmaltiValueError if issubclass(kind, ValueError) else SmaltiNotImplementedError
     attributes = op.attributes
     layouts = {name: str(attributes[name]) for name in

@@ -410,7 +410,8 @@ def _check_hooks(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
             )
 
 
-def _collect(pm: pluggy.PluginManager, name: str, plugin: Any) -> tuple[list[RuleRecord], list[str]]:
+def _collect(pm: pluggy.PluginManager, name: str,
+             plugin: Any) -> tuple[list[RuleRecord], list[str]]:
     """Calls one plugin's registration hooks with registries bound to it."""
     records: list[RuleRecord] = []
     prefixes: list[str] = []
@@ -435,7 +436,7 @@ def _collect(pm: pluggy.PluginManager, name: str, plugin: Any) -> tuple[list[Rul
     return records, prefixes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default_pipeline(autoload: bool, blocked: tuple[str, ...]) -> Pipeline:
     pipeline = build_pipeline(autoload=autoload, block=blocked)
     for problem in pipeline.problems:

@@ -58,7 +58,9 @@ class Architectures(Record):
         return lo is None or hi is None or lo <= hi
 
     def __str__(self) -> str:
-        fmt = lambda a: f"sm_{a[0]}{a[1]}"
+        def fmt(arch: tuple[int, int]) -> str:
+            return f"sm_{arch[0]}{arch[1]}"
+
         if self.minimum is None and self.maximum is None:
             return "any"
         if self.maximum is None:
@@ -93,7 +95,9 @@ class JaxVersions(Record):
             self.before is None or version < self.before)
 
     def __str__(self) -> str:
-        fmt = lambda v: ".".join(map(str, v))
+        def fmt(version: tuple[int, ...]) -> str:
+            return ".".join(map(str, version))
+
         parts = ([f">={fmt(self.since)}"] if self.since is not None else []) + (
             [f"<{fmt(self.before)}"] if self.before is not None else [])
         return "jax " + (",".join(parts) if parts else "any")

@@ -380,7 +380,7 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
         elif space is not None:
             return None
     results = layout_values(op.results)
-    for _, _, ty, space in results:
+    for _, _, _, space in results:
         if space is not REG:
             return None
     # The other sites against a linked operand's type (most are that very

@@ -18,7 +18,6 @@ from smalti.caching import per_context
 from smalti.diagnostics import format_location
 from smalti.layouts import MemorySpace
 
-
 REG = MemorySpace.REG
 
 

@@ -646,7 +646,8 @@ class Solver:
                 merged = c.multiple if merged is None else merge_multiples(merged, c.multiple)
         return merged
 
-    def _candidates(self, roots: list[int], constraints: list[int]) -> Iterator[tuple[int, Constant]]:
+    def _candidates(self, roots: list[int],
+                    constraints: list[int]) -> Iterator[tuple[int, Constant]]:
         ctx = SearchContext(self.arch, self.value_of, self._divides_for)
         deferred: list[tuple[int, Constant]] = []
         for ci in constraints:

@@ -24,7 +24,8 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti import layouts
 from smalti.layouts import SWIZZLES, SmemTransforms
 
-_PLAN_FAILURES = (fa.TxMatrixIneligible, fa.TransferPlanDerivationError, fa.UnsupportedTransferError)
+_PLAN_FAILURES = (fa.TxMatrixIneligible, fa.TransferPlanDerivationError,
+                  fa.UnsupportedTransferError)
 
 
 def smem_transfer_supported(

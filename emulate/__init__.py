@@ -52,8 +52,9 @@ Mosaic GPU's Python pipeline finished with (:mod:`.capture`), and executes it:
 
 WGMMA (:mod:`.ops.wgmma`) reads its SMEM matrix descriptors and register
 fragments as the PTX ISA documents them. Anything not modelled -- an op, an
-inline-PTX string, an intrinsic (tcgen05 included), a memory space -- raises :class:`Unsupported` naming it and
-its location, when execution reaches it. The emulator never guesses.
+inline-PTX string, an intrinsic (tcgen05 included), a memory space -- raises
+:class:`Unsupported` naming it and its location, when execution reaches it.
+The emulator never guesses.
 """
 
 from __future__ import annotations
@@ -65,9 +66,19 @@ import numpy as np
 
 from .errors import EmulationError, Unsupported
 from .profiling import Profile
-from .sync.reports import (Access, BarrierDivergence, Deadlock, MBarrierOverArrival, OutOfBounds,
-                           Race, RaceError, RaceWarning, UninitializedRead,
-                           UninitializedReadWarning, check_policy)
+from .sync.reports import (
+    Access,
+    BarrierDivergence,
+    Deadlock,
+    MBarrierOverArrival,
+    OutOfBounds,
+    Race,
+    RaceError,
+    RaceWarning,
+    UninitializedRead,
+    UninitializedReadWarning,
+    check_policy,
+)
 
 __all__ = ["run", "run_module", "profile", "Profile", "lower", "modelled_ptx", "on_cpu",
            "set_on_cpu", "Unsupported", "EmulationError", "Race",

@@ -49,7 +49,7 @@ def accumulator_use(step: Step, use: str) -> Step:
 class Op:
     """The compile-time view of one op that rules see."""
 
-    def __init__(self, op: Any, comp: "Compiler") -> None:
+    def __init__(self, op: Any, comp: Compiler) -> None:
         self.op = op
         self.name: str = op.name
         self.comp = comp
@@ -89,7 +89,7 @@ class Op:
     def unsupported(self, what: str | None = None) -> Unsupported:
         return Unsupported(what or f"op {self.name}", self.loc)
 
-    def region_block(self, i: int = 0, b: int = 0) -> "BlockProgram":
+    def region_block(self, i: int = 0, b: int = 0) -> BlockProgram:
         return self.comp.block(self.op.regions[i].blocks[b])
 
     def segments(self, name: str = "operandSegmentSizes") -> list[list[int]]:
@@ -169,7 +169,7 @@ class Compiler:
             steps.append(step)
         return BlockProgram(args, steps, term, term_name, term_op)
 
-    def op(self, o: "Op") -> Step:
+    def op(self, o: Op) -> Step:
         fn = RULES.get(o.name)
         if fn is None:
             return _unsupported_step(o.unsupported())

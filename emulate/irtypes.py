@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import ml_dtypes
 import numpy as np
@@ -84,7 +84,7 @@ def _dims_and_elem(body: str) -> list[str]:
     return [*dims, m.group(2) if m else body]
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse(text: str) -> T:
     if text in SCALARS:
         return T(text, "scalar", SCALARS[text], text)

@@ -92,7 +92,7 @@ class Cluster:
         self.size = dims[0] * dims[1] * dims[2]
         self.spaces = [Space("shared", SMEM_BASE) for _ in range(self.size)]
         self.space = ClusterSpace(self.spaces)
-        self.blocks: list["Block"] = []  # by CTA rank
+        self.blocks: list[Block] = []  # by CTA rank
         self.threads = 0  # in every block together
         self.arrived = 0  # threads that arrived at barrier.cluster in this generation
         self.generation = 0
@@ -126,7 +126,8 @@ class Block:
         cluster.blocks.append(self)
         cluster.threads += T
         self.smem = cluster.spaces[rank]
-        self.memory = launch.memory.for_block(self.smem, cluster.space if cluster.size > 1 else None)
+        self.memory = launch.memory.for_block(self.smem,
+                                              cluster.space if cluster.size > 1 else None)
         self.smem_region = self.smem.alloc(max(smem_bytes, 16), f"block {block_id} SMEM")
         self.smem_region.tracked = True
         self.warp_row0 = 0  # the checker's clock row of this block's first warp
@@ -140,7 +141,7 @@ class Block:
         self.named: dict[int, object] = {}
         self.name = f"block {block_id}"
 
-    def group(self, first: int, n: int, name: str) -> "Block":
+    def group(self, first: int, n: int, name: str) -> Block:
         """The view of threads [first, first + n) of this block: their own ids,
         the block's SMEM, mbarriers and scheduler."""
         g = copy.copy(self)
@@ -166,10 +167,11 @@ class Block:
         for r in self.scratch:
             self.launch.memory["global"].free(r)
 
-    def peer(self, rank: int, where: str) -> "Block":
+    def peer(self, rank: int, where: str) -> Block:
         """The block of CTA rank ``rank`` in this block's cluster."""
         if not 0 <= int(rank) < self.cluster.size:
-            raise EmulationError(f"CTA rank {int(rank)} in a cluster of {self.cluster.size} at {where}")
+            raise EmulationError(
+                f"CTA rank {int(rank)} in a cluster of {self.cluster.size} at {where}")
         return self.cluster.blocks[int(rank)]
 
     def remote_barrier(self, addr: int, where: str) -> MBarrier:
@@ -183,7 +185,8 @@ class Block:
         try:
             return self.barriers[int(addr)]
         except KeyError:
-            raise EmulationError(f"mbarrier at SMEM {int(addr):#x} used before mbarrier.init at {where}") from None
+            raise EmulationError(f"mbarrier at SMEM {int(addr):#x} used before mbarrier.init "
+                                 f"at {where}") from None
 
 
 class Frame:

@@ -4,8 +4,9 @@ Spaces: ``global`` (generic addresses: kernel arguments, the TMA descriptor
 parameter block, host-side scratch, per-thread ``alloca``s), ``shared`` (one
 block's SMEM, dynamic shared memory at address 1024: every block has its own
 space at the same addresses) and, in a cluster of several blocks, ``cluster``
-(``shared::cluster``: every block's SMEM, by CTA rank, :class:`ClusterSpace`). Each space holds regions
-(numpy ``uint8`` arrays) at distinct, widely spaced base addresses; an access
+(``shared::cluster``: every block's SMEM, by CTA rank, :class:`ClusterSpace`).
+Each space holds regions (numpy ``uint8`` arrays) at distinct, widely spaced
+base addresses; an access
 must lie within one region and be aligned to its element size, or
 :class:`EmulationError` is raised -- as the GPU would fault."""
 
@@ -100,7 +101,8 @@ class Space:
             raise OutOfBounds(
                 f"{self.name} memory access [{lo:#x}, {hi:#x}) runs past the end of "
                 f"{r.name} [{r.base:#x}, {r.end:#x}) (by {hi - r.end} bytes) at {where}")
-        raise OutOfBounds(f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
+        raise OutOfBounds(
+            f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
 
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
         a = np.asarray(addrs, np.int64)
@@ -218,7 +220,7 @@ class Memory:
     def __init__(self) -> None:
         self.spaces = {"global": Space("global", GLOBAL_BASE), "shared": Space("shared", SMEM_BASE)}
 
-    def for_block(self, shared: Space, cluster: "ClusterSpace | None") -> "Memory":
+    def for_block(self, shared: Space, cluster: ClusterSpace | None) -> Memory:
         """This memory's global space with one block's SMEM (and its cluster's)."""
         m = Memory.__new__(Memory)
         m.spaces = {"global": self.spaces["global"], "shared": shared}

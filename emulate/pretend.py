@@ -80,8 +80,10 @@ def start(arch: Sequence[int] = (9, 0), *, on_race: str | None = None,
     emulator; returns the function that puts everything back."""
     import jax
     import jax._src.lib as jax_lib
-    import jax.experimental.mosaic.gpu  # noqa: F401  (imported without the stand-in: it
-    # would take it for the CUDA extension and look for the runtime beside it)
+
+    # Imported without the stand-in: it would take it for the CUDA extension and
+    # look for the runtime beside it.
+    import jax.experimental.mosaic.gpu  # noqa: F401
     from jax._src import test_util as jtu
     from jax._src import xla_bridge
 

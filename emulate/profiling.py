@@ -64,8 +64,9 @@ load/store instructions (``ldmatrix`` is ``smsp__inst_executed_op_ldsm``,
 ``smalti__tma_bytes_store`` (bytes a TMA store writes to global memory),
 ``smalti__tma_instructions`` (transfers: one per issuing thread, and per
 destination block of a multicast); the non-tensor bulk copies
-(``cp.async.bulk``, also the TMA unit's) count with them. Accesses to per-thread ``alloca``s (which LLVM usually promotes to
-registers) are not global traffic: ``smalti__inst_executed_op_local_ld``/
+(``cp.async.bulk``, also the TMA unit's) count with them. Accesses to
+per-thread ``alloca``s (which LLVM usually promotes to registers) are not
+global traffic: ``smalti__inst_executed_op_local_ld``/
 ``_st`` count them.
 
 **Synchronization.** ``smalti__barrier_warps``: warps executing a block or
@@ -103,7 +104,8 @@ TMA_LOAD, TMA_STORE = "smalti__tma_bytes_load", "smalti__tma_bytes_store"
 TMA_INST = "smalti__tma_instructions"
 LOCAL_LD, LOCAL_ST = "smalti__inst_executed_op_local_ld", "smalti__inst_executed_op_local_st"
 BARRIERS, MBAR_WAITS = "smalti__barrier_warps", "smalti__mbarrier_wait_warps"
-WGMMA, FLOPS, WGMMA_SMEM = "smalti__wgmma_instructions", "smalti__mma_flops", "smalti__wgmma_smem_bytes"
+WGMMA, FLOPS, WGMMA_SMEM = ("smalti__wgmma_instructions", "smalti__mma_flops",
+                             "smalti__wgmma_smem_bytes")
 
 #: the counters every profile has (zero where nothing counted them), in table order
 COUNTERS = (INST, THREAD_INST, SHARED_LD, SHARED_ST, LDSM, STSM, WAVEFRONTS, WAVEFRONTS + "_op_ld",

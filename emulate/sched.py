@@ -30,7 +30,6 @@ from .deadline import check as check_deadline
 from .sync.clocks import SyncPoint
 from .sync.reports import Deadlock
 
-
 MAX_POLLS = 10_000
 
 

@@ -62,9 +62,9 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
 
     ``a`` is (M, K) and ``b`` (N, K), holding values of the ``operands``
     formats (one name for both, or A's and B's: "f16", "bf16", "e4m3",
-    "e5m2"; fp8 follows the f16 rule, unvalidated) in float64, signs already applied; ``acc`` is (M, N) in
-    the accumulator's type (``accumulator``: "f32" or "f16"), or None when
-    the instruction does not add it (scale-d 0). Returns (M, N) in the
+    "e5m2"; fp8 follows the f16 rule, unvalidated) in float64, signs already
+    applied; ``acc`` is (M, N) in the accumulator's type (``accumulator``:
+    "f32" or "f16"), or None when the instruction does not add it (scale-d 0). Returns (M, N) in the
     accumulator's type.
     """
     a = np.asarray(a, np.float64)

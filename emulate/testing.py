@@ -39,7 +39,8 @@ def assert_close_ulp(got: np.ndarray, want: np.ndarray, ulp: int) -> None:
     if got.shape != want.shape:
         raise AssertionError(f"shapes differ: got {got.shape}, want {want.shape}")
     if got.dtype.kind in "iub" or ulp == 0:
-        same = got.view(np.uint8).reshape(-1) == np.asarray(want, got.dtype).view(np.uint8).reshape(-1)
+        want_bytes = np.asarray(want, got.dtype).view(np.uint8).reshape(-1)
+        same = got.view(np.uint8).reshape(-1) == want_bytes
         if not same.all():
             bad = np.flatnonzero(np.asarray(want, got.dtype).reshape(-1) != got.reshape(-1))
             k = bad[:5] if bad.size else np.flatnonzero(~same)[:5]

@@ -23,7 +23,8 @@ from .memory import swizzle
 def descriptor(fr: Frame, ptr: int, where: str) -> TmaDescriptor:
     raw = fr.mem["global"].read_bytes(int(ptr), 16, where).view(np.int64)
     if int(raw[0]) != TMA_MAGIC or int(raw[1]) not in fr.launch.tma:
-        raise EmulationError(f"TMA copy through {int(ptr):#x}, which holds no tensor map, at {where}")
+        raise EmulationError(
+            f"TMA copy through {int(ptr):#x}, which holds no tensor map, at {where}")
     return fr.launch.tma[int(raw[1])]
 
 

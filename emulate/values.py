@@ -33,7 +33,7 @@ class MemRef:
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
-    def with_(self, **kw: Any) -> "MemRef":
+    def with_(self, **kw: Any) -> MemRef:
         return replace(self, **kw)
 
     def as_struct(self) -> tuple:

@@ -9,11 +9,15 @@ only.
 from __future__ import annotations
 
 from smalti.hookspec import hookimpl
-from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
-from smalti.registry import (HOPPER_AND_LATER, Architectures, ConstraintRegistry, LoweringRegistry,
-                             PallasRegistry)
-
 from smalti.hopper import smem_stores, tma, wgmma
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
+from smalti.registry import (
+    HOPPER_AND_LATER,
+    Architectures,
+    ConstraintRegistry,
+    LoweringRegistry,
+    PallasRegistry,
+)
 
 SMALTI_HOOK_VERSION = 1
 SM90_ONLY = Architectures(minimum=(9, 0), maximum=(9, 0))

@@ -196,6 +196,10 @@ def collapsed_gmem(argument_ref: ir.Value, collapse: Collapse) -> ir.Value | Non
     return view
 
 
+def _as_index_value(v: int | ir.Value, index: ir.Type) -> ir.Value:
+    return mgpu_utils.c(v, index) if isinstance(v, int) else v
+
+
 def collapsed_slice(op, collapse: Collapse, rows) -> tuple:
     """The 2-D GMEM slice: the gathered rows, then one run of the row."""
     index = ir.IndexType.get()
@@ -210,8 +214,7 @@ def collapsed_slice(op, collapse: Collapse, rows) -> tuple:
             if isinstance(start, int) and isinstance(term, int):
                 start += term
             else:
-                as_value = lambda v: mgpu_utils.c(v, index) if isinstance(v, int) else v
-                start = arith.addi(as_value(start), as_value(term))
+                start = arith.addi(_as_index_value(start, index), _as_index_value(term, index))
         stride *= collapse.gmem_shape[dim]
     return rows, mgpu_utils.DynamicSlice(start, collapse.row_length)
 

@@ -14,7 +14,14 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Excludes, TransferKind
 from smalti.layouts import smem_transforms_from_attribute
-from smalti.plugins.transfers import JAX_0_11, JAX_0_12, Transfers, store_kind, transferable, unwrap_ref
+from smalti.plugins.transfers import (
+    JAX_0_11,
+    JAX_0_12,
+    Transfers,
+    store_kind,
+    transferable,
+    unwrap_ref,
+)
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 

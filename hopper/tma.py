@@ -22,11 +22,10 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.constraints import Divides, MinorDimDivisibleBy, OneOf
 from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.divisibility import known_gcd
+from smalti.hopper import gathers
 from smalti.layouts import RegisterLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
-
-from smalti.hopper import gathers
 
 # Operand index of the first GMEM index, per op.
 _FIRST_INDEX = {"mosaic_gpu.async_load": 3, "mosaic_gpu.async_store": 2,

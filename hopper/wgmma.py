@@ -9,18 +9,23 @@ from __future__ import annotations
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
+
+# The package re-exports these under the name of their module, which it shadows.
+from jax.experimental.mosaic.gpu import WGMMAAccumulator
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
-# The package re-exports these under the name of their module, which it shadows.
-from jax.experimental.mosaic.gpu import WGMMAAccumulator
 from jax.experimental.mosaic.gpu import wgmma as wgmma_instruction
 
 from smalti.caching import per_context
 from smalti.constraints import Equal, OneOf, Transposed
 from smalti.diagnostics import SmaltiValueError
-from smalti.layouts import MemorySpace, RegisterLayout, SmemTransforms
-from smalti.layouts import smem_transforms_from_attribute
+from smalti.layouts import (
+    MemorySpace,
+    RegisterLayout,
+    SmemTransforms,
+    smem_transforms_from_attribute,
+)
 from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 from smalti.sites import memory_space_of

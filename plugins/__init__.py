@@ -7,8 +7,6 @@ group (see ``pyproject.toml``).
 from __future__ import annotations
 
 from smalti.hookspec import hookimpl
-from smalti.registry import ConstraintRegistry, LoweringRegistry
-
 from smalti.plugins import (
     ampere_mma,
     barriers,
@@ -24,6 +22,7 @@ from smalti.plugins import (
     vector_ops,
     warp_map,
 )
+from smalti.registry import ConstraintRegistry, LoweringRegistry
 
 SMALTI_HOOK_VERSION = 1
 # In registration order. Barriers and hints have no vectors: lowering rules only.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+
 # The package exports a function named `mma` that shadows the module.
 from jax.experimental.mosaic.gpu.mma import MMALayouts
 from jax.experimental.mosaic.gpu.mma import mma as warp_level_mma

@@ -20,8 +20,13 @@ from smalti.constraints import Excludes
 from smalti.diagnostics import SmaltiNotImplementedError
 from smalti.layouts import RegisterLayout
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.rules import (ConstraintBuilder, LoweringContext, default_is_signed,
-                          malformed_op, same_layout)
+from smalti.rules import (
+    ConstraintBuilder,
+    LoweringContext,
+    default_is_signed,
+    malformed_op,
+    same_layout,
+)
 
 Array = fa.FragmentedArray
 
@@ -136,7 +141,7 @@ def register_constraints(registry: ConstraintRegistry) -> None:
 def shared_layout(ctx: LoweringContext, op: ir.OpView) -> ir.Attribute:
     """The single layout shared by an elementwise op's operands and result."""
     [layout] = ctx.out_layouts(op)
-    if any(l != layout for l in ctx.in_layouts(op)):
+    if any(operand != layout for operand in ctx.in_layouts(op)):
         raise ctx.fail(op, "operands and result of an elementwise op must share one layout",
                        in_layouts=str(ctx.in_layouts(op)), out_layouts=str(layout),
                        fix="give every operand the result's layout (re-run infer_layouts)")

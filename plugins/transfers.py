@@ -17,13 +17,12 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Excludes, TransferableSmem, TransferKind
-from smalti.layouts import smem_transforms_from_attribute
+from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
+from smalti.layouts import MemorySpace, smem_transforms_from_attribute
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
 from smalti.registry import ConstraintRegistry, LoweringRegistry
-from smalti.diagnostics import SmaltiNotImplementedError, SmaltiValueError
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
 from smalti.sites import memory_space_of
-from smalti.layouts import MemorySpace
 
 
 def _is_smem(value: ir.Value) -> bool:

@@ -37,11 +37,17 @@ import importlib
 
 from smalti.hookspec import hookimpl
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
-from smalti.registry import (ANY_JAX, ConstraintRegistry, JaxVersions, LoweringRegistry,
-                             PallasRegistry)
-
-from smalti.vocabulary import math_ops
-from smalti.vocabulary import gather_ops  # data movement (movement.py)
+from smalti.registry import (
+    ANY_JAX,
+    ConstraintRegistry,
+    JaxVersions,
+    LoweringRegistry,
+    PallasRegistry,
+)
+from smalti.vocabulary import (
+    gather_ops,  # data movement (movement.py)
+    math_ops,
+)
 
 SMALTI_HOOK_VERSION = 1
 
@@ -246,9 +252,6 @@ def _or_jax(rule):
                 raise refusal from e
 
     call.__name__ = call.__qualname__ = rule.__name__
-    return call
-
-    call.__name__ = call.__qualname__ = name
     return call
 
 

@@ -417,8 +417,8 @@ def estimate_dot_general(ctx, a_aval, b_aval, *, dimension_numbers, precision=No
     out_aval = jax.core.ShapedArray(out_aval.shape, out_aval.dtype)
     if problem(a_aval, b_aval, out_aval) is not None:
         return pallas_lowering.Resources()
-    jaxpr = jax.make_jaxpr(decomposition(out_aval, dimension_numbers))(*(jax.ShapeDtypeStruct(v.shape, v.dtype)
-                                 for v in (a_aval, b_aval))).jaxpr
+    jaxpr = jax.make_jaxpr(decomposition(out_aval, dimension_numbers))(
+        *(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (a_aval, b_aval))).jaxpr
     loop = pallas_lowering._estimate_resources(ctx, jaxpr)
     plan = wgmma_plan(a_aval, b_aval, out_aval, dimension_numbers, precision)
     if plan is None:

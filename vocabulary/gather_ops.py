@@ -24,7 +24,6 @@ stored once per copy, with one value: the duplicates agree.
 from __future__ import annotations
 
 import numpy as np
-
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, memref, scf, vector
 from jax.experimental.mosaic.gpu import fragmented_array as fa

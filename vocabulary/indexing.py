@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 from functools import partial
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

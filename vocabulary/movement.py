@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import core as jax_core
 from jax._src.interpreters import mlir
 from jax._src.lax import lax as lax_internal

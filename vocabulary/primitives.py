@@ -92,7 +92,8 @@ def _dtype(ctx) -> np.dtype:
 def _require_float(ctx, accuracy=None) -> None:
     if accuracy is not None:
         raise refuse(ctx, f"accuracy={accuracy!r} is not supported",
-                     fix="call it without accuracy= (the lowering's bound is in docs/vocabulary.md)")
+                     fix="call it without accuracy= (the lowering's bound is in "
+                         "docs/vocabulary.md)")
     if _dtype(ctx) not in [np.dtype(d) for d in FLOATS]:
         raise refuse(ctx, f"operands of dtype {_dtype(ctx)} are not supported",
                      fix="compute in float32, float16 or bfloat16 (x.astype(jnp.float32))")

@@ -43,11 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core as jax_core
-from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import vector as vector_dialect
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from smalti.vocabulary.indexing import see_through
 from smalti.vocabulary.movement import take

@@ -304,7 +304,8 @@ def _cast(o: Op, fn) -> Step:
 def float_resize(o: Op) -> Step:
     dst = o.out_types[0]
     if dst.elem.startswith("f8") or dst.elem.startswith("f4"):
-        raise o.unsupported(f"{o.name} to {dst.elem} (saturation of the PTX conversion not modelled)")
+        raise o.unsupported(
+            f"{o.name} to {dst.elem} (saturation of the PTX conversion not modelled)")
     if o.has("roundingmode"):
         raise o.unsupported(f"{o.name} with a rounding mode")
     dt = dst.dtype

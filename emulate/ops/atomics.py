@@ -162,7 +162,7 @@ class _Polls:
         self.seen: dict[tuple, tuple[int, int]] = {}
 
 
-_POLLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_POLLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _observe(fr: Frame, key: tuple, value: int, what: str) -> None:

@@ -114,7 +114,8 @@ def cast(o: Op) -> Step:
         if b.kind == "vector" and o.has("layout") and a.kind in ("scalar", "vector"):
             lay = str(o.attr("layout"))
             return lambda fr: fr.regs.__setitem__(out, Bundle((fr.regs[src],), lay))
-    if len(outs) == 1 and outs[0].kind == "vector" and all(t.kind in ("vector", "scalar") for t in ins):
+    if (len(outs) == 1 and outs[0].kind == "vector"
+            and all(t.kind in ("vector", "scalar") for t in ins)):
         (out,) = o.outs
         srcs = o.ins
         lay = str(o.attr_or("layout", ""))

@@ -12,10 +12,10 @@ import numpy as np
 
 from ..compiler import REGIONS, Op, Step, rule
 from ..deadline import check as check_deadline
-from ..errors import EmulationError, Unsupported
-from ..sync.reports import BarrierDivergence, Deadlock
+from ..errors import EmulationError
 from ..machine import Block, Cluster, Frame, uniform
 from ..sched import Scheduler
+from ..sync.reports import BarrierDivergence, Deadlock
 from ..tmem import check_released
 from ..values import MemRef
 

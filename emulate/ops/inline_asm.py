@@ -46,9 +46,19 @@ from ..errors import Unsupported
 from ..machine import Frame, uniform
 from . import ptx_block, wgmma
 from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
-from .nvvm import (bulk_commit, bulk_wait, effective, mbarrier_arrive, mbarrier_init,
-                   per_thread, proxy_fence, tma_load_check, tma_store_check, wgmma_commit,
-                   wgmma_wait)
+from .nvvm import (
+    bulk_commit,
+    bulk_wait,
+    effective,
+    mbarrier_arrive,
+    mbarrier_init,
+    per_thread,
+    proxy_fence,
+    tma_load_check,
+    tma_store_check,
+    wgmma_commit,
+    wgmma_wait,
+)
 
 if TYPE_CHECKING:
     from ..sync.shadow import OpSite
@@ -458,7 +468,8 @@ SCATTER4 = "cp.async.bulk.tensor.2d.global.shared::cta.tile::scatter4.bulk_group
 
 #: jax 0.12's TMA tile copies, as inline PTX (0.11 emits nvvm ops): a load
 #: ``[smem], [desc, {coords}], [bar]`` or a store ``[desc, {coords}], [smem]``.
-TMA_TILE = re.compile(r"cp\.async\.bulk\.tensor\.([1-5])d\.(shared::cta|global)\.(?:global|shared::cta)"
+TMA_TILE = re.compile(r"cp\.async\.bulk\.tensor\.([1-5])d\.(shared::cta|global)"
+                      r"\.(?:global|shared::cta)"
                       r"(?:\.mbarrier::complete_tx::bytes|\.bulk_group)")
 
 

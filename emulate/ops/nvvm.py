@@ -154,11 +154,12 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
     b = fr.need_block("mbarrier.arrive", where)
     addrs = _addrs(fr, addr_slot, m)
     tx = per_thread(fr.regs[tx_slot], fr.T)[m].astype(np.int64) if tx_slot is not None else None
-    cnt = per_thread(fr.regs[count_slot], fr.T)[m].astype(np.int64) if count_slot is not None else None
+    cnt = (per_thread(fr.regs[count_slot], fr.T)[m].astype(np.int64)
+           if count_slot is not None else None)
     if count_const is not None:
         cnt = np.full(int(m.sum()), count_const, np.int64)
     rows = None if fr.sync is None else fr.block.warp_rows[m]
-    for k, a in enumerate(np.unique(addrs)):
+    for a in np.unique(addrs):
         sel = addrs == a
         bar = b.remote_barrier(a, where) if remote else b.barrier(a, where)
         if rows is not None:  # an arrival releases the arriving warps' accesses
@@ -576,7 +577,8 @@ for _n, _f in SREG.items():
         (out,) = o.outs
         dt = o.out_types[0].dtype
         loc = o.loc
-        return lambda fr: fr.regs.__setitem__(out, np.asarray(f(fr.need_block(o.name, loc))).astype(dt))
+        return lambda fr: fr.regs.__setitem__(
+            out, np.asarray(f(fr.need_block(o.name, loc))).astype(dt))
     rule(_n)(_sreg)
 
 

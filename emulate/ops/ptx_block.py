@@ -67,7 +67,8 @@ def _shift(kind: str, bits: int) -> Callable:
         if kind == "shl":
             return np.where(big, U64(0), (a << n) & U64(_mask(bits)))
         if kind == "shr.s":
-            signed = a.astype(np.int64) - ((a >> U64(bits - 1)) & U64(1)).astype(np.int64) * (1 << bits)
+            sign = ((a >> U64(bits - 1)) & U64(1)).astype(np.int64)
+            signed = a.astype(np.int64) - sign * (1 << bits)
             return (signed >> n.astype(np.int64)).astype(U64) & U64(_mask(bits))
         return np.where(big, U64(0), a >> n)
     return shift

@@ -13,7 +13,9 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
 * ``tcgen05.ld/st.sync.aligned.{32x32b,16x64b,16x128b,16x256b}.x{1..128}
   [.pack::16b|.unpack::16b].b32``: by whole warps, each warp at the address
   it gives (which must be the same in its 32 threads), in its own 32-lane
-  slab (``tcgen05.ld.red...32x32b``: also each thread's min/max of its words) (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved at once (a loaded register may be used
+  slab (``tcgen05.ld.red...32x32b``: also each thread's min/max of its
+  words) (:meth:`..tmem.TensorMemory.warp_lanes`); the registers are moved
+  at once (a loaded register may be used
   before ``tcgen05.wait::ld``: ptxas orders register uses, and jax relies on
   it), but for the checker a warp's TMEM loads and stores are asynchronous
   units that complete at its ``tcgen05.wait::ld`` / ``wait::st``.

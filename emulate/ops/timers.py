@@ -22,7 +22,7 @@ from .inline_asm import Instr, ptx_text
 from .nvvm import effective, per_thread
 
 SMS = 132
-_TICKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TICKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def tick(fr: Frame) -> int:

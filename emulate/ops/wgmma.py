@@ -52,9 +52,8 @@ import re
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, tensorcore
 from ..compiler import OWNS, Op, Step, accumulator_use
-from .. import tensorcore
 from ..errors import Unsupported
 from ..machine import Frame, uniform
 from ..memory import swizzle as swizzle_addr

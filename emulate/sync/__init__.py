@@ -48,8 +48,18 @@ Blocks of different clusters are never ordered (no grid-wide
 synchronization is modelled): any conflict between them is a race.
 """
 
-from .reports import (Access, BarrierDivergence, Deadlock, MBarrierOverArrival, OutOfBounds,
-                      Race, RaceError, RaceWarning, UninitializedRead, UninitializedReadWarning)
+from .reports import (
+    Access,
+    BarrierDivergence,
+    Deadlock,
+    MBarrierOverArrival,
+    OutOfBounds,
+    Race,
+    RaceError,
+    RaceWarning,
+    UninitializedRead,
+    UninitializedReadWarning,
+)
 
 __all__ = ["Access", "BarrierDivergence", "Deadlock", "MBarrierOverArrival", "OutOfBounds",
            "Race", "RaceError", "RaceWarning", "UninitializedRead", "UninitializedReadWarning"]

@@ -17,8 +17,14 @@ import numpy as np
 
 from ..memory import CLUSTER_SHIFT, Region, Space, _full_mask
 from .clocks import Clocks, SyncPoint
-from .reports import (Access, Race, RaceError, RaceWarning, UninitializedRead,
-                      UninitializedReadWarning)
+from .reports import (
+    Access,
+    Race,
+    RaceError,
+    RaceWarning,
+    UninitializedRead,
+    UninitializedReadWarning,
+)
 from .shadow import OpSite, Shadow, Sites
 
 MAX_REPORTS = 64  # distinct races (or uninitialized reads) kept per run
@@ -480,7 +486,8 @@ class Checker:
             return False
         rel = off - off[0]
         seen = self._patterns.get(id(site))
-        if seen is not None and seen[0] == (who.per, who.urows.size) and np.array_equal(seen[1], rel):
+        if (seen is not None and seen[0] == (who.per, who.urows.size)
+                and np.array_equal(seen[1], rel)):
             return False
         if self._stamped(region.shadow, off, who):
             return True
@@ -578,7 +585,7 @@ class Checker:
             kind = ("write-after-write" if a.is_write and b.is_write else
                     "read-after-write" if a.is_write else "write-after-read")
             self._keep((kind, space, a.op, a.location, b.op, b.location, unfenced),
-                       lambda: Race(kind, space, a, b, self._fix(f, s, a, b, unfenced)))
+                       lambda: Race(kind, space, a, b, self._fix(f, s, a, b, unfenced)))  # noqa: B023 -- called within _keep
 
     def _keep(self, key: tuple, race: Callable[[], Race]) -> None:
         """One report per pair of ops and lines (``count``: how often hit)."""

@@ -59,7 +59,7 @@ class Clocks:
         rows = np.atleast_1d(rows)
         return self.matrix[rows].max(0) if rows.size > 1 else self.matrix[int(rows[0])].copy()
 
-    def release(self, rows, point: "SyncPoint") -> None:
+    def release(self, rows, point: SyncPoint) -> None:
         """The warps' arrivals at ``point``: their clocks join its pending one,
         then each warp's own time advances (later accesses are after it)."""
         rows = np.atleast_1d(rows)

@@ -4,11 +4,10 @@ import sys
 
 import pytest
 
-from smalti import kernels
-
 from benchmarks import count
 from benchmarks.count import count_instructions, machine_instructions, module_maker
 from benchmarks.run import SHAPE, reductions
+from smalti import kernels
 
 
 def _kernel(steps: int):
@@ -62,7 +61,8 @@ def _fake_valgrind(tmp_path, exit_code: int = 0):
     fake = tmp_path / "valgrind.py"
     fake.write_text(
         "import os, subprocess, sys\n"
-        "command = [a for a in sys.argv[1:] if not a.startswith(('--tool=', '--callgrind-out-file='))]\n"
+        "command = [a for a in sys.argv[1:]\n"
+        "           if not a.startswith(('--tool=', '--callgrind-out-file='))]\n"
         "done = subprocess.run(command)\n"
         "infer = int(command[command.index('--infer') + 1])\n"
         f"open({str(tmp_path / 'commands.txt')!r}, 'a').write(' '.join(command) + '\\n')\n"

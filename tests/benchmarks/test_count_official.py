@@ -19,8 +19,9 @@ def test_only_the_second_compilation_of_each_is_bracketed_phase_by_phase():
 
 
 def test_the_phase_functions_are_restored_after_counting():
-    import smalti.jax
     from jax.experimental.mosaic.gpu import dialect_lowering, layout_inference
+
+    import smalti.jax
 
     before = (smalti.jax.infer_layouts, smalti.jax.lower, layout_inference.infer_layout,
               dialect_lowering.lower_mgpu_dialect)

@@ -18,7 +18,8 @@ from tests.blackwell.kit import ADDRESS, BLACKWELL, F32_128, alloc, build, tmem_
 from tests.differential import jax_infer, jax_lower, normalized, ops_named
 from tests.official import capture_modules, gpu_facts
 
-F16_SMEM = (jax.ShapeDtypeStruct((128, 64), jnp.float16), jax.ShapeDtypeStruct((64, 128), jnp.float16))
+F16_SMEM = (jax.ShapeDtypeStruct((128, 64), jnp.float16),
+            jax.ShapeDtypeStruct((64, 128), jnp.float16))
 
 
 def _true() -> ir.Value:

@@ -87,7 +87,10 @@ def test_m64_tiles_fail_like_jax(monkeypatch):
     config = matmul.TuningConfig(tile_m=64, tile_n=128, tile_k=64, max_concurrent_steps=2,
                                  collective=False)
     a, b = sds((512, 256), jnp.float16), sds((256, 512), jnp.float16)
-    fn = lambda a, b: matmul.matmul_kernel(a, b, config)
+
+    def fn(a, b):
+        return matmul.matmul_kernel(a, b, config)
+
     with gpu_facts(monkeypatch, arch=BLACKWELL):
         with pytest.raises(ValueError, match="Failed to infer a possible set of layouts"):
             capture_modules(fn, a, b)

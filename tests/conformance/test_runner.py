@@ -216,11 +216,13 @@ def test_jax_is_restored_after_a_run(test_dir):
         import jax.experimental.mosaic.gpu as mgpu
         from jax.experimental.mosaic.gpu import core, layout_inference
         before = (mgpu.infer_layout, mgpu.lower_mgpu_dialect, core.lower_mgpu_module,
-                  layout_inference.infer_layout, dict(layout_inference._constraint_system_derivation_rules))
+                  layout_inference.infer_layout,
+                  dict(layout_inference._constraint_system_derivation_rules))
         from smalti import conformance
         result = conformance.run([Path({str(test_dir)!r})])
         after = (mgpu.infer_layout, mgpu.lower_mgpu_dialect, core.lower_mgpu_module,
-                 layout_inference.infer_layout, dict(layout_inference._constraint_system_derivation_rules))
+                 layout_inference.infer_layout,
+                 dict(layout_inference._constraint_system_derivation_rules))
         assert len(result.outcomes) == 6, result.outcomes
         assert before == after
         assert "jax.experimental.mosaic.gpu.test_util" not in sys.modules

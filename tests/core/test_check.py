@@ -146,7 +146,8 @@ def test_a_hook_with_other_parameters_is_reported_with_the_expected_signature():
     def smalti_register_constraint_rules(rules):  # e.g. from an older hook specification
         pass
 
-    found = findings_of(old=plugin(smalti_register_constraint_rules=smalti_register_constraint_rules))
+    found = findings_of(
+        old=plugin(smalti_register_constraint_rules=smalti_register_constraint_rules))
     [finding] = found
     assert finding.error.code == "SM007"
     assert "'old'" in finding.error.message and "'rules'" in finding.error.message

@@ -73,7 +73,7 @@ def parse(text: str) -> ir.Module:
       func.func @f(%ref: memref<128xf32, #gpu.address_space<workgroup>>) {
         %x = "mosaic_gpu.vector_load"(%ref) : (memref<128xf32, #gpu.address_space<workgroup>>) -> vector<128xf32>
         return
-      }""", "mosaic_gpu.vector_load"),
+      }""", "mosaic_gpu.vector_load"),  # noqa: E501 -- MLIR text, one op a line
     # An elementwise op, described without a builder (smalti.rules.same_layout).
     ("""
       func.func @f(%x: vector<128xf32>) {

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, math as mlir_math
+from jax._src.lib.mlir.dialects import arith
+from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
 import smalti
-from tests.differential import assert_same_as_jax, jax_infer, jax_lower, normalized, smalti_infer
 from smalti import kernels
+from tests.differential import assert_same_as_jax, jax_infer, jax_lower, normalized, smalti_infer
 
 F32, F16, BF16, I32, I8 = jnp.float32, jnp.float16, jnp.bfloat16, jnp.int32, jnp.int8
 

@@ -151,10 +151,11 @@ def test_the_custom_constraint_plugin_overrides_math_exp(guide_modules):
 
 
 def test_the_pallas_plugin_lowers_square_through_smalti(guide_modules, monkeypatch):
-    import smalti.jax as smalti_jax
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    import smalti.jax as smalti_jax
 
     ops, pallas = guide_modules["my_smalti_ops"], guide_modules["my_smalti_pallas"]
     calls, contexts = [], []

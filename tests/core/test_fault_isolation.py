@@ -220,7 +220,8 @@ def test_ready_made_same_layout_rule_is_checked_like_any_rule():
     def body(ctx, x_ref, out_ref, smem):
         x = mgpu.vector_load(x_ref)
         rows = ir.VectorType.get([128], f32())
-        zero = arith.constant(rows, ir.DenseElementsAttr.get_splat(rows, ir.FloatAttr.get(f32(), 0)))
+        zero = arith.constant(rows,
+                              ir.DenseElementsAttr.get_splat(rows, ir.FloatAttr.get(f32(), 0)))
         total = vector.MultiDimReductionOp(vector.CombiningKind.ADD, x, zero, [1]).result
         mgpu.vector_store(total, out_ref)
 

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import pytest
-from jax.experimental.mosaic.gpu import core as mgpu_core
-from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax import lax
 from jax._src.pallas.mosaic_gpu import core as gpu_core
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import smalti
 import smalti.jax
 from smalti.registry import PallasRegistry, RuleKind
 from tests.official import capture_modules as lower_capturing_modules
-
 
 WARPGROUP = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
 

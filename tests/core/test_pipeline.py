@@ -51,7 +51,8 @@ def parse(body: str) -> ir.Module:
     """A module holding ``func.func @f() { body; return }``; unregistered ops allowed."""
     context = make_context()
     context.allow_unregistered_dialects = True
-    text = f"func.func @f() {{\n{textwrap.indent(textwrap.dedent(body).strip(), '  ')}\n  return\n}}"
+    ops = textwrap.indent(textwrap.dedent(body).strip(), "  ")
+    text = f"func.func @f() {{\n{ops}\n  return\n}}"
     with context, ir.Location.unknown():
         return ir.Module.parse(text)
 

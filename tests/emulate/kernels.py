@@ -5,8 +5,9 @@ dtype; 0 means bit-exact)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -256,7 +257,10 @@ def _cast_splat(name, layout):
 
 def _casts():
     L = plgpu.Layout
-    xor = lambda v, k: v ^ (k + 3)  # 8-bit values allow bitwise ops only
+
+    def xor(v, k):
+        return v ^ (k + 3)  # 8-bit values allow bitwise ops only
+
     return [
         _cast_case("wgmma_transposed_f32", [L.WGMMA, L.WGMMA_TRANSPOSED, L.WGMMA]),
         _cast_case("wgmma_transposed_f16", [L.WGMMA, L.WGMMA_TRANSPOSED, L.WGMMA], np.float16),
@@ -581,7 +585,8 @@ def _wgmma_two_warpgroups():
     fn = wgmma_two_warpgroups_kernel()
     # the f32 accumulator within mma_bound, then rounded once to f16, compared
     # with the exact product rounded to f16: two f16 roundings apart at most
-    return Case("wgmma_two_warpgroups_f16_out", fn, [normal((128, 64), f16), normal((64, 128), f16)],
+    return Case("wgmma_two_warpgroups_f16_out", fn,
+                [normal((128, 64), f16), normal((64, 128), f16)],
                 lambda a, b: (f64(a) @ f64(b)).astype(np.float16),
                 abs_bound=lambda a, b: mma_bound(a, b) * 1.01 + np.abs(f64(a) @ f64(b))
                 * 2.0 ** -10 * 1.01 + 2.0 ** -24)
@@ -643,7 +648,10 @@ def _lane_fragmented():
 
 def cases() -> list[Case]:
     # each op rounded to f32 once, as the kernel does (math functions correctly rounded)
-    exp_tanh = lambda x, y: r32(r32(r32(np.exp(x)) * 2) + r32(np.tanh(y)))
+
+    def exp_tanh(x, y):
+        return r32(r32(r32(np.exp(x)) * 2) + r32(np.tanh(y)))
+
     return [
         _elementwise("f32_add_mul_sub", np.float32, lambda x, y: x * y + (x - y),
                      lambda x, y: r32(r32(x * y) + r32(x - y)), 0),
@@ -656,11 +664,14 @@ def cases() -> list[Case]:
         _elementwise("bf16_arith", BF16, lambda x, y: (x + y) * x,
                      lambda x, y: (x + y).astype(BF16).astype(np.float64) * x, 0),
         _elementwise("bf16_via_f32", BF16,
-                     lambda x, y: (x.astype(jnp.float32) * 3 + y.astype(jnp.float32)).astype(jnp.bfloat16),
+                     lambda x, y: (x.astype(jnp.float32) * 3
+                                   + y.astype(jnp.float32)).astype(jnp.bfloat16),
                      lambda x, y: (x * 3).astype(np.float32).astype(np.float64) + y, 0),
-        _elementwise("i32_arith", np.int32, lambda x, y: (x * 7 - y) // 3 + x % 5 + (x & y) ^ (x >> 2),
+        _elementwise("i32_arith", np.int32,
+                     lambda x, y: (x * 7 - y) // 3 + x % 5 + (x & y) ^ (x >> 2),
                      lambda x, y: i32_ref(x, y), 0, gen=lambda s, d: ints(s)),
-        _elementwise("i32_max_select", np.int32, lambda x, y: jnp.where(x > y, x - y, jnp.maximum(x, -y)),
+        _elementwise("i32_max_select", np.int32,
+                     lambda x, y: jnp.where(x > y, x - y, jnp.maximum(x, -y)),
                      lambda x, y: np.where(x > y, x - y, np.maximum(x, -y)), 0,
                      gen=lambda s, d: ints(s)),
         # abs.f32 (inline PTX) and math.ctlz, with zeros and all-ones among the inputs
@@ -673,7 +684,8 @@ def cases() -> list[Case]:
         _swizzled_copy(32), _swizzled_copy(64), _swizzled_copy(128),
         _swizzled_copy(128, np.float32),
         _tma_oob(), _tma_gather("gather", 0), _tma_gather("gather", 128),
-        _tma_gather("scatter", 0), _tma_gather("scatter", 128), _rowsum(), _colmax(), _broadcast(), _loop(), _grid_when(),
+        _tma_gather("scatter", 0), _tma_gather("scatter", 128), _rowsum(), _colmax(),
+        _broadcast(), _loop(), _grid_when(),
         _lane_divergent_if(), _lane_fragmented(),
         _producer_consumer(), _barrier_ring(), _three_warpgroups(), _ws_pipeline(),
         _ws_pipeline_carry(1), _ws_pipeline_carry(2),

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import re
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

@@ -27,7 +27,8 @@ def _atomic_kernel(atomic, dtype, blocks=4, shape=(128,)):
 
 
 @pytest.mark.parametrize("name,np_fn", [("atomic_add", np.sum), ("atomic_max", np.max),
-                                        ("atomic_min", np.min), ("atomic_and", np.bitwise_and.reduce),
+                                        ("atomic_min", np.min),
+                                        ("atomic_and", np.bitwise_and.reduce),
                                         ("atomic_or", np.bitwise_or.reduce),
                                         ("atomic_xor", np.bitwise_xor.reduce)])
 def test_integer_atomics_from_every_block_combine_without_a_race(name, np_fn):

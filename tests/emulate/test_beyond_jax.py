@@ -19,14 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import smalti.emulate as emu
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, math as mlir_math, vector
+from jax._src.lib.mlir.dialects import arith, vector
+from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+import smalti.emulate as emu
 from smalti.emulate.testing import assert_close_ulp, emulate_kernel, emulate_pipeline
 from tests.plugins import test_vector_ops as tv
 

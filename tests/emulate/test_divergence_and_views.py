@@ -37,7 +37,8 @@ def test_a_switch_on_the_warp_runs_each_case_for_its_threads():
     f = lane_kernel(kernel, [], [jax.ShapeDtypeStruct((128,), np.int32)])
     (out,) = emu.run(f)
     tid = np.arange(128)
-    want = np.select([tid // 32 == 0, tid // 32 == 1, tid // 32 == 3], [2 * tid, tid + 100, -tid], 7)
+    want = np.select([tid // 32 == 0, tid // 32 == 1, tid // 32 == 3],
+                     [2 * tid, tid + 100, -tid], 7)
     np.testing.assert_array_equal(out, want)
 
 

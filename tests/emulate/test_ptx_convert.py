@@ -99,7 +99,8 @@ def test_encode_is_round_to_nearest_even_with_satfinite(name, src):
     else:
         assert np.all(np.isnan(floats.decode(got[nan], fmt)))
     # the overflows are where ml_dtypes and PTX differ: check they were exercised
-    assert np.any(np.isinf(x)) and np.any(np.abs(x[np.isfinite(x)]) > float(ml_dtypes.finfo(dt).max))
+    assert np.any(np.isinf(x))
+    assert np.any(np.abs(x[np.isfinite(x)]) > float(ml_dtypes.finfo(dt).max))
 
 
 @pytest.mark.parametrize("name", list(NARROW))
@@ -267,7 +268,7 @@ def test_jax_conversion_strings_compute_ptx_semantics(src, chain, arch, isa):
             else:
                 pool = np.arange(1 << narrow_bits, dtype=np.uint64)
             regs = []
-            for slot, t in zip(op.ins, op.in_types):
+            for t in op.in_types:
                 count = max(t.bits * (t.shape[0] if t.kind == "vector" else 1) // src_bits, 1)
                 elems = RNG.choice(pool.astype(np.uint64), (256, count))
                 bits = sum(elems[:, k] << np.uint64(src_bits * k) for k in range(count))
@@ -437,7 +438,7 @@ def test_int4_to_int8_block_as_jax_emits_it():
              if "lop3.b32" in t]
     assert found
     regs, vals = _nibbles(512)
-    for text, op, module in found:
+    for _, op, module in found:
         lo, hi = _run_asm(op, module, regs)
         got = np.stack([lo, hi], -1).astype(np.int32).view(np.int8).reshape(-1, 8)
         np.testing.assert_array_equal(got, vals)

@@ -49,7 +49,8 @@ def test_a_read_of_smem_nothing_wrote_warns_by_default():
         emu.run(uninitialized_kernel(False), X)
     report = record[0].message.report
     assert isinstance(report, emu.UninitializedRead) and report.space == "smem"
-    assert report.location.endswith(f"test_sync.py:{_line(uninitialized_kernel, 'uninitialized read')}")
+    line = _line(uninitialized_kernel, "uninitialized read")
+    assert report.location.endswith(f"test_sync.py:{line}")
     assert "no write of this launch initialized" in str(report) and "fix:" in str(report)
 
 
@@ -209,7 +210,8 @@ def test_an_access_outside_every_buffer_is_out_of_bounds():
 def test_an_arrival_beyond_the_count_is_an_error():
     bar = MBarrier(2, 2)
     bar.arrive(1, "x.py:1")
-    with pytest.raises(emu.MBarrierOverArrival, match=r"arrived at 3 times .* count of 2 at x.py:2"):
+    with pytest.raises(emu.MBarrierOverArrival,
+                       match=r"arrived at 3 times .* count of 2 at x.py:2"):
         bar.arrive(2, "x.py:2")
 
 
@@ -348,7 +350,8 @@ def test_inline_proxy_fence_makes_each_warps_earlier_writes_visible_to_the_async
 
 
 def test_inline_bulk_group_waits_complete_all_but_the_newest_groups():
-    steps, _module = _inline_steps("cp.async.bulk.commit_group;", "cp.async.bulk.wait_group.read 1;",
+    steps, _module = _inline_steps("cp.async.bulk.commit_group;",
+                                   "cp.async.bulk.wait_group.read 1;",
                                    "cp.async.bulk.wait_group 0;")
     commit, wait_read, wait_all = steps
     fr, sync = _checked_block()

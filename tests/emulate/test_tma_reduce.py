@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import smalti.emulate as emu
-from tests.emulate.test_wrong_answers import lane_kernel
 
 OPS = {  # jax's op name: numpy, given (dst, src)
     "add": lambda d, s: d + s, "smin": np.minimum, "smax": np.maximum, "umin": np.minimum,

@@ -50,7 +50,6 @@ def test_warpgroups_that_wait_for_each_other_are_a_named_deadlock():
     """Each warpgroup waits on a barrier only the other would arrive on, after
     its own wait: on the GPU the kernel hangs; the emulator says where each waits."""
     from jax import lax
-    from jax.experimental import pallas as pl
 
     def body(o_gmem, a, b):
         wg = lax.axis_index("wg")

@@ -4,7 +4,6 @@ broken): each kernel is checked against numpy with the GPU's semantics."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -679,7 +679,8 @@ def run_mutant(text: str) -> Outcome:
                                seconds, jax_message)
         return Outcome("jax refuses, smalti accepts", f"jax {theirs}", seconds, jax_message)
     if our_text != jax_text:
-        ours_inferred, theirs_inferred = our_text.split("\n//--\n")[0], jax_text.split("\n//--\n")[0]
+        ours_inferred = our_text.split("\n//--\n")[0]
+        theirs_inferred = jax_text.split("\n//--\n")[0]
         if ours_inferred != theirs_inferred:
             # Inference's choices differ from jax's: a parity note (the
             # lowered IR then differs too), reported, not a robustness bug.

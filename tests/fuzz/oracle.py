@@ -8,7 +8,6 @@ misbehaves, and otherwise returns an outcome label to count (e.g.
 from __future__ import annotations
 
 import math
-
 import random
 
 from jax._src.lib.mlir import ir

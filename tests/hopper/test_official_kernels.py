@@ -55,7 +55,8 @@ def test_hopper_matmul_with_added_c(monkeypatch, c_dtype):
 MIXED_CONFIGS = {
     "128x128x64": mixed.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2),
     "64x128x128-wg-m": mixed.TuningConfig(tile_m=64, tile_n=128, tile_k=128,
-                                          max_concurrent_steps=2, wg_dimension=mixed.MatmulDimension.M),
+                                          max_concurrent_steps=2,
+                                          wg_dimension=mixed.MatmulDimension.M),
     "cluster-n": mixed.TuningConfig(tile_m=128, tile_n=64, tile_k=64, max_concurrent_steps=2,
                                     cluster_dimension=mixed.MatmulDimension.N),
 }

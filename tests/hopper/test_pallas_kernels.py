@@ -9,7 +9,6 @@ asserts the two Mosaic GPU modules are identical.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -1297,8 +1296,8 @@ def test_online_softmax_carried_through_a_loop(monkeypatch):
         init = (plgpu.layout_cast(jnp.full((q_len,), -jnp.inf, F32), row),
                 plgpu.layout_cast(jnp.zeros((q_len,), F32), row),
                 plgpu.layout_cast(jnp.zeros((q_len, d), F32), plgpu.Layout.WGMMA))
-        _, l, acc = lax.fori_loop(0, blocks, step, init)
-        tma_out((acc / lax.broadcast_in_dim(l, acc.shape, [0])).astype(F16), o_smem, o_gmem)
+        _, l_final, acc = lax.fori_loop(0, blocks, step, init)
+        tma_out((acc / lax.broadcast_in_dim(l_final, acc.shape, [0])).astype(F16), o_smem, o_gmem)
 
     call = kernel(body, sds((q_len, d), F16),
                   [swizzled((q_len, d)), swizzled((block, d)), swizzled((block, d)),

@@ -26,8 +26,15 @@ import smalti
 from smalti import kernels
 from smalti.plugins import memory
 from smalti.rules import LoweringContext
-from tests.differential import (assert_same_as_jax, assert_same_refusal, jax_infer, jax_lower,
-                                normalized, refusal, walk_ops)
+from tests.differential import (
+    assert_same_as_jax,
+    assert_same_refusal,
+    jax_infer,
+    jax_lower,
+    normalized,
+    refusal,
+    walk_ops,
+)
 
 F32, F16, BF16 = jnp.float32, jnp.float16, jnp.bfloat16
 
@@ -46,8 +53,11 @@ def same_as_jax(body, in_shapes, out_shapes, smem, *, grid=(1, 1, 1),
                 cluster=(1, 1, 1)) -> Checked:
     """Builds the kernel twice (with SMEM scratch ``smem``); smalti's inferred
     attributes and lowered IR must equal jax's."""
-    build = lambda: kernels.build_kernel(body, in_shapes, out_shapes, smem_scratch=smem,
-                                         grid=grid, cluster=cluster)
+
+    def build():
+        return kernels.build_kernel(body, in_shapes, out_shapes, smem_scratch=smem, grid=grid,
+                                    cluster=cluster)
+
     reference, candidate = build(), build()
     jax_infer(reference)
     smalti.infer_layouts(candidate.module)
@@ -219,7 +229,10 @@ def test_transposed_f32_is_rejected_like_jax():
         through(mgpu_utils.memref_transpose(smem, (1, 0)), x_ref, out_ref)
 
     shape = sds((128, 128), F32)
-    build = lambda: kernels.build_kernel(body, [shape], [shape], smem_scratch=shape)
+
+    def build():
+        return kernels.build_kernel(body, [shape], [shape], smem_scratch=shape)
+
     with pytest.raises(ValueError, match="Failed to infer a possible set of layouts"):
         jax_infer(build())
     with pytest.raises(smalti.SmaltiError) as error:
@@ -383,7 +396,10 @@ def test_scalar_access_to_a_subview_element():
 
 def jax_and_smalti_errors(body, in_shapes, out_shapes, smem, *, stage="infer"):
     """The errors jax and smalti raise for the kernel, at inference or lowering."""
-    build = lambda: kernels.build_kernel(body, in_shapes, out_shapes, smem_scratch=smem)
+
+    def build():
+        return kernels.build_kernel(body, in_shapes, out_shapes, smem_scratch=smem)
+
     reference, candidate = build(), build()
     with pytest.raises(Exception) as jax_error:
         jax_infer(reference)

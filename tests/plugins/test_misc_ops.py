@@ -24,7 +24,13 @@ from jax.experimental.mosaic.gpu.mma import MMALayouts
 import smalti
 from smalti import kernels
 from tests.differential import (
-    assert_same_as_jax, build_twice, jax_infer, jax_lower, normalized, ops_named, smalti_infer,
+    assert_same_as_jax,
+    build_twice,
+    jax_infer,
+    jax_lower,
+    normalized,
+    ops_named,
+    smalti_infer,
     smalti_lower,
 )
 
@@ -331,9 +337,9 @@ def custom_primitive(operands: Sequence[ir.Value], fn: Callable[..., Sequence], 
     and returns FragmentedArrays (or scalars)."""
     op = mgpu.CustomPrimitiveOp(
         result=list(out_types), operands_=list(operands),
-        in_layouts=[_layout_attr(l) for l in in_layouts],
+        in_layouts=[_layout_attr(layout) for layout in in_layouts],
         in_transforms=[ir.ArrayAttr.get(list(t)) for t in in_transforms],
-        out_layouts=[_layout_attr(l) for l in out_layouts])
+        out_layouts=[_layout_attr(layout) for layout in out_layouts])
     block = op.body.blocks.append(*[o.type for o in operands])
     with ir.InsertionPoint(block):
         layouts, transforms = iter(in_layouts), iter(in_transforms)
@@ -684,7 +690,7 @@ def _redeclare(kernel: kernels.Kernel, name: str, layouts: list) -> None:
     producer of the IR could hand to inference)."""
     [op] = find_ops(kernel, "mosaic_gpu.custom_primitive")
     with kernel.context:
-        op.attributes[name] = ir.ArrayAttr.get([_layout_attr(l) for l in layouts])
+        op.attributes[name] = ir.ArrayAttr.get([_layout_attr(layout) for layout in layouts])
 
 
 @pytest.mark.parametrize("name, layouts, code", [

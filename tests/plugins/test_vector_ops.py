@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, math as mlir_math, vector
+from jax._src.lib.mlir.dialects import arith, vector
+from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 

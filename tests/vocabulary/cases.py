@@ -12,8 +12,9 @@ exp/log/sin/cos/atan2/powf, CUDA C Programming Guide) adds to the f32 figures.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -47,13 +48,17 @@ def _finite_max(dtype) -> float:
     return float(np.finfo(dtype).max)
 
 
+#: fill's default: no values in place of the first elements (never written to).
+NO_SPECIALS = np.array([])
+
+
 def specials(dtype, *extra) -> np.ndarray:
     vals = [0.0, -0.0, np.inf, -np.inf, np.nan, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 1.0, -1.0,
             *extra]
     return np.array(vals, np.float64)
 
 
-def fill(rng, dtype, body: np.ndarray, special: np.ndarray = np.array([])) -> np.ndarray:
+def fill(rng, dtype, body: np.ndarray, special: np.ndarray = NO_SPECIALS) -> np.ndarray:
     """A (64, 128) block of ``body`` values (float64, flattened and cycled),
     the first elements replaced by ``special``; rounded to ``dtype``."""
     n = SHAPE[0] * SHAPE[1]
@@ -98,7 +103,8 @@ def g_expm1(rng, dtype):
 
 
 def g_log1p(rng, dtype):
-    body = np.concatenate([np.expm1(rng.uniform(-15, 30, 4096)), log_uniform(rng, -12, -0.5)[:4096]])
+    body = np.concatenate([np.expm1(rng.uniform(-15, 30, 4096)),
+                           log_uniform(rng, -12, -0.5)[:4096]])
     return [fill(rng, dtype, _clip(body, dtype), specials(dtype, -0.999, 1e30, -2.0))]
 
 

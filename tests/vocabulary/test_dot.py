@@ -20,7 +20,7 @@ on the CPU does: it differs from the loop in the last bits), and the tensor
 core's accumulation is undocumented; the bound holds either way. Edge
 inputs: NaN, +-inf, -0.0 in f32 operands, int8 -128 / 127, int32 values
 that wrap.
-"""
+"""  # noqa: E501 -- a table's rows
 
 from __future__ import annotations
 

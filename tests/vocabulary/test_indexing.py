@@ -29,11 +29,6 @@ F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-@pytest.fixture(scope="module")
-def pipeline():
-    return smalti.build_pipeline(plugins={"smalti.vocabulary": smalti.vocabulary})
-
-
 def check(pipeline, fn, *args):
     """Bit for bit jnp's answer, the blocks brought into swizzled SMEM by TMA
     (the index vectors are reductions of them: plainly loaded blocks have

@@ -96,7 +96,8 @@ def assert_bits(got, want, *, nan_equal=False):
     if nan_equal and got.dtype.kind not in "iu":
         nan = np.isnan(want.astype(np.float32))
         assert np.array_equal(nan, np.isnan(got.astype(np.float32)))
-        got, want = np.where(nan, 0, got).astype(got.dtype), np.where(nan, 0, want).astype(got.dtype)
+        got, want = (np.where(nan, 0, got).astype(got.dtype),
+                     np.where(nan, 0, want).astype(got.dtype))
     bad = bits(got) != bits(want)
     assert not bad.any(), f"{bad.sum()} differ, first at {np.argwhere(bad)[0]}: " \
                           f"{got[tuple(np.argwhere(bad)[0])]} vs {want[tuple(np.argwhere(bad)[0])]}"

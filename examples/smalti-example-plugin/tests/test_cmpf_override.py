@@ -5,11 +5,11 @@ restores the built-in."""
 import jax
 import jax.numpy as jnp
 import pytest
+import smalti_example_plugin
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir.dialects import arith
 
 import smalti
-import smalti_example_plugin
 from smalti.registry import RuleKind
 
 PLUGIN = "smalti_example_plugin"

@@ -3,13 +3,13 @@
 import jax
 import jax.numpy as jnp
 import pytest
+import smalti_example_plugin
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from smalti_example_plugin import OP_NAME, fma_op
 
 import smalti
-import smalti_example_plugin
-from smalti_example_plugin import OP_NAME, fma_op
 
 PLUGIN = "smalti_example_plugin"
 

@@ -2,14 +2,14 @@
 calls smalti_example_plugin.fma lowers through smalti, end to end, on the CPU."""
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from smalti_example_plugin import fma
 
 import smalti.jax
-from smalti_example_plugin import fma
 
 F32 = jax.ShapeDtypeStruct((128, 128), jnp.float32)
 

@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from smalti.emulate import irtypes
-from smalti.emulate import runner  # (importing it registers every rule)
+from smalti.emulate import (
+    irtypes,
+    runner,  # (importing it registers every rule)
+)
 from smalti.emulate.compiler import Compiler, Op, Step
 from smalti.emulate.machine import Block, Cluster, Frame, Launch
 from smalti.emulate.ops import inline_asm as ptx
@@ -216,7 +218,8 @@ def assert_same_bits(got, want) -> None:
         same = got == want
     bad = np.flatnonzero(~same)
     assert not bad.size, (f"{bad.size} of {got.size} differ, e.g. at {bad[:6].tolist()}: got "
-                          f"{got.reshape(-1)[bad[:6]].tolist()}, want {want.reshape(-1)[bad[:6]].tolist()}")
+                          f"{got.reshape(-1)[bad[:6]].tolist()}, "
+                          f"want {want.reshape(-1)[bad[:6]].tolist()}")
 
 
 @contextmanager

@@ -15,8 +15,17 @@ import pytest
 
 from smalti.emulate.errors import Unsupported
 
-from .harness import (FLOAT_TYPES, INT_TYPES, assert_same_bits, covers, float_edges,
-                      int_edges, pairs, run, wrap)
+from .harness import (
+    FLOAT_TYPES,
+    INT_TYPES,
+    assert_same_bits,
+    covers,
+    float_edges,
+    int_edges,
+    pairs,
+    run,
+    wrap,
+)
 
 
 def _bits(ty: str) -> int:

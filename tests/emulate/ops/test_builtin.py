@@ -56,7 +56,7 @@ def test_pointer_and_memref_casts():
       %v = llvm.load %q : !llvm.ptr -> f32
       %i = builtin.unrealized_conversion_cast %m : memref<3x4xf32> to memref<3x4xi32>
       %bits = memref.load %i[%c1, %c0] : memref<3x4xi32>
-      %tok = builtin.unrealized_conversion_cast %p : !llvm.ptr to !gpu.async.token""",
+      %tok = builtin.unrealized_conversion_cast %p : !llvm.ptr to !gpu.async.token""",  # noqa: E501 -- MLIR text, one op a line
               {"p": ("!llvm.ptr", X)}, {"row": "vector<4xf32>", "v": "f32", "bits": "i32"})
     assert_same_bits(got["row"], X[1])
     assert got["v"] == X[1, 1]  # the subview's offset, in bytes, is in the pointer
@@ -72,7 +72,7 @@ def test_a_warpgroup_vector_is_only_its_registers():
       %big = builtin.unrealized_conversion_cast %a, %b : vector<2xf32>, vector<2xf32> to vector<64x2xf32> {layout = #mosaic_gpu.WGStridedFragLayout<[64, 2], 2>}
       %x, %y = builtin.unrealized_conversion_cast %big : vector<64x2xf32> to vector<2xf32>, vector<2xf32>
       %s = builtin.unrealized_conversion_cast %c : f32 to vector<64x2xf32> {layout = #mosaic_gpu.WGSplatFragLayout<[64, 2]>}
-      %z = builtin.unrealized_conversion_cast %s : vector<64x2xf32> to f32""",
+      %z = builtin.unrealized_conversion_cast %s : vector<64x2xf32> to f32""",  # noqa: E501 -- MLIR text, one op a line
               {"a": ("vector<2xf32>", a), "b": ("vector<2xf32>", -a), "c": ("f32", 7.0)},
               {"x": "vector<2xf32>", "y": "vector<2xf32>", "z": "f32"})
     assert_same_bits(got["x"], a)
@@ -81,7 +81,7 @@ def test_a_warpgroup_vector_is_only_its_registers():
     with pytest.raises(Unsupported, match="of a value not built from them"):
         run("""
           %big = arith.constant dense<1.0> : vector<64x2xf32>
-          %x, %y = builtin.unrealized_conversion_cast %big : vector<64x2xf32> to vector<2xf32>, vector<2xf32>""")
+          %x, %y = builtin.unrealized_conversion_cast %big : vector<64x2xf32> to vector<2xf32>, vector<2xf32>""")  # noqa: E501 -- MLIR text, one op a line
 
 
 @covers("builtin.unrealized_conversion_cast", "llvm.load")
@@ -106,7 +106,7 @@ def init_tma_desc(desc: str = "%desc", base: str = "%x", dtype_code: int = 6,
       %code = llvm.mlir.constant({dtype_code} : i64) : i64
       %rank = llvm.mlir.constant(2 : i64) : i64
       %swz = llvm.mlir.constant({swizzle} : i64) : i64
-      func.call @mosaic_gpu_init_tma_desc({desc}, {base}, %code, %rank, %sizes, %strides, %swz, %box) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> ()"""
+      func.call @mosaic_gpu_init_tma_desc({desc}, {base}, %code, %rank, %sizes, %strides, %swz, %box) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> ()"""  # noqa: E501 -- MLIR text, one op a line
 
 
 def tma_inputs(x: np.ndarray, box: tuple[int, int]) -> dict:

@@ -11,8 +11,17 @@ import math
 import numpy as np
 import pytest
 
-from .harness import (FLOAT_TYPES, INT_TYPES, assert_same_bits, covers, float_edges,
-                      int_edges, pairs, run, wrap)
+from .harness import (
+    FLOAT_TYPES,
+    INT_TYPES,
+    assert_same_bits,
+    covers,
+    float_edges,
+    int_edges,
+    pairs,
+    run,
+    wrap,
+)
 
 DOMAIN = [0.25, -0.25, 0.75, -0.999, 2.0, -3.0, 10.0, 88.0, 89.0, -104.0, 710.0, 1e-30,
           1.5707964, 3.1415927, -3.1415927, 1e5, 0.49999997, 2.5, -2.5, -0.5000001]

@@ -63,7 +63,7 @@ VIEWS = [  # op, MLIR, view type, numpy view of X
 
 @covers("memref.load", *sorted({v[0] for v in VIEWS}))
 def test_views_read_what_numpy_views_read():
-    for op, ops, vt, want in VIEWS:
+    for _, ops, vt, want in VIEWS:
         got = _read_all(ops, "%w", vt, want.shape)
         assert_same_bits(got, np.ascontiguousarray(want)), ops
 
@@ -99,7 +99,7 @@ def test_metadata():
       %c1 = arith.constant 1 : index
       %d = memref.dim %w, %c1 : memref<2x3xf32, strided<[8, 2], offset: 10>>
       %s0 = arith.addi %sz#0, %st#0 : index
-      %s1 = arith.addi %sz#1, %st#1 : index""", {"m": ("memref<4x8xf32>", X)},
+      %s1 = arith.addi %sz#1, %st#1 : index""", {"m": ("memref<4x8xf32>", X)},  # noqa: E501 -- MLIR text, one op a line
               {"off": "index", "s0": "index", "s1": "index", "p": "index", "pb": "index",
                "d": "index"})
     assert got["off"] == 10 and got["s0"] == 2 + 8 and got["s1"] == 3 + 2 and got["d"] == 3

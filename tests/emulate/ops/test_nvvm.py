@@ -99,7 +99,7 @@ def test_redux_fmax_fmin_with_and_without_nan_propagation():
                           ("fmax", True, np.maximum), ("fmin", True, np.minimum)]:
         got = run(f"""
           %m = llvm.mlir.constant(-1 : i32) : i32
-          %r = "nvvm.redux.sync"(%v, %m) <{{abs = false, kind = #nvvm.reduction_kind<{kind}>, nan = {str(nan).lower()}}}> : (f32, i32) -> f32""",
+          %r = "nvvm.redux.sync"(%v, %m) <{{abs = false, kind = #nvvm.reduction_kind<{kind}>, nan = {str(nan).lower()}}}> : (f32, i32) -> f32""",  # noqa: E501 -- MLIR text, one op a line
                   {"v": ("f32", x)}, {"r": "f32"}, threads=T)["r"]
         for w in range(2):
             want = fn.reduce(x[32 * w:32 * w + 32])
@@ -132,7 +132,7 @@ def test_shfl_sync_modes_and_segments(mode, b, c):
       %m = llvm.mlir.constant(-1 : i32) : i32
       %r = nvvm.shfl.sync {mode} %m, %v, %b, %c : i32 -> i32
       %s = "nvvm.shfl.sync"(%m, %v, %b, %c) <{{kind = #nvvm.shfl_kind<{mode}>, return_value_and_is_valid}}> : (i32, i32, i32, i32) -> !llvm.struct<(i32, i1)>
-      %ok = llvm.extractvalue %s[1] : !llvm.struct<(i32, i1)>""",
+      %ok = llvm.extractvalue %s[1] : !llvm.struct<(i32, i1)>""",  # noqa: E501 -- MLIR text, one op a line
               {"v": ("i32", v), "b": ("i32", b), "c": ("i32", c)}, {"r": "i32", "ok": "i1"},
               threads=T)
     want, ok = _shfl(mode, v, b, c)
@@ -194,7 +194,7 @@ def test_ldmatrix_fragments_and_stmatrix_stores_them_back(layout):
       %f3 = llvm.extractvalue %f[3] : !llvm.struct<(i32, i32, i32, i32)>
       %one = nvvm.ldmatrix %p, num = 1, layout = <{layout}>, shape = <m = 8, n = 8>, element_type = <b16> : (!llvm.ptr<3>) -> i32
       %q = llvm.getelementptr %p[256] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i16
-      nvvm.stmatrix %q, %f3, %f2, %f1, %f0 layout = <{layout}>, shape = <m = 8, n = 8>, element_type = <b16> : !llvm.ptr<3>, i32, i32, i32, i32""",
+      nvvm.stmatrix %q, %f3, %f2, %f1, %f0 layout = <{layout}>, shape = <m = 8, n = 8>, element_type = <b16> : !llvm.ptr<3>, i32, i32, i32, i32""",  # noqa: E501 -- MLIR text, one op a line
               {"s": ("!llvm.ptr<3>", np.concatenate([mats.reshape(-1), np.zeros(256, np.uint16)]))},
               {"f0": "i32", "f1": "i32", "f2": "i32", "f3": "i32", "one": "i32"}, threads=32)
     want = _fragment(mats, layout == "col")
@@ -269,7 +269,8 @@ def test_mbarrier_phases():
             %nc = nvvm.mbarrier.arrive.nocomplete %b, %c5 : !llvm.ptr<3>, i32 -> i64
           }
           nvvm.mbarrier.try_wait.parity %b, %one, %z : !llvm.ptr<3>, i32, i32""", BAR)
-    with pytest.raises(MBarrierOverArrival, match="arrived at 32 times in phase 0 but initialized with a count of 31"):
+    with pytest.raises(MBarrierOverArrival,
+                       match="arrived at 32 times in phase 0 but initialized with a count of 31"):
         run(body.replace("%n = llvm.mlir.constant(32", "%n = llvm.mlir.constant(31"), BAR)
 
 
@@ -315,7 +316,7 @@ KERNEL = """
     llvm.store %e, %v : f32, !llvm.ptr<3>
     nvvm.cp.async.bulk.wait_group 0
     gpu.terminator
-  }}"""
+  }}"""  # noqa: E501 -- MLIR text, one op a line
 FENCE = "nvvm.fence.proxy <async.shared>, space = <cta>"
 WAIT_READ = '"nvvm.cp.async.bulk.wait_group"() <{group = 0 : i32, read}> : () -> ()'
 

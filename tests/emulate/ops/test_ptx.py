@@ -15,8 +15,15 @@ from smalti.emulate.errors import Unsupported
 from smalti.emulate.ops import inline_asm as ptx
 from smalti.emulate.sync.reports import RaceError
 
-from .harness import (FLOAT_TYPES, assert_same_bits, covers, float_edges, pairs,
-                      recording_kernels, run)
+from .harness import (
+    FLOAT_TYPES,
+    assert_same_bits,
+    covers,
+    float_edges,
+    pairs,
+    recording_kernels,
+    run,
+)
 from .test_builtin import INIT, init_tma_desc, tma_inputs
 
 
@@ -131,7 +138,8 @@ def test_binary_value_instructions(ty):
                 assert_same_bits(_halves(got2, dt).reshape(-1), got)
         zeros = (a == 0) & (b == 0)
         if op.startswith(("max", "min")):
-            np.testing.assert_array_equal(got[zeros].astype(np.float64), want[zeros].astype(np.float64))
+            np.testing.assert_array_equal(got[zeros].astype(np.float64),
+                                          want[zeros].astype(np.float64))
             assert_same_bits(got[~zeros], want[~zeros])
         else:
             assert_same_bits(got, want)
@@ -184,9 +192,10 @@ NO_OPS = ["fence.mbarrier_init.release.cluster;", "@$0 prefetch.tensormap [$1];"
 def test_instructions_with_nothing_to_model_change_nothing():
     """Between a store and a load of the same SMEM word by every thread, with
     the checker on: the value is unchanged and nothing is reported."""
-    lines = "\n".join(f'llvm.inline_asm has_side_effects "{t}", "b,l" %p, %g : (i1, !llvm.ptr) -> ()'
-                      if "$1" in t else f'llvm.inline_asm has_side_effects "{t}", "" : () -> ()'
-                      for t in NO_OPS)
+    lines = "\n".join(
+        f'llvm.inline_asm has_side_effects "{t}", "b,l" %p, %g : (i1, !llvm.ptr) -> ()'
+        if "$1" in t else f'llvm.inline_asm has_side_effects "{t}", "" : () -> ()'
+        for t in NO_OPS)
     got = run(LAUNCH.format(threads=32, smem=256, body=f"""
         %p = arith.constant true
         {SMEM_WORD}
@@ -216,7 +225,7 @@ LAUNCH = """
     %first = arith.cmpi eq, %t, %z : i32
     {body}
     gpu.terminator
-  }}"""
+  }}"""  # noqa: E501 -- MLIR text, one op a line
 # %w: the thread's own SMEM word, 64 bytes on (the first 64 hold mbarriers)
 SMEM_WORD = """
     %w0 = llvm.getelementptr %smem[64] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
@@ -352,7 +361,7 @@ CLUSTER_LAUNCH = """
     %peer = llvm.xor %rank, %one : i32
     {body}
     gpu.terminator
-  }}"""
+  }}"""  # noqa: E501 -- MLIR text, one op a line
 ARRIVE = ["barrier.cluster.arrive", "barrier.cluster.arrive.aligned",
           "barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.relaxed.aligned",
           "barrier.cluster.arrive.release", "barrier.cluster.arrive.release.aligned"]
@@ -504,7 +513,8 @@ def test_without_the_fence_or_the_read_wait_the_checker_reports_a_race():
         _copy_kernel(*TILE_COPY, wait="")
 
 
-BULK_LOAD = "@$3 cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$4];"
+BULK_LOAD = ("@$3 cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes "
+             "[$0], [$1], $2, [$4];")
 BULK_STORE = "@$3 cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;"
 
 

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import smalti
 from smalti.registry import ConstraintRegistry, LoweringRegistry, PallasRegistry
-
-from smalti_example_plugin import cmpf
-from smalti_example_plugin import fused
-from smalti_example_plugin import pallas
+from smalti_example_plugin import cmpf, fused, pallas
 from smalti_example_plugin.fused import OP_NAME, fma_op
 from smalti_example_plugin.pallas import fma, fma_p
 from smalti_example_plugin.vectorized import Vectorized
