@@ -14,6 +14,7 @@ from smalti.registry import (
     BLACKWELL_AND_LATER,
     Architectures,
     ConstraintRegistry,
+    LoweringOptions,
     LoweringRegistry,
 )
 
@@ -47,7 +48,9 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     rule = registry.lowering_rule
     # Like jax: views, SMEM-to-TMEM copies, MMAs and commits may also be
     # issued by a single warp (inside mosaic_gpu.warp_map).
-    warp = dict(archs=TCGEN05, warp_semantics=True)
+    warp: LoweringOptions = {"archs": TCGEN05, "warp_semantics": True}
+    warp_since_0_12: LoweringOptions = {**warp, "jax": SINCE_0_12}
+    warp_before_0_12: LoweringOptions = {**warp, "jax": BEFORE_0_12}
     rule("mosaic_gpu.tmem_alloc", archs=TCGEN05)(tmem.lower_tmem_alloc)
     rule("mosaic_gpu.tmem_dealloc", archs=TCGEN05, check=tmem.check_tmem_dealloc)(
         tmem.lower_tmem_dealloc)
@@ -64,9 +67,9 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     rule("mosaic_gpu.async_store_sparse_metadata_smem_to_tmem", **warp)(
         smem_to_tmem.lower_async_store_sparse_metadata_smem_to_tmem)
     rule("mosaic_gpu.tcgen05_mma", **warp)(mma.lower_tcgen05_mma)
-    rule("mosaic_gpu.tcgen05_commit_arrive", **warp, jax=SINCE_0_12)(
+    rule("mosaic_gpu.tcgen05_commit_arrive", **warp_since_0_12)(
         mma.lower_tcgen05_commit_arrive)
-    rule("mosaic_gpu.tcgen05_commit_arrive", **warp, jax=BEFORE_0_12)(
+    rule("mosaic_gpu.tcgen05_commit_arrive", **warp_before_0_12)(
         mma.lower_tcgen05_commit_arrive_jax_0_11)
     rule("mosaic_gpu.try_cluster_cancel", archs=BLACKWELL_AND_LATER)(
         cluster_launch_control.lower_try_cluster_cancel)

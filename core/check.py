@@ -64,7 +64,7 @@ def _conflicts(discovery: Discovery) -> list[Finding]:
 
 
 def _without_target(records: list[RuleRecord]) -> list[tuple[RuleRecord, SmaltiError]]:
-    found = []
+    found: list[tuple[RuleRecord, SmaltiError]] = []
     for record in records:
         if any(record.archs.supports(arch) for arch in TARGETS):
             continue
@@ -90,7 +90,8 @@ _PRIMITIVE_KINDS = frozenset({RuleKind.PALLAS, RuleKind.PALLAS_RESOURCES})
 
 def _unknown_ops(records: list[RuleRecord],
                  context: ir.Context) -> list[tuple[RuleRecord, SmaltiError]]:
-    found, seen = [], set()
+    found: list[tuple[RuleRecord, SmaltiError]] = []
+    seen = set()
     jax = installed_jax()
     for record in records:
         if record.kind in _PRIMITIVE_KINDS or (record.plugin, record.key) in seen:

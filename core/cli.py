@@ -95,7 +95,8 @@ def describe_archs(archs: Sequence[Architectures]) -> str:
     for a in sorted(set(archs), key=lambda a: a.minimum or (0, 0)):
         last = merged[-1] if merged else None
         if last is not None and last.overlaps(a):
-            top = None if None in (last.maximum, a.maximum) else max(last.maximum, a.maximum)
+            top = (None if last.maximum is None or a.maximum is None
+                   else max(last.maximum, a.maximum))
             merged[-1] = Architectures(last.minimum, top)
         else:
             merged.append(a)

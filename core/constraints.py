@@ -50,6 +50,10 @@ class Variable:
 
     __slots__ = ("id", "site", "memory_space", "type", "shape", "fit_key", "__weakref__")
 
+    id: int
+    site: ValueSite
+    memory_space: MemorySpace
+    type: ir.Type
     #: The shape of the values of the variable's sites. A plain attribute
     #: (rules read it often); an SMEM ref's is read only when first asked
     #: for (see __getattr__): kernels have many refs, and few rules ask.
@@ -608,7 +612,7 @@ def _one_variable_one_constant(
     for var_side, other in ((a, b), (b, a)):
         if isinstance(var_side, Variable) and value_of(var_side) is None:
             value = evaluate(other, value_of)
-            if value is not None and value is not UNSUPPORTED:
+            if value is not None and not isinstance(value, Unsupported):
                 return var_side, value
     return None
 
@@ -642,7 +646,7 @@ class Equal(_Statement, Constraint):
         for derived, other in ((self.lhs, self.rhs), (self.rhs, self.lhs)):
             if isinstance(derived, Derived) and isinstance(derived.expression, Variable):
                 known = evaluate(other, ctx.value_of)
-                if known is not None and known is not UNSUPPORTED:
+                if known is not None and not isinstance(known, Unsupported):
                     for value in derived.preimages(known, derived.expression):
                         yield derived.expression, value
 

@@ -104,6 +104,10 @@ class SmaltiValueError(SmaltiError, ValueError):
 class SmaltiNotImplementedError(SmaltiError, NotImplementedError):
     """Something valid that no registered rule supports (jax raises ``NotImplementedError``)."""
 
+    #: Whether jax's own rule certainly fails too (set by a plugin's refusal
+    #: that hands other cases to jax's rule: smalti.vocabulary's).
+    jax_cannot: bool = False
+
 
 class PluginError(SmaltiError, ValueError):
     """A plugin is misconfigured or misbehaves: conflicts, crashes, malformed rules."""

@@ -126,7 +126,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     rule, with an :class:`smalti.arch_policy.ArchitectureWarning`, or, with
     ``strict_arch``, refused (SM002)."""
     if strict_arch:
-        table, fallbacks = pipeline.table(RuleKind.CONSTRAINT, arch), frozenset()
+        fallbacks: frozenset[str] = frozenset()
+        table = pipeline.table(RuleKind.CONSTRAINT, arch)
     else:
         table, fallbacks = pipeline.table_with_fallbacks(RuleKind.CONSTRAINT, arch)
     fallbacks_used: dict[str, ir.Operation] = {}
@@ -199,6 +200,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
                 annotated.append((op, sites, variables, split))  # type: ignore[arg-type]
                 opaque = builder.opaque
+            assert record is not None  # only an op with a rule gets here (or is shared)
             plugin = record.plugin
             ops_per_plugin[plugin] = ops_per_plugin.get(plugin, 0) + 1
             if trace and report is not None:  # every op's rule ran through a builder
@@ -287,7 +289,9 @@ REG, OPERAND = MemorySpace.REG, SiteKind.OPERAND
 
 
 def _attribute_name(site: ValueSite) -> str:
-    return ATTRIBUTE_NAMES[site.memory_space][site.kind is not SiteKind.OPERAND]
+    # A site that needs a layout has a memory space.
+    return ATTRIBUTE_NAMES[site.memory_space][  # type: ignore[index]
+        site.kind is not SiteKind.OPERAND]
 
 
 def _grouped(sites: list[ValueSite], values: list[Constant]) -> dict[str, list[Constant]]:
@@ -382,7 +386,8 @@ class _AttributeCache:
         each site), by attribute name: an MMA's ``in_layouts``,
         ``in_transforms`` and ``out_layouts``. Keyed by the sites' attribute
         names (strings hash once) and the identity of the values."""
-        key = (*[ATTRIBUTE_NAMES[site.memory_space][site.kind is not OPERAND] for site in sites],
+        key = (*[ATTRIBUTE_NAMES[site.memory_space][  # type: ignore[index]  # layout sites
+                     site.kind is not OPERAND] for site in sites],
                *[id(v) for v in values])
         cached = self._by_name.get(key)
         if cached is None:

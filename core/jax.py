@@ -58,7 +58,8 @@ def _lower_mgpu_module_with(pipeline: Pipeline, original: Any):
         kernels.canonicalize(module)
         _dump(module, options, "before_layout_inference")  # jax's file names
         try:
-            infer_layouts(module, arch=tuple(mgpu_utils._infer_arch()), pipeline=pipeline)
+            major, minor = mgpu_utils._infer_arch()
+            infer_layouts(module, arch=(major, minor), pipeline=pipeline)
             _dump(module, options, "after_layout_inference")
             lower(module, launch_ctx, auto_barriers=auto_barriers, pipeline=pipeline)
         finally:
@@ -82,6 +83,7 @@ def _allowing_unregistered_dialects(lowering: Any, primitive: Any) -> Any:
     @functools.wraps(lowering)
     def wrapper(ctx: Any, *args: Any, **params: Any) -> Any:
         context = ir.Context.current
+        assert context is not None  # Pallas lowers inside its module's context
         opened = _state.setdefault("opened", [])
         if not any(c is context for c, _ in opened):
             # jax reuses its contexts: remember the setting to put it back.

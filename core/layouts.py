@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from jax._src.lib import mosaic_gpu_dialect as mgpu
@@ -240,16 +240,17 @@ def tiled_strides(strides: tuple[int, ...], tiling: tuple[int, ...]) -> tuple[in
     tile_size = running
     tile_index = [0] * n
     running = tile_size
-    prev_stride, prev_tile = None, None
+    previous: tuple[int, int] | None = None  # the stride and tile of the last dim seen
     for i in reversed(order):
         stride = tail[i]
-        if prev_stride is not None:
+        if previous is not None:
+            prev_stride, prev_tile = previous
             needed = prev_stride * prev_tile
             if stride % needed:
                 raise ValueError(f"stride {stride} is not divisible by {needed}")
             running *= stride // needed
         tile_index[i] = running
-        prev_stride, prev_tile = stride, tiling[i]
+        previous = stride, tiling[i]
     return (*lead, *tile_index, *in_tile)
 
 
@@ -259,8 +260,8 @@ def smem_transforms_fit(ref_type: ir.MemRefType, transforms: SmemTransforms) -> 
     tiling, swizzle = transforms.tiling, transforms.swizzle
     if not shape:
         return tiling is None and swizzle is None
-    strides, _ = ref_type.get_strides_and_offset()
-    strides = tuple(strides)
+    ref_strides, _ = ref_type.get_strides_and_offset()
+    strides = tuple(ref_strides)
     if min(strides) != 1:
         # Swizzles and tilings assume a contiguous minor dimension.
         return tiling is None and swizzle is None
@@ -308,16 +309,17 @@ def _insert_unit_dim(layout: fa.TiledLayout, axis: int) -> fa.TiledLayout:
     old_positions = [i for i, new in enumerate(from_axis) if not new]
     old_len, new_len = len(old_positions), len(from_axis)
 
-    def moved(dim: int | fa.Replicated) -> int | fa.Replicated:
-        if isinstance(dim, fa.Replicated):
-            return dim
+    def moved_dim(dim: int) -> int:
         return old_positions[old_len + dim] - new_len
+
+    def moved(dim: int | fa.Replicated) -> int | fa.Replicated:
+        return dim if isinstance(dim, fa.Replicated) else moved_dim(dim)
 
     return fa.TiledLayout(
         tiling,
         tuple(map(moved, layout.warp_dims)),
         tuple(map(moved, layout.lane_dims)),
-        moved(layout.vector_dim),
+        moved_dim(layout.vector_dim),
         _check_canonical=False,
     ).canonicalize()
 
@@ -418,7 +420,8 @@ def smem_transforms_from_attribute(attr: ir.Attribute) -> SmemTransforms:
         if isinstance(decoded, lc.TileTransform):
             tiling = tuple(decoded.tiling)
         elif isinstance(decoded, mgpu.SwizzlingMode):
-            swizzle = int(decoded.value) if decoded != mgpu.SwizzlingMode.kNoSwizzle else None
+            swizzle = (cast(Swizzle, int(decoded.value))
+                       if decoded != mgpu.SwizzlingMode.kNoSwizzle else None)
         else:
             raise ValueError(f"unsupported SMEM transform {transform}")
     return SmemTransforms(tiling, swizzle)

@@ -8,8 +8,10 @@ results with what its rule returns.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Iterator
+from typing import Final, cast
 
 from jax._src.interpreters import mlir as mlir_interpreter
 from jax._src.lib.mlir import ir
@@ -32,7 +34,7 @@ from smalti.diagnostics import (
 from smalti.layouts import ATTRIBUTE_NAMES, MemorySpace, register_layout_fits
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.records import Fields
-from smalti.registry import RuleKind, RuleRecord
+from smalti.registry import Arch, RuleKind, RuleRecord
 from smalti.rules import RECURSED, LoweringContext, invalid_op, verifier_failure
 from smalti.sites import LayoutValues, layout_values
 
@@ -43,7 +45,11 @@ _CODEGEN_REJECTIONS = (
     fa.TransferPlanDerivationError,
 )
 
-_SKIP = object()  # the op needs no lowering
+class _Skip(enum.Enum):
+    SKIP = enum.auto()
+
+
+_SKIP: Final = _Skip.SKIP  # the op needs no lowering
 
 
 class LoweringReport(Fields):
@@ -84,7 +90,8 @@ class _Lowerer:
         self.pipeline = pipeline
         self.arch = arch
         if strict_arch:
-            self.table, self.fallbacks = pipeline.table(RuleKind.LOWERING, arch), frozenset()
+            self.fallbacks: frozenset[str] = frozenset()
+            self.table = pipeline.table(RuleKind.LOWERING, arch)
         else:
             self.table, self.fallbacks = pipeline.table_with_fallbacks(RuleKind.LOWERING, arch)
         #: the first op of each name lowered by a rule for another architecture
@@ -94,7 +101,7 @@ class _Lowerer:
         self.ctx: LoweringContext | None = None
 
     def _decision(self, op: ir.Operation, operands: LayoutValues, results: LayoutValues
-                  ) -> RuleRecord | None | object:
+                  ) -> RuleRecord | None | _Skip:
         """The rule lowering ``op``; ``None`` if it is only traversed,
         :data:`_SKIP` if it needs nothing (``operands`` and ``results``: its
         ``layout_values``)."""
@@ -148,7 +155,7 @@ class _Lowerer:
             children.reverse()
             stack += children
 
-    def decide(self, op: ir.Operation) -> RuleRecord | None | object:
+    def decide(self, op: ir.Operation) -> RuleRecord | None | _Skip:
         # Decided again rather than remembered from validation: an
         # ir.Operation hashes by its contents (attributes, operands), which
         # rewriting changes, and an op erased by a rewrite is invalidated,
@@ -183,12 +190,14 @@ class _Lowerer:
         if record is None:
             self.traverse(operation)
             return
-        if (self.ctx.thread_semantics == mgpu_utils.ThreadSubset.WARP
+        ctx = self.ctx
+        assert ctx is not None  # made by lower() before the walk
+        if (ctx.thread_semantics == mgpu_utils.ThreadSubset.WARP
                 and not record.warp_semantics):
             raise _no_warp_semantics(record, operation)
         with operation.location:
             try:
-                results = record.function(self.ctx, op.operation.opview)
+                results = record.function(ctx, op.operation.opview)
             except SmaltiError as e:
                 if e.op is None:  # raised by a helper that did not know the op
                     _blame(e, operation)
@@ -468,10 +477,10 @@ def lower(module: ir.Module, launch_context: lc.LaunchContext, *, auto_barriers:
     """
     start = time.perf_counter()
     pipeline = pipeline or default_pipeline()
-    arch = tuple(arch) if arch is not None else module_arch(module)
+    target = cast(Arch, tuple(arch)) if arch is not None else module_arch(module)
     module.context.append_dialect_registry(mlir_interpreter.upstream_dialects)
     module.context.load_all_available_dialects()
-    lowerer = _Lowerer(module, pipeline, arch, arch_policy.strict(strict_arch))
+    lowerer = _Lowerer(module, pipeline, target, arch_policy.strict(strict_arch))
     with module.context, ir.Location.unknown(module.context):
         try:
             lowerer.run(launch_context, auto_barriers)

@@ -187,8 +187,8 @@ class Pipeline:
             fallbacks = frozenset(name for name in self.rules[kind] if name not in table)
             for name in fallbacks:
                 table[name] = arch_policy.nearest(self.rules[kind][name], arch)
-            cached = self._tables[key] = (table, fallbacks)  # type: ignore[assignment]
-        return cached  # type: ignore[return-value]
+            cached = self._tables[key] = (table, fallbacks)
+        return cached
 
     def unsupported_on(self, kind: RuleKind, key: str) -> list[RuleRecord]:
         """The rules for ``key`` (all of them unsupported on the asked architecture)."""

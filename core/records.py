@@ -49,7 +49,7 @@ class Fields:
             return True
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared)
@@ -86,6 +86,7 @@ class HashedRecord(Record):
     records hashed over and over: the layouts the solver compares)."""
 
     __slots__ = ("_hash",)
+    _hash: int
 
     def _set(self, *values: Any) -> None:
         super()._set(*values)

@@ -9,6 +9,8 @@ protocol Mosaic GPU's own lowering uses, so the two can be mixed.
 
 from __future__ import annotations
 
+import typing
+
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import builtin
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -131,7 +133,8 @@ def tmem_ref_from_ir(ref: ir.Value, expected: ir.Attribute, *,
                  "or pin the layout once with mosaic_gpu.tmem_layout_cast after the allocation"],
         )
     ref_type = ir.MemRefType(ref.type)
-    return tcgen05.TMEMRef(cast.operands[0], tuple(ref_type.shape), ref_type.element_type,
+    shape = typing.cast(tuple[int, int], tuple(ref_type.shape))  # TMEM refs are 2-D
+    return tcgen05.TMEMRef(cast.operands[0], shape, ref_type.element_type,
                            tmem_layout_from_attribute(actual))
 
 

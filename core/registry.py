@@ -24,7 +24,7 @@ def _arch(value: Any) -> Arch | None:
     value = tuple(value)
     if len(value) != 2 or not all(isinstance(v, int) for v in value):
         raise ValueError(f"an architecture is a (major, minor) pair of ints, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 class Architectures(Record):
@@ -61,15 +61,14 @@ class Architectures(Record):
         def fmt(arch: tuple[int, int]) -> str:
             return f"sm_{arch[0]}{arch[1]}"
 
-        if self.minimum is None and self.maximum is None:
-            return "any"
-        if self.maximum is None:
-            return f">={fmt(self.minimum)}"
-        if self.minimum is None:
-            return f"<={fmt(self.maximum)}"
-        if self.minimum == self.maximum:
-            return fmt(self.minimum)
-        return f"{fmt(self.minimum)}..{fmt(self.maximum)}"
+        minimum, maximum = self.minimum, self.maximum
+        if minimum is None:
+            return "any" if maximum is None else f"<={fmt(maximum)}"
+        if maximum is None:
+            return f">={fmt(minimum)}"
+        if minimum == maximum:
+            return fmt(minimum)
+        return f"{fmt(minimum)}..{fmt(maximum)}"
 
 
 class JaxVersions(Record):
@@ -382,6 +381,7 @@ class PallasRegistry(_Registry):
     def _primitive_rule(self, primitive: Any, kind: RuleKind, options: PallasOptions
                         ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            name: str | None
             if isinstance(primitive, str) and primitive.count(":") == 1:
                 name = primitive.split(":")[1]
             else:

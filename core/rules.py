@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 from jax._src.lib.mlir import ir
@@ -357,7 +357,7 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
     # those linked at once (one variable stands for all).
     definitions = table.definitions
     linked: list[tuple[Variable, ir.Type]] = []
-    later: list[tuple[int, ir.Value, ir.Type]] = []
+    later: list[tuple[int, ir.Value, ir.ShapedType]] = []
     shape = None  # the linked operands': their producers' variables know it
     operands = op.operands
     for index in range(len(operands)):  # see layout_values
@@ -376,7 +376,7 @@ def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintS
         ty = value.type  # defined later in the walk, or needing no layout
         space = memory_space_of_type(ty)
         if space is REG:
-            later.append((index, value, ty))
+            later.append((index, value, cast(ir.VectorType, ty)))
         elif space is not None:
             return None
     results = layout_values(op.results)
@@ -467,7 +467,9 @@ def _alike(sites: Sequence[ValueSite]) -> bool:
     first = sites[0]
     space, ty = first.memory_space, first.type
     for site in sites[1:]:
-        if site.memory_space is not space or (site.type != ty and site.type.shape != ty.shape):
+        if site.memory_space is not space or (
+                site.type != ty
+                and cast(ir.ShapedType, site.type).shape != cast(ir.ShapedType, ty).shape):
             return False
     return True
 

@@ -9,6 +9,7 @@ operand), because core may insert a relayout in between. So layouts belong to
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, cast
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
@@ -17,6 +18,12 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.caching import per_context
 from smalti.diagnostics import format_location
 from smalti.layouts import MemorySpace
+
+if TYPE_CHECKING:
+    from smalti.constraints import Variable
+
+#: What inference knows of a value's definition: its producer's variable and type.
+Definition = tuple["Variable", ir.Type]
 
 REG = MemorySpace.REG
 
@@ -66,7 +73,7 @@ class ValueSite:
         self._position = -1
         #: For an operand, what inference knew of its value's definition when
         #: it made the site (see SiteTable.layout_sites), else None.
-        self._definition: object = None
+        self._definition: Definition | None = None
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -138,7 +145,7 @@ def _memory_space_of_ref_type(ty: ir.MemRefType) -> MemorySpace | None:
 
 def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
               value: ir.Value, ty: ir.Type, space: MemorySpace = MemorySpace.REG,
-              position: int = -1, definition: object = None) -> ValueSite:
+              position: int = -1, definition: Definition | None = None) -> ValueSite:
     """The site of ``value`` (of type ``ty``, needing a layout in ``space``)
     at ``op``: what the constructor makes, without reading anything through
     the bindings again. ``op_hash`` is ``hash(op)`` if known, ``position``
@@ -162,13 +169,13 @@ def make_site(op: ir.Operation, op_hash: int | None, kind: SiteKind, index: int,
 
 #: What :func:`layout_values` finds: each value needing a layout, with its
 #: index among the op's operands (or results), its type and memory space.
-LayoutValues = list[tuple[int, ir.Value, ir.Type, MemorySpace]]
+LayoutValues = list[tuple[int, ir.Value, ir.ShapedType, MemorySpace]]
 
 
 def layout_values(values: ir.OpOperandList | ir.OpResultList) -> LayoutValues:
     """The values among an op's operands (or results) that need a layout,
     with their index, type and memory space."""
-    found = []
+    found: LayoutValues = []
     # By index: these sequences have no __iter__, and iterating them ends
     # by raising (and catching) an IndexError.
     for index in range(len(values)):
@@ -178,7 +185,7 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList) -> LayoutValues:
         space = (REG if isinstance(ty, ir.VectorType) else
                  memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
         if space is not None:
-            found.append((index, value, ty, space))
+            found.append((index, value, cast(ir.ShapedType, ty), space))  # a vector or ref
     return found
 
 

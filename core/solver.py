@@ -20,7 +20,7 @@ from __future__ import annotations
 import operator
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -152,7 +152,8 @@ class Unsolvable(Exception):
 class ConstraintFault(Exception):
     """A constraint's own code raised (a bug in the plugin that stated it)."""
 
-    def __init__(self, constraint: Constraint, origin: Origin, error: Exception) -> None:
+    def __init__(self, constraint: Constraint, origin: Origin | UseOrigin,
+                 error: Exception) -> None:
         super().__init__(f"{type(error).__name__}: {error}")
         self.constraint = constraint
         self.origin = origin
@@ -190,7 +191,7 @@ class Solver:
         self.nonsplat: list[object | None] = [None] * n
         self.trail: list[tuple[str, int]] = []
         self.constraints = list(system.constraints)
-        self.origins = list(system.origins)
+        self.origins: list[Origin | UseOrigin] = list(system.origins)
         self.active = [True] * len(self.constraints)
         self.watchers: defaultdict[int, list[int]] = defaultdict(list)
         #: Strict relayouts between two variables, watched at their source
@@ -268,7 +269,8 @@ class Solver:
 
     # --- preprocessing ----------------------------------------------------------
 
-    def _scan_constraints(self) -> tuple[list[int], dict[int, list[Variable]], list[int]]:
+    def _scan_constraints(self) -> tuple[list[int], dict[int, list[Variable]],
+                                         list[tuple[int, Variable, Derived]]]:
         """One pass over the rules' statements: merges the variables an
         ``Equal`` between two variables joins, and marks the classes known
         never to be splat from the start (given a layout that is not splat,
@@ -331,7 +333,7 @@ class Solver:
         # nearly every edge; a breadth-first walk settles the rest.
         open_relayouts = []
         for ci in relayouts:
-            if nonsplat[find(self.constraints[ci].source.id)] is None:
+            if nonsplat[find(self._relayout(ci).source.id)] is None:
                 open_relayouts.append(ci)
             else:
                 self._settle_relayout(ci)
@@ -375,7 +377,7 @@ class Solver:
                 nonsplat[low] = nonsplat[high]
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
-            c = self.constraints[ci]
+            c = self._relayout(ci)
             if isinstance(c.target, Variable):
                 successors.setdefault(find(c.source.id), []).append(c.target)
         for producer, consumer, _ in open_uses:
@@ -401,7 +403,7 @@ class Solver:
         # Once the uses are merged: a reduction's source is its producer's class.
         self._merge_congruent(derived_equals)
         for ci in open_relayouts:
-            if nonsplat[find(self.constraints[ci].source.id)] is not None:
+            if nonsplat[find(self._relayout(ci).source.id)] is not None:
                 self._settle_relayout(ci)
         self._link_open_uses(open_uses)
 
@@ -439,7 +441,7 @@ class Solver:
             if link in linked:
                 continue
             linked.add(link)
-            element = value_type.element_type
+            element = cast(ir.ShapedType, value_type).element_type  # a vector's
             bitwidth = bitwidths.get(element)
             if bitwidth is None:
                 bitwidth = bitwidths[element] = mgpu_utils.bitwidth(element)
@@ -448,10 +450,14 @@ class Solver:
             active.append(True)
             self.queued.append(False)
 
+    def _relayout(self, ci: int) -> Relayout:
+        """Constraint ``ci``, known to be a :class:`Relayout`."""
+        return cast(Relayout, self.constraints[ci])
+
     def _settle_relayout(self, ci: int) -> None:
         """Relayout ``ci`` leaves a non-splat value: its target is non-splat
         too, and a strict relayout is the identity."""
-        c = self.constraints[ci]
+        c = self._relayout(ci)
         if not isinstance(c.target, Variable):
             if c.strict:
                 self.constraints[ci] = Equal(c.source, c.target)
@@ -482,7 +488,7 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
-                found = []
+                found: list[int] = []
                 for v in over:
                     root = parent[v.id]  # find(), inlined for roots and right below
                     if parent[root] != root:
@@ -514,7 +520,7 @@ class Solver:
                 watchers[source].append(ci)
                 remaining.append(ci)
                 continue
-            found: list[int] = []
+            found = []
             for e in c.expressions():
                 for v in variables_of(e):
                     root = find(v.id)
@@ -581,7 +587,7 @@ class Solver:
     def _examine(self, ci: int) -> None:
         c = self.constraints[ci]
         find, value_of, known = self.find, self.value_of, self.value
-        values = []
+        values: list[Any] = []  # Constants once complete
         complete = True
         for e in c.expressions():
             v = known[find(e.id)] if type(e) is Variable else evaluate(e, value_of)
@@ -801,8 +807,8 @@ class Solver:
         try:
             # Before any constraint watches a class: the pass below examines
             # every active one once, in order.
-            for var, value, origin in self.system.assignments:
-                self.assign(self.find(var.id), value, ("o", origin))
+            for var, layout, origin in self.system.assignments:
+                self.assign(self.find(var.id), layout, ("o", origin))
             self._index()
             value, splat_watched, cvars = self.value, self.splat_watched, self.cvars
             for ci in self.indexed:
@@ -826,14 +832,16 @@ class Solver:
             self._search(roots, constraints)
         find, value, parent = self.find, self.value, self.parent
         # parent[i] is the root of nearly every i by now: find() only for the rest.
-        return [value[r] if parent[r] == r else value[find(r)] for r in parent]
+        # Every class has a layout once the search is done.
+        return cast(list[Constant], [value[r] if parent[r] == r else value[find(r)]
+                                     for r in parent])
 
     def _spend_fuel_on_propagation(self) -> None:
         """Takes the classes propagation gave a layout out of :attr:`fuel`."""
         assigned = [r for r, parent in enumerate(self.parent)
                     if parent == r and self.value[r] is not None]
         self.fuel -= len(assigned)  # type: ignore[operator]
-        if self.fuel < 0:  # type: ignore[operator]
+        if self.fuel < 0:
             raise BudgetExhausted([self.variables[r] for r in assigned[:5]])
 
     # --- explanations -----------------------------------------------------------
@@ -916,8 +924,8 @@ class Solver:
             if _is_origin(reason):
                 demands.append(f"{_where(reason[1])} asks for {self.value[root]}")
                 asking.add(_where(reason[1]))
-            elif _ci(reason) is not None:
-                for other in self.cvars[_ci(reason)]:
+            elif (ci := _ci(reason)) is not None:
+                for other in self.cvars[ci]:
                     visit(self.find(other), depth + 1)
             members.extend(v for v in self.variables if self.find(v.id) == root)
 
@@ -1004,7 +1012,7 @@ def _where_op(op: ir.Operation) -> str:
     return op.name + (f" at {location}" if location else "")
 
 
-def _is_origin(reason: object) -> bool:
+def _is_origin(reason: object) -> TypeGuard[tuple[str, Origin]]:
     return isinstance(reason, tuple) and reason[0] == "o"
 
 
@@ -1020,7 +1028,7 @@ def _fits(var: Variable, value: Constant) -> bool:
             return var.memory_space is MemorySpace.REG and value.fits(var.shape)
         case layouts.SmemTransforms():
             return var.memory_space is MemorySpace.SMEM and layouts.smem_transforms_fit(
-                var.type, value)
+                cast(ir.MemRefType, var.type), value)
         case layouts.TmemLayout(layout=layout):
             return var.memory_space is MemorySpace.TMEM and layouts.tmem_layout_fits(
                 var.shape, layout)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 from jax._src.lib.mlir import ir
@@ -22,7 +23,7 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti import layouts
-from smalti.layouts import SWIZZLES, SmemTransforms
+from smalti.layouts import SWIZZLES, SmemTransforms, Swizzle
 
 _PLAN_FAILURES = (fa.TxMatrixIneligible, fa.TransferPlanDerivationError,
                   fa.UnsupportedTransferError)
@@ -41,7 +42,7 @@ def smem_transfer_supported(
         # Splat and strided values are only moved to and from plain refs.
         return smem.tiling is None and smem.swizzle is None
     untiled = smem.tiling is None
-    tiling = shape if untiled else smem.tiling
+    tiling = shape if smem.tiling is None else smem.tiling
     optimized = kind != "unoptimized" and not (untiled and kind == "downgradable")
     return _plan_exists(
         layout, tuple(tiling), smem.swizzle, tuple(shape), tuple(strides), bitwidth, optimized,
@@ -120,7 +121,7 @@ def smem_transforms_candidates(
         elems = 8 * swizzle // bitwidth
         if minor % elems:
             continue
-        tiling = (elems, 8) if transposed else (8, elems)
+        tiling: tuple[int, ...] = (elems, 8) if transposed else (8, elems)
         if divides is not None:
             from smalti.constraints import merge_multiples
 
@@ -129,7 +130,7 @@ def smem_transforms_candidates(
             swizzle = elems * bitwidth // 8
             if swizzle not in SWIZZLES:
                 continue
-        candidate = SmemTransforms(tiling, swizzle)
+        candidate = SmemTransforms(tiling, cast(Swizzle, swizzle))  # one of SWIZZLES
         if candidate not in seen:
             seen.add(candidate)
             yield candidate

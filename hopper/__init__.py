@@ -15,6 +15,7 @@ from smalti.registry import (
     HOPPER_AND_LATER,
     Architectures,
     ConstraintRegistry,
+    LoweringOptions,
     LoweringRegistry,
     PallasRegistry,
 )
@@ -40,12 +41,14 @@ def smalti_register_constraint_rules(registry: ConstraintRegistry) -> None:
 def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
     rule = registry.lowering_rule
     # TMA copies and expect-tx arrivals may also be issued by a single warp.
-    warp = dict(archs=HOPPER_AND_LATER, warp_semantics=True)
+    warp: LoweringOptions = {"archs": HOPPER_AND_LATER, "warp_semantics": True}
+    warp_since_0_12: LoweringOptions = {**warp, "jax": SINCE_0_12}
+    warp_before_0_12: LoweringOptions = {**warp, "jax": BEFORE_0_12}
     rule("mosaic_gpu.async_load", **warp)(tma.lower_async_load)
     rule("mosaic_gpu.async_store", **warp)(tma.lower_async_store)
     rule("mosaic_gpu.async_prefetch", **warp)(tma.lower_async_prefetch)
-    rule("mosaic_gpu.arrive_expect_tx", **warp, jax=SINCE_0_12)(tma.lower_arrive_expect_tx)
-    rule("mosaic_gpu.arrive_expect_tx", **warp, jax=BEFORE_0_12)(
+    rule("mosaic_gpu.arrive_expect_tx", **warp_since_0_12)(tma.lower_arrive_expect_tx)
+    rule("mosaic_gpu.arrive_expect_tx", **warp_before_0_12)(
         tma.lower_arrive_expect_tx_jax_0_11)
     rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=SINCE_0_12)(
         smem_stores.lower_async_store_smem)
