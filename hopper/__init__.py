@@ -8,6 +8,8 @@ only.
 
 from __future__ import annotations
 
+from typing import Any
+
 from smalti.hookspec import hookimpl
 from smalti.hopper import smem_stores, tma, wgmma
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
@@ -65,7 +67,7 @@ def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
         _lower_async_store_smem)
 
 
-def _lower_async_store_smem(ctx, *args, **params):
+def _lower_async_store_smem(ctx: Any, *args: Any, **params: Any) -> Any:
     from smalti.hopper import pallas_stores  # imports Pallas
 
     return pallas_stores.lower_async_store_smem(ctx, *args, **params)

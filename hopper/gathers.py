@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith
@@ -23,7 +24,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.constraints import Constraint, Expression, SearchContext, Variable, describe
 from smalti.diagnostics import SmaltiNotImplementedError
-from smalti.layouts import SmemTransforms
+from smalti.layouts import Constant, SmemTransforms
 from smalti.records import Record
 
 # The widest row a gather moves without an SMEM tiling (jax's limit, in elements).
@@ -56,7 +57,7 @@ def _constant(value: ir.Value) -> int | None:
     return None
 
 
-def plan(op, gmem_type: ir.MemRefType) -> Collapse | None:
+def plan(op: Any, gmem_type: ir.MemRefType) -> Collapse | None:
     """The collapse of a gather/scatter on an N-D GMEM ref (``None`` for 2-D).
 
     Raises SM120 where the selected part of a row is not contiguous.
@@ -134,7 +135,7 @@ class CollapsibleGatherTiling(Record, Constraint):
     def expressions(self) -> tuple[Expression, ...]:
         return (self.expr,)
 
-    def check(self, values) -> bool:
+    def check(self, values: tuple[Constant, ...]) -> bool:
         (value,) = values
         return isinstance(value, SmemTransforms) and tiling_allowed(
             self.collapse, value, self.divisor)
@@ -200,7 +201,7 @@ def _as_index_value(v: int | ir.Value, index: ir.Type) -> ir.Value:
     return mgpu_utils.c(v, index) if isinstance(v, int) else v
 
 
-def collapsed_slice(op, collapse: Collapse, rows) -> tuple:
+def collapsed_slice(op: Any, collapse: Collapse, rows: Any) -> tuple:
     """The 2-D GMEM slice: the gathered rows, then one run of the row."""
     index = ir.IndexType.get()
     start: ir.Value | int = 0

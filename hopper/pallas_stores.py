@@ -30,9 +30,10 @@ _jax_lowering = pallas_primitives._async_store_smem_lowering
 _PTX_TYPES = {32: ("b32", "r"), 64: ("b64", "l")}
 
 
-def lower_async_store_smem(ctx: Any, src, ref, barrier, cluster_idx, *flat_transforms,
-                           ref_transforms_treedef, barrier_transforms_treedef, cluster_dim,
-                           optimized, atomic) -> Any:
+def lower_async_store_smem(ctx: Any, src: Any, ref: Any, barrier: Any, cluster_idx: Any,
+                           *flat_transforms: Any, ref_transforms_treedef: Any,
+                           barrier_transforms_treedef: Any, cluster_dim: Any, optimized: Any,
+                           atomic: Any) -> Any:
     """Pallas lowering of ``async_store_smem_p``: scalars here, the rest by jax."""
     params = dict(ref_transforms_treedef=ref_transforms_treedef,
                   barrier_transforms_treedef=barrier_transforms_treedef,
@@ -71,8 +72,8 @@ def _location() -> str | None:
         return None
 
 
-def _operands(ctx: Any, ref, barrier, cluster_idx, flat_transforms, ref_treedef,
-              barrier_treedef) -> tuple[ir.Value, ir.Value, ir.Value]:
+def _operands(ctx: Any, ref: Any, barrier: Any, cluster_idx: Any, flat_transforms: Any,
+              ref_treedef: Any, barrier_treedef: Any) -> tuple[ir.Value, ir.Value, ir.Value]:
     """The 0-D SMEM ref stored to, the barrier memref and the peer's index,
     with the Pallas transforms applied the way jax's rule applies them."""
     ref_transforms, barrier_transforms = (

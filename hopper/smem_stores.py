@@ -4,6 +4,7 @@ by an expect-tx barrier (sm_90a)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
@@ -43,8 +44,8 @@ def async_store_smem_jax_0_11(op: mgpu.AsyncStoreSmemOp, b: ConstraintBuilder) -
     _async_store_smem(op, b, unset=TransferKind.DOWNGRADABLE)
 
 
-def _expect_tx(ctx: LoweringContext, op, value: fa.FragmentedArray, orders_tensor_core: bool,
-               barrier: mgpu_utils.BarrierRef) -> None:
+def _expect_tx(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp, value: fa.FragmentedArray,
+               orders_tensor_core: bool, barrier: mgpu_utils.BarrierRef) -> None:
     """jax >= 0.12: the bytes, per lane; a tensor-core barrier expects all of
     them from one lane, ordered after the threads' earlier work."""
     total = math.prod(value.shape) * mgpu_utils.bitwidth(value.mlir_dtype) // 8
@@ -59,7 +60,7 @@ def _expect_tx(ctx: LoweringContext, op, value: fa.FragmentedArray, orders_tenso
         barrier.arrive_expect_tx(total // mgpu_utils.WARPGROUP_SIZE)
 
 
-def _expect_tx_jax_0_11(ctx: LoweringContext, op, value: fa.FragmentedArray,
+def _expect_tx_jax_0_11(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp, value: fa.FragmentedArray,
                         orders_tensor_core: bool, barrier: mgpu_utils.BarrierRef) -> None:
     """jax 0.11: counted in bits; every barrier gets per-lane shares."""
     bits = math.prod(value.shape) * mgpu_utils.bitwidth(value.mlir_dtype)
@@ -70,8 +71,9 @@ def _expect_tx_jax_0_11(ctx: LoweringContext, op, value: fa.FragmentedArray,
     barrier.arrive_expect_tx(bits // 8 // mgpu_utils.WARPGROUP_SIZE)
 
 
-def _lower_async_store_smem(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp, expect_tx,
-                            transfers: Transfers) -> list[ir.Value]:
+def _lower_async_store_smem(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp,
+                            expect_tx: Callable[..., None], transfers: Transfers
+                            ) -> list[ir.Value]:
     index = ir.IndexType.get()
     [layout_attr] = ctx.in_layouts(op)
     value = ctx.from_ir(op.valueToStore, layout_attr)

@@ -10,7 +10,7 @@ leading dimension, in one of the TMA index layouts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
@@ -27,16 +27,20 @@ from smalti.layouts import RegisterLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 
+#: The TMA copies; with the prefetch, the TMA ops these rules describe.
+type CopyOp = mgpu.AsyncLoadOp | mgpu.AsyncStoreOp
+type TmaOp = mgpu.AsyncLoadOp | mgpu.AsyncStoreOp | mgpu.AsyncPrefetchOp
+
 # Operand index of the first GMEM index, per op.
 _FIRST_INDEX = {"mosaic_gpu.async_load": 3, "mosaic_gpu.async_store": 2,
                 "mosaic_gpu.async_prefetch": 1}
 
 
-def _gmem_ref(op) -> ir.Value:
+def _gmem_ref(op: TmaOp) -> ir.Value:
     return op.destination if op.operation.name == "mosaic_gpu.async_store" else op.source
 
 
-def index_layouts(op, b: ConstraintBuilder) -> None:
+def index_layouts(op: TmaOp, b: ConstraintBuilder) -> None:
     """Each vector of gather/scatter row indices is in a TMA index layout."""
     first = _FIRST_INDEX[op.operation.name]
     for i, index in enumerate(op.indices):
@@ -62,7 +66,7 @@ def index_layouts(op, b: ConstraintBuilder) -> None:
         b.require(OneOf(b.variable(b.operand(first + i)), tuple(allowed)))
 
 
-def check_indices(op) -> None:
+def check_indices(op: TmaOp) -> None:
     """One GMEM index and one slice length per dimension of the GMEM ref.
 
     The MLIR verifier says so too, but inference does not run it, and the
@@ -72,7 +76,7 @@ def check_indices(op) -> None:
     indices, lengths = len(op.indices), len(op.slice_lengths)
     if indices == rank == lengths:
         return
-    values = {"GMEM ref": str(_gmem_ref(op).type), "indices": indices,
+    values: dict[str, Any] = {"GMEM ref": str(_gmem_ref(op).type), "indices": indices,
               "slice_lengths": list(op.slice_lengths)}
     if rank != 2 and any(isinstance(i.type, ir.VectorType) for i in op.indices):
         # What jax raises for a gather on a GMEM ref that is not 2-D.
@@ -89,7 +93,7 @@ def check_indices(op) -> None:
             "dimension; module.operation.verify() reports such ops", **values)
 
 
-def async_copy(op, b: ConstraintBuilder) -> None:
+def async_copy(op: CopyOp, b: ConstraintBuilder) -> None:
     """The SMEM tile of a TMA copy: its tiling divides the copied slice."""
     check_indices(op)
     multiple = []
@@ -128,7 +132,7 @@ def async_copy(op, b: ConstraintBuilder) -> None:
     index_layouts(op, b)
 
 
-def _check_gather(op, dim: int) -> None:
+def _check_gather(op: TmaOp, dim: int) -> None:
     if dim != 0:
         raise SmaltiNotImplementedError(
             "SM120", "Only leading gather dimensions allowed: vector indices must index "
@@ -143,7 +147,7 @@ def _check_gather(op, dim: int) -> None:
     # N-D refs whose rows collapse to 2-D: checked by gathers.plan.
 
 
-def prefetch(op, b: ConstraintBuilder) -> None:
+def prefetch(op: mgpu.AsyncPrefetchOp, b: ConstraintBuilder) -> None:
     check_indices(op)
     index_layouts(op, b)
 
@@ -151,7 +155,7 @@ def prefetch(op, b: ConstraintBuilder) -> None:
 # --- lowering -------------------------------------------------------------------------
 
 
-def _gmem_slice(ctx: LoweringContext, op) -> tuple[tuple, dict]:
+def _gmem_slice(ctx: LoweringContext, op: TmaOp) -> tuple[tuple, dict]:
     """The GMEM slice of a copy, and the predicate arguments for async_copy."""
     kwargs = {"predicate": ctx.lane_predicate(op.predicate)}
     slices = []
@@ -170,7 +174,8 @@ def _gmem_slice(ctx: LoweringContext, op) -> tuple[tuple, dict]:
     return tuple(slices), kwargs
 
 
-def _physical_smem(ctx: LoweringContext, op, ref: ir.Value):
+def _physical_smem(ctx: LoweringContext, op: CopyOp, ref: ir.Value
+                   ) -> tuple[ir.Value, mgpu.SwizzlingMode, tuple]:
     """The tiled SMEM ref, swizzle and GMEM-side transforms of a copy."""
     [transforms] = ctx.in_transforms(op)
     smem = smem_transforms_from_attribute(transforms)
@@ -188,15 +193,16 @@ def _physical_smem(ctx: LoweringContext, op, ref: ir.Value):
 
 
 
-def _gather_collapse(op) -> gathers.Collapse | None:
+def _gather_collapse(op: TmaOp) -> gathers.Collapse | None:
     """How a gather/scatter on an N-D GMEM ref collapses; ``None`` otherwise."""
     if not any(isinstance(i.type, ir.VectorType) for i in op.indices):
         return None
     return gathers.plan(op, ir.MemRefType(_gmem_ref(op).type))
 
 
-def _collapsed_gather(ctx: LoweringContext, op, collapse: gathers.Collapse, gmem: ir.Value,
-                      smem_ref: ir.Value, slices: tuple):
+def _collapsed_gather(ctx: LoweringContext, op: CopyOp, collapse: gathers.Collapse,
+                      gmem: ir.Value, smem_ref: ir.Value, slices: tuple
+                      ) -> tuple[ir.Value, ir.Value, mgpu.SwizzlingMode, tuple, tuple]:
     """The 2-D GMEM view, folded physical SMEM ref, swizzle, GMEM transforms
     and slice that jax's 2-D gather takes for a collapsed N-D one."""
     [transforms] = ctx.in_transforms(op)
@@ -232,7 +238,8 @@ class _CopyOperands(NamedTuple):
     predicate: dict
 
 
-def _copy_operands(ctx: LoweringContext, op, gmem: ir.Value, smem: ir.Value) -> _CopyOperands:
+def _copy_operands(ctx: LoweringContext, op: CopyOp, gmem: ir.Value, smem: ir.Value
+                   ) -> _CopyOperands:
     # The order of the two steps is the order their IR is emitted in, which
     # the differential tests compare with jax's.
     collapse = _gather_collapse(op)
@@ -293,7 +300,7 @@ def lower_async_prefetch(ctx: LoweringContext, op: mgpu.AsyncPrefetchOp) -> list
     return []
 
 
-def _store_peer(op: mgpu.AsyncStoreOp) -> object:
+def _store_peer(op: mgpu.AsyncStoreOp) -> int | ir.Value | lc.GlobalBroadcast | None:
     """Whose GMEM the store writes: every peer's, one peer's, or (None) its own."""
     if op.is_global_broadcast.value:
         return lc.GLOBAL_BROADCAST
@@ -307,8 +314,8 @@ def lower_async_store(ctx: LoweringContext, op: mgpu.AsyncStoreOp) -> list[ir.Va
         src_ref=copy.smem, dst_ref=copy.gmem, gmem_slice=copy.slices, swizzle=copy.swizzle,
         gmem_transform=copy.gmem_transforms, **copy.predicate,
         arrive=None if op.commit_group is None else bool(op.commit_group),
-        reduction_op=(None if reduction is None
-                      else mgpu.TMAReduction(reduction.value).name.lower()),
+        reduction_op=(None if reduction is None else cast(
+            lc.TMAReductionOp, mgpu.TMAReduction(reduction.value).name.lower())),
         gmem_peer_id=_store_peer(op), oob_mode=lc.OOBFillMode.UNDEFINED,
     )
     return []
@@ -330,7 +337,7 @@ def _uniform_tx_bytes(ctx: LoweringContext, op: mgpu.ArriveExpectTxOp, lanes: in
     if constant is not None and constant % lanes == 0:
         # Every lane arrives with its share: cheaper than a single arrival.
         return mgpu_utils.c(constant // lanes, i32)
-    total = dynamic if dynamic is not None else mgpu_utils.c(constant, i32)
+    total = dynamic if dynamic is not None else mgpu_utils.c(int(expected), i32)
     return arith.select(ctx.single_lane_predicate, total, mgpu_utils.c(0, i32))
 
 

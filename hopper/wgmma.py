@@ -7,6 +7,8 @@ when it is not in registers) is read from SMEM, tiled ``(8, swizzle)`` — or
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
 
@@ -28,10 +30,10 @@ from smalti.layouts import (
 )
 from smalti.plugins.transfers import unwrap_ref
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
-from smalti.sites import memory_space_of
+from smalti.sites import ValueSite, memory_space_of
 
 
-def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
+def mma_smem_tilings(ref_type: ir.Type, op: ir.OpView, *, allow_unswizzled: bool = False
                      ) -> tuple[SmemTransforms, ...]:
     """The SMEM transforms an MMA operand ref of type ``ref_type`` may have:
     ``(8, swizzle-wide)`` tiles (transposed for a transposed ref), widest
@@ -39,7 +41,7 @@ def mma_smem_tilings(ref_type: ir.Type, op, *, allow_unswizzled: bool = False
     return _mma_smem_operand(ref_type, op, allow_unswizzled)[0]
 
 
-def _mma_smem_operand(ref_type: ir.Type, op, allow_unswizzled: bool = False
+def _mma_smem_operand(ref_type: ir.Type, op: ir.OpView, allow_unswizzled: bool = False
                       ) -> tuple[tuple[SmemTransforms, ...], bool]:
     """:func:`mma_smem_tilings`, and whether the ref is transposed in memory."""
     allowed, tiling, transposed = _mma_operand(ref_type, allow_unswizzled)
@@ -76,7 +78,8 @@ def _mma_operand(ref_type: ir.Type, allow_unswizzled: bool = False
 _PINNED = {False: RegisterLayout.of(fa.WGMMA_LAYOUT), True: RegisterLayout.of(fa.WGMMA_LAYOUT_8BIT)}
 
 
-def _pinned(b: ConstraintBuilder, op, sites, eight_bit: bool, what: str) -> None:
+def _pinned(b: ConstraintBuilder, op: ir.OpView, sites: Sequence[ValueSite], eight_bit: bool,
+            what: str) -> None:
     var = b.variable(*sites)
     pinned = _PINNED[eight_bit]
     if not pinned.fits(var.shape):

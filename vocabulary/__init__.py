@@ -34,6 +34,8 @@ Why a plugin of its own, not part of :mod:`smalti.plugins`:
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 from smalti.hookspec import hookimpl
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
@@ -213,12 +215,12 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
         module.register_lowerings(registry)
 
 
-def _deferred(reference: str):
+def _deferred(reference: str) -> Callable[..., Any]:
     """The function ``"module:function"`` of this package, imported on first
     use (those modules import Pallas, which building a pipeline must not)."""
     module, _, name = reference.partition(":")
 
-    def call(ctx, *args, **params):
+    def call(ctx: Any, *args: Any, **params: Any) -> Any:
         function = getattr(importlib.import_module(f"smalti.vocabulary.{module}"), name)
         return function(ctx, *args, **params)
 
@@ -226,7 +228,7 @@ def _deferred(reference: str):
     return call
 
 
-def _or_jax(rule):
+def _or_jax(rule: Callable[..., Any]) -> Callable[..., Any]:
     """A Pallas rule of the plugin that never takes away what jax lowers:
     where it refuses (SM206), jax's own rule for the primitive (if Pallas
     has one) gets the equation; only if that raises too, or where the
@@ -235,7 +237,7 @@ def _or_jax(rule):
     instead) raised."""
     from smalti.diagnostics import SmaltiNotImplementedError
 
-    def call(ctx, *args, **params):
+    def call(ctx: Any, *args: Any, **params: Any) -> Any:
         try:
             return rule(ctx, *args, **params)
         except SmaltiNotImplementedError as refusal:

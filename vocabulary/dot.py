@@ -69,8 +69,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +85,16 @@ from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    DTypeLike,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+    Shape,
+)
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.primitives import refuse
 
@@ -101,7 +113,8 @@ WGMMA_FIX = ("for larger or batched products, bring the operands into SMEM and u
 # --- the formula --------------------------------------------------------------------------
 
 
-def _plan(a_shape, b_shape, dimension_numbers):
+def _plan(a_shape: Shape, b_shape: Shape, dimension_numbers: lax.DotDimensionNumbers
+          ) -> tuple[Shape, int, tuple[list[int], int], tuple[list[int], int]]:
     """The output shape, the contracted size K, and per operand the
     flat-index stride of each output dimension (0 where the operand does not
     vary along it) and of the contracted one. At most one dimension is
@@ -114,7 +127,7 @@ def _plan(a_shape, b_shape, dimension_numbers):
     out_shape = tuple(a_shape[d] for d in ba) + tuple(a_shape[d] for d in fa) \
         + tuple(b_shape[d] for d in fb)
 
-    def strides(shape):
+    def strides(shape: Shape) -> list[int]:
         s, acc = [0] * len(shape), 1
         for d in reversed(range(len(shape))):
             s[d], acc = acc, acc * shape[d]
@@ -128,7 +141,7 @@ def _plan(a_shape, b_shape, dimension_numbers):
     return out_shape, k, (out_a, step_a), (out_b, step_b)
 
 
-def _base(out_shape, out_strides):
+def _base(out_shape: Shape, out_strides: Sequence[int]) -> jax.Array:
     """sum over output dims of iota(dim) * stride: an int32 array of out_shape."""
     base = jnp.zeros(out_shape, jnp.int32)
     for dim, stride in enumerate(out_strides):
@@ -137,11 +150,12 @@ def _base(out_shape, out_strides):
     return base
 
 
-def accumulator_dtype(dtype) -> np.dtype:
+def accumulator_dtype(dtype: DTypeLike) -> np.dtype:
     return np.dtype(jnp.float32) if np.dtype(dtype) in FLOATS else np.dtype(jnp.int32)
 
 
-def dot_loop(a, b, *, dimension_numbers, out_dtype):
+def dot_loop(a: jax.Array, b: jax.Array, *, dimension_numbers: lax.DotDimensionNumbers,
+             out_dtype: DTypeLike) -> jax.Array:
     """The register ``dot_general``: an in-order loop over the contraction
     accumulating rank-1 products in f32 / int32 (see the module docstring).
     A jax function: it runs on the CPU under jit as in a kernel."""
@@ -150,7 +164,7 @@ def dot_loop(a, b, *, dimension_numbers, out_dtype):
         a.shape, b.shape, dimension_numbers)
     base_a, base_b = _base(out_shape, out_a), _base(out_shape, out_b)
 
-    def step(k, acc):
+    def step(k: jax.Array, acc: jax.Array) -> jax.Array:
         # take in the operands' own type (less scratch), then widen: exact
         x = take(a, base_a + k * step_a).astype(acc_dtype)
         y = take(b, base_b + k * step_b).astype(acc_dtype)
@@ -160,7 +174,8 @@ def dot_loop(a, b, *, dimension_numbers, out_dtype):
     return acc.astype(out_dtype)
 
 
-def full_contraction(a, b, *, dimension_numbers, out_dtype):
+def full_contraction(a: jax.Array, b: jax.Array, *, dimension_numbers: lax.DotDimensionNumbers,
+                     out_dtype: DTypeLike) -> jax.Array:
     """A 0-D result (vector-vector, or every dimension of 2-D operands
     contracted): the products, in the accumulator type, summed by
     ``jnp.sum`` (a reduction across the warpgroup; its order is a tree)."""
@@ -171,7 +186,8 @@ def full_contraction(a, b, *, dimension_numbers, out_dtype):
     return jnp.sum(a.astype(acc_dtype) * b.astype(acc_dtype)).astype(out_dtype)
 
 
-def row_sums(a, b, *, dimension_numbers, out_dtype):
+def row_sums(a: jax.Array, b: jax.Array, *, dimension_numbers: lax.DotDimensionNumbers,
+             out_dtype: DTypeLike) -> jax.Array:
     """A 1-D result of M elements, M not a multiple of 128 (``x @ v`` for a
     (64, K) block): no register layout holds an (M,) iota, so the loop's
     indices cannot be built; instead the (M, K) products, each operand
@@ -190,7 +206,8 @@ def row_sums(a, b, *, dimension_numbers, out_dtype):
     return jnp.sum(products, axis=1).astype(out_dtype)
 
 
-def decomposition(out_aval, dimension_numbers):
+def decomposition(out_aval: Aval, dimension_numbers: lax.DotDimensionNumbers
+                  ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The jax function computing a product WGMMA does not: the in-order
     loop, for a 0-D result the reduction, for a 1-D result of other than a
     multiple of 128 elements the row sums."""
@@ -206,7 +223,7 @@ def decomposition(out_aval, dimension_numbers):
 # --- the Pallas rule ------------------------------------------------------------------------
 
 
-def problem(a_aval, b_aval, out_aval) -> tuple[str, list[str]] | None:
+def problem(a_aval: Aval, b_aval: Aval, out_aval: Aval) -> tuple[str, list[str]] | None:
     """Why the loop cannot compute this ``dot_general`` (a message and
     fixes), or None. Shared by the rule and the estimator."""
     dtypes = {np.dtype(a_aval.dtype), np.dtype(b_aval.dtype)}
@@ -252,7 +269,9 @@ def _aligned(n: int) -> int:
     return -(-n // 1024) * 1024
 
 
-def wgmma_plan(a_aval, b_aval, out_aval, dimension_numbers, precision) -> WgmmaPlan | None:
+def wgmma_plan(a_aval: Aval, b_aval: Aval, out_aval: Aval,
+               dimension_numbers: lax.DotDimensionNumbers,
+               precision: lax.PrecisionLike) -> WgmmaPlan | None:
     """How to compute this product with one WGMMA, or None (the loop)."""
     if precision is not None and any(p not in (None, lax.Precision.DEFAULT)
                                      for p in (precision if isinstance(precision, tuple)
@@ -288,14 +307,14 @@ def wgmma_plan(a_aval, b_aval, out_aval, dimension_numbers, precision) -> WgmmaP
     return None
 
 
-def _splat(shape, element: ir.Type, value) -> ir.Value:
+def _splat(shape: Shape, element: ir.Type, value: int | float) -> ir.Value:
     ty = ir.VectorType.get(shape, element)
     attr = ir.IntegerAttr.get(element, value) if isinstance(element, ir.IntegerType) \
         else ir.FloatAttr.get(element, value)
     return arith.constant(ty, ir.DenseElementsAttr.get_splat(ty, attr))
 
 
-def _swizzled_index(shape, itemsize: int, swizzle: int, transposed: bool) -> ir.Value:
+def _swizzled_index(shape: Shape, itemsize: int, swizzle: int, transposed: bool) -> ir.Value:
     """For each element of a register value of ``shape``, its element index
     in the staged (R, C) operand (the value, or its transpose) in the
     (8, swizzle / itemsize)-tiled, swizzled SMEM form: element (r, c) at its
@@ -305,7 +324,7 @@ def _swizzled_index(shape, itemsize: int, swizzle: int, transposed: bool) -> ir.
     cols = shape[0] if transposed else shape[1]
     width = swizzle // itemsize
 
-    def c(v):
+    def c(v: int) -> ir.Value:
         return _splat(shape, i32, v)
 
     r = mgpu_dialect.broadcasted_iota(ir.VectorType.get(shape, i32), 1 if transposed else 0)
@@ -319,7 +338,7 @@ def _swizzled_index(shape, itemsize: int, swizzle: int, transposed: bool) -> ir.
     return arith.divui(arith.xori(byte, chunk), c(itemsize))
 
 
-def _staged(ctx, stack: contextlib.ExitStack, x: ir.Value, aval, swizzle: int,
+def _staged(ctx: PallasContext, stack: contextlib.ExitStack, x: ir.Value, aval: Aval, swizzle: int,
             transposed: bool) -> ir.Value:
     """``x`` (transposed if asked) scattered into SMEM scratch in WGMMA's
     swizzled K-major form; the ref of those bytes with those transforms
@@ -330,7 +349,7 @@ def _staged(ctx, stack: contextlib.ExitStack, x: ir.Value, aval, swizzle: int,
     staged_shape = shape[::-1] if transposed else shape
     flat = stack.enter_context(module_ctx.scratch_view(
         jax.ShapeDtypeStruct((math.prod(shape),), dtype)))
-    offset = ir.IntegerAttr(flat.owner.attributes["offset"]).value
+    offset = ir.IntegerAttr(cast(ir.OpView, flat.owner).attributes["offset"]).value
     zero = arith.constant(ir.IndexType.get(), 0)
     vector.scatter(None, flat, [zero],
                    _swizzled_index(shape, dtype.itemsize, swizzle, transposed),
@@ -349,7 +368,7 @@ def _ptx(instruction: str) -> None:
     llvm.inline_asm(ir.Type.parse("!llvm.void"), [], instruction, "", has_side_effects=True)
 
 
-def lower_wgmma(ctx, plan: WgmmaPlan, a, b):
+def lower_wgmma(ctx: PallasContext, plan: WgmmaPlan, a: Operand, b: Operand) -> ir.Value:
     a_aval, b_aval = ctx.avals_in
     [out_aval] = ctx.avals_out
     a = pallas_lowering._ensure_ir_value(a, a_aval.dtype)
@@ -378,7 +397,7 @@ def lower_wgmma(ctx, plan: WgmmaPlan, a, b):
 # --- the Pallas rule ------------------------------------------------------------------------
 
 
-def _wgmma_available(ctx) -> bool:
+def _wgmma_available(ctx: PallasContext) -> bool:
     """WGMMA is sm_90's; its scratch is per warpgroup (one warpgroup only)."""
     axis_names = ctx.module_ctx.axis_names
     if axis_names is not None and axis_names.wg is not None:
@@ -386,8 +405,11 @@ def _wgmma_available(ctx) -> bool:
     return mgpu_utils.get_arch().major == 9
 
 
-def lower_dot_general(ctx, a, b, *, dimension_numbers, precision=None,
-                      preferred_element_type=None, **params):
+def lower_dot_general(ctx: PallasContext, a: Operand, b: Operand, *,
+                      dimension_numbers: lax.DotDimensionNumbers,
+                      precision: lax.PrecisionLike = None,
+                      preferred_element_type: DTypeLike | None = None,
+                      **params: Any) -> Lowered:
     """Pallas' rule for ``dot_general`` (Warpgroup): WGMMA where it applies,
     else the in-order loop."""
     del preferred_element_type, params
@@ -401,8 +423,11 @@ def lower_dot_general(ctx, a, b, *, dimension_numbers, precision=None,
     return _lower_fun(decomposition(out_aval, dimension_numbers))(ctx, a, b)
 
 
-def estimate_dot_general(ctx, a_aval, b_aval, *, dimension_numbers, precision=None,
-                         preferred_element_type=None, **params):
+def estimate_dot_general(ctx: EstimatorContext, a_aval: Aval, b_aval: Aval, *,
+                         dimension_numbers: lax.DotDimensionNumbers,
+                         precision: lax.PrecisionLike = None,
+                         preferred_element_type: DTypeLike | None = None,
+                         **params: Any) -> Resources:
     """What either path needs: Pallas' estimate of the decomposition's jaxpr
     (the loop: ``take``'s SMEM scratch, the larger operand; a 0-D result: the
     reduction's), or both operands' WGMMA

@@ -37,12 +37,13 @@ from smalti.rules import ConstraintBuilder, LoweringContext
 
 SCATTER = "vector.scatter"
 GATHER = "vector.gather"
+type GatherOrScatter = vector.GatherOp | vector.ScatterOp
 
 
 # --- inference --------------------------------------------------------------------------
 
 
-def _check_base(op: ir.OpView) -> None:
+def _check_base(op: GatherOrScatter) -> None:
     ref_type = ir.MemRefType(op.base.type)
     if ref_type.rank != 1:
         raise SmaltiNotImplementedError(
@@ -51,7 +52,7 @@ def _check_base(op: ir.OpView) -> None:
             fix="collapse the ref to 1-D and linearize the indices")
 
 
-def _element_sites(op: ir.OpView, b: ConstraintBuilder) -> list:
+def _element_sites(op: GatherOrScatter, b: ConstraintBuilder) -> list:
     """The register sites of the op: indices, mask, value / pass_thru (and result)."""
     first = 1 + len(op.offsets)
     sites = [b.operand(first + k) for k in range(3)]
@@ -60,7 +61,7 @@ def _element_sites(op: ir.OpView, b: ConstraintBuilder) -> list:
     return sites
 
 
-def gather_scatter(op: ir.OpView, b: ConstraintBuilder) -> None:
+def gather_scatter(op: GatherOrScatter, b: ConstraintBuilder) -> None:
     """One register layout for every element site; a plain (untransformed) ref."""
     _check_base(op)
     b.variable(*_element_sites(op, b))
@@ -74,7 +75,7 @@ def register_constraints(registry: ConstraintRegistry) -> None:
 # --- lowering ---------------------------------------------------------------------------
 
 
-def _plain_ref(ctx: LoweringContext, op: ir.OpView) -> ir.Value:
+def _plain_ref(ctx: LoweringContext, op: GatherOrScatter) -> ir.Value:
     [transforms] = ctx.in_transforms(op)
     if len(ir.ArrayAttr(transforms)):
         raise ctx.unsupported(op, f"{op.operation.name} of a transformed ref ({transforms})",
@@ -82,7 +83,7 @@ def _plain_ref(ctx: LoweringContext, op: ir.OpView) -> ir.Value:
     return unwrap_transformed_ref(op.base, transforms)
 
 
-def _arrays(ctx: LoweringContext, op: ir.OpView) -> list[fa.FragmentedArray]:
+def _arrays(ctx: LoweringContext, op: GatherOrScatter) -> list[fa.FragmentedArray]:
     """indices, mask and value / pass_thru in the layout inference chose."""
     [layout, *_] = ctx.in_layouts(op)
     first = 1 + len(op.offsets)
@@ -114,14 +115,14 @@ def _is_true(value: ir.Value) -> bool:
         owner = value.owner
         if not isinstance(owner, (ir.Operation, ir.OpView)):
             return False
-        owner = owner.operation if isinstance(owner, ir.OpView) else owner
-        if owner.name in ("vector.extract", "vector.broadcast", "vector.splat") \
-                and owner.operands:
-            value = owner.operands[0]
+        operation = owner.operation if isinstance(owner, ir.OpView) else owner
+        if operation.name in ("vector.extract", "vector.broadcast", "vector.splat") \
+                and operation.operands:
+            value = operation.operands[0]
             continue
-        if owner.name != "arith.constant":
+        if operation.name != "arith.constant":
             return False
-        attr = owner.attributes["value"]
+        attr = operation.attributes["value"]
         if isinstance(attr, ir.DenseElementsAttr):
             attr = ir.DenseElementsAttr(attr)
             if not attr.is_splat:
@@ -145,7 +146,7 @@ def _guards(mask_register: ir.Value, count: int) -> list[ir.Value | None]:
     return [None if _is_true(m) else m for m in _elements(mask_register)]
 
 
-def lower_scatter(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
+def lower_scatter(ctx: LoweringContext, op: vector.ScatterOp) -> list[ir.Value]:
     ref = _plain_ref(ctx, op)
     [offset] = op.offsets
     indices, mask, value = _arrays(ctx, op)
@@ -166,7 +167,7 @@ def lower_scatter(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
     return []
 
 
-def lower_gather(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
+def lower_gather(ctx: LoweringContext, op: vector.GatherOp) -> list[ir.Value]:
     ref = _plain_ref(ctx, op)
     [offset] = op.offsets
     indices, mask, pass_thru = _arrays(ctx, op)
@@ -182,6 +183,7 @@ def lower_gather(ctx: LoweringContext, op: ir.OpView) -> list[ir.Value]:
             if m is None:
                 loaded.append(memref.load(ref, [address]))
                 continue
+            assert p is not None  # guarded elements have their pass-through value
             branch = scf.IfOp(m, [p.type], has_else=True)
             with ir.InsertionPoint(branch.then_block):
                 scf.yield_([memref.load(ref, [address])])

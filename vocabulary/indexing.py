@@ -35,8 +35,11 @@ without them and broadcast back (iotas of such shapes have no layout).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -45,10 +48,22 @@ from jax._src.lax import slicing
 from jax._src.lib.mlir import ir
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    DTypeLike,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+    Shape,
+)
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.primitives import refuse
 
 Mode = slicing.GatherScatterMode
+#: A coordinate along one dim: an int32 array, or 0 along a unit dim.
+Coordinate = jax.Array | int
 
 
 # --- geometry ------------------------------------------------------------------------------
@@ -64,7 +79,7 @@ def _column(shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and shape[1] == 1 and shape[0] % 64 == 0
 
 
-def _positions(shape: tuple[int, ...]):
+def _positions(shape: Shape) -> tuple[Shape, list[Coordinate]]:
     """Each element's coordinate along every dim of ``shape``, computed on
     ``shape`` without its unit dims (a coordinate along a unit dim is 0), or
     for an (n, 1) column on (n, 8), every column the same."""
@@ -77,10 +92,11 @@ def _positions(shape: tuple[int, ...]):
     return inner, [next(iotas) if n != 1 else 0 for n in shape]
 
 
-def _linear(coords, shape: tuple[int, ...], like):
+def _linear(coords: Sequence[Coordinate], shape: Shape, like: Shape) -> jax.Array:
     """The row-major linear index of ``coords`` (arrays or ints) in ``shape``,
     as an int32 array of ``like``'s shape."""
-    index, stride = 0, 1
+    index: Coordinate = 0
+    stride = 1
     for c, n in zip(reversed(coords), reversed(shape)):
         if not (isinstance(c, int) and c == 0):
             index = index + c * stride if stride != 1 else index + c
@@ -90,7 +106,7 @@ def _linear(coords, shape: tuple[int, ...], like):
     return index
 
 
-def _back(result, shape: tuple[int, ...]):
+def _back(result: jax.Array, shape: Shape) -> jax.Array:
     """``result`` (on the squeezed shape) with ``shape``'s unit dims back. An
     (n, 1) column was computed as (n, 8) with equal columns: their maximum
     (the value itself, NaN included) has the layout of a reduction, which
@@ -105,7 +121,7 @@ def _back(result, shape: tuple[int, ...]):
     return lax.broadcast_in_dim(result, shape, kept)
 
 
-def default_fill(dtype):
+def default_fill(dtype: DTypeLike) -> float | int | bool:
     """jnp's fill value for out-of-bounds gathers."""
     dtype = np.dtype(dtype)
     if dtype.kind == "f" or dtype == np.dtype(jnp.bfloat16):
@@ -117,7 +133,8 @@ def default_fill(dtype):
     return True
 
 
-def _index(indices, coords, index_shape, k: int, like):
+def _index(indices: jax.Array, coords: Sequence[Coordinate], index_shape: Shape, k: int,
+           like: Shape) -> jax.Array:
     """Component ``k`` of the index vector at batch coordinates ``coords``."""
     linear = _linear([*coords, k], index_shape, like)
     return take(indices, linear).astype(jnp.int32)
@@ -126,8 +143,10 @@ def _index(indices, coords, index_shape, k: int, like):
 # --- gather --------------------------------------------------------------------------------
 
 
-def gather_f(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
-             index_shape, out_shape):
+def gather_f(operand: jax.Array, indices: jax.Array, *,
+             dimension_numbers: slicing.GatherDimensionNumbers, slice_sizes: Shape, mode: Mode,
+             fill_value: float | int | bool | None, index_shape: Shape,
+             out_shape: Shape) -> jax.Array:
     """XLA's gather of a 1-D/2-D ``operand``; ``indices`` holds the index
     array of ``index_shape`` (last dim: the index vector) in row-major order."""
     dn = dimension_numbers
@@ -136,7 +155,7 @@ def gather_f(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_val
     batch = [pos[d] for d in range(len(out_shape)) if d not in dn.offset_dims]
     offsets = [od for od in range(len(shape))
                if od not in dn.collapsed_slice_dims and od not in dn.operand_batching_dims]
-    start = [0] * len(shape)
+    start: list[Coordinate] = [0] * len(shape)
     valid = None
     for k, od in enumerate(dn.start_index_map):
         s = _index(indices, batch, index_shape, k, inner)
@@ -157,7 +176,7 @@ def gather_f(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_val
     return _back(result, out_shape)
 
 
-def see_through(value, aval):
+def see_through(value: Operand, aval: Aval) -> tuple[Operand, Aval]:
     """The source of a ``vector.shape_cast`` (same elements, same order) and
     its aval, or the value itself."""
     owner = getattr(value, "owner", None)
@@ -170,7 +189,7 @@ def see_through(value, aval):
     return value, aval
 
 
-def _supported(ctx, avals, what: str) -> None:
+def _supported(ctx: PallasContext, avals: Sequence[Aval], what: str) -> None:
     for aval in avals:
         dtype = np.dtype(aval.dtype)
         if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
@@ -182,7 +201,8 @@ def _supported(ctx, avals, what: str) -> None:
                          fix="reshape the operand to 1-D or 2-D first")
 
 
-def _checked_indices(ctx, indices, aval, what: str):
+def _checked_indices(ctx: PallasContext, indices: Operand, aval: Aval, what: str
+                     ) -> tuple[Operand, Aval]:
     value, seen = see_through(indices, aval)
     if seen.ndim not in (1, 2) and seen.size != 1:
         raise refuse(ctx, f"{what} with a {aval.ndim}-D index array is not supported",
@@ -193,8 +213,9 @@ def _checked_indices(ctx, indices, aval, what: str):
     return value, seen
 
 
-def lower_gather(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode,
-                 fill_value, **params):
+def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
+                 dimension_numbers: slicing.GatherDimensionNumbers, slice_sizes: Shape,
+                 mode: Any, fill_value: float | int | bool | None, **params: Any) -> Lowered:
     del params
     o_aval, i_aval = ctx.avals_in
     [out_aval] = ctx.avals_out
@@ -210,13 +231,14 @@ def lower_gather(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode,
 # --- scatter -------------------------------------------------------------------------------
 
 
-def _combine(kind: str):
+def _combine(kind: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
     return {"set": lambda old, new: new, "add": lax.add, "mul": lax.mul,
             "min": lax.min, "max": lax.max}[kind]
 
 
-def scatter_f(operand, indices, updates, *, dimension_numbers, mode, kind: str,
-              index_shape):
+def scatter_f(operand: jax.Array, indices: jax.Array, updates: jax.Array, *,
+              dimension_numbers: slicing.ScatterDimensionNumbers, mode: Mode, kind: str,
+              index_shape: Shape) -> jax.Array:
     """XLA's scatter into a 1-D/2-D ``operand``, one index vector after
     another (see the module docstring)."""
     dn = dimension_numbers
@@ -232,9 +254,10 @@ def scatter_f(operand, indices, updates, *, dimension_numbers, mode, kind: str,
     pos = [lax.broadcasted_iota(jnp.int32, shape, d) for d in range(len(shape))]
     combine = _combine(kind)
 
-    def step(n, acc):
+    def step(n: jax.Array, acc: jax.Array) -> jax.Array:
         nn = jnp.full(shape, n, jnp.int32)
-        start, valid = [0] * len(shape), None
+        start: list[Coordinate] = [0] * len(shape)
+        valid = None
         for k, od in enumerate(dn.scatter_dims_to_operand_dims):
             s = take(indices, nn * k_size + k).astype(jnp.int32)
             hi = shape[od] - sizes[od]
@@ -243,7 +266,7 @@ def scatter_f(operand, indices, updates, *, dimension_numbers, mode, kind: str,
                 valid = ok if valid is None else valid & ok
             start[od] = jnp.clip(s, 0, hi)
         inside = valid
-        u_coords = [0] * len(u_shape)
+        u_coords: list[Coordinate] = [0] * len(u_shape)
         rest = nn  # n's coordinates along the updates' scatter dims, last fastest
         for d in reversed(scatter_dims):
             u_coords[d] = lax.rem(rest, jnp.int32(u_shape[d]))
@@ -255,13 +278,16 @@ def scatter_f(operand, indices, updates, *, dimension_numbers, mode, kind: str,
         for od, ud in zip(windows, sorted(dn.update_window_dims)):
             u_coords[ud] = jnp.clip(pos[od] - start[od], 0, u_shape[ud] - 1)
         new = take(updates, _linear(u_coords, u_shape, shape))
+        assert inside is not None  # the operand has a dim (1-D or 2-D)
         return jnp.where(inside, combine(acc, new), acc)
 
     return lax.fori_loop(0, count, step, operand)
 
 
-def _scatter_rule(kind: str):
-    def rule(ctx, operand, indices, updates, *, dimension_numbers, mode, **params):
+def _scatter_rule(kind: str) -> Callable[..., Lowered]:
+    def rule(ctx: PallasContext, operand: Operand, indices: Operand, updates: Operand, *,
+             dimension_numbers: slicing.ScatterDimensionNumbers, mode: Any,
+             **params: Any) -> Lowered:
         del params
         o_aval, i_aval, u_aval = ctx.avals_in
         what = "scatter" if kind == "set" else f"scatter-{kind}"
@@ -289,7 +315,7 @@ lower_scatter_max = _scatter_rule("max")
 # --- resource estimators -------------------------------------------------------------------
 
 
-def estimate(ctx, *avals, **params):
+def estimate(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Resources:
     """The largest of the operands: each ``take`` reads one of them, one
     after another."""
     del ctx, params

@@ -12,6 +12,8 @@ and rounded once: ``floor`` of an f16/bf16 value is exact in f32, and f32
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import math as mlir_math
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -26,7 +28,7 @@ FLOOR = "math.floor"
 POWF = "math.powf"
 
 
-def _in_f32(element: ir.Type, *arrays: Array, fn) -> Array:
+def _in_f32(element: ir.Type, *arrays: Array, fn: Callable[..., Array]) -> Array:
     """``fn(*arrays)``, computed in f32 when ``element`` is a 16-bit float."""
     if isinstance(element, (ir.F16Type, ir.BF16Type)):
         f32 = ir.F32Type.get()

@@ -34,6 +34,8 @@ Each primitive has a resource estimator reserving its scratch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +50,19 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+    Shape,
+)
 from smalti.vocabulary.primitives import jax_rule, refuse
+
+#: A slice fused into a concatenation: its start indices, strides and shape.
+View = tuple[Shape, Shape, Shape]
 
 __all__ = ["take", "take_p", "take_estimate"]
 
@@ -56,7 +70,7 @@ __all__ = ["take", "take_p", "take_estimate"]
 take_p = jax_core.Primitive("smalti_take")
 
 
-def take(x: jax.Array, indices: jax.Array) -> jax.Array:
+def take(x: jax.Array, indices: jax.typing.ArrayLike) -> jax.Array:
     """``x.reshape(-1)[indices]``: every index must be in ``[0, x.size)``
     (unchecked in a kernel). ``x`` is 1-D or 2-D; ``indices`` is an int32
     array of at most 2 dimensions; the result has ``indices.shape`` and
@@ -73,11 +87,11 @@ def take(x: jax.Array, indices: jax.Array) -> jax.Array:
 
 
 @take_p.def_abstract_eval
-def _take_abstract_eval(x, indices):
+def _take_abstract_eval(x: Aval, indices: Aval) -> Aval:
     return jax_core.ShapedArray(indices.shape, x.dtype)
 
 
-def _take_impl(x, indices):
+def _take_impl(x: jax.Array, indices: jax.Array) -> jax.Array:
     return jnp.take(x.reshape(-1), indices, mode="clip")
 
 
@@ -85,7 +99,8 @@ take_p.def_impl(_take_impl)
 mlir.register_lowering(take_p, mlir.lower_fun(_take_impl, multiple_results=False))
 
 
-def take_estimate(ctx, x_aval, indices_aval, **params):
+def take_estimate(ctx: EstimatorContext, x_aval: Aval, indices_aval: Aval, **params: Any
+                  ) -> Resources:
     """The scratch ``take`` writes ``x`` into: ``x.size`` elements."""
     del ctx, indices_aval, params
     return pallas_lowering.Resources(
@@ -95,7 +110,7 @@ def take_estimate(ctx, x_aval, indices_aval, **params):
 # --- Pallas Warpgroup lowering -----------------------------------------------------------
 
 
-def lower_take(ctx, x, indices):
+def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
     """Scatter ``x`` into a 1-D scratch view at its row-major linear indices,
     gather the requested ones back."""
     x_aval, idx_aval = ctx.avals_in
@@ -121,10 +136,10 @@ def lower_take(ctx, x, indices):
     indices = pallas_lowering._ensure_ir_value(indices, np.dtype(np.int32))
     shape = tuple(x_aval.shape)
 
-    def vec(shape, ty):
+    def vec(shape: Shape, ty: ir.Type) -> ir.VectorType:
         return ir.VectorType.get(shape, ty)
 
-    def splat(shape, ty, value):
+    def splat(shape: Shape, ty: ir.Type, value: int | float) -> ir.Value:
         return arith.constant(vec(shape, ty), ir.DenseElementsAttr.get_splat(
             vec(shape, ty), ir.IntegerAttr.get(ty, value) if isinstance(ty, ir.IntegerType)
             else ir.FloatAttr.get(ty, value)))
@@ -172,10 +187,8 @@ def _clamp(i: jax.Array, n: int) -> jax.Array:
 def transpose_f(x: jax.Array, permutation: tuple[int, ...]) -> jax.Array:
     out_shape = tuple(x.shape[p] for p in permutation)
     out = _iotas(out_shape)
-    source = [None] * x.ndim
-    for d, p in enumerate(permutation):
-        source[p] = out[d]
-    return take(x, _linear(source, x.shape))
+    source_of = {p: out[d] for d, p in enumerate(permutation)}  # by source dim
+    return take(x, _linear([source_of[p] for p in range(x.ndim)], x.shape))
 
 
 def rev_f(x: jax.Array, dimensions: tuple[int, ...]) -> jax.Array:
@@ -184,13 +197,15 @@ def rev_f(x: jax.Array, dimensions: tuple[int, ...]) -> jax.Array:
     return take(x, _linear(source, x.shape))
 
 
-def pad_f(x: jax.Array, value: jax.Array, padding_config) -> jax.Array:
+def pad_f(x: jax.Array, value: jax.Array,
+          padding_config: Sequence[tuple[int, int, int]]) -> jax.Array:
     """Output position p of a dim padded (lo, hi, interior) holds x[q / (interior + 1)]
     where q = p - lo is a non-negative multiple of interior + 1 below
     n * (interior + 1); the pad value elsewhere."""
     out_shape = tuple(int(lo) + n + max(n - 1, 0) * int(interior) + int(hi)
                       for n, (lo, hi, interior) in zip(x.shape, padding_config))
-    source, valid = [], None
+    source: list[jax.Array] = []
+    valid: jax.Array | None = None
     for i, n, (lo, _, interior) in zip(_iotas(out_shape), x.shape, padding_config):
         step = int(interior) + 1
         q = i - int(lo)
@@ -202,19 +217,21 @@ def pad_f(x: jax.Array, value: jax.Array, padding_config) -> jax.Array:
         valid = ok if valid is None else valid & ok
     taken = take(x, _linear(source, x.shape))
     fill = jax.lax.broadcast_in_dim(value.astype(x.dtype), out_shape, ())
+    assert valid is not None  # x has a dim (1-D or 2-D)
     return jax.lax.select(valid, taken, fill)
 
 
-def concatenate_f(*xs: jax.Array, dimension: int, views=None) -> jax.Array:
+def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] | None = None
+                  ) -> jax.Array:
     """One take per operand, of the positions it covers (clamped elsewhere),
     chosen by the position along ``dimension``. ``views[k]``, if given, is
     ``(start_indices, strides, shape)``: operand k is that strided slice of
     ``xs[k]`` (a slice fused into the concatenation)."""
     views = views or (None,) * len(xs)
     shapes = [x.shape if v is None else v[2] for x, v in zip(xs, views)]
-    out_shape = list(shapes[0])
-    out_shape[dimension] = sum(shape[dimension] for shape in shapes)
-    out_shape = tuple(out_shape)
+    dims = list(shapes[0])
+    dims[dimension] = sum(shape[dimension] for shape in shapes)
+    out_shape = tuple(dims)
     positions = _iotas(out_shape)
     along = positions[dimension]
     result, start = None, 0
@@ -228,10 +245,12 @@ def concatenate_f(*xs: jax.Array, dimension: int, views=None) -> jax.Array:
         piece = take(x, _linear(local, x.shape))
         result = piece if result is None else jax.lax.select(along >= start, piece, result)
         start += n
+    assert result is not None  # a concatenation has operands
     return result
 
 
-def slice_f(x: jax.Array, start_indices, limit_indices, strides) -> jax.Array:
+def slice_f(x: jax.Array, start_indices: Shape, limit_indices: Shape,
+            strides: Shape | None) -> jax.Array:
     strides = strides or (1,) * x.ndim
     out_shape = tuple(max(0, -(-(hi - lo) // s))
                       for lo, hi, s in zip(start_indices, limit_indices, strides))
@@ -257,7 +276,7 @@ def _spread(scalar: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jax.lax.broadcast_in_dim(scalar, shape, ())
 
 
-def dynamic_slice_f(x: jax.Array, *starts: jax.Array, slice_sizes) -> jax.Array:
+def dynamic_slice_f(x: jax.Array, *starts: jax.Array, slice_sizes: Shape) -> jax.Array:
     out_shape = tuple(slice_sizes)
     source = [i + _spread(_start(s, n, size), out_shape)
               for i, s, n, size in zip(_iotas(out_shape), starts, x.shape, slice_sizes)]
@@ -267,19 +286,21 @@ def dynamic_slice_f(x: jax.Array, *starts: jax.Array, slice_sizes) -> jax.Array:
 def dynamic_update_slice_f(x: jax.Array, update: jax.Array, *starts: jax.Array) -> jax.Array:
     """x, with ``update`` over the window at the (clamped) starts: a take of
     update's elements, selected inside the window."""
-    local, inside = [], None
+    local: list[jax.Array] = []
+    inside: jax.Array | None = None
     for i, s, n, size in zip(_iotas(x.shape), starts, x.shape, update.shape):
         q = i - _spread(_start(s, n, size), x.shape)
         ok = (q >= 0) & (q < size)
         local.append(_clamp(q, size))
         inside = ok if inside is None else inside & ok
+    assert inside is not None  # x has a dim (1-D or 2-D)
     return jax.lax.select(inside, take(update, _linear(local, update.shape)), x)
 
 
 # --- Pallas rules: jax's own where it has one -----------------------------------------------
 
 
-def _rank_ok(ctx, *, what: str) -> None:
+def _rank_ok(ctx: PallasContext, *, what: str) -> None:
     for aval in (*ctx.avals_in[:1], *ctx.avals_out):
         if aval.ndim not in (1, 2):
             raise refuse(ctx, f"{what} of {aval.ndim}-D arrays is not supported",
@@ -289,44 +310,47 @@ def _rank_ok(ctx, *, what: str) -> None:
                           fix="drop the empty operand")
 
 
-def _lowered(fn):
+def _lowered(fn: Callable[..., jax.Array]) -> Callable[..., Lowered]:
 
     return pallas_lowering._lower_fun(fn)
 
 
-def lower_transpose(ctx, x, *, permutation):
+def lower_transpose(ctx: PallasContext, x: Operand, *, permutation: Sequence[int]) -> Lowered:
     _rank_ok(ctx, what="transpose")
     if tuple(permutation) == tuple(range(len(permutation))):
         return x
     return _lowered(transpose_f)(ctx, x, permutation=tuple(permutation))
 
 
-def lower_rev(ctx, x, *, dimensions):
+def lower_rev(ctx: PallasContext, x: Operand, *, dimensions: Sequence[int]) -> Lowered:
     _rank_ok(ctx, what="rev")
     if not dimensions:
         return x
     return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
 
 
-def lower_pad(ctx, x, value, *, padding_config):
+def lower_pad(ctx: PallasContext, x: Operand, value: Operand, *,
+              padding_config: Sequence[tuple[int, int, int]]) -> Lowered:
     _rank_ok(ctx, what="pad")
     config = tuple((int(lo), int(hi), int(interior)) for lo, hi, interior in padding_config)
     return _lowered(pad_f)(ctx, x, value, padding_config=config)
 
 
-def lower_tile(ctx, x, *, reps):
+def lower_tile(ctx: PallasContext, x: Operand, *, reps: Sequence[int]) -> Lowered:
     _rank_ok(ctx, what="tile")
     if all(r == 1 for r in reps):
         return x
     return _lowered(tile_f)(ctx, x, reps=tuple(reps))
 
 
-def lower_dynamic_slice(ctx, x, *starts, slice_sizes):
+def lower_dynamic_slice(ctx: PallasContext, x: Operand, *starts: Operand,
+                        slice_sizes: Sequence[int]) -> Lowered:
     _rank_ok(ctx, what="dynamic_slice")
     return _lowered(dynamic_slice_f)(ctx, x, *starts, slice_sizes=tuple(slice_sizes))
 
 
-def lower_dynamic_update_slice(ctx, x, update, *starts):
+def lower_dynamic_update_slice(ctx: PallasContext, x: Operand, update: Operand,
+                               *starts: Operand) -> Lowered:
     _rank_ok(ctx, what="dynamic_update_slice")
     if ctx.avals_in[1].size == 0:
         return x
@@ -369,7 +393,8 @@ def _holdable(shape: tuple[int, ...]) -> bool:
     return any(rows % t == 0 and cols % u == 0 for t, u in _TILES_2D)
 
 
-def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
+def lower_slice(ctx: PallasContext, x: Operand, *, start_indices: Sequence[int],
+                limit_indices: Sequence[int], strides: Sequence[int] | None) -> Lowered:
     """jax's rule for unit strides where a tiled layout may hold the slice;
     a take otherwise (strided or unaligned slices, which jax refuses)."""
     [aval] = ctx.avals_in
@@ -393,7 +418,7 @@ def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
                              strides=None if strides is None else tuple(strides))
 
 
-def _concatenate_aligned(avals, dimension: int) -> bool:
+def _concatenate_aligned(avals: Sequence[Aval], dimension: int) -> bool:
     """Whether every operand may fall on tiles of the result."""
     shape = list(avals[0].shape)
     shape[dimension] = sum(a.shape[dimension] for a in avals)
@@ -407,7 +432,7 @@ def _concatenate_aligned(avals, dimension: int) -> bool:
     return True
 
 
-def lower_concatenate(ctx, *xs, dimension):
+def lower_concatenate(ctx: PallasContext, *xs: Operand, dimension: int) -> Lowered:
     """jax's rule where every piece may fall on tiles; takes otherwise."""
     avals = ctx.avals_in
     aligned = _concatenate_aligned(avals, dimension)
@@ -423,7 +448,7 @@ def lower_concatenate(ctx, *xs, dimension):
 # --- resource estimators: the scratch the takes above need ----------------------------------
 
 
-def _scratch(*avals) -> object:
+def _scratch(*avals: Aval) -> Resources:
     """The largest operand's bytes: the takes run one after another, each
     releasing its scratch. Nothing where an operand is not 1-D or 2-D: the
     plugin hands those to jax's rule (its estimate must then not change the
@@ -434,19 +459,21 @@ def _scratch(*avals) -> object:
     return pallas_lowering.Resources(smem_scratch_bytes=size)
 
 
-def estimate_one(ctx, x_aval, *avals, **params):
+def estimate_one(ctx: EstimatorContext, x_aval: Aval, *avals: Aval, **params: Any) -> Resources:
     """transpose, rev, pad: one take of the first operand."""
     del ctx, avals, params
     return _scratch(x_aval)
 
 
-def estimate_update(ctx, x_aval, update_aval, *avals, **params):
+def estimate_update(ctx: EstimatorContext, x_aval: Aval, update_aval: Aval, *avals: Aval,
+                    **params: Any) -> Resources:
     """dynamic_update_slice: one take of the update."""
     del ctx, x_aval, avals, params
     return _scratch(update_aval)
 
 
-def estimate_slice(ctx, x_aval, *, start_indices, limit_indices, strides):
+def estimate_slice(ctx: EstimatorContext, x_aval: Aval, *, start_indices: Sequence[int],
+                   limit_indices: Sequence[int], strides: Sequence[int] | None) -> Resources:
     """Nothing where jax's rule slices (see :func:`lower_slice`)."""
     del ctx
     unit = strides is None or all(s == 1 for s in strides)
@@ -456,7 +483,7 @@ def estimate_slice(ctx, x_aval, *, start_indices, limit_indices, strides):
     return _scratch(x_aval)
 
 
-def estimate_concatenate(ctx, *avals, dimension):
+def estimate_concatenate(ctx: EstimatorContext, *avals: Aval, dimension: int) -> Resources:
     """Nothing where jax's rule concatenates (see :func:`lower_concatenate`)."""
     del ctx
     if _concatenate_aligned(avals, dimension):
@@ -467,7 +494,7 @@ def estimate_concatenate(ctx, *avals, dimension):
 # --- slices fused into a concatenation (jnp.roll) --------------------------------------------
 
 
-def _fusable(jaxpr) -> dict:
+def _fusable(jaxpr: jax_core.Jaxpr) -> dict[int, dict[int, jax_core.JaxprEqn]]:
     """The unaligned concatenations of ``jaxpr`` (jax's rule cannot lower
     them) and, for each, the slices among its operands that only it uses:
     ``{concatenate eqn index: {operand position: slice eqn}}``. A slice of an
@@ -486,34 +513,36 @@ def _fusable(jaxpr) -> dict:
     for k, eqn in enumerate(jaxpr.eqns):
         if eqn.primitive is not lax_internal.concatenate_p:
             continue
-        avals = [v.aval for v in eqn.invars]
+        avals = [cast(Aval, v.aval) for v in eqn.invars]
         if _concatenate_aligned(avals, eqn.params["dimension"]) or \
                 any(a.ndim not in (1, 2) for a in avals):
             continue
         sliced = {i: producers[v] for i, v in enumerate(eqn.invars)
                   if isinstance(v, jax_core.Var) and v in producers and uses[v] == 1
-                  and producers[v].invars[0].aval.ndim in (1, 2)}
+                  and cast(Aval, producers[v].invars[0].aval).ndim in (1, 2)}
         if sliced:
             found[k] = sliced
     return found
 
 
-def _fused_body(jaxpr, found: dict):
+def _fused_body(jaxpr: jax_core.Jaxpr, found: dict[int, dict[int, jax_core.JaxprEqn]]
+                ) -> Callable[..., list[Any]]:
     """``jaxpr`` evaluated with each found concatenation taking from the
     slices' sources directly (the slices themselves skipped)."""
     skipped = {id(e) for sliced in found.values() for e in sliced.values()}
 
-    def body(*args):
+    def body(*args: Any) -> list[Any]:
         env = dict(zip(jaxpr.invars, args))
 
-        def read(v):
+        def read(v: jax_core.Atom) -> Any:
             return v.val if isinstance(v, jax_core.Literal) else env[v]
 
         for k, eqn in enumerate(jaxpr.eqns):
             if id(eqn) in skipped:
                 continue
             if k in found:
-                xs, views = [], []
+                xs: list[Any] = []
+                views: list[View | None] = []
                 for i, v in enumerate(eqn.invars):
                     producer = found[k].get(i)
                     if producer is None:
@@ -521,10 +550,11 @@ def _fused_body(jaxpr, found: dict):
                         views.append(None)
                         continue
                     params = producer.params
+                    aval = cast(Aval, v.aval)
                     xs.append(read(producer.invars[0]))
                     views.append((tuple(params["start_indices"]),
-                                  tuple(params["strides"] or (1,) * v.aval.ndim),
-                                  tuple(v.aval.shape)))
+                                  tuple(params["strides"] or (1,) * aval.ndim),
+                                  tuple(aval.shape)))
                 outs = [concatenate_f(*xs, dimension=eqn.params["dimension"],
                                       views=tuple(views))]
             else:
@@ -538,7 +568,7 @@ def _fused_body(jaxpr, found: dict):
     return body
 
 
-def lower_jit(ctx, *args, jaxpr, **params):
+def lower_jit(ctx: PallasContext, *args: Operand, jaxpr: Any, **params: Any) -> Lowered:
     """jax's rule, except that slices feeding an unaligned concatenation
     (which jax cannot lower: ``jnp.roll`` by an unaligned shift) are fused
     into it."""

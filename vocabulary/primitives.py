@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -43,6 +45,14 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.diagnostics import SmaltiNotImplementedError, format_location
 from smalti.jax import replaced_rule
+from smalti.vocabulary.annotations import (
+    Aval,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
 
 _lower_fun = pallas_lowering._lower_fun
 _copysign = pallas_lowering._copysign  # Pallas' own math.copysign primitive
@@ -58,7 +68,7 @@ LOG_2A_FROM = float(2 ** 24)
 # --- errors ---------------------------------------------------------------------------
 
 
-def refuse(ctx, message: str, *, fix: str | list[str],
+def refuse(ctx: PallasContext, message: str, *, fix: str | list[str],
            jax_cannot: bool = False) -> SmaltiNotImplementedError:
     """The error for a use of a primitive this plugin cannot lower: the
     primitive, its operand types and the user's line (Pallas sets the
@@ -79,17 +89,17 @@ def refuse(ctx, message: str, *, fix: str | list[str],
     return error
 
 
-def jax_rule(ctx) -> Callable:
+def jax_rule(ctx: PallasContext) -> Callable[..., Lowered]:
     """Pallas' own rule for the primitive ``ctx`` lowers, which this plugin's
     replaced (for the parameters jax handles)."""
     return replaced_rule(ctx.prim)
 
 
-def _dtype(ctx) -> np.dtype:
+def _dtype(ctx: PallasContext) -> np.dtype:
     return np.dtype(ctx.avals_in[0].dtype)
 
 
-def _require_float(ctx, accuracy=None) -> None:
+def _require_float(ctx: PallasContext, accuracy: object = None) -> None:
     if accuracy is not None:
         raise refuse(ctx, f"accuracy={accuracy!r} is not supported",
                      fix="call it without accuracy= (the lowering's bound is in "
@@ -99,10 +109,10 @@ def _require_float(ctx, accuracy=None) -> None:
                      fix="compute in float32, float16 or bfloat16 (x.astype(jnp.float32))")
 
 
-def _in_f32(fn: Callable) -> Callable:
+def _in_f32(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
     """``fn`` on f32; f16 and bf16 arguments are computed in f32 and rounded once."""
 
-    def wrapped(x, *rest, **params):
+    def wrapped(x: jax.Array, *rest: jax.Array, **params: Any) -> jax.Array:
         del params
         if x.dtype in SIXTEEN_BIT:
             return fn(x.astype(jnp.float32), *(r.astype(jnp.float32) for r in rest)).astype(x.dtype)
@@ -111,11 +121,11 @@ def _in_f32(fn: Callable) -> Callable:
     return wrapped
 
 
-def _decomposed(fn: Callable) -> Callable:
+def _decomposed(fn: Callable[..., jax.Array]) -> Callable[..., Lowered]:
     """A Pallas lowering rule computing the jax function ``fn`` (on f32)."""
     lowered = _lower_fun(_in_f32(fn))
 
-    def rule(ctx, *args, accuracy=None, **params):
+    def rule(ctx: PallasContext, *args: Operand, accuracy: object = None, **params: Any) -> Lowered:
         _require_float(ctx, accuracy)
         return lowered(ctx, *args, **params)
 
@@ -125,19 +135,19 @@ def _decomposed(fn: Callable) -> Callable:
 # --- rounding and classification --------------------------------------------------------
 
 
-def lower_floor(ctx, x):
+def lower_floor(ctx: PallasContext, x: Operand) -> ir.Value:
     _require_float(ctx)
     return mlir_math.floor(pallas_lowering._ensure_ir_value(x, _dtype(ctx)))
 
 
-def lower_ceil(ctx, x):
+def lower_ceil(ctx: PallasContext, x: Operand) -> ir.Value:
     """ceil(x) = -floor(-x), exactly (signed zeros included)."""
     _require_float(ctx)
     x = pallas_lowering._ensure_ir_value(x, _dtype(ctx))
     return arith_dialect.negf(mlir_math.floor(arith_dialect.negf(x)))
 
 
-def lower_is_finite(ctx, x):
+def lower_is_finite(ctx: PallasContext, x: Operand) -> Lowered:
     """|x| < inf: false for infinities and NaN."""
     _require_float(ctx)
     return _lower_fun(lambda x: _abs(x) < jnp.inf)(ctx, x)
@@ -146,17 +156,17 @@ def lower_is_finite(ctx, x):
 # --- exponentials and logarithms -------------------------------------------------------
 
 
-def _full(x, value):
+def _full(x: jax.Array, value: float) -> jax.Array:
     return jnp.full_like(x, value)
 
 
-def _abs(x):
+def _abs(x: jax.Array) -> jax.Array:
     """|x| as copysign(x, 1). (lax.abs of f32 lowers to inline PTX ``abs.f32``,
     which the emulator does not model yet; both are one bit operation.)"""
     return _copysign(x, jnp.ones_like(x))
 
 
-def expm1_f32(x):
+def expm1_f32(x: jax.Array) -> jax.Array:
     """Kahan: u = exp(x); u == 1 -> x; u - 1 == -1 -> -1; else (u - 1) * (x / log u)."""
     u = lax.exp(x)
     um1 = u - 1
@@ -166,7 +176,7 @@ def expm1_f32(x):
     return lax.select(u == jnp.inf, u, r)
 
 
-def log1p_f32(x):
+def log1p_f32(x: jax.Array) -> jax.Array:
     """Kahan: u = 1 + x; u == 1 -> x; else log(u) * (x / (u - 1))."""
     u = 1 + x
     r = lax.log(u) * (x / (u - 1))
@@ -181,7 +191,7 @@ lower_log1p = _decomposed(log1p_f32)
 # --- powers -----------------------------------------------------------------------------
 
 
-def lower_pow(ctx, x, y):
+def lower_pow(ctx: PallasContext, x: Operand, y: Operand) -> Lowered:
     """x ** y for a float x: math.powf (an integer y converted to x's type,
     exact for |y| < 2**24)."""
     x_aval, y_aval = ctx.avals_in
@@ -197,23 +207,24 @@ def lower_pow(ctx, x, y):
     return mlir_math.powf(x, y)
 
 
-def integer_pow_f(x, y: int):
+def integer_pow_f(x: jax.Array, y: int) -> jax.Array:
     """jax's own order (lax._integer_pow): right-to-left binary powering,
     then 1 / acc for a negative exponent -- bit for bit what jnp computes."""
     if y == 0:
         return jnp.ones_like(x)
     reciprocal, y = y < 0, abs(y)
-    acc = None
+    acc: jax.Array | None = None
     while y > 0:
         if y & 1:
             acc = x if acc is None else acc * x
         y >>= 1
         if y > 0:
             x = x * x
+    assert acc is not None  # y != 0
     return 1 / acc if reciprocal else acc
 
 
-def lower_integer_pow(ctx, x, *, y):
+def lower_integer_pow(ctx: PallasContext, x: Operand, *, y: int) -> Lowered:
     """jax's own rule where it has one (y >= 2, y == -1); else y == 0 (ones,
     NaN included, as jnp), y == 1 (x), y <= -2 (1 / x ** |y|)."""
     if y >= 2 or y == -1:
@@ -226,11 +237,11 @@ def lower_integer_pow(ctx, x, *, y):
 # --- trigonometric and hyperbolic -------------------------------------------------------
 
 
-def tan_f32(x):
+def tan_f32(x: jax.Array) -> jax.Array:
     return lax.sin(x) / lax.cos(x)
 
 
-def sinh_f32(x):
+def sinh_f32(x: jax.Array) -> jax.Array:
     a = _abs(x)
     e = expm1_f32(a)
     small = 0.5 * (e + e / (e + 1))
@@ -239,7 +250,7 @@ def sinh_f32(x):
     return _copysign(lax.select(a > EXP_LIMIT, big, small), x)
 
 
-def cosh_f32(x):
+def cosh_f32(x: jax.Array) -> jax.Array:
     a = _abs(x)
     t = lax.exp(a)
     small = 0.5 * t + 0.5 / t
@@ -248,7 +259,7 @@ def cosh_f32(x):
     return lax.select(a > EXP_LIMIT, big, small)
 
 
-def asinh_f32(x):
+def asinh_f32(x: jax.Array) -> jax.Array:
     a = _abs(x)
     s = a * a
     small = log1p_f32(a + s / (1 + lax.sqrt(1 + s)))
@@ -256,36 +267,36 @@ def asinh_f32(x):
     return _copysign(lax.select(a >= LOG_2A_FROM, big, small), x)
 
 
-def acosh_f32(x):
+def acosh_f32(x: jax.Array) -> jax.Array:
     t = x - 1
     small = log1p_f32(t + lax.sqrt(t * (t + 2)))
     big = lax.log(x) + LN2
     return lax.select(x >= LOG_2A_FROM, big, small)
 
 
-def atanh_f32(x):
+def atanh_f32(x: jax.Array) -> jax.Array:
     a = _abs(x)
     return _copysign(0.5 * log1p_f32((a + a) / (1 - a)), x)
 
 
-def _cos_of_asin(x):
+def _cos_of_asin(x: jax.Array) -> jax.Array:
     """sqrt(1 - x^2), as (1 - x)(1 + x): 1 - x is exact near |x| = 1."""
     return lax.sqrt((1 - x) * (1 + x))
 
 
-def asin_f32(x):
+def asin_f32(x: jax.Array) -> jax.Array:
     return lax.atan2(x, _cos_of_asin(x))
 
 
-def acos_f32(x):
+def acos_f32(x: jax.Array) -> jax.Array:
     return lax.atan2(_cos_of_asin(x), x)
 
 
-def atan_f32(x):
+def atan_f32(x: jax.Array) -> jax.Array:
     return lax.atan2(x, jnp.ones_like(x))
 
 
-def cbrt_f32(x):
+def cbrt_f32(x: jax.Array) -> jax.Array:
     """exp(log|x| / 3), one Newton step y += (a / y^2 - y) / 3, sign of x;
     0 and inf pass through."""
     a = _abs(x)
@@ -307,7 +318,7 @@ lower_atan = _decomposed(atan_f32)
 lower_cbrt = _decomposed(cbrt_f32)
 
 
-def nextafter_f(x, y):
+def nextafter_f(x: jax.Array, y: jax.Array) -> jax.Array:
     """The float after x in the direction of y, by stepping x's bit pattern:
     exact (IEEE 754 nextUp/nextDown; nextafter(x, x) = y, NaN if either is)."""
     int_type = {2: jnp.int16, 4: jnp.int32}[x.dtype.itemsize]
@@ -320,12 +331,12 @@ def nextafter_f(x, y):
     return lax.select((x != x) | (y != y), x + y, step)
 
 
-def lower_nextafter(ctx, x, y):
+def lower_nextafter(ctx: PallasContext, x: Operand, y: Operand) -> Lowered:
     _require_float(ctx)
     return _lower_fun(nextafter_f)(ctx, x, y)
 
 
-def horner(x, *coeffs):
+def horner(x: jax.Array, *coeffs: jax.typing.ArrayLike) -> jax.Array:
     """``a_0 + x (a_1 + x (... + x a_N))``, a multiply and an add per term in
     x's dtype: what ``lax.polynomial`` (jax 0.12) defines."""
     acc = jnp.broadcast_to(coeffs[-1], x.shape).astype(x.dtype)
@@ -334,7 +345,8 @@ def horner(x, *coeffs):
     return acc
 
 
-def lower_polynomial(ctx, x, *coeffs, unroll=None):
+def lower_polynomial(ctx: PallasContext, x: Operand, *coeffs: Operand, unroll: object = None
+                     ) -> Lowered:
     """``lax.polynomial`` (jax 0.12's ``jnp.sinc`` and special functions use
     it) by Horner's rule, unrolled (Pallas lowers no scan here)."""
     del unroll
@@ -344,19 +356,20 @@ def lower_polynomial(ctx, x, *coeffs, unroll=None):
     return _lower_fun(horner)(ctx, x, *coeffs)
 
 
-def lower_copy(ctx, x):
+def lower_copy(ctx: PallasContext, x: Operand) -> Operand:
     """``lax.copy`` (``jnp.array(x, copy=True)``, the end of ``jax.nn.gelu``):
     values are immutable in a kernel, so the copy is the value itself."""
     return x
 
 
-def lower_stop_gradient(ctx, x):
+def lower_stop_gradient(ctx: PallasContext, x: Operand) -> Operand:
     """The identity: there are no gradients inside a kernel."""
     del ctx
     return x
 
 
-def lower_custom_jvp_call(ctx, *args, call_jaxpr, num_consts, **params):
+def lower_custom_jvp_call(ctx: PallasContext, *args: Operand, call_jaxpr: Any, num_consts: int,
+                          **params: Any) -> Lowered:
     """The function's own body (its JVP rule is irrelevant inside a kernel).
     Reached because :func:`estimate_custom_jvp_call` lets Pallas' resource
     estimation, which runs first, through."""
@@ -369,13 +382,15 @@ def lower_custom_jvp_call(ctx, *args, call_jaxpr, num_consts, **params):
     return pallas_lowering.lower_jaxpr_to_mosaic_gpu(ctx.module_ctx, ctx.launch_ctx, jaxpr, args)
 
 
-def lower_custom_vjp_call(ctx, *args, call_jaxpr, num_consts, **params):
+def lower_custom_vjp_call(ctx: PallasContext, *args: Operand, call_jaxpr: Any, num_consts: int,
+                          **params: Any) -> Lowered:
     """The function's own body, as for ``custom_jvp_call`` (its forward and
     backward rules are irrelevant inside a kernel)."""
     return lower_custom_jvp_call(ctx, *args, call_jaxpr=call_jaxpr, num_consts=num_consts)
 
 
-def estimate_custom_jvp_call(ctx, *avals, call_jaxpr, **params):
+def estimate_custom_jvp_call(ctx: EstimatorContext, *avals: Aval, call_jaxpr: Any,
+                             **params: Any) -> Resources:
     """What the function's body needs: Pallas' own estimate of the body's
     jaxpr (Pallas refuses any primitive whose parameters hold a jaxpr).
     Also the estimate of ``custom_vjp_call``, whose body is ``call_jaxpr`` too."""
@@ -387,7 +402,7 @@ def estimate_custom_jvp_call(ctx, *avals, call_jaxpr, **params):
 # --- bit casts of scalars ----------------------------------------------------------------
 
 
-def lower_bitcast_convert_type(ctx, x, *, new_dtype):
+def lower_bitcast_convert_type(ctx: PallasContext, x: Operand, *, new_dtype: np.dtype) -> ir.Value:
     """jax's rule for vectors; a scalar (``jnp.signbit(-1.0)``, so
     ``jnp.copysign(x, -1.0)``) is bitcast to the scalar type: jax's rule
     makes a 0-D vector of it, which Pallas then refuses ("Scalars must be
@@ -406,7 +421,7 @@ def lower_bitcast_convert_type(ctx, x, *, new_dtype):
 # --- bit counting -----------------------------------------------------------------------
 
 
-def popcount(x):
+def popcount(x: jax.Array) -> jax.Array:
     """SWAR bit counting in 32 bits (narrower integers zero-extended)."""
     bits = jnp.iinfo(x.dtype).bits
     v = x.astype(jnp.uint32 if bits == 32 else jnp.int32)
@@ -420,7 +435,7 @@ def popcount(x):
     return v.astype(x.dtype)
 
 
-def lower_population_count(ctx, x):
+def lower_population_count(ctx: PallasContext, x: Operand) -> Lowered:
     dtype = _dtype(ctx)
     if dtype.kind not in "iu" or dtype.itemsize > 4:
         raise refuse(ctx, f"operands of dtype {dtype} are not supported",

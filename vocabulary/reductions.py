@@ -38,7 +38,10 @@ everything else, so kernels jax lowers keep their IR):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -47,6 +50,15 @@ from jax._src.lib.mlir.dialects import arith as arith_dialect
 from jax._src.lib.mlir.dialects import vector as vector_dialect
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    DTypeLike,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
 from smalti.vocabulary.primitives import jax_rule, refuse
 
 _lower_fun = pallas_lowering._lower_fun
@@ -54,18 +66,18 @@ _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int16),
                  np.dtype(np.uint16), np.dtype(np.int8), np.dtype(np.uint8))
 
 
-def estimate_reduction(ctx, *avals, **params):
+def estimate_reduction(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Resources:
     """As Pallas' own estimator of reduce_sum/max/min: the most a reduction
     across warps may take (whether it does depends on the layout)."""
     del avals, params
     return pallas_lowering.Resources(smem_scratch_bytes=ctx.reduction_scratch_bytes)
 
 
-def _dtype(ctx) -> np.dtype:
+def _dtype(ctx: PallasContext) -> np.dtype:
     return np.dtype(ctx.avals_in[0].dtype)
 
 
-def _require(ctx, kinds: str, what: str) -> None:
+def _require(ctx: PallasContext, kinds: str, what: str) -> None:
     """Operands of 32 bits or fewer, of the kinds ``f`` (float, bfloat16
     included), ``i``/``u`` (integer), ``b`` (bool)."""
     dtype = _dtype(ctx)
@@ -78,7 +90,7 @@ def _require(ctx, kinds: str, what: str) -> None:
 # --- argmax / argmin --------------------------------------------------------------------
 
 
-def arg_extreme(x, axis: int, index_dtype, largest: bool):
+def arg_extreme(x: jax.Array, axis: int, index_dtype: DTypeLike, largest: bool) -> jax.Array:
     """The first index of the largest (smallest) element along ``axis``;
     the first NaN's, if there is one."""
     if x.dtype == jnp.bool_:
@@ -94,7 +106,8 @@ def arg_extreme(x, axis: int, index_dtype, largest: bool):
     return index.astype(index_dtype)
 
 
-def _lower_arg(ctx, x, axes, index_dtype, largest: bool):
+def _lower_arg(ctx: PallasContext, x: Operand, axes: Sequence[int], index_dtype: DTypeLike,
+               largest: bool) -> Lowered:
     _require(ctx, "fiub", "float, integer or boolean values")
     if np.dtype(index_dtype) not in _INDEX_DTYPES:
         raise refuse(ctx, f"index_dtype={np.dtype(index_dtype)} is not supported",
@@ -107,18 +120,20 @@ def _lower_arg(ctx, x, axes, index_dtype, largest: bool):
     return _lower_fun(lambda v: arg_extreme(v, axis, index_dtype, largest))(ctx, x)
 
 
-def lower_argmax(ctx, x, *, axes, index_dtype):
+def lower_argmax(ctx: PallasContext, x: Operand, *, axes: Sequence[int],
+                 index_dtype: DTypeLike) -> Lowered:
     return _lower_arg(ctx, x, axes, index_dtype, largest=True)
 
 
-def lower_argmin(ctx, x, *, axes, index_dtype):
+def lower_argmin(ctx: PallasContext, x: Operand, *, axes: Sequence[int],
+                 index_dtype: DTypeLike) -> Lowered:
     return _lower_arg(ctx, x, axes, index_dtype, largest=False)
 
 
 # --- reduce_or / reduce_and / reduce_xor ------------------------------------------------
 
 
-def _bool_reduce(x, axes: tuple[int, ...], kind: str):
+def _bool_reduce(x: jax.Array, axes: tuple[int, ...], kind: str) -> jax.Array:
     v = x.astype(jnp.int32)
     if kind == "or":
         return lax.reduce_max(v, axes) != 0
@@ -127,7 +142,7 @@ def _bool_reduce(x, axes: tuple[int, ...], kind: str):
     return (lax.reduce_sum(v, axes) & 1) != 0
 
 
-def bitwise_reduce(x, axes: tuple[int, ...], kind: str):
+def bitwise_reduce(x: jax.Array, axes: tuple[int, ...], kind: str) -> jax.Array:
     """``or``/``and``/``xor`` of integers along ``axes``: per bit, the number
     of elements with it set, several bits counted by one int32 ``reduce_sum``
     (fields of ``width`` bits hold counts up to ``n``: no carries)."""
@@ -144,14 +159,15 @@ def bitwise_reduce(x, axes: tuple[int, ...], kind: str):
     else:
         v = x.astype(jnp.int32)  # sign extension leaves the low bits alone
     mask = (1 << width) - 1 if width < 32 else -1
-    result = None
+    result: jax.Array | None = None
     for first in range(0, bits, per_sum):
         group = range(first, min(first + per_sum, bits))
-        packed = None
+        packed: jax.Array | None = None
         for j, bit in enumerate(group):
             field = lax.shift_left(lax.shift_right_logical(v, jnp.int32(bit)) & 1,
                                    jnp.int32(width * j))
             packed = field if packed is None else packed | field
+        assert packed is not None  # a group has a bit
         sums = lax.reduce_sum(packed, axes)
         for j, bit in enumerate(group):
             count = lax.shift_right_logical(sums, jnp.int32(width * j)) & mask
@@ -163,6 +179,7 @@ def bitwise_reduce(x, axes: tuple[int, ...], kind: str):
                 on = (count & 1) != 0
             term = lax.shift_left(on.astype(jnp.int32), jnp.int32(bit))
             result = term if result is None else result | term
+    assert result is not None  # an integer has bits
     if x.dtype == jnp.int32:
         return result
     if bits == 32:
@@ -170,8 +187,8 @@ def bitwise_reduce(x, axes: tuple[int, ...], kind: str):
     return result.astype(x.dtype)  # keeps the low bits
 
 
-def _lower_bitwise(kind: str):
-    def rule(ctx, x, *, axes, **params):
+def _lower_bitwise(kind: str) -> Callable[..., Lowered]:
+    def rule(ctx: PallasContext, x: Operand, *, axes: Sequence[int], **params: Any) -> Lowered:
         del params
         _require(ctx, "biu", "booleans or 8-, 16- or 32-bit integers")
         axes = tuple(axes)
@@ -189,7 +206,7 @@ lower_reduce_xor = _lower_bitwise("xor")
 # --- select_n with a scalar predicate ---------------------------------------------------
 
 
-def lower_select_n(ctx, pred, *cases):
+def lower_select_n(ctx: PallasContext, pred: Operand, *cases: Operand) -> Lowered:
     """jax's rule, except for a scalar predicate choosing between vectors
     (which Pallas refuses: "Implicit broadcast not implemented"): the
     predicate is broadcast to the cases' shape first."""
@@ -199,17 +216,17 @@ def lower_select_n(ctx, pred, *cases):
             or any(a.shape != out_aval.shape for a in case_avals):
         return jax_rule(ctx)(ctx, pred, *cases)
     pred = pallas_lowering._ensure_ir_value(pred, pred_aval.dtype)
-    cases = [pallas_lowering._ensure_ir_value(c, a.dtype) for c, a in zip(cases, case_avals)]
+    values = [pallas_lowering._ensure_ir_value(c, a.dtype) for c, a in zip(cases, case_avals)]
     i1 = ir.IntegerType.get_signless(1)
     pred = vector_dialect.broadcast(ir.VectorType.get(out_aval.shape, i1), pred)
     # select_n orders the cases false first.
-    return arith_dialect.select(pred, cases[1], cases[0])
+    return arith_dialect.select(pred, values[1], values[0])
 
 
 # --- logical not -------------------------------------------------------------------------
 
 
-def lower_not(ctx, x):
+def lower_not(ctx: PallasContext, x: Operand) -> Lowered:
     """``~b`` of a boolean vector as ``b ^ True``; jax's rule otherwise
     (scalars included). jax's rule computes ``astype(astype(b, int) ^ -1,
     bool)``, which is only right when int-to-bool keeps the lowest bit, and
@@ -224,7 +241,8 @@ def lower_not(ctx, x):
 # --- conversion to bool -----------------------------------------------------------------
 
 
-def lower_convert_element_type(ctx, x, *, new_dtype, **params):
+def lower_convert_element_type(ctx: PallasContext, x: Operand, *, new_dtype: DTypeLike,
+                               **params: Any) -> Lowered:
     """``x != 0`` for a non-boolean vector converted to bool; jax's rule otherwise."""
     [x_aval] = ctx.avals_in
     if np.dtype(new_dtype) == np.dtype(np.bool_) and x_aval.shape \

@@ -45,6 +45,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    DTypeLike,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
 from smalti.vocabulary.movement import take
 
 #: The longest axis a scan or sort handles (each ``take`` is an SMEM round
@@ -156,7 +165,7 @@ def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.nd
 # --- Pallas rules --------------------------------------------------------------------------
 
 
-def check_block(ctx, shape: tuple[int, ...], axis: int, what: str) -> None:
+def check_block(ctx: PallasContext, shape: tuple[int, ...], axis: int, what: str) -> None:
     """The block and axis limits every scan and sort shares (SM206)."""
     from smalti.vocabulary.primitives import refuse
 
@@ -177,7 +186,7 @@ def check_block(ctx, shape: tuple[int, ...], axis: int, what: str) -> None:
                      fix="use a smaller block (BlockSpec / a loop over sub-blocks)")
 
 
-def _check_dtype(ctx, name: str, dtype: np.dtype) -> None:
+def _check_dtype(ctx: PallasContext, name: str, dtype: np.dtype) -> None:
     from smalti.vocabulary.primitives import refuse
 
     dtype = np.dtype(dtype)
@@ -191,8 +200,8 @@ def _check_dtype(ctx, name: str, dtype: np.dtype) -> None:
                      fix=f"compute in {allowed} (x.astype(jnp.float32))")
 
 
-def _rule(name: str):
-    def rule(ctx, x, *, axis: int, reverse: bool):
+def _rule(name: str) -> Callable[..., Lowered]:
+    def rule(ctx: PallasContext, x: Operand, *, axis: int, reverse: bool) -> Lowered:
         from smalti.vocabulary.primitives import _lower_fun
 
         [aval] = ctx.avals_in
@@ -212,7 +221,8 @@ lower_cummin = _rule("cummin")
 lower_cumlogsumexp = _rule("cumlogsumexp")
 
 
-def take_scratch(ctx, source_shape: tuple[int, ...], dtype) -> object:
+def take_scratch(ctx: EstimatorContext, source_shape: tuple[int, ...], dtype: DTypeLike
+                 ) -> Resources:
     """The scratch of the largest ``take`` a decomposition makes: one of a
     ``source_shape`` value of ``dtype`` (``take``'s own estimate)."""
     from jax._src import core as jax_core
@@ -223,7 +233,7 @@ def take_scratch(ctx, source_shape: tuple[int, ...], dtype) -> object:
     return take_estimate(ctx, source, jax_core.ShapedArray(tuple(source_shape), np.int32))
 
 
-def estimate_scan(ctx, x_aval, *, axis: int, reverse: bool):
+def estimate_scan(ctx: EstimatorContext, x_aval: Aval, *, axis: int, reverse: bool) -> Resources:
     """Every step takes from the whole block, in the compute dtype."""
     del axis, reverse
     return take_scratch(ctx, tuple(x_aval.shape), compute_dtype("cumsum", x_aval.dtype))

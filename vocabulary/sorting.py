@@ -50,12 +50,22 @@ halving round.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    DTypeLike,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.scans import check_block, linear, positions, stride, take_scratch
 
@@ -73,12 +83,12 @@ FLOATS = tuple(np.dtype(d) for d in (jnp.float32, jnp.float16, jnp.bfloat16))
 # --- keys -----------------------------------------------------------------------------------
 
 
-def is_narrow(dtype) -> bool:
+def is_narrow(dtype: DTypeLike) -> bool:
     """Whether ``dtype``'s keys fit 16 bits (and so share a word with the index)."""
     return np.dtype(dtype).itemsize <= 2
 
 
-def _magnitude(dtype) -> int:
+def _magnitude(dtype: DTypeLike) -> int:
     return 0x7FFF if np.dtype(dtype).itemsize == 2 else 0x7FFFFFFF
 
 
@@ -98,7 +108,7 @@ def total_order_key(x: jnp.ndarray) -> jnp.ndarray:
     return x.astype(jnp.int32)
 
 
-def from_total_order_key(key: jnp.ndarray, dtype) -> jnp.ndarray:
+def from_total_order_key(key: jnp.ndarray, dtype: DTypeLike) -> jnp.ndarray:
     """The value of :func:`total_order_key` ``key`` (its inverse)."""
     dtype = np.dtype(dtype)
     if dtype in FLOATS:
@@ -132,7 +142,7 @@ def _less(a: list[jnp.ndarray], b: list[jnp.ndarray]) -> jnp.ndarray:
     return lt
 
 
-def _stages(p: int, runs: int | None = None):
+def _stages(p: int, runs: int | None = None) -> Iterator[tuple[int, int]]:
     """The bitonic network sorting runs of ``runs`` (default ``p``; powers
     of two) elements, all ascending: for each merge of runs of ``k``, first
     each element against its mirror in the run (``i ^ (k - 1)``), then
@@ -145,7 +155,7 @@ def _stages(p: int, runs: int | None = None):
         k *= 2
 
 
-def _half_cleaners(k: int):
+def _half_cleaners(k: int) -> Iterator[tuple[int, int]]:
     """The stages sorting bitonic runs of ``k``: ``i ^ j``, ``j = k/2, ..., 1``."""
     j = k // 2
     while j >= 1:
@@ -153,7 +163,8 @@ def _half_cleaners(k: int):
         j //= 2
 
 
-def bitonic_sort(words: list[jnp.ndarray], axis: int, stages=None) -> list[jnp.ndarray]:
+def bitonic_sort(words: list[jnp.ndarray], axis: int,
+                 stages: Iterable[tuple[int, int]] | None = None) -> list[jnp.ndarray]:
     """Sort the elements (lists of int32 words, compared lexicographically)
     along ``axis``, whose length must be a power of two: a bitonic network
     (``stages``, default :func:`_stages` of the whole axis), one ``take``
@@ -244,7 +255,8 @@ def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
     return take(x, index * cols + other if axis == 0 else other * cols + index)
 
 
-def _with_index(keys: list[jnp.ndarray], narrow_last: bool, shape, axis: int):
+def _with_index(keys: list[jnp.ndarray], narrow_last: bool, shape: tuple[int, ...], axis: int
+                ) -> tuple[list[jnp.ndarray], bool]:
     """The key words with the index added: packed into the last key word
     when that is a 16-bit key, else as a word of its own."""
     pos = positions(shape, axis)
@@ -343,7 +355,7 @@ def top_1_f(x: jnp.ndarray, *, axis: int) -> list[jnp.ndarray]:
 # --- Pallas rules -----------------------------------------------------------------------------
 
 
-def _check_dtypes(ctx, what: str) -> None:
+def _check_dtypes(ctx: PallasContext, what: str) -> None:
     from smalti.vocabulary.primitives import refuse
 
     for aval in ctx.avals_in:
@@ -354,7 +366,8 @@ def _check_dtypes(ctx, what: str) -> None:
                              "(x.astype(jnp.int32) for booleans, float64 as float32)")
 
 
-def lower_sort(ctx, *operands, dimension: int, is_stable: bool, num_keys: int):
+def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable: bool,
+               num_keys: int) -> Lowered:
     """lax.sort; ``is_stable=False`` is sorted stably too (a valid order)."""
     from smalti.vocabulary.primitives import _lower_fun
 
@@ -365,7 +378,8 @@ def lower_sort(ctx, *operands, dimension: int, is_stable: bool, num_keys: int):
     return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
 
 
-def lower_top_k(ctx, x, *, k: int, axis: int = -1, is_stable: bool = True):
+def lower_top_k(ctx: PallasContext, x: Operand, *, k: int, axis: int = -1,
+                is_stable: bool = True) -> Lowered:
     from smalti.vocabulary.primitives import _lower_fun
 
     del is_stable
@@ -382,7 +396,8 @@ def _padded_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
     return tuple(_padded_length(s) if d == axis else s for d, s in enumerate(shape))
 
 
-def estimate_sort(ctx, *avals, dimension: int, is_stable: bool, num_keys: int):
+def estimate_sort(ctx: EstimatorContext, *avals: Aval, dimension: int, is_stable: bool,
+                  num_keys: int) -> Resources:
     """The largest take: an int32 word of the padded block, or an operand."""
     del is_stable, num_keys
     padded = _padded_shape(tuple(avals[0].shape), dimension)
@@ -392,7 +407,8 @@ def estimate_sort(ctx, *avals, dimension: int, is_stable: bool, num_keys: int):
     return take_scratch(ctx, biggest[1], biggest[2])
 
 
-def estimate_top_k(ctx, aval, *, k: int, axis: int = -1, is_stable: bool = True):
+def estimate_top_k(ctx: EstimatorContext, aval: Aval, *, k: int, axis: int = -1,
+                   is_stable: bool = True) -> Resources:
     del k, is_stable
     axis = int(axis) % len(aval.shape)
     return take_scratch(ctx, _padded_shape(tuple(aval.shape), axis), np.int32)

@@ -71,7 +71,9 @@ absolute bound for f16 / bf16.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -92,7 +94,7 @@ ERFC_S = (1.2375126317931255, -0.14024067219430664, 0.0035853321453481958,
 ERFC_ZERO_FROM = 20.0
 
 
-def _poly(z, coefficients):
+def _poly(z: jax.Array, coefficients: Sequence[float]) -> jax.Array:
     """sum c_k z^k by Horner's rule (coefficients lowest first)."""
     acc = jnp.full_like(z, coefficients[-1])
     for c in coefficients[-2::-1]:
@@ -100,7 +102,7 @@ def _poly(z, coefficients):
     return acc
 
 
-def _square_exact(x):
+def _square_exact(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(hi, lo) with hi + lo = x * x exactly (Veltkamp's split, Dekker's
     product; no fma needed)."""
     c = x * 4097.0
@@ -111,7 +113,7 @@ def _square_exact(x):
     return hi, lo
 
 
-def erfc_f32(x):
+def erfc_f32(x: jax.Array) -> jax.Array:
     small = 1.0 - lax.erf(x)
     y = (x - ERFC_K) / (x + ERFC_K)
     rest = _poly(y, ERFC_S) / (1.0 + 2.0 * x)
@@ -133,7 +135,7 @@ GILES_TAIL = (2.83297682, 1.00167406, 0.00943887047, -0.0076224613, 0.0057395077
               -0.00367342844, 0.00134934322, 0.000100950558, -0.000200214257)
 
 
-def erf_inv_f32(x):
+def erf_inv_f32(x: jax.Array) -> jax.Array:
     w = -lax.log((1.0 - x) * (1.0 + x))
     central = _poly(w - 2.5, GILES_CENTRAL)
     tail = _poly(lax.sqrt(w) - 3.0, GILES_TAIL)
@@ -162,7 +164,7 @@ LGAMMA_STIRLING_FROM = 8.0
 HALF_LOG_2PI_MINUS_HALF = 0.5 * math.log(2 * PI) - 0.5
 
 
-def _lgamma_nonneg(a):
+def _lgamma_nonneg(a: jax.Array) -> jax.Array:
     """lgamma(a) for a >= 0 (+inf at 0), NaN for NaN."""
     # around the zero at 1 (and below 0.5 via lgamma(a) = lgamma(1 + a) - log a)
     below = a < 0.5
@@ -186,19 +188,19 @@ def _lgamma_nonneg(a):
     return lax.select(a < 1.5, near_one, out)
 
 
-def _fraction(x):
+def _fraction(x: jax.Array) -> jax.Array:
     """x - floor(x): 0 exactly when x is an integer."""
     return x - lax.floor(x)
 
 
-def _minus_nearest(x):
+def _minus_nearest(x: jax.Array) -> jax.Array:
     """x - n for an integer n within 1/2 of x, exactly, for x <= 0 (x + 1/2
     rounds, if at all, without crossing an integer; x - n is then on x's
     grid, or Sterbenz-exact for x in [-1, -1/2])."""
     return x - lax.floor(x + 0.5)
 
 
-def lgamma_f32(x):
+def lgamma_f32(x: jax.Array) -> jax.Array:
     neg = x < 0
     a = lax.select(neg, 1.0 - x, x)
     lg = _lgamma_nonneg(a)
@@ -223,7 +225,7 @@ DIGAMMA_R = (0.96767224860939305, -0.44276313958090258, 0.25849917146768153,
 DIGAMMA_ASYMPTOTIC_FROM = 6.0
 
 
-def _digamma_ge1(x):
+def _digamma_ge1(x: jax.Array) -> jax.Array:
     """psi(x) for x >= 1, NaN for NaN."""
     # down to [1.5, 2.5) by psi(b + 1) = psi(b) + 1/b (positive terms, no cancellation)
     b, acc = x, jnp.zeros_like(x)
@@ -241,7 +243,7 @@ def _digamma_ge1(x):
     return lax.select(x < DIGAMMA_ASYMPTOTIC_FROM, near_root, asymptotic)
 
 
-def _cotpi(x):
+def _cotpi(x: jax.Array) -> jax.Array:
     """cot(pi x) for x <= 0, from g = x - n in [-1/2, 1/2] (exact): cos/sin
     of pi g for |g| <= 1/4, else tan of the complement pi (1/2 - |g|)."""
     g = _minus_nearest(x)
@@ -252,7 +254,7 @@ def _cotpi(x):
     return lax.select(a <= 0.25, near, far)
 
 
-def digamma_f32(x):
+def digamma_f32(x: jax.Array) -> jax.Array:
     neg = x < 0
     a = lax.select(neg, 1.0 - x, x)
     below = a < 1.0                              # (0, 1): psi(a) = psi(a + 1) - 1/a
@@ -301,19 +303,20 @@ I1E_TAIL = (0.39894228044165569, -0.14960339915029458, -0.046743222151107329,
             2.1456428537104109, -9.6108528823116792)
 
 
-def _bessel_e(a, small, mid, tail):
+def _bessel_e(a: jax.Array, small: jax.Array, mid: Sequence[float], tail: Sequence[float]
+              ) -> jax.Array:
     """Three fitted pieces on a = |x| >= 0: [0, 2), [2, 8), [8, inf] (0 at inf)."""
     out = _poly(1.0 / a, tail) / lax.sqrt(a)
     out = lax.select(a < 8.0, _poly(a - 5.0, mid), out)
     return lax.select(a < 2.0, small, out)
 
 
-def bessel_i0e_f32(x):
+def bessel_i0e_f32(x: jax.Array) -> jax.Array:
     a = _abs(x)
     return _bessel_e(a, _poly(a - 1.0, I0E_SMALL), I0E_MID, I0E_TAIL)
 
 
-def bessel_i1e_f32(x):
+def bessel_i1e_f32(x: jax.Array) -> jax.Array:
     """Odd: sign of x (i1e(-0) = -0)."""
     a = _abs(x)
     return _copysign(_bessel_e(a, a * _poly(a - 1.0, I1E_SMALL), I1E_MID, I1E_TAIL), x)

@@ -37,8 +37,11 @@ IR). Exact for moves; sums in the reduction's tree order.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -49,6 +52,14 @@ from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from smalti.vocabulary.annotations import (
+    Aval,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
 from smalti.vocabulary.indexing import see_through
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.primitives import jax_rule, refuse
@@ -92,7 +103,7 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
     return [math.prod(shape[d + 1:]) for d in range(len(shape))]
 
 
-def _coords(shape: tuple[int, ...]):
+def _coords(shape: tuple[int, ...]) -> list[jax.Array]:
     """Each element's coordinates, as arrays: of ``shape`` itself for 1-D
     and 2-D shapes, of the flat (size,) shape for 3-D ones (no iota of a 3-D
     shape has a layout)."""
@@ -103,8 +114,8 @@ def _coords(shape: tuple[int, ...]):
             lax.rem(n, jnp.int32(size)) for s, size in zip(_strides(shape), shape)]
 
 
-def _linear(coords, shape: tuple[int, ...]):
-    index = 0
+def _linear(coords: Sequence[jax.Array | int], shape: tuple[int, ...]) -> jax.Array | int:
+    index: jax.Array | int = 0
     for c, s in zip(coords, _strides(shape)):
         if isinstance(c, int) and c == 0:
             continue
@@ -112,12 +123,13 @@ def _linear(coords, shape: tuple[int, ...]):
     return index
 
 
-def _flat(x):
+def _flat(x: jax.Array) -> jax.Array:
     """A 3-D view as its 1-D vector (the same elements, in order)."""
     return x.reshape(x.size) if x.ndim > 2 else x
 
 
-def _build(out_shape: tuple[int, ...], source, source_linear):
+def _build(out_shape: tuple[int, ...], source: jax.Array,
+           source_linear: Callable[[list[jax.Array]], jax.Array | int]) -> jax.Array:
     """The value of ``out_shape`` whose element at coordinates ``c`` is
     ``source``'s element at linear index ``source_linear(c)``."""
     coords = _coords(out_shape)
@@ -128,14 +140,15 @@ def _build(out_shape: tuple[int, ...], source, source_linear):
 # --- decompositions ----------------------------------------------------------------------------
 
 
-def reshape_f(x, *, new_sizes):
+def reshape_f(x: jax.Array, *, new_sizes: tuple[int, ...]) -> jax.Array:
     return _build(tuple(new_sizes), x, lambda c: _linear(c, tuple(new_sizes)))
 
 
-def broadcast_f(x, *, shape, broadcast_dimensions, operand_shape):
+def broadcast_f(x: jax.Array, *, shape: tuple[int, ...], broadcast_dimensions: tuple[int, ...],
+                operand_shape: tuple[int, ...]) -> jax.Array:
     """``x`` holds the elements of an ``operand_shape`` array in row-major
     order (its own shape may differ by unit dims)."""
-    def source(c):
+    def source(c: list[jax.Array]) -> jax.Array | int:
         mine = [c[d] if operand_shape[i] != 1 else 0
                 for i, d in enumerate(broadcast_dimensions)]
         return _linear(mine, operand_shape) if mine else jnp.zeros_like(c[0])
@@ -145,14 +158,14 @@ def broadcast_f(x, *, shape, broadcast_dimensions, operand_shape):
 REDUCE = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_min}
 
 
-def reduce_f(x, *, axis: int, kind: str):
+def reduce_f(x: jax.Array, *, axis: int, kind: str) -> jax.Array:
     """One axis of a 3-D view reduced (see the module docstring)."""
     shape = tuple(x.shape)
     rest = [d for d in range(3) if d != axis]
     p, q = (shape[d] for d in rest)
     rows, k = p * q, shape[axis]
     r = lax.broadcasted_iota(jnp.int32, (rows, k), 0)
-    coords = [0, 0, 0]
+    coords: list[jax.Array | int] = [0, 0, 0]
     coords[axis] = lax.broadcasted_iota(jnp.int32, (rows, k), 1)
     coords[rest[0]], coords[rest[1]] = lax.div(r, jnp.int32(q)), lax.rem(r, jnp.int32(q))
     # nothing else pins it: iotas alone may be given the strided layout,
@@ -164,10 +177,10 @@ def reduce_f(x, *, axis: int, kind: str):
     return take(reduced, (i * q + j) * TILE[1])
 
 
-def stack_f(*xs, axis: int):
-    shape = list(xs[0].shape)
-    shape.insert(axis, len(xs))
-    shape = tuple(shape)
+def stack_f(*xs: jax.Array, axis: int) -> jax.Array:
+    dims = list(xs[0].shape)
+    dims.insert(axis, len(xs))
+    shape = tuple(dims)
     coords = _coords(shape)
     which = coords[axis]
     inner = [c for d, c in enumerate(coords) if d != axis]
@@ -176,17 +189,18 @@ def stack_f(*xs, axis: int):
     for k, x in enumerate(xs):
         piece = take(x, lin)
         result = piece if result is None else jnp.where(which == k, piece, result)
+    assert result is not None  # a stack has operands
     return result.reshape(shape) if len(shape) > 2 else result
 
 
 # --- Pallas rules --------------------------------------------------------------------------------
 
 
-def _lowered(ctx, fn, *args):
+def _lowered(ctx: PallasContext, fn: Callable[..., Any], *args: Operand) -> Lowered:
     return pallas_lowering._lower_fun(fn)(ctx, *args)
 
 
-def _check(ctx, what: str, *avals) -> None:
+def _check(ctx: PallasContext, what: str, *avals: Aval) -> None:
     if ctx.module_ctx.axis_names is not None and ctx.module_ctx.axis_names.wg is not None:
         raise refuse(ctx, f"{what} in a kernel of several Pallas warpgroups (they would share "
                      "the SMEM scratch its takes go through)",
@@ -198,17 +212,20 @@ def _check(ctx, what: str, *avals) -> None:
                          fix="move 8-, 16- or 32-bit values (x.astype(jnp.int32) for booleans)")
 
 
-def _plainly_loaded(value) -> bool:
+def _plainly_loaded(value: Operand) -> bool:
     """Whether ``value`` is a ``vector_load`` from GMEM: the strided layout,
     which jax reshapes itself (a ``shape_cast`` between strided layouts)."""
     owner = getattr(value, "owner", None)
     op = getattr(owner, "operation", owner)
-    if not isinstance(value, ir.Value) or getattr(op, "name", "") != "mosaic_gpu.vector_load":
+    if (not isinstance(value, ir.Value) or op is None
+            or getattr(op, "name", "") != "mosaic_gpu.vector_load"):
         return False
     return ir.MemRefType(op.operands[0].type).memory_space is None
 
 
-def lower_reshape(ctx, x, *, new_sizes, dimensions, sharding=None, **params):
+def lower_reshape(ctx: PallasContext, x: Operand, *, new_sizes: Sequence[int],
+                  dimensions: Sequence[int] | None, sharding: Any = None,
+                  **params: Any) -> Lowered:
     [aval] = ctx.avals_in
     if dimensions is not None or _plainly_loaded(x) or \
             not views_reshape(tuple(aval.shape), tuple(new_sizes)):
@@ -218,8 +235,9 @@ def lower_reshape(ctx, x, *, new_sizes, dimensions, sharding=None, **params):
     return _lowered(ctx, lambda v: reshape_f(v, new_sizes=tuple(new_sizes)), x)
 
 
-def lower_broadcast_in_dim(ctx, x, *dyn, shape, broadcast_dimensions, sharding=None,
-                           **params):
+def lower_broadcast_in_dim(ctx: PallasContext, x: Operand, *dyn: Operand, shape: Sequence[int],
+                           broadcast_dimensions: Sequence[int], sharding: Any = None,
+                           **params: Any) -> Lowered:
     [aval, *_] = ctx.avals_in
     if dyn or not views_broadcast(tuple(aval.shape), tuple(shape)):
         return jax_rule(ctx)(ctx, x, *dyn, shape=shape,
@@ -238,7 +256,8 @@ def lower_broadcast_in_dim(ctx, x, *dyn, shape, broadcast_dimensions, sharding=N
     return pallas_lowering._lower_fun(fn, in_avals=(seen,))(ctx, value)
 
 
-def _broadcast_view(ctx, x, aval, shape):
+def _broadcast_view(ctx: PallasContext, x: Operand, aval: Aval, shape: tuple[int, ...]
+                    ) -> Lowered:
     """``x`` (of ``aval``) broadcast into the view ``shape``, dims in order."""
     value, seen = see_through(x, aval)
     fn = partial(broadcast_f, shape=tuple(shape), operand_shape=tuple(aval.shape),
@@ -249,7 +268,7 @@ def _broadcast_view(ctx, x, aval, shape):
     return result
 
 
-def lower_elementwise(ctx, *args, **params):
+def lower_elementwise(ctx: PallasContext, *args: Operand, **params: Any) -> Lowered:
     """jax's rule for a binary elementwise primitive, after broadcasting
     operands into a 3-D view (``groups / s[..., None]``: Pallas broadcasts
     implicitly with ``mosaic_gpu.broadcast_in_dim``, which no layout of a
@@ -270,8 +289,8 @@ def lower_elementwise(ctx, *args, **params):
     return jax_rule(ctx)(ctx.replace(avals_in=avals), *values, **params)
 
 
-def _reduce_rule(kind: str):
-    def rule(ctx, x, *, axes, **params):
+def _reduce_rule(kind: str) -> Callable[..., Lowered]:
+    def rule(ctx: PallasContext, x: Operand, *, axes: Sequence[int], **params: Any) -> Lowered:
         [aval] = ctx.avals_in
         if not views_shape(tuple(aval.shape)):
             return jax_rule(ctx)(ctx, x, axes=axes, **params)
@@ -299,7 +318,7 @@ lower_reduce_max = _reduce_rule("max")
 lower_reduce_min = _reduce_rule("min")
 
 
-def lower_stack(ctx, *xs, axis: int):
+def lower_stack(ctx: PallasContext, *xs: Operand, axis: int) -> Lowered:
     avals = ctx.avals_in
     if any(a.ndim not in (1, 2) for a in avals) or len(avals[0].shape) + 1 > 3:
         raise refuse(ctx, "stack of other than 1-D or 2-D operands",
@@ -311,18 +330,20 @@ def lower_stack(ctx, *xs, axis: int):
 # --- resource estimators: nothing where jax's rule lowers ----------------------------------------
 
 
-def _bytes(*avals) -> int:
+def _bytes(*avals: Aval) -> int:
     return max(int(a.size) * np.dtype(a.dtype).itemsize for a in avals)
 
 
-def estimate_reshape(ctx, aval, *args, new_sizes, **params):
+def estimate_reshape(ctx: EstimatorContext, aval: Aval, *args: Aval, new_sizes: Sequence[int],
+                     **params: Any) -> Resources:
     del ctx, args, params
     if not views_reshape(tuple(aval.shape), tuple(new_sizes)):
         return pallas_lowering.Resources(smem_scratch_bytes=0)
     return pallas_lowering.Resources(smem_scratch_bytes=_bytes(aval))
 
 
-def estimate_broadcast_in_dim(ctx, aval, *args, shape, **params):
+def estimate_broadcast_in_dim(ctx: EstimatorContext, aval: Aval, *args: Aval,
+                              shape: Sequence[int], **params: Any) -> Resources:
     """The operand's bytes, or the view's: a reduction of the view takes from it."""
     del ctx, args, params
     if not views_broadcast(tuple(aval.shape), tuple(shape)):
@@ -331,6 +352,6 @@ def estimate_broadcast_in_dim(ctx, aval, *args, shape, **params):
     return pallas_lowering.Resources(smem_scratch_bytes=_bytes(aval, out))
 
 
-def estimate_stack(ctx, *avals, axis):
+def estimate_stack(ctx: EstimatorContext, *avals: Aval, axis: int) -> Resources:
     del ctx, axis
     return pallas_lowering.Resources(smem_scratch_bytes=_bytes(*avals) * len(avals))
