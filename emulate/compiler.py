@@ -42,7 +42,7 @@ def rule(*names: str, accumulators: str = READS) -> Callable[[Rule], Rule]:
 def accumulator_use(step: Step, use: str) -> Step:
     """Marks one step (where its op's rule covers other forms too, as
     ``llvm.inline_asm``'s does) with how it treats pending accumulators."""
-    step.accumulators = use  # type: ignore[attr-defined]
+    step.accumulators = use
     return step
 
 
