@@ -18,8 +18,8 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   it), but for the checker a warp's TMEM loads and stores are asynchronous
   units that complete at its ``tcgen05.wait::ld`` / ``wait::st``.
 * ``tcgen05.mma.cta_group::{1,2}.kind::{f16,f8f6f4,i8}`` (f16/bf16, fp8
-  e4m3/e5m2 -- A and B may differ --, s8/u8; f32 or, for i8, s32
-  accumulators), by each thread that executes it: D (TMEM, lanes 0-127 from the address's
+  e4m3/e5m2 -- A and B may differ --, s8/u8; f32 or f16 (D type code 0;
+  not with bf16) or, for i8, s32 accumulators), by each thread that executes it: D (TMEM, lanes 0-127 from the address's
   column) = A @ B (+ D with ``enable-input-d``). A comes from an SMEM matrix
   descriptor or from TMEM (row i at lane i, two 16-bit elements a column,
   the even k in the low half); B from an SMEM descriptor. SMEM descriptors
@@ -29,14 +29,16 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   PTX ISA documents it (sparsity 0-2, saturate 3, D type 4-5, A/B type 7-9 /
   10-12, negate A/B 13/14, transpose A/B 15/16, N >> 3 in 17-22, M >> 4 in
   24-28, max shift 30-31). Each instruction's K (32 bytes of a row) products
-  are summed in float64, added to D and rounded to f32 once (compare within
-  the bound of :mod:`.wgmma`); integer products and sums are exact, D wraps
-  to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
+  are summed in float64, added to D and rounded once to D's type, to
+  nearest even (compare an f32 D within the bound of :mod:`.wgmma`; an f16 D
+  is one element a cell, in its low 16 bits, the high bits written 0 -- a
+  reading of the PTX ISA, not validated on hardware); integer products and
+  sums are exact, D wraps to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
   by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
   TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
-  first). kind::tf32 (jax 0.11.2 never emits it), f6/f4 operands, M = 64,
-  ``.sp``, block scaling, saturation and f16 accumulators raise
-  :class:`Unsupported`.
+  first). kind::tf32 (jax 0.11.2 never emits it), f6/f4 operands of
+  kind::f8f6f4 (jax emits f4 only block-scaled, f6 never), M = 64, ``.sp``,
+  block scaling and saturation raise :class:`Unsupported`.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
   mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
   thread issued are complete (they ran when issued); one arrival.
@@ -368,12 +370,16 @@ MMA = re.compile(
     r"(.*?)\$3, (.*?)\$4; \}")
 
 #: per kind: A/B type codes of the instruction descriptor -> element dtype, and the
-#: D type code it needs (1: f32, 2: s32); f6/f4 codes of kind::f8f6f4 are not modelled
+#: D type codes it takes -> accumulator dtype; the f6/f4 codes of kind::f8f6f4
+#: (3-5: e2m3, e3m2, e2m1) are not modelled: jax 0.11.2 only emits them block-scaled
+F16_D, F32_D, S32_D = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.int32)
 KINDS = {
-    "f16": ({0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}, 1),
-    "f8f6f4": ({0: irtypes.SCALARS["f8E4M3FN"], 1: irtypes.SCALARS["f8E5M2"]}, 1),
-    "i8": ({0: np.dtype(np.uint8), 1: np.dtype(np.int8)}, 2),
+    "f16": ({0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}, {0: F16_D, 1: F32_D}),
+    "f8f6f4": ({0: irtypes.SCALARS["f8E4M3FN"], 1: irtypes.SCALARS["f8E5M2"]},
+               {0: F16_D, 1: F32_D}),
+    "i8": ({0: np.dtype(np.uint8), 1: np.dtype(np.int8)}, {2: S32_D}),
 }
+D_NAMES = {0: "f16", 1: "f32", 2: "s32"}
 K_BYTES = 32  # one dense instruction's K: 32 bytes of each operand row
 
 
@@ -385,14 +391,15 @@ def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
          "neg_b": (idesc >> 14) & 1, "trans_a": (idesc >> 15) & 1, "trans_b": (idesc >> 16) & 1,
          "n": ((idesc >> 17) & 0x3F) << 3, "m": ((idesc >> 24) & 0x1F) << 4,
          "shift": (idesc >> 30) & 3}
-    types_, d_code = KINDS[kind]
+    types_, d_types = KINDS[kind]
     if f["sparse"] or idesc & 3:
         raise Unsupported(f"a tcgen05.mma instruction descriptor {idesc:#x} asking for sparsity "
                           "without .sp", where)
-    if f["d"] != d_code or f["saturate"]:
+    if f["d"] not in d_types or f["saturate"]:
         raise Unsupported(f"tcgen05.mma.kind::{kind} with D type {f['d']} (instruction "
-                          f"descriptor {idesc:#x}; {'s32' if d_code == 2 else 'f32'} "
-                          "accumulators, without saturation, are modelled)", where)
+                          f"descriptor {idesc:#x}; "
+                          f"{'/'.join(D_NAMES[c] for c in d_types)} accumulators, without "
+                          "saturation, are modelled)", where)
     if f["a"] not in types_ or f["b"] not in types_ or (kind != "f8f6f4" and f["a"] != f["b"]):
         raise Unsupported(f"tcgen05.mma.kind::{kind} with A type {f['a']} and B type {f['b']} "
                           f"(instruction descriptor {idesc:#x}; modelled: "
@@ -412,7 +419,30 @@ def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
                              f"N = {f['n']}: with M = {f['m']}, N must be a multiple of 16 "
                              "from 16 to 256")
     f["a_dtype"], f["b_dtype"] = types_[f["a"]], types_[f["b"]]
+    f["d_dtype"] = d_types[f["d"]]
+    if f["d_dtype"] == F16_D and f["a_dtype"] == irtypes.SCALARS["bf16"]:
+        raise EmulationError(f"tcgen05.mma.kind::f16 instruction descriptor {idesc:#x} at "
+                             f"{where} asks for an f16 D with bf16 operands; bf16 needs an "
+                             "f32 D (PTX ISA, kind::f16)")
     return f
+
+
+def _read_d(cells: np.ndarray, d: np.dtype) -> np.ndarray:
+    """D's values from its TMEM cells (an f16 D: the low 16 bits of each)."""
+    if d == F16_D:
+        return (cells & 0xFFFF).astype(np.uint16).view(np.float16)
+    return cells.view(d)
+
+
+def _write_d(x: np.ndarray, d: np.dtype) -> np.ndarray:
+    """TMEM cells holding ``x`` (float64 or int64) rounded once to D's type (s32
+    wraps; an f16 D in the low 16 bits of a cell, the high bits 0)."""
+    if d == S32_D:
+        return x.astype(np.uint64).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        if d == F16_D:
+            return x.astype(np.float16).view(np.uint16).astype(np.uint32)
+        return x.astype(np.float32).view(np.uint32)
 
 
 def _smem_desc(desc: int, where: str) -> int:
@@ -441,7 +471,7 @@ def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, k: int, el: np.dtype,
 
 @ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
           "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
-          "accumulators, M = 128 a CTA; A from an SMEM "
+          "or f16 accumulators, M = 128 a CTA; A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
           "the checker until its commit's mbarrier phase completes")
@@ -533,11 +563,10 @@ class _Mma:
             t.check_columns(cols.reshape(-1), op, loc)
             d_cells = t.byte_addresses(lanes, cols)
             if accumulate:
-                prod = prod + t.cells[lanes, cols].view(np.int32 if exact else np.float32)
+                prod = prod + _read_d(t.cells[lanes, cols], f["d_dtype"])
                 if check:
                     check(t.space, d_cells, False, False)
-            t.cells[lanes, cols] = (prod.astype(np.uint64).astype(np.uint32) if exact else
-                                    prod.astype(np.float32).view(np.uint32))
+            t.cells[lanes, cols] = _write_d(prod, f["d_dtype"])
             if check:
                 check(t.space, d_cells, True, False)
 

@@ -205,6 +205,43 @@ def test_fp8_mma_matches_numpy(types, lhs_tmem):
     assert np.abs(a64 @ b64).max() > 1
 
 
+F16_ACC_TYPES = [(F16, F16), (E4M3, E4M3), (E5M2, E4M3)]
+
+
+@pytest.mark.parametrize("types", F16_ACC_TYPES, ids=["f16", "e4m3", "e5m2xe4m3"])
+@pytest.mark.parametrize("lhs_tmem", [False, True], ids=["a-smem", "a-tmem"])
+def test_f16_accumulator_mma_matches_numpy(types, lhs_tmem):
+    """D type code 0: an f16 accumulator (one a TMEM cell, its low half), for
+    kind::f16 and kind::f8f6f4. K = 128 is several instructions, each rounding
+    its exact (float64) sum plus D to f16 once: within K/k_instr roundings of
+    the exact product."""
+    call, (sa, sb) = _mma(128, 128, 128, *types, lhs_tmem=lhs_tmem, acc_type=F16,
+                          out_type=F16)
+    a, b = normal(sa.shape, types[0]), normal(sb.shape, types[1])
+    (got,) = run(call, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    exact = a64 @ b64
+    steps = 128 // (32 // np.dtype(types[0]).itemsize)  # one rounding per instruction
+    assert got.dtype == np.float16
+    err = np.abs(got.astype(np.float64) - exact)
+    bound = steps * 2.0 ** -11 * (np.abs(a64) @ np.abs(b64)) + 2.0 ** -24
+    assert np.all(err <= bound), (err / bound).max()
+    # each instruction rounds to f16: the result is not the f32-accumulated one
+    assert np.abs(exact).max() > 4 and np.mean(err > 0) > 0.5
+
+
+def test_f16_accumulator_rounds_each_instruction_to_f16():
+    """Two instructions (K = 32 of f16): the first's sum rounded to f16, the
+    second added to it and rounded again -- exactly, bit for bit."""
+    call, (sa, sb) = _mma(128, 128, 32, F16, swizzle=32, acc_type=F16, out_type=F16)
+    a, b = normal(sa.shape, F16), normal(sb.shape, F16)
+    (got,) = run(call, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    first = (a64[:, :16] @ b64[:16]).astype(np.float16).astype(np.float64)
+    want = (first + a64[:, 16:] @ b64[16:]).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
+
+
 def ints(shape, dtype):
     info = np.iinfo(dtype)
     return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
