@@ -36,9 +36,11 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   sums are exact, D wraps to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
   by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
   TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
-  first). kind::tf32 (jax 0.11.2 never emits it), f6/f4 operands of
-  kind::f8f6f4 (jax emits f4 only block-scaled, f6 never), M = 64, ``.sp``,
-  block scaling and saturation raise :class:`Unsupported`.
+  first). Block-scaled kinds (``kind::{mxf8f6f4,mxf4,mxf4nvf4}.block_scale``,
+  scale factors ``[$5], [$6]`` in TMEM; e2m1 operands) as
+  :mod:`.tcgen05_scaled` describes. kind::tf32 (jax 0.11.2 never emits
+  it), f6/f4 operands of (mxf)f8f6f4 (jax emits f4 only through mxf4nvf4, f6
+  never), M = 64, ``.sp`` and saturation raise :class:`Unsupported`.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
   mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
   thread issued are complete (they ran when issued); one arrival.
@@ -64,6 +66,7 @@ from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame
 from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE
+from . import tcgen05_scaled as scaled
 from .inline_asm import Instr, ptx, ptx_pattern, ptx_text
 from .nvvm import effective, per_thread
 from .wgmma import _read_operand
@@ -454,24 +457,33 @@ def _smem_desc(desc: int, where: str) -> int:
     return desc
 
 
-def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, k: int, el: np.dtype, op: str,
+def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, nbytes: int, op: str,
                  where: str) -> tuple[np.ndarray, np.ndarray]:
-    """A (m x k) at a TMEM address: row i at lane i, its elements packed 32 bits a
-    cell (k // p in column k // p, the lowest bits first, p = 4 // itemsize).
-    Also the cells' byte addresses (for the checker)."""
+    """The (m, nbytes) bytes of A's rows at a TMEM address: row i at lane i, its
+    elements packed 32 bits a cell (the lowest k in the lowest bits). Also the
+    cells' byte addresses (for the checker)."""
     lane0, col0 = (int(x) for x in tmem.split(taddr))
     if lane0 + m > tmem.LANES:
         raise EmulationError(f"{op} at {where}: A at TMEM lane {lane0} has {m} rows")
     lanes = lane0 + np.arange(m)[:, None]
-    cols = col0 + np.arange(k * el.itemsize // tmem.CELL)[None, :]
+    cols = col0 + np.arange(nbytes // tmem.CELL)[None, :]
     t.check_columns(cols.reshape(-1), op, where)
     cells = np.ascontiguousarray(t.cells[lanes, cols])  # little-endian: low bits first
-    return cells.view(np.uint8).reshape(m, -1).view(el), t.byte_addresses(lanes, cols)
+    return cells.view(np.uint8).reshape(m, -1), t.byte_addresses(lanes, cols)
+
+
+def _values(raw: np.ndarray, el: np.dtype, wide) -> np.ndarray:
+    """An operand's (rows, K) values (float64 or int64) from its (rows, bytes) bytes."""
+    if el == scaled.FP4:
+        return scaled.unpack_fp4(raw)
+    return np.ascontiguousarray(raw).view(el).astype(wide)
 
 
 @ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
           "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
-          "or f16 accumulators, M = 128 a CTA; A from an SMEM "
+          "or f16 accumulators; block-scaled kind::mxf8f6f4 (fp8, scale_vec::1X), mxf4 and "
+          "mxf4nvf4 (e2m1, scale_vec::2X/4X, ue8m0 or ue4m3 scales from TMEM); M = 128 a "
+          "CTA; A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
           "the checker until its commit's mbarrier phase completes")
@@ -481,16 +493,22 @@ def tcgen05_mma(i: Instr) -> Step:
     if not m:
         raise Unsupported(f"inline PTX {i.text!r} (a tcgen05.mma form not modelled)", i.loc)
     a_reg, a_off, b_off, b_hi, a_hi, sparse, group, kind, a_op, extra, extra2 = m.groups()
-    if sparse or group not in ("1", "2") or kind not in KINDS or extra or extra2:
+    block = scaled.kind(kind, i.loc)
+    scales = extra2 == "[$5], [$6], " and block is not None
+    if sparse or group not in ("1", "2") or (kind not in KINDS and block is None) or extra \
+            or (extra2 and not scales) or (block is not None and not scales):
         what = ("sparse " if sparse else "") + f"kind::{kind}" + (
-            " with scale factors or metadata" if extra or extra2 else "")
-        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16, f8f6f4 (fp8) and i8 are "
+            " with metadata" if extra else "") + (
+            " with scale factors" if extra2 else "") + (
+            " without scale factors" if block is not None and not extra2 else "")
+        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16, f8f6f4 (fp8) and i8, and "
+                          "block-scaled kind::mxf8f6f4 (fp8), mxf4 and mxf4nvf4 are "
                           "modelled)", i.loc)
     a_tmem = a_op == "[a_desc]"
-    if a_tmem != (a_reg == "b32") or len(i.ins) != 5 or i.results:
+    if a_tmem != (a_reg == "b32") or len(i.ins) != (7 if scales else 5) or i.results:
         raise i.unknown
-    mma = _Mma(int(group), kind, a_tmem, int(a_off), int(a_hi or 0), int(b_off), int(b_hi),
-               i.ins, i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
+    mma = _Mma(int(group), kind, block, a_tmem, int(a_off), int(a_hi or 0), int(b_off),
+               int(b_hi), i.ins, i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
 
     def step(fr: Frame) -> None:
         fr.need_block(mma.op, mma.loc)
@@ -502,11 +520,13 @@ def tcgen05_mma(i: Instr) -> Step:
 class _Mma:
     """One tcgen05.mma instruction: its constant parts, and :meth:`issue`."""
 
-    def __init__(self, ctas: int, kind: str, a_tmem: bool, a_off: int, a_hi: int, b_off: int,
-                 b_hi: int, ins: list[int], loc: str, site) -> None:
-        self.ctas, self.kind, self.a_tmem = ctas, kind, a_tmem
+    def __init__(self, ctas: int, kind: str, block: tuple[str, int] | None, a_tmem: bool,
+                 a_off: int, a_hi: int, b_off: int, b_hi: int, ins: list[int], loc: str,
+                 site) -> None:
+        self.ctas, self.kind, self.block, self.a_tmem = ctas, kind, block, a_tmem
         self.a_off, self.a_hi, self.b_off, self.b_hi = a_off, a_hi, b_off, b_hi
-        self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins
+        self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins[:5]
+        self.sa_s, self.sb_s = ins[5:7] if block else (None, None)
         self.loc, self.site = loc, site
         self.op = f"tcgen05.mma.cta_group::{ctas}.kind::{kind}"
 
@@ -526,9 +546,14 @@ class _Mma:
         def val(slot: int) -> int:
             return int(per_thread(fr.regs[slot], fr.T)[th]) & 0xFFFFFFFF
         idesc = val(self.id_s)
-        f = _idesc(idesc, self.kind, self.ctas, loc)
+        if self.block:
+            f = scaled.idesc(idesc, *self.block, self.ctas, False, loc)
+            f["d_dtype"] = F32_D
+        else:
+            f = _idesc(idesc, self.kind, self.ctas, loc)
         el, b_el = f["a_dtype"], f["b_dtype"]
-        k, n, rows = K_BYTES // el.itemsize, f["n"], f["m"] // self.ctas
+        k = K_BYTES * 8 // (4 if el == scaled.FP4 else 8 * el.itemsize)
+        n, rows = f["n"], f["m"] // self.ctas
         exact = self.kind == "i8"  # integers: int64 products, s32 wrapping
         wide = np.int64 if exact else np.float64
         d_lane, d_col = (int(x) for x in tmem.split(val(self.d_s)))
@@ -544,18 +569,22 @@ class _Mma:
         b_desc = _smem_desc(((val(self.b_s) + self.b_off) & 0xFFFFFFFF) | (self.b_hi << 32), loc)
         # B is split by columns between the CTAs (the even CTA's first)
         bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, b_el,
-                                               f["trans_b"]) for blk in ctas])
+                                               f["trans_b"], wide) for blk in ctas])
         accumulate = bool(per_thread(fr.regs[self.acc_s], fr.T)[th])
         for blk in ctas:  # A and D are split by rows: each CTA's own
             t = tmem.of_block(blk)
             if self.a_tmem:
-                a, a_cells = _a_from_tmem(t, a_lo, rows, k, el, op, loc)
+                raw, a_cells = _a_from_tmem(t, a_lo, rows, K_BYTES, op, loc)
+                a = _values(raw, el, wide)
                 if check:
                     check(t.space, a_cells, False, False)
             else:
                 a = self.smem_operand(blk, check, _smem_desc(a_lo | (self.a_hi << 32), loc),
-                                      rows, k, el, f["trans_a"])
-            prod = a.astype(wide) @ bm.astype(wide).T
+                                      rows, k, el, f["trans_a"], wide)
+            if self.block:  # each CTA's own A scales and its own copy of B's
+                prod = self.scaled_product(t, check, val, f, a, bm, rows)
+            else:
+                prod = a @ bm.T
             if f["neg_a"] != f["neg_b"]:
                 prod = -prod
             lanes = np.arange(rows)[:, None]
@@ -570,12 +599,43 @@ class _Mma:
             if check:
                 check(t.space, d_cells, True, False)
 
+    def scaled_product(self, t: tmem.TensorMemory, check, val, f: dict, a: np.ndarray,
+                       bm: np.ndarray, rows: int) -> np.ndarray:
+        """(a s_a) @ (b s_b).T with the scale factors in this CTA's TMEM (see
+        :mod:`.tcgen05_scaled`): B's scales as each lane quarter reads them."""
+        vec, n, k = f["vec"], bm.shape[0], a.shape[1]
+        sa_lane, sa_col = (int(x) for x in tmem.split(val(self.sa_s)))
+        sb_lane, sb_col = (int(x) for x in tmem.split(val(self.sb_s)))
+        if sa_lane or sb_lane:
+            raise EmulationError(f"{self.op} at {self.loc}: scale factors at TMEM lane "
+                                 f"{sa_lane or sb_lane}; they start at lane 0")
+        r = np.arange(rows)
+        a_lanes, a_cols = r, sa_col + r // 32
+        j = np.arange(n)
+        b_lanes = 32 * np.arange(rows // 32)[:, None] + j % 32  # (quarters, n)
+        b_cols = np.broadcast_to(sb_col + j // 32, b_lanes.shape)
+        t.check_columns(np.concatenate([a_cols, b_cols.reshape(-1)]), self.op, self.loc)
+        if check:
+            check(t.space, t.byte_addresses(a_lanes, a_cols), False, False)
+            check(t.space, t.byte_addresses(b_lanes, b_cols), False, False)
+        s_a = scaled.decode_scales(scaled.scale_bytes(t.cells[a_lanes, a_cols], f["a_id"], vec),
+                                   f["scale_type"])  # (rows, vec)
+        s_b = scaled.decode_scales(scaled.scale_bytes(t.cells[b_lanes, b_cols], f["b_id"], vec),
+                                   f["scale_type"])  # (quarters, n, vec)
+        a = a * np.repeat(s_a, k // vec, axis=-1)
+        b = bm[None] * np.repeat(s_b, k // vec, axis=-1)  # (quarters, n, k)
+        return np.concatenate([a[32 * q: 32 * q + 32] @ b[q].T for q in range(rows // 32)])
+
     def smem_operand(self, blk, check, desc: int, mn: int, k: int, el: np.dtype,
-                     trans: int) -> np.ndarray:
-        """The (mn, k) operand at an SMEM descriptor in block ``blk``'s SMEM."""
+                     trans: int, wide) -> np.ndarray:
+        """The (mn, k) operand's values at an SMEM descriptor in block ``blk``'s SMEM."""
         where = types.SimpleNamespace(mem={"shared": blk.smem})
+        if el == scaled.FP4:  # two a byte, K-major
+            return _values(_read_operand(where, desc, mn, k // 2, np.dtype(np.uint8), trans,
+                                         self.loc, check and check.smem_of(blk.smem),
+                                         "tcgen05.mma"), el, wide)
         return _read_operand(where, desc, mn, k, el, trans, self.loc,
-                             check and check.smem_of(blk.smem), "tcgen05.mma")
+                             check and check.smem_of(blk.smem), "tcgen05.mma").astype(wide)
 
 
 class _MmaCheck:

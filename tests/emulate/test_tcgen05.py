@@ -584,3 +584,169 @@ def test_official_blackwell_ragged_dot(pipeline):
                       np.abs(b[rows].astype(np.float64))) * 129 * 2.0 ** -24 \
         + np.abs(exact) * 2.0 ** -11
     assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
+
+
+# --- block-scaled MMAs (kind::mxf8f6f4, kind::mxf4nvf4) ---------------------------------------
+
+E8M0, F4 = jnp.float8_e8m0fnu, jnp.float4_e2m1fn
+
+
+def tile(x, rows, cols):
+    """(R, C) -> (R // rows, C // cols, rows, cols): the SMEM tiling of a TMA copy."""
+    r, c = x.shape
+    return x.reshape(r // rows, rows, c // cols, cols).transpose(0, 2, 1, 3)
+
+
+def scales_for_tmem(s):
+    """(MN, K // block) scales -> (MN_pad // 128, K // block // 4, 32, 16): what
+    ``async_copy_scales_smem_to_tmem`` copies (PTX's scale-factor layout 1X:
+    row r's 4 scales of a K group at bytes 4 (r // 32) .. of SMEM row r % 32)."""
+    mn, ks = s.shape
+    pad = -mn % 128
+    s = np.pad(s, ((0, pad), (0, 0)))
+    return s.reshape(-1, 4, 32, ks // 4, 4).transpose(0, 3, 2, 1, 4).reshape(-1, ks // 4, 32, 16)
+
+
+def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem=False,
+                        collective=False):
+    """A (m, k) and B (n, k), both K-major, by TMA; their scales by TMA and
+    ``async_copy_scales_smem_to_tmem``; A maybe through TMEM
+    (``async_copy_smem_to_tmem``); one ``tcgen05.mma`` call with a_scale/b_scale
+    (collective: over a CTA pair, each CTA its m // 2 rows of A and n // 2 of B's
+    columns, B's scales in both); the f32 accumulator out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, gpu
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import tcgen05 as jtc
+    from jax.experimental.mosaic.gpu import utils as mu
+
+    bits = jax.dtypes.itemsize_bits(in_dtype)
+    width = 8 * swizzle // bits
+    tiling = (8, width)
+    ctas = 2 if collective else 1
+    mc, nc = m // ctas, n // ctas
+
+    def body(ctx, a, b, sa, sb, out, scratch):
+        (a_smem, b_smem, sa_smem, sb_smem, loaded, done, pair, acc, a_scales, b_scales,
+         a_tmem) = scratch
+        index = ir.IndexType.get()
+        rank = gpu.cluster_block_id(gpu.Dimension.x) if collective else mu.c(0, index)
+        kw = dict(swizzle=swizzle, gmem_transform=mgpu.TileTransform(tiling))
+        ctx.async_copy(src_ref=a, dst_ref=a_smem, barrier=loaded[0],
+                       gmem_slice=(mu.ds(arith.muli(rank, mu.c(mc, index)), mc), slice(None)),
+                       **kw)
+        ctx.async_copy(src_ref=b, dst_ref=b_smem, barrier=loaded[1],
+                       gmem_slice=(mu.ds(arith.muli(rank, mu.c(nc, index)), nc), slice(None)),
+                       **kw)
+        ctx.async_copy(src_ref=sa, dst_ref=sa_smem, barrier=loaded[2],
+                       gmem_slice=(mu.ds(rank, 1),))
+        ctx.async_copy(src_ref=sb, dst_ref=sb_smem, barrier=loaded[3])
+        for i in range(4):
+            loaded[i].wait()
+        if collective:
+            pair.arrive(orders_tensor_core=True)
+            pair.wait(orders_tensor_core=True)
+        leader = mu.single_thread_predicate()
+        if collective:
+            leader = arith.andi(leader, arith.cmpi(arith.CmpIPredicate.eq, rank,
+                                                   mu.c(0, index)))
+        with mu.when(leader):
+            if lhs_tmem:
+                jtc.async_copy_smem_to_tmem(a_smem, a_tmem, swizzle, collective=collective)
+            jtc.async_copy_scales_smem_to_tmem(sa_smem, a_scales, collective=collective)
+            jtc.async_copy_scales_smem_to_tmem(sb_smem, b_scales, collective=collective)
+            jtc.mma(acc, a_tmem if lhs_tmem else a_smem,
+                    mgpu.memref_transpose(b_smem, (1, 0, 3, 2)), a_swizzle=swizzle,
+                    b_swizzle=swizzle, a_scale=a_scales, b_scale=b_scales, accumulate=False,
+                    collective=collective)  # <mma>
+            jtc.commit_arrive(done, collective=collective, ctx=ctx)
+        done.wait(orders_tensor_core=True)
+        acc.load().store_untiled(
+            mu.memref_slice(out, mu.ds(arith.muli(rank, mu.c(mc, index)), mc)), optimized=False)
+
+    sa_shape = (ctas, k // block // 4, 32, 16)
+    sb_shape = (-(-n // 128), k // block // 4, 32, 16)
+    a_s = jax.ShapeDtypeStruct((m, k), in_dtype)
+    b_s = jax.ShapeDtypeStruct((n, k), in_dtype)
+    args = (a_s, b_s, jax.ShapeDtypeStruct(sa_shape, scale_dtype),
+            jax.ShapeDtypeStruct(sb_shape, scale_dtype))
+    with mlir.make_ir_context(), ir.Location.unknown(), _blackwell():
+        scratch = [
+            jax.ShapeDtypeStruct((mc // 8, k // width, 8, width), in_dtype),
+            jax.ShapeDtypeStruct((nc // 8, k // width, 8, width), in_dtype),
+            jax.ShapeDtypeStruct((1,) + sa_shape[1:], scale_dtype),
+            jax.ShapeDtypeStruct(sb_shape, scale_dtype),
+            mgpu.TMABarrier(4), mgpu.Barrier(1),
+            mgpu.ClusterBarrier(collective_dims=(gpu.Dimension.x,)) if collective else None,
+            mgpu.TMEM((mc, n), jnp.float32, collective=collective),
+            mgpu.TMEM((mc, k // block), scale_dtype, layout=jtc.scales_layout(),
+                      collective=collective),
+            mgpu.TMEM((-(-n // 128) * 128, k // block), scale_dtype, layout=jtc.scales_layout(),
+                      collective=collective),
+            mgpu.TMEM((mc, k), in_dtype, packing=32 // bits, collective=collective)
+            if lhs_tmem else None,
+        ]
+        return mgpu.as_gpu_kernel(body, (ctas, 1, 1), (128, 1, 1), args,
+                                  jax.ShapeDtypeStruct((m, n), jnp.float32), scratch,
+                                  cluster=(ctas, 1, 1)), body
+
+
+def sample_scales(shape, dtype):
+    if dtype == E8M0:  # 2^-5 .. 2^4
+        return RNG.integers(122, 132, shape).astype(np.uint8).view(E8M0)
+    return np.abs(RNG.standard_normal(shape)).astype(E4M3)
+
+
+def uniform(shape, dtype):
+    return RNG.uniform(-1, 1, shape).astype(dtype)
+
+
+def check_block_scaled(m, n, k, in_dtype, scale_dtype, block, swizzle, **kw):
+    fn, _ = block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, **kw)
+    a, b = uniform((m, k), in_dtype), uniform((n, k), in_dtype)
+    sa, sb = sample_scales((m, k // block), scale_dtype), sample_scales((n, k // block),
+                                                                         scale_dtype)
+    ctas = 2 if kw.get("collective") else 1
+    (got,) = emu.run(fn, a, b, scales_for_tmem(sa), scales_for_tmem(sb), arch=BLACKWELL)
+    a64 = a.astype(np.float64) * np.repeat(sa.astype(np.float64), block, axis=1)
+    b64 = b.astype(np.float64) * np.repeat(sb.astype(np.float64), block, axis=1)
+    exact = a64 @ b64.T
+    steps = k // (256 // jax.dtypes.itemsize_bits(in_dtype))
+    bound = (steps + 1) * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64).T)
+    err = np.abs(got.astype(np.float64) - exact)
+    assert np.all(err <= bound), (err / np.maximum(bound, 1e-300)).max()
+    # the scales matter: without them, or with A's transposed, it is far off
+    assert np.abs(exact).max() > 1 and ctas in (1, 2)
+    unscaled = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.abs(got - unscaled).max() > 1e3 * bound.max()
+
+
+BLOCK_SCALED = {
+    # kind::mxf8f6f4.block_scale.scale_vec::1X: fp8, ue8m0 scales a block of 32
+    "e4m3-ue8m0-n128-swizzle128": (128, 128, 256, E4M3, E8M0, 32, 128),
+    "e5m2-ue8m0-n8-swizzle32": (128, 8, 128, E5M2, E8M0, 32, 32),
+    # kind::mxf4nvf4.block_scale.scale_vec::2X: e2m1, ue8m0 scales a block of 32
+    "e2m1-ue8m0-block32-n256": (128, 256, 256, F4, E8M0, 32, 128),
+    # kind::mxf4nvf4.block_scale.scale_vec::4X: e2m1, ue8m0 / ue4m3 a block of 16
+    "e2m1-ue8m0-block16-n64": (128, 64, 256, F4, E8M0, 16, 128),
+    "e2m1-ue4m3-block16-n32-swizzle32": (128, 32, 256, F4, E4M3, 16, 32),
+}
+
+
+@pytest.mark.parametrize("name", list(BLOCK_SCALED))
+def test_block_scaled_mma_matches_numpy(name):
+    check_block_scaled(*BLOCK_SCALED[name])
+
+
+@pytest.mark.parametrize("in_dtype, block", [(E4M3, 32), (F4, 16)], ids=["e4m3", "e2m1"])
+def test_block_scaled_mma_with_a_in_tmem(in_dtype, block):
+    """A copied to TMEM (tcgen05.cp.128x256b: four fp8 or eight e2m1 a cell)."""
+    check_block_scaled(128, 128, 256, in_dtype, E8M0, block, 128, lhs_tmem=True)
+
+
+@pytest.mark.parametrize("in_dtype, block", [(E5M2, 32), (F4, 32)], ids=["e5m2", "e2m1"])
+def test_collective_block_scaled_mma(in_dtype, block):
+    """cta_group::2, M = 256: each CTA its A rows and A scales, B's columns split,
+    B's scales copied to both CTAs (tcgen05.cp.cta_group::2.32x128b.warpx4)."""
+    check_block_scaled(256, 128, 256, in_dtype, E8M0, block, 128, collective=True)
