@@ -40,7 +40,9 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   scale factors ``[$5], [$6]`` in TMEM; e2m1 operands) as
   :mod:`.tcgen05_scaled` describes. kind::tf32 (jax 0.11.2 never emits
   it), f6/f4 operands of (mxf)f8f6f4 (jax emits f4 only through mxf4nvf4, f6
-  never), M = 64, ``.sp`` and saturation raise :class:`Unsupported`.
+  never), M = 64, sparse e2m1 and saturation raise :class:`Unsupported`.
+  ``tcgen05.mma.sp`` (2:4 sparse A, its metadata in TMEM) as
+  :mod:`.tcgen05_sparse` describes.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
   mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
   thread issued are complete (they ran when issued); one arrival.
@@ -67,6 +69,7 @@ from ..errors import EmulationError, Unsupported
 from ..machine import Frame
 from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE
 from . import tcgen05_scaled as scaled
+from . import tcgen05_sparse as sparse
 from .inline_asm import Instr, ptx, ptx_pattern, ptx_text
 from .nvvm import effective, per_thread
 from .wgmma import _read_operand
@@ -386,7 +389,7 @@ D_NAMES = {0: "f16", 1: "f32", 2: "s32"}
 K_BYTES = 32  # one dense instruction's K: 32 bytes of each operand row
 
 
-def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
+def _idesc(idesc: int, kind: str, ctas: int, sparse: bool, where: str) -> dict:
     """The fields of a kind::f16/f8f6f4/i8 instruction descriptor (PTX ISA,
     "Instruction descriptor"), checked against what is modelled."""
     f = {"sparse": (idesc >> 2) & 1, "saturate": (idesc >> 3) & 1, "d": (idesc >> 4) & 3,
@@ -395,9 +398,11 @@ def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
          "n": ((idesc >> 17) & 0x3F) << 3, "m": ((idesc >> 24) & 0x1F) << 4,
          "shift": (idesc >> 30) & 3}
     types_, d_types = KINDS[kind]
-    if f["sparse"] or idesc & 3:
-        raise Unsupported(f"a tcgen05.mma instruction descriptor {idesc:#x} asking for sparsity "
-                          "without .sp", where)
+    if f["sparse"] != sparse or (idesc & 3 and not sparse):
+        raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where}: "
+                             f"sparsity bit {f['sparse']}, selector {idesc & 3}, on a"
+                             f"{'' if sparse else ' non'}-sparse (.sp) instruction")
+    f["selector"] = idesc & 3
     if f["d"] not in d_types or f["saturate"]:
         raise Unsupported(f"tcgen05.mma.kind::{kind} with D type {f['d']} (instruction "
                           f"descriptor {idesc:#x}; "
@@ -482,7 +487,8 @@ def _values(raw: np.ndarray, el: np.dtype, wide) -> np.ndarray:
 @ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
           "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
           "or f16 accumulators; block-scaled kind::mxf8f6f4 (fp8, scale_vec::1X), mxf4 and "
-          "mxf4nvf4 (e2m1, scale_vec::2X/4X, ue8m0 or ue4m3 scales from TMEM); M = 128 a "
+          "mxf4nvf4 (e2m1, scale_vec::2X/4X, ue8m0 or ue4m3 scales from TMEM); .sp with 2:4 "
+          "metadata from TMEM; M = 128 a "
           "CTA; A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
@@ -492,23 +498,25 @@ def tcgen05_mma(i: Instr) -> Step:
     m = MMA.fullmatch(text)
     if not m:
         raise Unsupported(f"inline PTX {i.text!r} (a tcgen05.mma form not modelled)", i.loc)
-    a_reg, a_off, b_off, b_hi, a_hi, sparse, group, kind, a_op, extra, extra2 = m.groups()
+    a_reg, a_off, b_off, b_hi, a_hi, sp, group, kind, a_op, extra, extra2 = m.groups()
     block = scaled.kind(kind, i.loc)
     scales = extra2 == "[$5], [$6], " and block is not None
-    if sparse or group not in ("1", "2") or (kind not in KINDS and block is None) or extra \
-            or (extra2 and not scales) or (block is not None and not scales):
-        what = ("sparse " if sparse else "") + f"kind::{kind}" + (
+    meta = extra == ("[$7], " if scales else "[$5], ") and bool(sp)
+    if group not in ("1", "2") or (kind not in KINDS and block is None) or (extra and not meta) \
+            or bool(sp) != meta or (extra2 and not scales) or (block is not None and not scales):
+        what = ("sparse " if sp else "") + f"kind::{kind}" + (
             " with metadata" if extra else "") + (
             " with scale factors" if extra2 else "") + (
             " without scale factors" if block is not None and not extra2 else "")
-        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16, f8f6f4 (fp8) and i8, and "
-                          "block-scaled kind::mxf8f6f4 (fp8), mxf4 and mxf4nvf4 are "
-                          "modelled)", i.loc)
+        raise Unsupported(f"tcgen05.mma {what} (kind::f16, f8f6f4 (fp8) and i8, dense or "
+                          ".sp with metadata, and block-scaled kind::mxf8f6f4 (fp8), mxf4 and "
+                          "mxf4nvf4 are modelled)", i.loc)
     a_tmem = a_op == "[a_desc]"
-    if a_tmem != (a_reg == "b32") or len(i.ins) != (7 if scales else 5) or i.results:
+    if a_tmem != (a_reg == "b32") or len(i.ins) != 5 + 2 * scales + meta or i.results:
         raise i.unknown
-    mma = _Mma(int(group), kind, block, a_tmem, int(a_off), int(a_hi or 0), int(b_off),
-               int(b_hi), i.ins, i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
+    mma = _Mma(int(group), kind, block, meta, a_tmem, int(a_off), int(a_hi or 0), int(b_off),
+               int(b_hi), i.ins, i.loc,
+               i.op.site(f"tcgen05.mma{sp or ''}.cta_group::{group}.kind::{kind}"))
 
     def step(fr: Frame) -> None:
         fr.need_block(mma.op, mma.loc)
@@ -520,15 +528,17 @@ def tcgen05_mma(i: Instr) -> Step:
 class _Mma:
     """One tcgen05.mma instruction: its constant parts, and :meth:`issue`."""
 
-    def __init__(self, ctas: int, kind: str, block: tuple[str, int] | None, a_tmem: bool,
-                 a_off: int, a_hi: int, b_off: int, b_hi: int, ins: list[int], loc: str,
-                 site) -> None:
+    def __init__(self, ctas: int, kind: str, block: tuple[str, int] | None, sparse: bool,
+                 a_tmem: bool, a_off: int, a_hi: int, b_off: int, b_hi: int, ins: list[int],
+                 loc: str, site) -> None:
         self.ctas, self.kind, self.block, self.a_tmem = ctas, kind, block, a_tmem
+        self.sparse = sparse
+        self.meta_s = ins[-1] if sparse else None
         self.a_off, self.a_hi, self.b_off, self.b_hi = a_off, a_hi, b_off, b_hi
         self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins[:5]
         self.sa_s, self.sb_s = ins[5:7] if block else (None, None)
         self.loc, self.site = loc, site
-        self.op = f"tcgen05.mma.cta_group::{ctas}.kind::{kind}"
+        self.op = f"tcgen05.mma{'.sp' if sparse else ''}.cta_group::{ctas}.kind::{kind}"
 
     def blocks(self, b) -> list:
         """The CTAs the MMA spans: the issuing block, or its pair (the even rank first)."""
@@ -547,12 +557,15 @@ class _Mma:
             return int(per_thread(fr.regs[slot], fr.T)[th]) & 0xFFFFFFFF
         idesc = val(self.id_s)
         if self.block:
-            f = scaled.idesc(idesc, *self.block, self.ctas, False, loc)
-            f["d_dtype"] = F32_D
+            f = scaled.idesc(idesc, *self.block, self.ctas, self.sparse, loc)
+            f["d_dtype"], f["selector"] = F32_D, 0
         else:
-            f = _idesc(idesc, self.kind, self.ctas, loc)
+            f = _idesc(idesc, self.kind, self.ctas, self.sparse, loc)
         el, b_el = f["a_dtype"], f["b_dtype"]
-        k = K_BYTES * 8 // (4 if el == scaled.FP4 else 8 * el.itemsize)
+        if self.sparse and el == scaled.FP4:
+            raise Unsupported(f"{op}: sparse e2m1 (4:8 pair-wise sparsity)", loc)
+        k_a = K_BYTES * 8 // (4 if el == scaled.FP4 else 8 * el.itemsize)  # A's stored K
+        k = k_a * (2 if self.sparse else 1)  # the logical K (B's)
         n, rows = f["n"], f["m"] // self.ctas
         exact = self.kind == "i8"  # integers: int64 products, s32 wrapping
         wide = np.int64 if exact else np.float64
@@ -580,7 +593,14 @@ class _Mma:
                     check(t.space, a_cells, False, False)
             else:
                 a = self.smem_operand(blk, check, _smem_desc(a_lo | (self.a_hi << 32), loc),
-                                      rows, k, el, f["trans_a"], wide)
+                                      rows, k_a, el, f["trans_a"], wide)
+            if self.sparse:  # each CTA's own metadata
+                lanes, cols, pos = sparse.metadata_cells(val(self.meta_s), f["selector"], rows,
+                                                         el.itemsize == 2, op, loc)
+                t.check_columns(cols.reshape(-1), op, loc)
+                if check:
+                    check(t.space, t.byte_addresses(lanes, cols), False, False)
+                a = sparse.decompress(a, sparse.positions(t.cells[lanes, cols], pos, op, loc), k)
             if self.block:  # each CTA's own A scales and its own copy of B's
                 prod = self.scaled_product(t, check, val, f, a, bm, rows)
             else:

@@ -750,3 +750,124 @@ def test_collective_block_scaled_mma(in_dtype, block):
     """cta_group::2, M = 256: each CTA its A rows and A scales, B's columns split,
     B's scales copied to both CTAs (tcgen05.cp.cta_group::2.32x128b.warpx4)."""
     check_block_scaled(256, 128, 256, in_dtype, E8M0, block, 128, collective=True)
+
+
+# --- sparse MMAs (tcgen05.mma.sp) -------------------------------------------------------------
+
+def sparse_kernel(m, n, k, dtype, swizzle, lhs_tmem=False):
+    """A (m, k // 2) 2:4-compressed and B (k, n) by TMA, A's metadata by TMA and
+    ``async_copy_sparse_metadata_smem_to_tmem``; A maybe through TMEM; one
+    ``tcgen05.mma`` with ``a_sparse_metadata``; the accumulator out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import tcgen05 as jtc
+    from jax.experimental.mosaic.gpu import utils as mu
+
+    width = swizzle // np.dtype(dtype).itemsize
+    acc_type = jnp.int32 if np.dtype(dtype) == np.int8 else jnp.float32
+
+    def body(ctx, a, b, meta, out, scratch):
+        a_smem, b_smem, meta_smem, loaded, done, acc, meta_tmem, a_tmem = scratch
+        kw = dict(swizzle=swizzle, gmem_transform=mgpu.TileTransform((8, width)))
+        ctx.async_copy(src_ref=a, dst_ref=a_smem, barrier=loaded[0], **kw)
+        ctx.async_copy(src_ref=b, dst_ref=b_smem, barrier=loaded[1], **kw)
+        ctx.async_copy(src_ref=meta, dst_ref=meta_smem, barrier=loaded[2])
+        for i in range(3):
+            loaded[i].wait()
+        with mu.single_thread():
+            if lhs_tmem:
+                jtc.async_copy_smem_to_tmem(a_smem, a_tmem, swizzle)
+            jtc.async_copy_sparse_metadata_smem_to_tmem(meta_smem, meta_tmem)
+            jtc.mma(acc, a_tmem if lhs_tmem else a_smem, b_smem, a_swizzle=swizzle,
+                    b_swizzle=swizzle, a_sparse_metadata=meta_tmem, accumulate=False)
+            jtc.commit_arrive(done)
+        done.wait(orders_tensor_core=True)
+        signed = True if acc_type == jnp.int32 else None
+        acc.load(is_signed=signed).store_untiled(out, optimized=False)
+
+    meta_shape = (m // 128, k // 128, 128, 64)
+    args = (jax.ShapeDtypeStruct((m, k // 2), dtype), jax.ShapeDtypeStruct((k, n), dtype),
+            jax.ShapeDtypeStruct(meta_shape, jnp.uint2))
+    with mlir.make_ir_context(), ir.Location.unknown(), _blackwell():
+        scratch = [
+            jax.ShapeDtypeStruct((m // 8, k // 2 // width, 8, width), dtype),
+            jax.ShapeDtypeStruct((k // 8, n // width, 8, width), dtype),
+            jax.ShapeDtypeStruct(meta_shape, jnp.uint2),
+            mgpu.TMABarrier(3), mgpu.Barrier(1),
+            mgpu.TMEM((m, n), acc_type),
+            mgpu.TMEM((m, k // 2), jnp.uint2, layout=jtc.sparse_meta_layout()),
+            mgpu.TMEM((m, k // 2), dtype, packing=4 // np.dtype(dtype).itemsize)
+            if lhs_tmem else None,
+        ]
+        return mgpu.as_gpu_kernel(body, (1, 1, 1), (128, 1, 1), args,
+                                  jax.ShapeDtypeStruct((m, n), acc_type), scratch)
+
+
+PAIRS = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
+
+
+def metadata_for_tmem(pairs, itemsize):
+    """(m, k // 4, 2) positions -> (m // 128, k // 128, 128, 64) uint2: the
+    formatting jax's own sparse MMA tests give the hardware (16-bit operands
+    interleave rows and entries; 8-bit ones do not)."""
+    m, groups, _ = pairs.shape
+    e = 2 * groups  # entries a row
+    if itemsize == 1:
+        tiled = pairs.reshape(m // 128, 128, e // 64, 64).transpose(0, 2, 1, 3)
+    else:
+        tiled = pairs.reshape(m // 128, 8, 2, 8, e // 64, 4, 2, 8).transpose(0, 4, 1, 6, 3, 5, 2, 7)
+    return tiled.reshape(m // 128, e // 64, 128, 64).astype(jnp.uint2)
+
+
+def check_sparse(m, n, k, dtype, swizzle, **kw):
+    fn = sparse_kernel(m, n, k, dtype, swizzle, **kw)
+    if np.dtype(dtype) == np.int8:
+        a = RNG.integers(-128, 128, (m, k // 2)).astype(np.int8)
+        b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    else:
+        a, b = normal((m, k // 2), dtype), normal((k, n), dtype)
+    pairs = PAIRS[RNG.integers(0, 6, (m, k // 4))]
+    (got,) = emu.run(fn, a, b, metadata_for_tmem(pairs, np.dtype(dtype).itemsize),
+                     arch=BLACKWELL)
+    logical = np.zeros((m, k // 4, 4))
+    np.put_along_axis(logical, pairs, a.astype(np.float64).reshape(m, k // 4, 2), axis=-1)
+    logical = logical.reshape(m, k)
+    exact = logical @ b.astype(np.float64)
+    if np.dtype(dtype) == np.int8:
+        np.testing.assert_array_equal(got, exact.astype(np.int64).astype(np.int32))
+    else:
+        err = np.abs(got.astype(np.float64) - exact)
+        assert np.all(err <= mma_bound(logical, b.astype(np.float64))), err.max()
+    # the metadata matters: A read densely (the stored pairs at positions 0, 1) is far off
+    dense = np.zeros((m, k // 4, 4))
+    dense[..., :2] = a.astype(np.float64).reshape(m, k // 4, 2)
+    assert np.abs(got - dense.reshape(m, k) @ b.astype(np.float64)).max() > 1
+
+
+SPARSE = {
+    "f16-swizzle128": (128, 128, 256, F16, 128),
+    "bf16-n256-swizzle64": (128, 256, 256, BF16, 64),
+    "e4m3-swizzle128": (128, 128, 256, E4M3, 128),
+    "e5m2-n64-swizzle64": (128, 64, 256, E5M2, 64),
+    "s8-swizzle128": (128, 128, 256, jnp.int8, 128),
+}
+
+
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_sparse_mma_matches_numpy(name):
+    check_sparse(*SPARSE[name])
+
+
+@pytest.mark.parametrize("dtype", [BF16, E4M3], ids=["bf16", "e4m3"])
+def test_sparse_mma_with_a_in_tmem(dtype):
+    check_sparse(128, 128, 256, dtype, 128, lhs_tmem=True)
+
+
+def test_sparse_metadata_that_is_not_an_increasing_pair_is_an_error():
+    fn = sparse_kernel(128, 128, 256, F16, 128)
+    pairs = PAIRS[RNG.integers(0, 6, (128, 64))]
+    pairs[5, 3] = (2, 1)
+    with pytest.raises(emu.EmulationError, match=r"A row 5, group 3 names positions 2 and 1"):
+        emu.run(fn, normal((128, 128), F16), normal((256, 128), F16),
+                metadata_for_tmem(pairs, 2), arch=BLACKWELL)
