@@ -43,25 +43,8 @@ NOT_RUN = {
 # this folder, and leave this list. Ignored while not registered (before the
 # merge).
 PENDING = {
-    # branch emu-fixes: atomics, TMA reduce/prefetch, gpu fences, gpu.printf
-    r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:cta|gpu|sys))?(?:\.("
-    r"?:shared::cta|global))?\.(cas|exch|add|min|max|and|or|xor|inc|dec)\.(b32|u"
-    r"32|s32)",
-    r"cp\.async\.bulk\.prefetch\.tensor\.([1-5])d\.L2\.global(?:\.tile)?",
-    r"cp\.reduce\.async\.bulk\.tensor\.([1-5])d\.global\.shared::cta\.(add|min|m"
-    r"ax|inc|dec|and|or|xor)\.tile\.bulk_group",
-    "fence.acq_rel.gpu",
-    "fence.acq_rel.sys",
-    "fence.acquire.gpu",
-    "fence.acquire.sys",
-    "fence.release.gpu",
-    "fence.release.sys",
+    # branch emu-fixes: gpu.printf
     "gpu.printf",
-    r"ld\.(?:relaxed|acquire)\.(?:cta|gpu|sys)(?:\.(?:shared::cta|global))?\.(b3"
-    r"2|u32|s32)",
-    r"red(?:\.(?:shared::cta|global))?\.(?:relaxed|release)\.(?:cta|gpu|sys)(?:\."
-    r"(?:shared::cta|global))?\.(add|min|max|and|or|xor|inc|dec)(?:\.noftz)?(?:\."
-    r"v([24]))?\.(u32|s32|b32|f32|f16|bf16|f16x2|bf16x2)",
     # merged later the same day: run by tests/emulate/test_ptx_int16.py,
     # test_profiler.py (jax's profiler's clocks) and test_tcgen05.py
     r"(?:max|min)\.[su]16(?:x2)?",
