@@ -43,15 +43,7 @@ NOT_RUN = {
 # this folder, and leave this list. Ignored while not registered (before the
 # merge).
 PENDING = {
-    # branch emu-fixes: gpu.printf
-    "gpu.printf",
-    # merged later the same day: run by tests/emulate/test_ptx_int16.py,
-    # test_profiler.py (jax's profiler's clocks) and test_tcgen05.py
-    r"(?:max|min)\.[su]16(?:x2)?",
-    r"@\$0 st\.shared\.v2\.u32 \[\$1\], ?\{\$2, ?%clock\};",
-    r"mov\.u32 \$0, ?%globaltimer_(lo|hi);",
-    r"mov\.u32 \$0, ?%smid;",
-    r"mov\.u64 \$0, ?%globaltimer;",
+    # merged later the same day: run by tests/emulate/test_tcgen05.py
     r"tcgen05\.cp\..*",
     r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x(\d+)\.(min|max)(\.abs)?(\.NaN)?\.(f32|s32|u32)",
     # branch tcgen05: tcgen05 and cluster launch control
