@@ -43,11 +43,7 @@ NOT_RUN = {
 # this folder, and leave this list. Ignored while not registered (before the
 # merge).
 PENDING = {
-    # merged later the same day: run by tests/emulate/test_tcgen05.py
-    r"tcgen05\.cp\..*",
-    r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x(\d+)\.(min|max)(\.abs)?(\.NaN)?\.(f32|s32|u32)",
-    # branch tcgen05: tcgen05 and cluster launch control
-    r".*tcgen05\.mma.*",
+    # branch tcgen05: cluster launch control and CTA-pair TMA loads
     r"\{ \.reg \.b128 handle; ld\.shared\.b128 handle, \[\$4\]; clusterlaunchcon"
     r"trol\.query_cancel\.is_canceled\.pred\.b128 \$3, handle; @\$3 clusterlaunc"
     r"hcontrol\.query_cancel\.get_first_ctaid\.v4\.b32\.b128 \{\$0, \$1, \$2, _\}"
@@ -59,18 +55,6 @@ PENDING = {
     "ytes.multicast::cluster::all.b128",
     "fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster",
     "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster",
-    "llvm.call_intrinsic",
-    "nvvm.tcgen05.fence",
-    "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
-    "tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32",
-    "tcgen05.dealloc.cta_group::1.sync.aligned.b32",
-    "tcgen05.dealloc.cta_group::2.sync.aligned.b32",
-    "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned",
-    "tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned",
-    "tcgen05.wait::ld.sync.aligned",
-    "tcgen05.wait::st.sync.aligned",
-    r"tcgen05\.(ld|st)\.sync\.aligned\.(32x32b|16x64b|16x128b|16x256b)\.x(\d+)(\."
-    r"pack::16b|\.unpack::16b)?\.b32",
     # branch blackwell-ptx: PTX conversion blocks
     r"\{.*\}",
     r"\{[^{]*(?:\{[^{}]*\}[^{]*)*\}",
