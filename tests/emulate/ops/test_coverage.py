@@ -43,18 +43,6 @@ NOT_RUN = {
 # this folder, and leave this list. Ignored while not registered (before the
 # merge).
 PENDING = {
-    # branch tcgen05: cluster launch control and CTA-pair TMA loads
-    r"\{ \.reg \.b128 handle; ld\.shared\.b128 handle, \[\$4\]; clusterlaunchcon"
-    r"trol\.query_cancel\.is_canceled\.pred\.b128 \$3, handle; @\$3 clusterlaunc"
-    r"hcontrol\.query_cancel\.get_first_ctaid\.v4\.b32\.b128 \{\$0, \$1, \$2, _\}"
-    r", handle; \}",
-    r"\{ \.reg \.b32 (\w+); @\$0 mapa\.shared::cluster\.u32 \1, \$3, 0; @\$0 cp\."
-    r"async\.bulk\.tensor\.([1-5])d\.shared::cta\.global\.tile\.mbarrier::comple"
-    r"te_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{([$\d,]*)\}\], \[\1\]; \}",
-    "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::b"
-    "ytes.multicast::cluster::all.b128",
-    "fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster",
-    "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster",
     # branch blackwell-ptx: PTX conversion blocks
     r"\{.*\}",
     r"\{[^{]*(?:\{[^{}]*\}[^{]*)*\}",
