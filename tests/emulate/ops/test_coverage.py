@@ -38,17 +38,6 @@ NOT_RUN = {
     "nvvm.barrier0": "not an op of jax 0.11.2's MLIR",
 }
 
-# Rules and PTX forms other branches add today (Dec 4), tested there through
-# whole kernels but not yet here op by op: each is to get an @covers test in
-# this folder, and leave this list. Ignored while not registered (before the
-# merge).
-PENDING = {
-    # branch blackwell-ptx: PTX conversion blocks
-    r"\{.*\}",
-    r"\{[^{]*(?:\{[^{}]*\}[^{]*)*\}",
-}
-
-
 def declared() -> dict[str, list[str]]:
     """Name -> the tests declaring it, over every test module of this folder."""
     found: dict[str, list[str]] = {}
@@ -64,7 +53,7 @@ def declared() -> dict[str, list[str]]:
 
 def required() -> set[str]:
     forms = {form for form, _ in ptx.modelled_ptx()}
-    return (set(RULES) | forms) - set(NOT_RUN) - PENDING
+    return (set(RULES) | forms) - set(NOT_RUN)
 
 
 def test_every_rule_and_ptx_form_is_run_by_a_declaring_test():
