@@ -19,13 +19,15 @@ from .harness import FLOAT_TYPES, assert_same_bits, covers, float_edges, int_edg
 from .test_builtin import INIT, init_tma_desc, tma_inputs
 from .test_ptx import LAUNCH, form, side
 
-REDUCE = "@$0 cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.{op}.tile.bulk_group [$2,{{{coords}}}], [$1];"
+REDUCE = ("@$0 cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.{op}.tile.bulk_group "
+          "[$2,{{{coords}}}], [$1];")
 PREFETCH = "@$0 cp.async.bulk.prefetch.tensor.{rank}d.L2.global{tile} [$1, {{{coords}}}];"
 REDUCE_FORM = form(REDUCE.format(rank=2, op="add", coords="$3, $4"))
 PREFETCH_FORM = form(PREFETCH.format(rank=2, tile=".tile", coords="$2, $3"))
 
 # (tensor shape, box, box start outermost first): 32 elements a box
-SHAPES = {1: ((40,), (32,), (5,)), 2: ((6, 16), (4, 8), (1, 8)), 3: ((3, 4, 8), (2, 2, 8), (1, 1, 0)),
+SHAPES = {1: ((40,), (32,), (5,)), 2: ((6, 16), (4, 8), (1, 8)),
+          3: ((3, 4, 8), (2, 2, 8), (1, 1, 0)),
           4: ((2, 3, 2, 8), (2, 2, 1, 8), (0, 1, 1, 0)),
           5: ((2, 2, 2, 2, 8), (2, 1, 2, 1, 8), (0, 1, 0, 1, 0))}
 # Mosaic's tensor-map type codes (launch_context._tma_dma_type)
@@ -40,7 +42,8 @@ def _coords(start: tuple[int, ...], first: int) -> tuple[str, str, list[tuple[st
     (MLIR, the ``$k`` list from operand ``first`` on, the operands)."""
     names = [(f"%at{k}", v) for k, v in enumerate(reversed(start))]
     consts = "\n".join(f"{n} = llvm.mlir.constant({v} : i32) : i32" for n, v in names)
-    return consts, ", ".join(f"${first + k}" for k in range(len(names))), [(n, "i32") for n, _ in names]
+    dollars = ", ".join(f"${first + k}" for k in range(len(names)))
+    return consts, dollars, [(n, "i32") for n, _ in names]
 
 
 def _reduce(x: np.ndarray, src: np.ndarray, op: str, rank: int, code: int,
