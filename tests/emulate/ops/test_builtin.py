@@ -105,9 +105,9 @@ def init_tma_desc(desc: str = "%desc", base: str = "%x", dtype_code: int = 6,
     ``%strides``, ``%box`` buffers."""
     return f"""
       %code = llvm.mlir.constant({dtype_code} : i64) : i64
-      %rank = llvm.mlir.constant({rank} : i64) : i64
+      %tma_rank = llvm.mlir.constant({rank} : i64) : i64
       %swz = llvm.mlir.constant({swizzle} : i64) : i64
-      func.call @mosaic_gpu_init_tma_desc({desc}, {base}, %code, %rank, %sizes, %strides, %swz, %box) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> ()"""
+      func.call @mosaic_gpu_init_tma_desc({desc}, {base}, %code, %tma_rank, %sizes, %strides, %swz, %box) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> ()"""
 
 
 def tma_inputs(x: np.ndarray, box: tuple[int, ...]) -> dict:

@@ -186,10 +186,10 @@ def test_a_multicast_commit_arrives_on_the_barrier_of_each_cta_of_its_mask():
     blocks' barriers; with mask 0b01 block 1 waits forever."""
     from smalti.emulate.sync.reports import Deadlock
 
-    from .test_ptx import CLUSTER_LAUNCH, side
+    from .test_ptx import cluster_launch, side
 
     def kernel(mask: int) -> str:
-        return CLUSTER_LAUNCH.format(body=f"""
+        return cluster_launch(f"""
           %mask = llvm.mlir.constant({mask} : i16) : i16
           {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
                 ("%one", "i32"), ("%first", "i1"))}

@@ -331,13 +331,15 @@ def test_a_wgmma_block_as_jax_writes_it():
 
 # --- clusters: barrier.cluster, st.async, cluster-scope expect_tx, remote arrival -------
 
+# a host function launching {blocks} blocks in clusters of 2, 32 threads each
 CLUSTER_LAUNCH = """
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
+  %cgrid = arith.constant {blocks} : index
   %c32 = arith.constant 32 : index
-  %smem_bytes = arith.constant 256 : i32
+  %smem_bytes = arith.constant {smem} : i32
   gpu.launch clusters(%cx, %cy, %cz) in (%ncx = %c2, %ncy = %c1, %ncz = %c1)
-             blocks(%bx, %by, %bz) in (%gx = %c2, %gy = %c1, %gz = %c1)
+             blocks(%bx, %by, %bz) in (%gx = %cgrid, %gy = %c1, %gz = %c1)
              threads(%tx, %ty, %tz) in (%sx = %c32, %sy = %c1, %sz = %c1)
              dynamic_shared_memory_size %smem_bytes {{
     %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
@@ -354,6 +356,13 @@ CLUSTER_LAUNCH = """
     {body}
     gpu.terminator
   }}"""
+
+
+def cluster_launch(body: str, blocks: int = 2, smem: int = 256) -> str:
+    """:data:`CLUSTER_LAUNCH` around ``body``."""
+    return CLUSTER_LAUNCH.format(blocks=blocks, smem=smem, body=body)
+
+
 ARRIVE = ["barrier.cluster.arrive", "barrier.cluster.arrive.aligned",
           "barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.relaxed.aligned",
           "barrier.cluster.arrive.release", "barrier.cluster.arrive.release.aligned"]
@@ -401,7 +410,7 @@ def _cluster_exchange(remote_rank: str = "%peer") -> dict:
       %row = arith.muli %rk, %c32i : index
       %at = arith.addi %row, %i : index
       memref.store %got, %out[%at] : memref<64xi32>"""
-    return run(CLUSTER_LAUNCH.format(body=body.replace("%REMOTE_RANK", remote_rank)),
+    return run(cluster_launch(body.replace("%REMOTE_RANK", remote_rank)),
                {"out": ("memref<64xi32>", np.zeros(64, np.int32))}, host=True, sanitize=True)
 
 

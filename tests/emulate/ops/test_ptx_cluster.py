@@ -12,7 +12,7 @@ import pytest
 
 from .harness import assert_same_bits, covers, run
 from .test_builtin import INIT, init_tma_desc, tma_inputs
-from .test_ptx import form, side
+from .test_ptx import cluster_launch, form, side
 
 TRY_CANCEL = ("clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes"
               ".multicast::cluster::all.b128 [$0], [$1];")
@@ -26,31 +26,29 @@ PAIR_LOAD = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_addr,
              "@$0 cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
              ".cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr]; }")
 
-# a host function launching a grid of {blocks} blocks in clusters of 2, 32 threads each
-GRID = """
-  %c1 = arith.constant 1 : index
-  %c2 = arith.constant 2 : index
-  %cgrid = arith.constant {blocks} : index
-  %c32 = arith.constant 32 : index
-  %smem_bytes = arith.constant 512 : i32
-  gpu.launch clusters(%cx, %cy, %cz) in (%ncx = %c2, %ncy = %c1, %ncz = %c1)
-             blocks(%bx, %by, %bz) in (%gx = %cgrid, %gy = %c1, %gz = %c1)
-             threads(%tx, %ty, %tz) in (%sx = %c32, %sy = %c1, %sz = %c1)
-             dynamic_shared_memory_size %smem_bytes {{
-    %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
-    %base = memref.extract_aligned_pointer_as_index %raw : memref<?xi8, #gpu.address_space<workgroup>> -> index
-    %b64 = arith.index_cast %base : index to i64
-    %smem = llvm.inttoptr %b64 : i64 to !llvm.ptr<3>
-    %t = nvvm.read.ptx.sreg.tid.x : i32
-    %z = llvm.mlir.constant(0 : i32) : i32
-    %one = llvm.mlir.constant(1 : i32) : i32
-    %first = arith.cmpi eq, %t, %z : i32
-    %ctarank = nvvm.read.ptx.sreg.cluster.ctarank : i32
-    %leader = arith.cmpi eq, %ctarank, %z : i32
-    %issuer = arith.andi %first, %leader : i1
-    {body}
-    gpu.terminator
-  }}"""
+# the cluster's leader thread (thread 0 of CTA rank 0), in a kernel of :func:`cluster_launch`
+LEADER = """
+    %leader = arith.cmpi eq, %rank, %z : i32
+    %issuer = arith.andi %first, %leader : i1"""
+
+
+def pair_load(row: str) -> str:
+    """The leader's mbarrier expecting the pair's 256 bytes, a cluster
+    barrier, then each CTA's TMA load of its (4, 8) box at (``row``, 8) into
+    SMEM byte 128 (``%tile``), on the leader's barrier (``%bar``)."""
+    return f"""
+      %nbytes = llvm.mlir.constant(256 : i32) : i32
+      %col = llvm.mlir.constant(8 : i32) : i32
+      %tile = llvm.getelementptr %smem[128] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      %bar = llvm.ptrtoint %smem : !llvm.ptr<3> to i32
+      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+            ("%one", "i32"), ("%issuer", "i1"))}
+      {side("@$2 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [$0], $1;", "l,r,b",
+            ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
+      {side("barrier.cluster.arrive.release.aligned;")}
+      {side("barrier.cluster.wait.acquire.aligned;")}
+      {side(PAIR_LOAD, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
+            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), (row, "i32"))}"""
 
 
 def _cancel(blocks: int) -> np.ndarray:
@@ -88,7 +86,7 @@ def _cancel(blocks: int) -> np.ndarray:
         memref.store %qz, %out[%bx, %c2i] : memref<{blocks}x4xi32>
         memref.store %qci, %out[%bx, %c3i] : memref<{blocks}x4xi32>
       }}"""
-    got = run(GRID.format(blocks=blocks, body=body),
+    got = run(cluster_launch(LEADER + body, blocks, smem=512),
               {"out": (f"memref<{blocks}x4xi32>", np.full((blocks, 4), -1, np.int32))},
               host=True, sanitize=True)
     return got["out"]
@@ -119,20 +117,8 @@ def test_a_cta_pair_loads_its_boxes_on_the_leaders_barrier():
     x = (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) - 40) * 0.5
     x[0, 8:11] = [np.inf, -0.0, np.nan]
     body = f"""
-      %nbytes = llvm.mlir.constant(256 : i32) : i32
       %c4 = llvm.mlir.constant(4 : i32) : i32
-      %col = llvm.mlir.constant(8 : i32) : i32
-      %row = llvm.mul %ctarank, %c4 : i32
-      %tile = llvm.getelementptr %smem[128] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
-      %bar = llvm.ptrtoint %smem : !llvm.ptr<3> to i32
-      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
-            ("%one", "i32"), ("%issuer", "i1"))}
-      {side("@$2 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [$0], $1;", "l,r,b",
-            ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
-      {side("barrier.cluster.arrive.release.aligned;")}
-      {side("barrier.cluster.wait.acquire.aligned;")}
-      {side(PAIR_LOAD, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
-            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), ("%row", "i32"))}
+      %row = llvm.mul %rank, %c4 : i32{pair_load("%row")}
       scf.if %leader {{
         nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
       }}
@@ -142,11 +128,11 @@ def test_a_cta_pair_loads_its_boxes_on_the_leaders_barrier():
       %v = llvm.load %mine : !llvm.ptr<3> -> f32
       %i = arith.index_cast %t : i32 to index
       %c32i = arith.constant 32 : index
-      %rk = arith.index_cast %ctarank : i32 to index
+      %rk = arith.index_cast %rank : i32 to index
       %base_i = arith.muli %rk, %c32i : index
       %at = arith.addi %base_i, %i : index
       memref.store %v, %out[%at] : memref<64xf32>"""
-    got = run(init_tma_desc() + GRID.format(blocks=2, body=body),
+    got = run(init_tma_desc() + cluster_launch(LEADER + body, smem=512),
               {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
               host=True, prelude=INIT, sanitize=True)
     assert_same_bits(got["out"], x[0:8, 8:16].reshape(-1))
@@ -157,24 +143,12 @@ def test_a_pair_load_without_the_leaders_wait_races():
     from smalti.emulate.sync.reports import RaceError
 
     x = np.zeros((8, 16), np.float32)
-    body = f"""
-      %col = llvm.mlir.constant(8 : i32) : i32
-      %tile = llvm.getelementptr %smem[128] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
-      %bar = llvm.ptrtoint %smem : !llvm.ptr<3> to i32
-      %nbytes = llvm.mlir.constant(256 : i32) : i32
-      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
-            ("%one", "i32"), ("%issuer", "i1"))}
-      {side("@$2 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [$0], $1;", "l,r,b",
-            ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
-      {side("barrier.cluster.arrive.release.aligned;")}
-      {side("barrier.cluster.wait.acquire.aligned;")}
-      {side(PAIR_LOAD, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
-            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), ("%z", "i32"))}
+    body = f"""{pair_load("%z")}
       %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
       %v = llvm.load %mine : !llvm.ptr<3> -> f32
       scf.if %leader {{
         nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
       }}"""
     with pytest.raises(RaceError, match="read-after-write"):
-        run(init_tma_desc() + GRID.format(blocks=2, body=body), tma_inputs(x, (4, 8)),
+        run(init_tma_desc() + cluster_launch(LEADER + body, smem=512), tma_inputs(x, (4, 8)),
             host=True, prelude=INIT, sanitize=True)

@@ -19,7 +19,7 @@ import pytest
 from smalti.emulate.errors import EmulationError
 
 from .harness import assert_same_bits, covers, float_edges, int_edges, recording_kernels, run
-from .test_ptx import CLUSTER_LAUNCH, LAUNCH, form, side
+from .test_ptx import LAUNCH, cluster_launch, form, side
 
 ALLOC = "tcgen05.alloc.cta_group::{g}.sync.aligned.shared::cta.b32 [$0], $1;"
 DEALLOC = "tcgen05.dealloc.cta_group::{g}.sync.aligned.b32 $0, $1;"
@@ -289,7 +289,7 @@ def test_a_cta_pair_allocates_frees_and_relinquishes_in_each_cta():
     """cta_group::2 in a cluster of 2: warp 0 of each CTA allocates 64
     columns (column 0 of its own TMEM), writes the address to its SMEM, and
     frees them; the address is what each block's thread reads back."""
-    got = run(CLUSTER_LAUNCH.format(body=f"""
+    got = run(cluster_launch(f"""
       %ncols = llvm.mlir.constant(64 : i32) : i32
       {side(ALLOC.format(g=2), "l,r", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"))}
       {side(RELINQUISH.format(g=2))}
