@@ -107,16 +107,19 @@ def _print_failure_reasons(result: Result, *, out: TextIO, shown: int) -> None:
 def main(paths: Sequence[str], expected_file: str | None, require: int | None,
          pytest_args: Sequence[str], out: TextIO, *, reference: bool = False,
          write_passing: str | None = None, emulate: tuple[int, int] | None = None,
-         timeout: float | None = None) -> int:
+         timeout: float | None = None, shard: tuple[int, int] | None = None,
+         write_outcomes: str | None = None) -> int:
     """``smalti conformance``: 0 if at least ``require`` expected tests passed
     (default: all of them; without a list, if pytest found no failure).
     ``reference``: run under jax's own middle-end; ``write_passing``: write
     the ids of the tests that passed there (a list for a later run);
     ``emulate``: run jax's GPU tests on the CPU, their kernels on the
-    emulator as that architecture; ``timeout``: seconds each test may run."""
+    emulator as that architecture; ``timeout``: seconds each test may run;
+    ``shard``: run only that share of the tests; ``write_outcomes``: write
+    every test's outcome, seconds and why (tab-separated)."""
     expected = read_expected(Path(expected_file)) if expected_file else None
     result = run([Path(p) for p in paths], expected=expected, pytest_args=pytest_args,
-                 reference=reference, emulate=emulate, timeout=timeout)
+                 reference=reference, emulate=emulate, timeout=timeout, shard=shard)
     print(file=out)
     print("under jax's own inference and lowering (the reference)" if reference else
           "under smalti's inference and lowering", file=out)
@@ -128,6 +131,11 @@ def main(paths: Sequence[str], expected_file: str | None, require: int | None,
         passed = sorted(t for t, o in result.outcomes.items() if o.outcome == "passed")
         Path(write_passing).write_text("".join(t + "\n" for t in passed))
         print(f"\nwrote the {len(passed)} passing tests to {write_passing}", file=out)
+    if write_outcomes:
+        rows = [f"{o.test}\t{o.outcome}\t{o.seconds:.2f}\t{o.reason}\n"
+                for o in sorted(result.outcomes.values(), key=lambda o: o.test)]
+        Path(write_outcomes).write_text("".join(rows))
+        print(f"\nwrote the outcomes of {len(rows)} tests to {write_outcomes}", file=out)
     if expected is None:
         return 0 if result.exit_status == 0 else 1
     passed = len(result.expected_passing)

@@ -39,15 +39,17 @@ class Outcome(Fields):
     """How one test ended: ``passed``, ``failed``, ``skipped`` (an error in
     setup or teardown counts as ``failed``), with the first line of why."""
 
-    __slots__ = ("test", "outcome", "reason", "arch_fallbacks")
+    __slots__ = ("test", "outcome", "reason", "arch_fallbacks", "seconds")
 
     def __init__(self, test: str, outcome: str, reason: str = "",
-                 arch_fallbacks: int = 0) -> None:
+                 arch_fallbacks: int = 0, seconds: float = 0.0) -> None:
         self.test = test
         self.outcome = outcome
         self.reason = reason
         #: calls of smalti in the test that used a rule for another architecture
         self.arch_fallbacks = arch_fallbacks
+        #: how long the test's call ran
+        self.seconds = seconds
 
 
 class FileCount(Fields):
@@ -217,7 +219,37 @@ class _Collector:
             elif report.skipped and isinstance(report.longrepr, tuple):
                 reason = str(report.longrepr[2])
             self.outcomes[test] = Outcome(test, report.outcome, reason.splitlines()[0]
-                                          if reason else "", self._fallbacks)
+                                          if reason else "", self._fallbacks,
+                                          report.duration if report.when == "call" else 0.0)
+
+
+class _Shard:
+    """A pytest plugin: keeps every ``count``-th collected test from the
+    ``index``-th (collection order, 0-based), deselecting the rest -- so
+    ``count`` runs with indices 0 to ``count`` - 1 run every test once
+    (on several cores, or as a sample of a long suite)."""
+
+    def __init__(self, index: int, count: int) -> None:
+        self.index, self.count = index, count
+
+    def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
+        kept = items[self.index::self.count]
+        dropped = [item for k, item in enumerate(items) if k % self.count != self.index]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``K/N`` (1 <= K <= N) as the 0-based (index, count) of a shard."""
+    k, sep, n = text.partition("/")
+    try:
+        index, count = int(k), int(n)
+    except ValueError:
+        index = count = 0
+    if not sep or not 1 <= index <= count:
+        raise ValueError(f"a shard is K/N with 1 <= K <= N (e.g. 1/4), not {text!r}")
+    return index - 1, count
 
 
 class TimedOut(Exception):
@@ -284,12 +316,14 @@ def _test_id(nodeid: str) -> str:
 
 def run(paths: Sequence[Path], *, expected: list[str] | None = None,
         pytest_args: Sequence[str] = (), reference: bool = False,
-        emulate: tuple[int, int] | None = None, timeout: float | None = None) -> Result:
+        emulate: tuple[int, int] | None = None, timeout: float | None = None,
+        shard: tuple[int, int] | None = None) -> Result:
     """Runs the jax test files in ``paths`` with smalti in place of jax's
     middle-end (``reference``: with jax's own, to see what that jax passes);
     ``expected``: the test ids that should pass. ``emulate``: the process
     pretends to have that GPU and runs the tests' kernels on the emulator
-    (:mod:`smalti.emulate.pretend`); ``timeout``: seconds a test may run."""
+    (:mod:`smalti.emulate.pretend`); ``timeout``: seconds a test may run;
+    ``shard``: (index, count), only every count-th test from the index-th."""
     import pytest
 
     from smalti.conformance.drop_in import DropIn
@@ -309,6 +343,8 @@ def run(paths: Sequence[Path], *, expected: list[str] | None = None,
         plugins: list[Any] = [collector]
         if timeout:
             plugins.append(_Timeout(timeout, collector))
+        if shard is not None:
+            plugins.append(_Shard(*shard))
         status = pytest.main([*PYTEST_OPTIONS, *pytest_args, *map(str, files)],
                              plugins=plugins)
     return Result(collector.outcomes, expected, int(status))

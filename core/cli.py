@@ -82,6 +82,16 @@ def parse_arch(text: str) -> Arch:
     return int(major), int(minor)
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """``--shard K/N`` as the runner's (index, count); argparse's error otherwise."""
+    from smalti.conformance.runner import parse_shard  # (imports pytest)
+
+    try:
+        return parse_shard(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # --- smalti plugins ----------------------------------------------------------------------
 
 
@@ -363,7 +373,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return conformance.main(args.paths, args.expected, args.require,
                             shlex.split(args.pytest_args), sys.stdout, reference=args.jax,
                             write_passing=args.write_passing, emulate=args.emulate,
-                            timeout=args.timeout)
+                            timeout=args.timeout, shard=args.shard,
+                            write_outcomes=args.write_outcomes)
 
 
 # --- smalti explain ----------------------------------------------------------------------
@@ -443,6 +454,13 @@ def make_parser() -> argparse.ArgumentParser:
                              "paths)")
     conformance.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
                              help="stop (and fail) a test that runs longer than this")
+    conformance.add_argument("--shard", metavar="K/N", type=_shard, default=None,
+                             help="run only every N-th test from the K-th (collection order; "
+                             "N runs with K = 1..N run each test once: on several cores, or "
+                             "as a sample of a long suite)")
+    conformance.add_argument("--write-outcomes", metavar="FILE",
+                             help="write every test's outcome, seconds and first line of why "
+                             "to FILE, tab-separated")
     conformance.add_argument("--pytest-args", metavar="ARGS", default="",
                              help="more pytest options, as one string (e.g. '-x -k tmem')")
     conformance.set_defaults(run=cmd_conformance)

@@ -20,10 +20,11 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   it), but for the checker a warp's TMEM loads and stores are asynchronous
   units that complete at its ``tcgen05.wait::ld`` / ``wait::st``.
 * ``tcgen05.mma.cta_group::{1,2}.kind::{f16,f8f6f4,i8}`` (f16/bf16, fp8
-  e4m3/e5m2 -- A and B may differ --, s8/u8; f32 or, for i8, s32
-  accumulators), by each thread that executes it: D (TMEM, lanes 0-127 from the address's
-  column) = A @ B (+ D with ``enable-input-d``). A comes from an SMEM matrix
-  descriptor or from TMEM (row i at lane i, two 16-bit elements a column,
+  e4m3/e5m2 -- A and B may differ --, s8/u8; f32 or f16 (D type code 0;
+  not with bf16) or, for i8, s32 accumulators), by each thread that
+  executes it: D (TMEM, lanes 0-127 from the address's column) = A @ B
+  (+ D with ``enable-input-d``). A comes from an SMEM matrix descriptor or
+  from TMEM (row i at lane i, two 16-bit elements a column,
   the even k in the low half); B from an SMEM descriptor. SMEM descriptors
   have WGMMA's format (start, LBO, SBO, swizzle in bits 62-63; bits 46-48
   may hold tcgen05's fixed 0b001, which jax 0.11.2 leaves 0) and are read by
@@ -31,14 +32,20 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   PTX ISA documents it (sparsity 0-2, saturate 3, D type 4-5, A/B type 7-9 /
   10-12, negate A/B 13/14, transpose A/B 15/16, N >> 3 in 17-22, M >> 4 in
   24-28, max shift 30-31). Each instruction's K (32 bytes of a row) products
-  are summed in float64, added to D and rounded to f32 once (compare within
-  the bound of :mod:`.wgmma`); integer products and sums are exact, D wraps
-  to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
+  are summed in float64, added to D and rounded once to D's type, to
+  nearest even (compare an f32 D within the bound of :mod:`.wgmma`; an f16 D
+  is one element a cell, in its low 16 bits, the high bits written 0 -- a
+  reading of the PTX ISA, not validated on hardware); integer products and
+  sums are exact, D wraps to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
   by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
   TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
-  first). kind::tf32 (jax 0.11.2 never emits it), f6/f4 operands, M = 64,
-  ``.sp``, block scaling, saturation and f16 accumulators raise
-  :class:`Unsupported`.
+  first). Block-scaled kinds (``kind::{mxf8f6f4,mxf4,mxf4nvf4}.block_scale``,
+  scale factors ``[$5], [$6]`` in TMEM; e2m1 operands) as
+  :mod:`.tcgen05_scaled` describes. kind::tf32 (jax 0.11.2 never emits
+  it), f6/f4 operands of (mxf)f8f6f4 (jax emits f4 only through mxf4nvf4, f6
+  never), M = 64, sparse e2m1 and saturation raise :class:`Unsupported`.
+  ``tcgen05.mma.sp`` (2:4 sparse A, its metadata in TMEM) as
+  :mod:`.tcgen05_sparse` describes.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
   mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
   thread issued are complete (they ran when issued); one arrival.
@@ -64,6 +71,8 @@ from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame
 from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE
+from . import tcgen05_scaled as scaled
+from . import tcgen05_sparse as sparse
 from .inline_asm import Instr, ptx, ptx_pattern, ptx_text
 from .nvvm import effective, per_thread
 from .wgmma import _read_operand
@@ -370,16 +379,20 @@ MMA = re.compile(
     r"(.*?)\$3, (.*?)\$4; \}")
 
 #: per kind: A/B type codes of the instruction descriptor -> element dtype, and the
-#: D type code it needs (1: f32, 2: s32); f6/f4 codes of kind::f8f6f4 are not modelled
-KINDS = {
-    "f16": ({0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}, 1),
-    "f8f6f4": ({0: irtypes.SCALARS["f8E4M3FN"], 1: irtypes.SCALARS["f8E5M2"]}, 1),
-    "i8": ({0: np.dtype(np.uint8), 1: np.dtype(np.int8)}, 2),
+#: D type codes it takes -> accumulator dtype; the f6/f4 codes of kind::f8f6f4
+#: (3-5: e2m3, e3m2, e2m1) are not modelled: jax 0.11.2 only emits them block-scaled
+F16_D, F32_D, S32_D = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.int32)
+KINDS: dict[str, tuple[dict[int, np.dtype], dict[int, np.dtype]]] = {
+    "f16": ({0: np.dtype(np.float16), 1: irtypes.SCALARS["bf16"]}, {0: F16_D, 1: F32_D}),
+    "f8f6f4": ({0: irtypes.SCALARS["f8E4M3FN"], 1: irtypes.SCALARS["f8E5M2"]},
+               {0: F16_D, 1: F32_D}),
+    "i8": ({0: np.dtype(np.uint8), 1: np.dtype(np.int8)}, {2: S32_D}),
 }
+D_NAMES = {0: "f16", 1: "f32", 2: "s32"}
 K_BYTES = 32  # one dense instruction's K: 32 bytes of each operand row
 
 
-def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
+def _idesc(idesc: int, kind: str, ctas: int, sparse: bool, where: str) -> dict:
     """The fields of a kind::f16/f8f6f4/i8 instruction descriptor (PTX ISA,
     "Instruction descriptor"), checked against what is modelled."""
     f = {"sparse": (idesc >> 2) & 1, "saturate": (idesc >> 3) & 1, "d": (idesc >> 4) & 3,
@@ -387,14 +400,17 @@ def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
          "neg_b": (idesc >> 14) & 1, "trans_a": (idesc >> 15) & 1, "trans_b": (idesc >> 16) & 1,
          "n": ((idesc >> 17) & 0x3F) << 3, "m": ((idesc >> 24) & 0x1F) << 4,
          "shift": (idesc >> 30) & 3}
-    types_, d_code = KINDS[kind]
-    if f["sparse"] or idesc & 3:
-        raise Unsupported(f"a tcgen05.mma instruction descriptor {idesc:#x} asking for sparsity "
-                          "without .sp", where)
-    if f["d"] != d_code or f["saturate"]:
+    types_, d_types = KINDS[kind]
+    if f["sparse"] != sparse or (idesc & 3 and not sparse):
+        raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where}: "
+                             f"sparsity bit {f['sparse']}, selector {idesc & 3}, on a"
+                             f"{'' if sparse else ' non'}-sparse (.sp) instruction")
+    f["selector"] = idesc & 3
+    if f["d"] not in d_types or f["saturate"]:
         raise Unsupported(f"tcgen05.mma.kind::{kind} with D type {f['d']} (instruction "
-                          f"descriptor {idesc:#x}; {'s32' if d_code == 2 else 'f32'} "
-                          "accumulators, without saturation, are modelled)", where)
+                          f"descriptor {idesc:#x}; "
+                          f"{'/'.join(D_NAMES[c] for c in d_types)} accumulators, without "
+                          "saturation, are modelled)", where)
     if f["a"] not in types_ or f["b"] not in types_ or (kind != "f8f6f4" and f["a"] != f["b"]):
         raise Unsupported(f"tcgen05.mma.kind::{kind} with A type {f['a']} and B type {f['b']} "
                           f"(instruction descriptor {idesc:#x}; modelled: "
@@ -414,7 +430,30 @@ def _idesc(idesc: int, kind: str, ctas: int, where: str) -> dict:
                              f"N = {f['n']}: with M = {f['m']}, N must be a multiple of 16 "
                              "from 16 to 256")
     f["a_dtype"], f["b_dtype"] = types_[f["a"]], types_[f["b"]]
+    f["d_dtype"] = d_types[f["d"]]
+    if f["d_dtype"] == F16_D and f["a_dtype"] == irtypes.SCALARS["bf16"]:
+        raise EmulationError(f"tcgen05.mma.kind::f16 instruction descriptor {idesc:#x} at "
+                             f"{where} asks for an f16 D with bf16 operands; bf16 needs an "
+                             "f32 D (PTX ISA, kind::f16)")
     return f
+
+
+def _read_d(cells: np.ndarray, d: np.dtype) -> np.ndarray:
+    """D's values from its TMEM cells (an f16 D: the low 16 bits of each)."""
+    if d == F16_D:
+        return (cells & 0xFFFF).astype(np.uint16).view(np.float16)
+    return cells.view(d)
+
+
+def _write_d(x: np.ndarray, d: np.dtype) -> np.ndarray:
+    """TMEM cells holding ``x`` (float64 or int64) rounded once to D's type (s32
+    wraps; an f16 D in the low 16 bits of a cell, the high bits 0)."""
+    if d == S32_D:
+        return x.astype(np.uint64).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        if d == F16_D:
+            return x.astype(np.float16).view(np.uint16).astype(np.uint32)
+        return x.astype(np.float32).view(np.uint32)
 
 
 def _smem_desc(desc: int, where: str) -> int:
@@ -426,24 +465,34 @@ def _smem_desc(desc: int, where: str) -> int:
     return desc
 
 
-def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, k: int, el: np.dtype, op: str,
+def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, nbytes: int, op: str,
                  where: str) -> tuple[np.ndarray, np.ndarray]:
-    """A (m x k) at a TMEM address: row i at lane i, its elements packed 32 bits a
-    cell (k // p in column k // p, the lowest bits first, p = 4 // itemsize).
-    Also the cells' byte addresses (for the checker)."""
+    """The (m, nbytes) bytes of A's rows at a TMEM address: row i at lane i, its
+    elements packed 32 bits a cell (the lowest k in the lowest bits). Also the
+    cells' byte addresses (for the checker)."""
     lane0, col0 = (int(x) for x in tmem.split(taddr))
     if lane0 + m > tmem.LANES:
         raise EmulationError(f"{op} at {where}: A at TMEM lane {lane0} has {m} rows")
     lanes = lane0 + np.arange(m)[:, None]
-    cols = col0 + np.arange(k * el.itemsize // tmem.CELL)[None, :]
+    cols = col0 + np.arange(nbytes // tmem.CELL)[None, :]
     t.check_columns(cols.reshape(-1), op, where)
     cells = np.ascontiguousarray(t.cells[lanes, cols])  # little-endian: low bits first
-    return cells.view(np.uint8).reshape(m, -1).view(el), t.byte_addresses(lanes, cols)
+    return cells.view(np.uint8).reshape(m, -1), t.byte_addresses(lanes, cols)
+
+
+def _values(raw: np.ndarray, el: np.dtype, wide) -> np.ndarray:
+    """An operand's (rows, K) values (float64 or int64) from its (rows, bytes) bytes."""
+    if el == scaled.FP4:
+        return scaled.unpack_fp4(raw)
+    return np.ascontiguousarray(raw).view(el).astype(wide)
 
 
 @ptx_text(r".*tcgen05\.mma.*", "a tcgen05.mma block as jax's tcgen05.py emits it: "
           "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
-          "accumulators, M = 128 a CTA; A from an SMEM "
+          "or f16 accumulators; block-scaled kind::mxf8f6f4 (fp8, scale_vec::1X), mxf4 and "
+          "mxf4nvf4 (e2m1, scale_vec::2X/4X, ue8m0 or ue4m3 scales from TMEM); .sp with 2:4 "
+          "metadata from TMEM; M = 128 a "
+          "CTA; A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
           "the checker until its commit's mbarrier phase completes")
@@ -452,17 +501,25 @@ def tcgen05_mma(i: Instr) -> Step:
     m = MMA.fullmatch(text)
     if not m:
         raise Unsupported(f"inline PTX {i.text!r} (a tcgen05.mma form not modelled)", i.loc)
-    a_reg, a_off, b_off, b_hi, a_hi, sparse, group, kind, a_op, extra, extra2 = m.groups()
-    if sparse or group not in ("1", "2") or kind not in KINDS or extra or extra2:
-        what = ("sparse " if sparse else "") + f"kind::{kind}" + (
-            " with scale factors or metadata" if extra or extra2 else "")
-        raise Unsupported(f"tcgen05.mma {what} (dense kind::f16, f8f6f4 (fp8) and i8 are "
-                          "modelled)", i.loc)
+    a_reg, a_off, b_off, b_hi, a_hi, sp, group, kind, a_op, extra, extra2 = m.groups()
+    block = scaled.kind(kind, i.loc)
+    scales = extra2 == "[$5], [$6], " and block is not None
+    meta = extra == ("[$7], " if scales else "[$5], ") and bool(sp)
+    if group not in ("1", "2") or (kind not in KINDS and block is None) or (extra and not meta) \
+            or bool(sp) != meta or (extra2 and not scales) or (block is not None and not scales):
+        what = ("sparse " if sp else "") + f"kind::{kind}" + (
+            " with metadata" if extra else "") + (
+            " with scale factors" if extra2 else "") + (
+            " without scale factors" if block is not None and not extra2 else "")
+        raise Unsupported(f"tcgen05.mma {what} (kind::f16, f8f6f4 (fp8) and i8, dense or "
+                          ".sp with metadata, and block-scaled kind::mxf8f6f4 (fp8), mxf4 and "
+                          "mxf4nvf4 are modelled)", i.loc)
     a_tmem = a_op == "[a_desc]"
-    if a_tmem != (a_reg == "b32") or len(i.ins) != 5 or i.results:
+    if a_tmem != (a_reg == "b32") or len(i.ins) != 5 + 2 * scales + meta or i.results:
         raise i.unknown
-    mma = _Mma(int(group), kind, a_tmem, int(a_off), int(a_hi or 0), int(b_off), int(b_hi),
-               i.ins, i.loc, i.op.site(f"tcgen05.mma.cta_group::{group}.kind::{kind}"))
+    mma = _Mma(int(group), kind, block, meta, a_tmem, int(a_off), int(a_hi or 0), int(b_off),
+               int(b_hi), i.ins, i.loc,
+               i.op.site(f"tcgen05.mma{sp or ''}.cta_group::{group}.kind::{kind}"))
 
     def step(fr: Frame) -> None:
         fr.need_block(mma.op, mma.loc)
@@ -474,13 +531,18 @@ def tcgen05_mma(i: Instr) -> Step:
 class _Mma:
     """One tcgen05.mma instruction: its constant parts, and :meth:`issue`."""
 
-    def __init__(self, ctas: int, kind: str, a_tmem: bool, a_off: int, a_hi: int, b_off: int,
-                 b_hi: int, ins: list[int], loc: str, site) -> None:
-        self.ctas, self.kind, self.a_tmem = ctas, kind, a_tmem
+    def __init__(self, ctas: int, kind: str, block: tuple[str, int] | None, sparse: bool,
+                 a_tmem: bool, a_off: int, a_hi: int, b_off: int, b_hi: int, ins: list[int],
+                 loc: str, site) -> None:
+        self.ctas, self.kind, self.block, self.a_tmem = ctas, kind, block, a_tmem
+        self.sparse = sparse
+        self.meta_s = ins[-1] if sparse else None
         self.a_off, self.a_hi, self.b_off, self.b_hi = a_off, a_hi, b_off, b_hi
-        self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins
+        self.d_s, self.a_s, self.b_s, self.id_s, self.acc_s = ins[:5]
+        self.sa_s: int | None = ins[5] if block else None
+        self.sb_s: int | None = ins[6] if block else None
         self.loc, self.site = loc, site
-        self.op = f"tcgen05.mma.cta_group::{ctas}.kind::{kind}"
+        self.op = f"tcgen05.mma{'.sp' if sparse else ''}.cta_group::{ctas}.kind::{kind}"
 
     def blocks(self, b) -> list:
         """The CTAs the MMA spans: the issuing block, or its pair (the even rank first)."""
@@ -498,9 +560,17 @@ class _Mma:
         def val(slot: int) -> int:
             return int(per_thread(fr.regs[slot], fr.T)[th]) & 0xFFFFFFFF
         idesc = val(self.id_s)
-        f = _idesc(idesc, self.kind, self.ctas, loc)
+        if self.block:
+            f = scaled.idesc(idesc, *self.block, self.ctas, self.sparse, loc)
+            f["d_dtype"], f["selector"] = F32_D, 0
+        else:
+            f = _idesc(idesc, self.kind, self.ctas, self.sparse, loc)
         el, b_el = f["a_dtype"], f["b_dtype"]
-        k, n, rows = K_BYTES // el.itemsize, f["n"], f["m"] // self.ctas
+        if self.sparse and el == scaled.FP4:
+            raise Unsupported(f"{op}: sparse e2m1 (4:8 pair-wise sparsity)", loc)
+        k_a = K_BYTES * 8 // (4 if el == scaled.FP4 else 8 * el.itemsize)  # A's stored K
+        k = k_a * (2 if self.sparse else 1)  # the logical K (B's)
+        n, rows = f["n"], f["m"] // self.ctas
         exact = self.kind == "i8"  # integers: int64 products, s32 wrapping
         wide = np.int64 if exact else np.float64
         d_lane, d_col = (int(x) for x in tmem.split(val(self.d_s)))
@@ -516,18 +586,29 @@ class _Mma:
         b_desc = _smem_desc(((val(self.b_s) + self.b_off) & 0xFFFFFFFF) | (self.b_hi << 32), loc)
         # B is split by columns between the CTAs (the even CTA's first)
         bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, b_el,
-                                               f["trans_b"]) for blk in ctas])
+                                               f["trans_b"], wide) for blk in ctas])
         accumulate = bool(per_thread(fr.regs[self.acc_s], fr.T)[th])
         for blk in ctas:  # A and D are split by rows: each CTA's own
             t = tmem.of_block(blk)
             if self.a_tmem:
-                a, a_cells = _a_from_tmem(t, a_lo, rows, k, el, op, loc)
+                raw, a_cells = _a_from_tmem(t, a_lo, rows, K_BYTES, op, loc)
+                a = _values(raw, el, wide)
                 if check:
                     check(t.space, a_cells, False, False)
             else:
                 a = self.smem_operand(blk, check, _smem_desc(a_lo | (self.a_hi << 32), loc),
-                                      rows, k, el, f["trans_a"])
-            prod = a.astype(wide) @ bm.astype(wide).T
+                                      rows, k_a, el, f["trans_a"], wide)
+            if self.sparse:  # each CTA's own metadata
+                lanes, cols, pos = sparse.metadata_cells(val(self.meta_s), f["selector"], rows,
+                                                         el.itemsize == 2, op, loc)
+                t.check_columns(cols.reshape(-1), op, loc)
+                if check:
+                    check(t.space, t.byte_addresses(lanes, cols), False, False)
+                a = sparse.decompress(a, sparse.positions(t.cells[lanes, cols], pos, op, loc), k)
+            if self.block:  # each CTA's own A scales and its own copy of B's
+                prod = self.scaled_product(t, check, val, f, a, bm, rows)
+            else:
+                prod = a @ bm.T
             if f["neg_a"] != f["neg_b"]:
                 prod = -prod
             lanes = np.arange(rows)[:, None]
@@ -535,20 +616,50 @@ class _Mma:
             t.check_columns(cols.reshape(-1), op, loc)
             d_cells = t.byte_addresses(lanes, cols)
             if accumulate:
-                prod = prod + t.cells[lanes, cols].view(np.int32 if exact else np.float32)
+                prod = prod + _read_d(t.cells[lanes, cols], f["d_dtype"])
                 if check:
                     check(t.space, d_cells, False, False)
-            t.cells[lanes, cols] = (prod.astype(np.uint64).astype(np.uint32) if exact else
-                                    prod.astype(np.float32).view(np.uint32))
+            t.cells[lanes, cols] = _write_d(prod, f["d_dtype"])
             if check:
                 check(t.space, d_cells, True, False)
 
+    def scaled_product(self, t: tmem.TensorMemory, check, val, f: dict, a: np.ndarray,
+                       bm: np.ndarray, rows: int) -> np.ndarray:
+        """(a s_a) @ (b s_b).T with the scale factors in this CTA's TMEM (see
+        :mod:`.tcgen05_scaled`): B's scales as each lane quarter reads them."""
+        vec, n, k = f["vec"], bm.shape[0], a.shape[1]
+        sa_lane, sa_col = (int(x) for x in tmem.split(val(self.sa_s)))
+        sb_lane, sb_col = (int(x) for x in tmem.split(val(self.sb_s)))
+        if sa_lane or sb_lane:
+            raise EmulationError(f"{self.op} at {self.loc}: scale factors at TMEM lane "
+                                 f"{sa_lane or sb_lane}; they start at lane 0")
+        r = np.arange(rows)
+        a_lanes, a_cols = r, sa_col + r // 32
+        j = np.arange(n)
+        b_lanes = 32 * np.arange(rows // 32)[:, None] + j % 32  # (quarters, n)
+        b_cols = np.broadcast_to(sb_col + j // 32, b_lanes.shape)
+        t.check_columns(np.concatenate([a_cols, b_cols.reshape(-1)]), self.op, self.loc)
+        if check:
+            check(t.space, t.byte_addresses(a_lanes, a_cols), False, False)
+            check(t.space, t.byte_addresses(b_lanes, b_cols), False, False)
+        s_a = scaled.decode_scales(scaled.scale_bytes(t.cells[a_lanes, a_cols], f["a_id"], vec),
+                                   f["scale_type"])  # (rows, vec)
+        s_b = scaled.decode_scales(scaled.scale_bytes(t.cells[b_lanes, b_cols], f["b_id"], vec),
+                                   f["scale_type"])  # (quarters, n, vec)
+        a = a * np.repeat(s_a, k // vec, axis=-1)
+        b = bm[None] * np.repeat(s_b, k // vec, axis=-1)  # (quarters, n, k)
+        return np.concatenate([a[32 * q: 32 * q + 32] @ b[q].T for q in range(rows // 32)])
+
     def smem_operand(self, blk, check, desc: int, mn: int, k: int, el: np.dtype,
-                     trans: int) -> np.ndarray:
-        """The (mn, k) operand at an SMEM descriptor in block ``blk``'s SMEM."""
+                     trans: int, wide) -> np.ndarray:
+        """The (mn, k) operand's values at an SMEM descriptor in block ``blk``'s SMEM."""
         where = types.SimpleNamespace(mem={"shared": blk.smem})
+        if el == scaled.FP4:  # two a byte, K-major
+            return _values(_read_operand(where, desc, mn, k // 2, np.dtype(np.uint8), trans,
+                                         self.loc, check and check.smem_of(blk.smem),
+                                         "tcgen05.mma"), el, wide)
         return _read_operand(where, desc, mn, k, el, trans, self.loc,
-                             check and check.smem_of(blk.smem), "tcgen05.mma")
+                             check and check.smem_of(blk.smem), "tcgen05.mma").astype(wide)
 
 
 class _MmaCheck:

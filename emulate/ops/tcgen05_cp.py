@@ -1,23 +1,28 @@
 """``tcgen05.cp``: SMEM -> TMEM copies, as jax's ``tcgen05.async_copy_smem_to_tmem``
-emits them: ``tcgen05.cp.cta_group::1.{128x256b,128x128b} [taddr], s_desc;``.
+and ``async_copy_scales_smem_to_tmem`` emit them:
+``tcgen05.cp.cta_group::{1,2}.{128x256b,128x128b,32x128b.warpx4} [taddr], s_desc;``.
 
-The source is a 128-row matrix of 32 (``128x256b``) or 16 (``128x128b``)
-bytes a row, described by an SMEM matrix descriptor in the K-major canonical
+The source is a matrix of 128 rows of 32 (``128x256b``) or 16 (``128x128b``)
+bytes, or of 32 rows of 16 bytes (``32x128b.warpx4``, jax's copies of scale
+factors), described by an SMEM matrix descriptor in the K-major canonical
 layout of the MMA operands (PTX ISA, "Shared memory descriptor"): with a
 swizzle of S bytes, byte ``j`` of row ``i`` is at ``(i % 8) S + (i // 8) SBO
 + j``, passed through the swizzle (:func:`.wgmma._read_operand`); without
 one, rows are 8 x 16-byte core matrices: ``(i % 8) 16 + (i // 8) SBO +
 (j // 16) LBO + j % 16``. Row ``i`` lands in TMEM lane ``i`` (the address's
-lane must be 0), its 32-bit words in consecutive columns from the address's.
+lane must be 0), its 32-bit words in consecutive columns from the address's;
+``.warpx4`` multicasts the 32 rows to the lanes of each of the four warps'
+lane quarters (row ``i`` to lanes ``i``, ``32 + i``, ``64 + i``, ``96 + i``).
+``cta_group::2`` (issued by the even CTA of a pair) copies in each CTA of
+the pair, from its SMEM to its TMEM, at the same descriptor and address.
 
 A copy is issued by each executing thread and runs when issued; for the
 checker it belongs to the thread's tcgen05 unit (:mod:`.tcgen05`): its
 SMEM reads (through the async proxy) and TMEM writes are ordered before what
 follows a wait on the mbarrier phase a later ``tcgen05.commit`` of the
 thread completes, and before the thread's later MMAs (which the hardware
-pipelines after it). The multicast shapes (``32x128b.warpx4``,
-``64x128b.warpx2``), ``4x256b``, ``128x128b`` sparse metadata of i2 and
-``cta_group::2`` are not modelled.
+pipelines after it). ``64x128b.warpx2``, ``4x256b`` and the other
+multicasts are not modelled.
 """
 
 from __future__ import annotations
@@ -37,21 +42,23 @@ from .tcgen05 import _mma_unit, _smem_desc
 from .wgmma import _read_operand
 
 CP = re.compile(r"tcgen05\.cp\.cta_group::([12])\.(\w+?)(\..+)?")
-ROW_BYTES = {"128x256b": 32, "128x128b": 16}
+#: (shape, multicast) -> (rows, bytes a row, the lane quarters each row goes to)
+SHAPES = {("128x256b", None): (128, 32, 1), ("128x128b", None): (128, 16, 1),
+          ("32x128b", ".warpx4"): (32, 16, 4)}
 
 
-def _rows(fr_like, desc: int, nbytes: int, where: str, check) -> np.ndarray:
-    """The (128, nbytes // 4) words a copy's descriptor points at."""
+def _rows(fr_like, desc: int, nrows: int, nbytes: int, where: str, check) -> np.ndarray:
+    """The (nrows, nbytes // 4) words a copy's descriptor points at."""
     words = nbytes // 4
     if desc >> 62:
-        return _read_operand(fr_like, desc, 128, words, np.dtype(np.uint32), 0, where, check,
+        return _read_operand(fr_like, desc, nrows, words, np.dtype(np.uint32), 0, where, check,
                              "tcgen05.cp")
     start = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
     if (desc >> 49) & 7:
         raise Unsupported(f"a tcgen05.cp descriptor with base offset {(desc >> 49) & 7}", where)
-    i = np.arange(128, dtype=np.int64)[:, None]
+    i = np.arange(nrows, dtype=np.int64)[:, None]
     jb = 4 * np.arange(words, dtype=np.int64)[None, :]
     addr = start + (i % 8) * 16 + (i // 8) * sbo + (jb // 16) * lbo + jb % 16
     vals = fr_like.mem["shared"].load(addr, np.dtype(np.uint32), None, where)
@@ -60,37 +67,47 @@ def _rows(fr_like, desc: int, nbytes: int, where: str, check) -> np.ndarray:
     return vals
 
 
-@ptx_pattern(r"tcgen05\.cp\..*", "tcgen05.cp.cta_group::1.{128x256b,128x128b} [taddr], "
-             "s_desc: 128 rows of 32 or 16 bytes from SMEM (the MMA operands' K-major "
-             "canonical layout, swizzled or not) into TMEM lanes 0-127; asynchronous for the "
-             "checker like the thread's MMAs")
+@ptx_pattern(r"tcgen05\.cp\..*", "tcgen05.cp.cta_group::{1,2}.{128x256b,128x128b,"
+             "32x128b.warpx4} [taddr], s_desc: 128 rows of 32 or 16 bytes, or 32 rows of 16 "
+             "bytes to each warp's lane quarter, from SMEM (the MMA operands' K-major "
+             "canonical layout, swizzled or not) into TMEM from lane 0 (cta_group::2: in each "
+             "CTA of the pair); asynchronous for the checker like the thread's MMAs")
 def tcgen05_cp(i: Instr) -> Step:
     m = CP.fullmatch(i.opcode)
     group, shape, multicast = m[1], m[2], m[3]
-    if group != "1" or multicast or shape not in ROW_BYTES:
+    if (shape, multicast) not in SHAPES:
         raise Unsupported(f"tcgen05.cp of shape {shape}{multicast or ''} in cta_group::{group} "
-                          "(128x256b and 128x128b of cta_group::1 are modelled)", i.loc)
+                          "(128x256b, 128x128b and 32x128b.warpx4 are modelled)", i.loc)
     if [a.strip() for a in i.args] != ["[$0]", "$1"] or len(i.ins) != 2 or i.results:
         raise i.unknown
     (t_s, d_s), pred, loc, op = i.ins, i.pred_slots, i.loc, i.opcode
-    site, nbytes = i.site, ROW_BYTES[shape]
+    site, (nrows, nbytes, copies) = i.site, SHAPES[shape, multicast]
+    lanes = (32 * np.arange(copies)[:, None] + np.arange(nrows)).reshape(-1)[:, None]
 
     def step(fr: Frame) -> None:
         b = fr.need_block(op, loc)
-        t = tmem.of_block(b)
+        if group == "1":
+            ctas = [b]
+        elif b.cluster.size % 2 or b.rank % 2:
+            raise EmulationError(f"{op} at {loc} issued by {b.name} (CTA rank {b.rank} of a "
+                                 f"cluster of {b.cluster.size}): a cta_group::2 copy is issued "
+                                 "by the even CTA of a pair")
+        else:
+            ctas = [b, b.peer(b.rank + 1, loc)]
         for th in np.flatnonzero(effective(fr, pred)):
             lane0, col0 = (int(x) for x in tmem.split(per_thread(fr.regs[t_s], fr.T)[th]))
             if lane0:
-                raise EmulationError(f"{op} at {loc}: a 128-row copy to TMEM lane {lane0}; it "
-                                     "fills lanes 0-127")
+                raise EmulationError(f"{op} at {loc}: a copy to TMEM lane {lane0}; it fills "
+                                     "lanes from 0")
             desc = _smem_desc(int(per_thread(fr.regs[d_s], fr.T)[th]) & (2 ** 64 - 1), loc)
             check = _mma_unit(fr, th, site)
-            smem = types.SimpleNamespace(mem={"shared": b.smem})
-            words = _rows(smem, desc, nbytes, loc, check and check.smem_of(b.smem))
-            lanes = np.arange(128)[:, None]
             cols = col0 + np.arange(nbytes // 4)[None, :]
-            t.check_columns(cols.reshape(-1), op, loc)
-            t.cells[lanes, cols] = words
-            if check:
-                check(t.space, t.byte_addresses(lanes, cols), True, False)
+            for blk in ctas:
+                t = tmem.of_block(blk)
+                smem = types.SimpleNamespace(mem={"shared": blk.smem})
+                words = _rows(smem, desc, nrows, nbytes, loc, check and check.smem_of(blk.smem))
+                t.check_columns(cols.reshape(-1), op, loc)
+                t.cells[lanes, cols] = np.tile(words, (copies, 1))
+                if check:
+                    check(t.space, t.byte_addresses(lanes, cols), True, False)
     return step

@@ -232,3 +232,25 @@ def test_jax_is_restored_after_a_run(test_dir):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.stdout.strip().endswith("restored"), done.stdout + done.stderr
+
+
+def test_shards_split_the_tests_and_outcomes_are_written(test_dir, tmp_path):
+    """Shards 1/2 and 2/2 run disjoint halves that together are every test;
+    --write-outcomes records each with its outcome and seconds."""
+    ran = []
+    for k in (1, 2):
+        outcomes = tmp_path / f"outcomes{k}.tsv"
+        done = conformance(str(test_dir), "--shard", f"{k}/2", "--write-outcomes", str(outcomes))
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = [line.split("\t") for line in outcomes.read_text().splitlines()]
+        assert {r[1] for r in rows} == {"passed"} and all(float(r[2]) >= 0 for r in rows)
+        ran.append({r[0] for r in rows})
+    assert len(ran[0]) == 3 and len(ran[1]) == 3 and not ran[0] & ran[1]
+    assert ran[0] | ran[1] == set(every_test())
+
+
+@pytest.mark.parametrize("shard", ["0/2", "3/2", "2", "a/b"])
+def test_a_shard_outside_one_to_n_is_a_usage_error(test_dir, shard):
+    done = conformance(str(test_dir), "--shard", shard)
+    assert done.returncode == 2
+    assert "a shard is K/N with 1 <= K <= N" in done.stderr

@@ -247,12 +247,19 @@ def _reference(opcode: str, src_codes: np.ndarray) -> np.ndarray:
 def test_jax_conversion_strings_compute_ptx_semantics(src, chain, arch, isa):
     """Every cvt string jax emits for the cast, run on edge values packed into
     its operand registers as jax packs them, equals the reference per element."""
+    check_conversion_strings(src, chain, arch, isa)
+
+
+def check_conversion_strings(src, chain, arch, isa, compiler: Compiler | None = None) -> None:
+    """Runs each cvt string jax emits for the cast (compiled by ``compiler``,
+    the emulator's by default) and checks it against the reference."""
     strings = jax_conversion_strings(src, chain, arch, isa)
     assert strings, "jax emitted no cvt for this cast"
+    compiler = compiler or Compiler()
     for text, (raw, module) in strings.items():
         with module.context:
-            op = Op(raw, Compiler())
-            step = inline_asm.inline_asm(op)
+            op = Op(raw, compiler)
+            step = compiler.op(op)
             (opcode,) = {w for w in text.split() if w.startswith("cvt.")}
             down = ptx_block.CVT_DOWN.fullmatch(opcode)
             narrow = (down or ptx_block.CVT_UP.fullmatch(opcode))[3]

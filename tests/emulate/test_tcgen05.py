@@ -205,6 +205,43 @@ def test_fp8_mma_matches_numpy(types, lhs_tmem):
     assert np.abs(a64 @ b64).max() > 1
 
 
+F16_ACC_TYPES = [(F16, F16), (E4M3, E4M3), (E5M2, E4M3)]
+
+
+@pytest.mark.parametrize("types", F16_ACC_TYPES, ids=["f16", "e4m3", "e5m2xe4m3"])
+@pytest.mark.parametrize("lhs_tmem", [False, True], ids=["a-smem", "a-tmem"])
+def test_f16_accumulator_mma_matches_numpy(types, lhs_tmem):
+    """D type code 0: an f16 accumulator (one a TMEM cell, its low half), for
+    kind::f16 and kind::f8f6f4. K = 128 is several instructions, each rounding
+    its exact (float64) sum plus D to f16 once: within K/k_instr roundings of
+    the exact product."""
+    call, (sa, sb) = _mma(128, 128, 128, *types, lhs_tmem=lhs_tmem, acc_type=F16,
+                          out_type=F16)
+    a, b = normal(sa.shape, types[0]), normal(sb.shape, types[1])
+    (got,) = run(call, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    exact = a64 @ b64
+    steps = 128 // (32 // np.dtype(types[0]).itemsize)  # one rounding per instruction
+    assert got.dtype == np.float16
+    err = np.abs(got.astype(np.float64) - exact)
+    bound = steps * 2.0 ** -11 * (np.abs(a64) @ np.abs(b64)) + 2.0 ** -24
+    assert np.all(err <= bound), (err / bound).max()
+    # each instruction rounds to f16: the result is not the f32-accumulated one
+    assert np.abs(exact).max() > 4 and np.mean(err > 0) > 0.5
+
+
+def test_f16_accumulator_rounds_each_instruction_to_f16():
+    """Two instructions (K = 32 of f16): the first's sum rounded to f16, the
+    second added to it and rounded again -- exactly, bit for bit."""
+    call, (sa, sb) = _mma(128, 128, 32, F16, swizzle=32, acc_type=F16, out_type=F16)
+    a, b = normal(sa.shape, F16), normal(sb.shape, F16)
+    (got,) = run(call, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    first = (a64[:, :16] @ b64[:16]).astype(np.float16).astype(np.float64)
+    want = (first + a64[:, 16:] @ b64[16:]).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
+
+
 def ints(shape, dtype):
     info = np.iinfo(dtype)
     return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
@@ -547,3 +584,290 @@ def test_official_blackwell_ragged_dot(pipeline):
                       np.abs(b[rows].astype(np.float64))) * 129 * 2.0 ** -24 \
         + np.abs(exact) * 2.0 ** -11
     assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
+
+
+# --- block-scaled MMAs (kind::mxf8f6f4, kind::mxf4nvf4) ---------------------------------------
+
+E8M0, F4 = jnp.float8_e8m0fnu, jnp.float4_e2m1fn
+
+
+def tile(x, rows, cols):
+    """(R, C) -> (R // rows, C // cols, rows, cols): the SMEM tiling of a TMA copy."""
+    r, c = x.shape
+    return x.reshape(r // rows, rows, c // cols, cols).transpose(0, 2, 1, 3)
+
+
+def scales_for_tmem(s):
+    """(MN, K // block) scales -> (MN_pad // 128, K // block // 4, 32, 16): what
+    ``async_copy_scales_smem_to_tmem`` copies (PTX's scale-factor layout 1X:
+    row r's 4 scales of a K group at bytes 4 (r // 32) .. of SMEM row r % 32)."""
+    mn, ks = s.shape
+    pad = -mn % 128
+    s = np.pad(s, ((0, pad), (0, 0)))
+    return s.reshape(-1, 4, 32, ks // 4, 4).transpose(0, 3, 2, 1, 4).reshape(-1, ks // 4, 32, 16)
+
+
+def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem=False,
+                        collective=False):
+    """A (m, k) and B (n, k), both K-major, by TMA; their scales by TMA and
+    ``async_copy_scales_smem_to_tmem``; A maybe through TMEM
+    (``async_copy_smem_to_tmem``); one ``tcgen05.mma`` call with a_scale/b_scale
+    (collective: over a CTA pair, each CTA its m // 2 rows of A and n // 2 of B's
+    columns, B's scales in both); the f32 accumulator out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, gpu
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import tcgen05 as jtc
+    from jax.experimental.mosaic.gpu import utils as mu
+
+    bits = jax.dtypes.itemsize_bits(in_dtype)
+    width = 8 * swizzle // bits
+    tiling = (8, width)
+    ctas = 2 if collective else 1
+    mc, nc = m // ctas, n // ctas
+
+    def body(ctx, a, b, sa, sb, out, scratch):
+        (a_smem, b_smem, sa_smem, sb_smem, loaded, done, pair, acc, a_scales, b_scales,
+         a_tmem) = scratch
+        index = ir.IndexType.get()
+        rank = gpu.cluster_block_id(gpu.Dimension.x) if collective else mu.c(0, index)
+        kw = dict(swizzle=swizzle, gmem_transform=mgpu.TileTransform(tiling))
+        ctx.async_copy(src_ref=a, dst_ref=a_smem, barrier=loaded[0],
+                       gmem_slice=(mu.ds(arith.muli(rank, mu.c(mc, index)), mc), slice(None)),
+                       **kw)
+        ctx.async_copy(src_ref=b, dst_ref=b_smem, barrier=loaded[1],
+                       gmem_slice=(mu.ds(arith.muli(rank, mu.c(nc, index)), nc), slice(None)),
+                       **kw)
+        ctx.async_copy(src_ref=sa, dst_ref=sa_smem, barrier=loaded[2],
+                       gmem_slice=(mu.ds(rank, 1),))
+        ctx.async_copy(src_ref=sb, dst_ref=sb_smem, barrier=loaded[3])
+        for i in range(4):
+            loaded[i].wait()
+        if collective:
+            pair.arrive(orders_tensor_core=True)
+            pair.wait(orders_tensor_core=True)
+        leader = mu.single_thread_predicate()
+        if collective:
+            leader = arith.andi(leader, arith.cmpi(arith.CmpIPredicate.eq, rank,
+                                                   mu.c(0, index)))
+        with mu.when(leader):
+            if lhs_tmem:
+                jtc.async_copy_smem_to_tmem(a_smem, a_tmem, swizzle, collective=collective)
+            jtc.async_copy_scales_smem_to_tmem(sa_smem, a_scales, collective=collective)
+            jtc.async_copy_scales_smem_to_tmem(sb_smem, b_scales, collective=collective)
+            jtc.mma(acc, a_tmem if lhs_tmem else a_smem,
+                    mgpu.memref_transpose(b_smem, (1, 0, 3, 2)), a_swizzle=swizzle,
+                    b_swizzle=swizzle, a_scale=a_scales, b_scale=b_scales, accumulate=False,
+                    collective=collective)  # <mma>
+            jtc.commit_arrive(done, collective=collective, ctx=ctx)
+        done.wait(orders_tensor_core=True)
+        acc.load().store_untiled(
+            mu.memref_slice(out, mu.ds(arith.muli(rank, mu.c(mc, index)), mc)), optimized=False)
+
+    sa_shape = (ctas, k // block // 4, 32, 16)
+    sb_shape = (-(-n // 128), k // block // 4, 32, 16)
+    a_s = jax.ShapeDtypeStruct((m, k), in_dtype)
+    b_s = jax.ShapeDtypeStruct((n, k), in_dtype)
+    args = (a_s, b_s, jax.ShapeDtypeStruct(sa_shape, scale_dtype),
+            jax.ShapeDtypeStruct(sb_shape, scale_dtype))
+    with mlir.make_ir_context(), ir.Location.unknown(), _blackwell():
+        scratch = [
+            jax.ShapeDtypeStruct((mc // 8, k // width, 8, width), in_dtype),
+            jax.ShapeDtypeStruct((nc // 8, k // width, 8, width), in_dtype),
+            jax.ShapeDtypeStruct((1,) + sa_shape[1:], scale_dtype),
+            jax.ShapeDtypeStruct(sb_shape, scale_dtype),
+            mgpu.TMABarrier(4), mgpu.Barrier(1),
+            mgpu.ClusterBarrier(collective_dims=(gpu.Dimension.x,)) if collective else None,
+            mgpu.TMEM((mc, n), jnp.float32, collective=collective),
+            mgpu.TMEM((mc, k // block), scale_dtype, layout=jtc.scales_layout(),
+                      collective=collective),
+            mgpu.TMEM((-(-n // 128) * 128, k // block), scale_dtype, layout=jtc.scales_layout(),
+                      collective=collective),
+            mgpu.TMEM((mc, k), in_dtype, packing=32 // bits, collective=collective)
+            if lhs_tmem else None,
+        ]
+        return mgpu.as_gpu_kernel(body, (ctas, 1, 1), (128, 1, 1), args,
+                                  jax.ShapeDtypeStruct((m, n), jnp.float32), scratch,
+                                  cluster=(ctas, 1, 1)), body
+
+
+def sample_scales(shape, dtype):
+    if dtype == E8M0:  # 2^-5 .. 2^4
+        return RNG.integers(122, 132, shape).astype(np.uint8).view(E8M0)
+    return np.abs(RNG.standard_normal(shape)).astype(E4M3)
+
+
+def uniform(shape, dtype):
+    return RNG.uniform(-1, 1, shape).astype(dtype)
+
+
+def check_block_scaled(m, n, k, in_dtype, scale_dtype, block, swizzle, **kw):
+    fn, _ = block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, **kw)
+    a, b = uniform((m, k), in_dtype), uniform((n, k), in_dtype)
+    sa, sb = sample_scales((m, k // block), scale_dtype), sample_scales((n, k // block),
+                                                                         scale_dtype)
+    ctas = 2 if kw.get("collective") else 1
+    (got,) = emu.run(fn, a, b, scales_for_tmem(sa), scales_for_tmem(sb), arch=BLACKWELL)
+    a64 = a.astype(np.float64) * np.repeat(sa.astype(np.float64), block, axis=1)
+    b64 = b.astype(np.float64) * np.repeat(sb.astype(np.float64), block, axis=1)
+    exact = a64 @ b64.T
+    steps = k // (256 // jax.dtypes.itemsize_bits(in_dtype))
+    bound = (steps + 1) * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64).T)
+    err = np.abs(got.astype(np.float64) - exact)
+    assert np.all(err <= bound), (err / np.maximum(bound, 1e-300)).max()
+    # the scales matter: without them, or with A's transposed, it is far off
+    assert np.abs(exact).max() > 1 and ctas in (1, 2)
+    unscaled = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.abs(got - unscaled).max() > 1e3 * bound.max()
+
+
+BLOCK_SCALED = {
+    # kind::mxf8f6f4.block_scale.scale_vec::1X: fp8, ue8m0 scales a block of 32
+    "e4m3-ue8m0-n128-swizzle128": (128, 128, 256, E4M3, E8M0, 32, 128),
+    "e5m2-ue8m0-n8-swizzle32": (128, 8, 128, E5M2, E8M0, 32, 32),
+    # kind::mxf4nvf4.block_scale.scale_vec::2X: e2m1, ue8m0 scales a block of 32
+    "e2m1-ue8m0-block32-n256": (128, 256, 256, F4, E8M0, 32, 128),
+    # kind::mxf4nvf4.block_scale.scale_vec::4X: e2m1, ue8m0 / ue4m3 a block of 16
+    "e2m1-ue8m0-block16-n64": (128, 64, 256, F4, E8M0, 16, 128),
+    "e2m1-ue4m3-block16-n32-swizzle32": (128, 32, 256, F4, E4M3, 16, 32),
+}
+
+
+@pytest.mark.parametrize("name", list(BLOCK_SCALED))
+def test_block_scaled_mma_matches_numpy(name):
+    check_block_scaled(*BLOCK_SCALED[name])
+
+
+@pytest.mark.parametrize("in_dtype, block", [(E4M3, 32), (F4, 16)], ids=["e4m3", "e2m1"])
+def test_block_scaled_mma_with_a_in_tmem(in_dtype, block):
+    """A copied to TMEM (tcgen05.cp.128x256b: four fp8 or eight e2m1 a cell)."""
+    check_block_scaled(128, 128, 256, in_dtype, E8M0, block, 128, lhs_tmem=True)
+
+
+@pytest.mark.parametrize("in_dtype, block", [(E5M2, 32), (F4, 32)], ids=["e5m2", "e2m1"])
+def test_collective_block_scaled_mma(in_dtype, block):
+    """cta_group::2, M = 256: each CTA its A rows and A scales, B's columns split,
+    B's scales copied to both CTAs (tcgen05.cp.cta_group::2.32x128b.warpx4)."""
+    check_block_scaled(256, 128, 256, in_dtype, E8M0, block, 128, collective=True)
+
+
+# --- sparse MMAs (tcgen05.mma.sp) -------------------------------------------------------------
+
+def sparse_kernel(m, n, k, dtype, swizzle, lhs_tmem=False):
+    """A (m, k // 2) 2:4-compressed and B (k, n) by TMA, A's metadata by TMA and
+    ``async_copy_sparse_metadata_smem_to_tmem``; A maybe through TMEM; one
+    ``tcgen05.mma`` with ``a_sparse_metadata``; the accumulator out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import tcgen05 as jtc
+    from jax.experimental.mosaic.gpu import utils as mu
+
+    width = swizzle // np.dtype(dtype).itemsize
+    acc_type = jnp.int32 if np.dtype(dtype) == np.int8 else jnp.float32
+
+    def body(ctx, a, b, meta, out, scratch):
+        a_smem, b_smem, meta_smem, loaded, done, acc, meta_tmem, a_tmem = scratch
+        kw = dict(swizzle=swizzle, gmem_transform=mgpu.TileTransform((8, width)))
+        ctx.async_copy(src_ref=a, dst_ref=a_smem, barrier=loaded[0], **kw)
+        ctx.async_copy(src_ref=b, dst_ref=b_smem, barrier=loaded[1], **kw)
+        ctx.async_copy(src_ref=meta, dst_ref=meta_smem, barrier=loaded[2])
+        for i in range(3):
+            loaded[i].wait()
+        with mu.single_thread():
+            if lhs_tmem:
+                jtc.async_copy_smem_to_tmem(a_smem, a_tmem, swizzle)
+            jtc.async_copy_sparse_metadata_smem_to_tmem(meta_smem, meta_tmem)
+            jtc.mma(acc, a_tmem if lhs_tmem else a_smem, b_smem, a_swizzle=swizzle,
+                    b_swizzle=swizzle, a_sparse_metadata=meta_tmem, accumulate=False)
+            jtc.commit_arrive(done)
+        done.wait(orders_tensor_core=True)
+        signed = True if acc_type == jnp.int32 else None
+        acc.load(is_signed=signed).store_untiled(out, optimized=False)
+
+    meta_shape = (m // 128, k // 128, 128, 64)
+    args = (jax.ShapeDtypeStruct((m, k // 2), dtype), jax.ShapeDtypeStruct((k, n), dtype),
+            jax.ShapeDtypeStruct(meta_shape, jnp.uint2))
+    with mlir.make_ir_context(), ir.Location.unknown(), _blackwell():
+        scratch = [
+            jax.ShapeDtypeStruct((m // 8, k // 2 // width, 8, width), dtype),
+            jax.ShapeDtypeStruct((k // 8, n // width, 8, width), dtype),
+            jax.ShapeDtypeStruct(meta_shape, jnp.uint2),
+            mgpu.TMABarrier(3), mgpu.Barrier(1),
+            mgpu.TMEM((m, n), acc_type),
+            mgpu.TMEM((m, k // 2), jnp.uint2, layout=jtc.sparse_meta_layout()),
+            mgpu.TMEM((m, k // 2), dtype, packing=4 // np.dtype(dtype).itemsize)
+            if lhs_tmem else None,
+        ]
+        return mgpu.as_gpu_kernel(body, (1, 1, 1), (128, 1, 1), args,
+                                  jax.ShapeDtypeStruct((m, n), acc_type), scratch)
+
+
+PAIRS = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
+
+
+def metadata_for_tmem(pairs, itemsize):
+    """(m, k // 4, 2) positions -> (m // 128, k // 128, 128, 64) uint2: the
+    formatting jax's own sparse MMA tests give the hardware (16-bit operands
+    interleave rows and entries; 8-bit ones do not)."""
+    m, groups, _ = pairs.shape
+    e = 2 * groups  # entries a row
+    if itemsize == 1:
+        tiled = pairs.reshape(m // 128, 128, e // 64, 64).transpose(0, 2, 1, 3)
+    else:
+        tiled = pairs.reshape(m // 128, 8, 2, 8, e // 64, 4, 2, 8).transpose(0, 4, 1, 6, 3, 5, 2, 7)
+    return tiled.reshape(m // 128, e // 64, 128, 64).astype(jnp.uint2)
+
+
+def check_sparse(m, n, k, dtype, swizzle, **kw):
+    fn = sparse_kernel(m, n, k, dtype, swizzle, **kw)
+    if np.dtype(dtype) == np.int8:
+        a = RNG.integers(-128, 128, (m, k // 2)).astype(np.int8)
+        b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    else:
+        a, b = normal((m, k // 2), dtype), normal((k, n), dtype)
+    pairs = PAIRS[RNG.integers(0, 6, (m, k // 4))]
+    (got,) = emu.run(fn, a, b, metadata_for_tmem(pairs, np.dtype(dtype).itemsize),
+                     arch=BLACKWELL)
+    logical = np.zeros((m, k // 4, 4))
+    np.put_along_axis(logical, pairs, a.astype(np.float64).reshape(m, k // 4, 2), axis=-1)
+    logical = logical.reshape(m, k)
+    exact = logical @ b.astype(np.float64)
+    if np.dtype(dtype) == np.int8:
+        np.testing.assert_array_equal(got, exact.astype(np.int64).astype(np.int32))
+    else:
+        err = np.abs(got.astype(np.float64) - exact)
+        assert np.all(err <= mma_bound(logical, b.astype(np.float64))), err.max()
+    # the metadata matters: A read densely (the stored pairs at positions 0, 1) is far off
+    dense = np.zeros((m, k // 4, 4))
+    dense[..., :2] = a.astype(np.float64).reshape(m, k // 4, 2)
+    assert np.abs(got - dense.reshape(m, k) @ b.astype(np.float64)).max() > 1
+
+
+SPARSE = {
+    "f16-swizzle128": (128, 128, 256, F16, 128),
+    "bf16-n256-swizzle64": (128, 256, 256, BF16, 64),
+    "e4m3-swizzle128": (128, 128, 256, E4M3, 128),
+    "e5m2-n64-swizzle64": (128, 64, 256, E5M2, 64),
+    "s8-swizzle128": (128, 128, 256, jnp.int8, 128),
+}
+
+
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_sparse_mma_matches_numpy(name):
+    check_sparse(*SPARSE[name])
+
+
+@pytest.mark.parametrize("dtype", [BF16, E4M3], ids=["bf16", "e4m3"])
+def test_sparse_mma_with_a_in_tmem(dtype):
+    check_sparse(128, 128, 256, dtype, 128, lhs_tmem=True)
+
+
+def test_sparse_metadata_that_is_not_an_increasing_pair_is_an_error():
+    fn = sparse_kernel(128, 128, 256, F16, 128)
+    pairs = PAIRS[RNG.integers(0, 6, (128, 64))]
+    pairs[5, 3] = (2, 1)
+    with pytest.raises(emu.EmulationError, match=r"A row 5, group 3 names positions 2 and 1"):
+        emu.run(fn, normal((128, 128), F16), normal((256, 128), F16),
+                metadata_for_tmem(pairs, 2), arch=BLACKWELL)

@@ -99,21 +99,23 @@ INIT = ("func.func private @mosaic_gpu_init_tma_desc(!llvm.ptr, !llvm.ptr, i64, 
 
 
 def init_tma_desc(desc: str = "%desc", base: str = "%x", dtype_code: int = 6,
-                  swizzle: int = 16) -> str:
-    """MLIR calling the runtime's TMA descriptor setup for a (rows, cols)
-    tensor and box given as the ``%sizes``, ``%strides``, ``%box`` buffers."""
+                  swizzle: int = 16, rank: int = 2) -> str:
+    """MLIR calling the runtime's TMA descriptor setup for a tensor of
+    ``rank`` (default: (rows, cols)) and box given as the ``%sizes``,
+    ``%strides``, ``%box`` buffers."""
     return f"""
       %code = llvm.mlir.constant({dtype_code} : i64) : i64
-      %rank = llvm.mlir.constant(2 : i64) : i64
+      %tma_rank = llvm.mlir.constant({rank} : i64) : i64
       %swz = llvm.mlir.constant({swizzle} : i64) : i64
-      func.call @mosaic_gpu_init_tma_desc({desc}, {base}, %code, %rank, %sizes, %strides, %swz, %box) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> ()"""  # noqa: E501 -- MLIR text, one op a line
+      func.call @mosaic_gpu_init_tma_desc({desc}, {base}, %code, %tma_rank, %sizes, %strides, %swz, %box) : (!llvm.ptr, !llvm.ptr, i64, i64, !llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> ()"""  # noqa: E501 -- MLIR text, one op a line
 
 
-def tma_inputs(x: np.ndarray, box: tuple[int, int]) -> dict:
+def tma_inputs(x: np.ndarray, box: tuple[int, ...]) -> dict:
     """The buffers :func:`init_tma_desc` reads, for a row-major ``x``."""
+    strides = np.cumprod((x.shape[1:] + (1,))[::-1])[::-1]  # in elements, outermost first
     return {"desc": ("!llvm.ptr", np.zeros(128, np.uint8)), "x": ("!llvm.ptr", x),
             "sizes": ("!llvm.ptr", np.array(x.shape, np.int64)),
-            "strides": ("!llvm.ptr", np.array([x.shape[1], 1], np.int64)),
+            "strides": ("!llvm.ptr", np.array(strides, np.int64)),
             "box": ("!llvm.ptr", np.array(box, np.int64))}
 
 

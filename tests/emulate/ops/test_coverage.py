@@ -38,70 +38,6 @@ NOT_RUN = {
     "nvvm.barrier0": "not an op of jax 0.11.2's MLIR",
 }
 
-# Rules and PTX forms other branches add today (Dec 4), tested there through
-# whole kernels but not yet here op by op: each is to get an @covers test in
-# this folder, and leave this list. Ignored while not registered (before the
-# merge).
-PENDING = {
-    # branch emu-fixes: atomics, TMA reduce/prefetch, gpu fences, gpu.printf
-    r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:cta|gpu|sys))?(?:\.("
-    r"?:shared::cta|global))?\.(cas|exch|add|min|max|and|or|xor|inc|dec)\.(b32|u"
-    r"32|s32)",
-    r"cp\.async\.bulk\.prefetch\.tensor\.([1-5])d\.L2\.global(?:\.tile)?",
-    r"cp\.reduce\.async\.bulk\.tensor\.([1-5])d\.global\.shared::cta\.(add|min|m"
-    r"ax|inc|dec|and|or|xor)\.tile\.bulk_group",
-    "fence.acq_rel.gpu",
-    "fence.acq_rel.sys",
-    "fence.acquire.gpu",
-    "fence.acquire.sys",
-    "fence.release.gpu",
-    "fence.release.sys",
-    "gpu.printf",
-    r"ld\.(?:relaxed|acquire)\.(?:cta|gpu|sys)(?:\.(?:shared::cta|global))?\.(b3"
-    r"2|u32|s32)",
-    r"red(?:\.(?:shared::cta|global))?\.(?:relaxed|release)\.(?:cta|gpu|sys)(?:\."
-    r"(?:shared::cta|global))?\.(add|min|max|and|or|xor|inc|dec)(?:\.noftz)?(?:\."
-    r"v([24]))?\.(u32|s32|b32|f32|f16|bf16|f16x2|bf16x2)",
-    # merged later the same day: run by tests/emulate/test_ptx_int16.py,
-    # test_profiler.py (jax's profiler's clocks) and test_tcgen05.py
-    r"(?:max|min)\.[su]16(?:x2)?",
-    r"@\$0 st\.shared\.v2\.u32 \[\$1\], ?\{\$2, ?%clock\};",
-    r"mov\.u32 \$0, ?%globaltimer_(lo|hi);",
-    r"mov\.u32 \$0, ?%smid;",
-    r"mov\.u64 \$0, ?%globaltimer;",
-    r"tcgen05\.cp\..*",
-    r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x(\d+)\.(min|max)(\.abs)?(\.NaN)?\.(f32|s32|u32)",
-    # branch tcgen05: tcgen05 and cluster launch control
-    r".*tcgen05\.mma.*",
-    r"\{ \.reg \.b128 handle; ld\.shared\.b128 handle, \[\$4\]; clusterlaunchcon"
-    r"trol\.query_cancel\.is_canceled\.pred\.b128 \$3, handle; @\$3 clusterlaunc"
-    r"hcontrol\.query_cancel\.get_first_ctaid\.v4\.b32\.b128 \{\$0, \$1, \$2, _\}"
-    r", handle; \}",
-    r"\{ \.reg \.b32 (\w+); @\$0 mapa\.shared::cluster\.u32 \1, \$3, 0; @\$0 cp\."
-    r"async\.bulk\.tensor\.([1-5])d\.shared::cta\.global\.tile\.mbarrier::comple"
-    r"te_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{([$\d,]*)\}\], \[\1\]; \}",
-    "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::b"
-    "ytes.multicast::cluster::all.b128",
-    "fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster",
-    "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster",
-    "llvm.call_intrinsic",
-    "nvvm.tcgen05.fence",
-    "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
-    "tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32",
-    "tcgen05.dealloc.cta_group::1.sync.aligned.b32",
-    "tcgen05.dealloc.cta_group::2.sync.aligned.b32",
-    "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned",
-    "tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned",
-    "tcgen05.wait::ld.sync.aligned",
-    "tcgen05.wait::st.sync.aligned",
-    r"tcgen05\.(ld|st)\.sync\.aligned\.(32x32b|16x64b|16x128b|16x256b)\.x(\d+)(\."
-    r"pack::16b|\.unpack::16b)?\.b32",
-    # branch blackwell-ptx: PTX conversion blocks
-    r"\{.*\}",
-    r"\{[^{]*(?:\{[^{}]*\}[^{]*)*\}",
-}
-
-
 def declared() -> dict[str, list[str]]:
     """Name -> the tests declaring it, over every test module of this folder."""
     found: dict[str, list[str]] = {}
@@ -117,7 +53,7 @@ def declared() -> dict[str, list[str]]:
 
 def required() -> set[str]:
     forms = {form for form, _ in ptx.modelled_ptx()}
-    return (set(RULES) | forms) - set(NOT_RUN) - PENDING
+    return (set(RULES) | forms) - set(NOT_RUN)
 
 
 def test_every_rule_and_ptx_form_is_run_by_a_declaring_test():

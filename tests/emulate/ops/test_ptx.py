@@ -4,7 +4,8 @@ PTX ISA's definitions on edge values (signed zeros, infinities, NaN,
 subnormals under ``.ftz``), mbarriers, barriers, cluster barriers,
 ``st.async`` and jax's remote arrival between the blocks of a cluster, bulk
 and TMA copies (tile, gather4, scatter4) under the synchronization checker,
-and a WGMMA block as jax writes it."""
+a WGMMA block as jax writes it, 16-bit integer max/min, and the clocks and
+ids jax's profiler reads."""
 
 from __future__ import annotations
 
@@ -339,13 +340,15 @@ def test_a_wgmma_block_as_jax_writes_it():
 
 # --- clusters: barrier.cluster, st.async, cluster-scope expect_tx, remote arrival -------
 
+# a host function launching {blocks} blocks in clusters of 2, 32 threads each
 CLUSTER_LAUNCH = """
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
+  %cgrid = arith.constant {blocks} : index
   %c32 = arith.constant 32 : index
-  %smem_bytes = arith.constant 256 : i32
+  %smem_bytes = arith.constant {smem} : i32
   gpu.launch clusters(%cx, %cy, %cz) in (%ncx = %c2, %ncy = %c1, %ncz = %c1)
-             blocks(%bx, %by, %bz) in (%gx = %c2, %gy = %c1, %gz = %c1)
+             blocks(%bx, %by, %bz) in (%gx = %cgrid, %gy = %c1, %gz = %c1)
              threads(%tx, %ty, %tz) in (%sx = %c32, %sy = %c1, %sz = %c1)
              dynamic_shared_memory_size %smem_bytes {{
     %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
@@ -362,6 +365,13 @@ CLUSTER_LAUNCH = """
     {body}
     gpu.terminator
   }}"""  # noqa: E501 -- MLIR text, one op a line
+
+
+def cluster_launch(body: str, blocks: int = 2, smem: int = 256) -> str:
+    """:data:`CLUSTER_LAUNCH` around ``body``."""
+    return CLUSTER_LAUNCH.format(blocks=blocks, smem=smem, body=body)
+
+
 ARRIVE = ["barrier.cluster.arrive", "barrier.cluster.arrive.aligned",
           "barrier.cluster.arrive.relaxed", "barrier.cluster.arrive.relaxed.aligned",
           "barrier.cluster.arrive.release", "barrier.cluster.arrive.release.aligned"]
@@ -409,7 +419,7 @@ def _cluster_exchange(remote_rank: str = "%peer") -> dict:
       %row = arith.muli %rk, %c32i : index
       %at = arith.addi %row, %i : index
       memref.store %got, %out[%at] : memref<64xi32>"""
-    return run(CLUSTER_LAUNCH.format(body=body.replace("%REMOTE_RANK", remote_rank)),
+    return run(cluster_launch(body.replace("%REMOTE_RANK", remote_rank)),
                {"out": ("memref<64xi32>", np.zeros(64, np.int32))}, host=True, sanitize=True)
 
 
@@ -556,3 +566,66 @@ def test_gather4_and_scatter4_move_four_rows():
     for (_, r), (_, d) in zip(rows, dst):
         want[d, 0:8] = 2 * x[r, 8:16]
     assert_same_bits(got["x"], want)
+
+
+# --- 16-bit integer max/min (FragmentedArray.max/min of int16/uint16) ---------
+
+INT16 = np.array([-2 ** 15, -2 ** 15 + 1, -2, -1, 0, 1, 2, 255, 256, 2 ** 15 - 2, 2 ** 15 - 1],
+                 np.int16)
+
+
+@pytest.mark.parametrize("opcode", ["max.s16", "min.s16", "max.u16", "min.u16"])
+@covers(form("max.s16 $0, $1, $2;"))
+def test_int16_max_min_compare_each_half_signed_or_unsigned(opcode):
+    """On every pair of the 16-bit edges (-32768, -1, 0, 32767, 255/256...):
+    one half in an ``h`` register, and ``x2`` on two halves of an ``r``
+    register, each compared on its own."""
+    a, b = pairs(INT16)
+    half = np.int16 if ".s" in opcode else np.uint16
+    fn = np.maximum if opcode.startswith("max") else np.minimum
+    want = fn(a.view(half), b.view(half))
+    got = asm(f"{opcode} $0, $1, $2;", "=h,h,h", {"a": ("i16", a), "b": ("i16", b)}, "i16")
+    assert_same_bits(got.view(half), want)
+    ra = np.stack([a, b[::-1]], -1).view(np.int32).reshape(-1)  # (low, high) halves
+    rb = np.stack([b, a[::-1]], -1).view(np.int32).reshape(-1)
+    got2 = asm(f"{opcode}x2 $0, $1, $2;", "=r,r,r", {"a": ("i32", ra), "b": ("i32", rb)}, "i32")
+    want2 = np.stack([want, fn(b[::-1].view(half), a[::-1].view(half))], -1)
+    assert_same_bits(got2.view(half).reshape(-1, 2), want2)
+
+
+# --- the profiler's clocks and ids -------------------------------------------
+
+CLOCK_EVENT = "@$0 st.shared.v2.u32 [$1], {$2, %clock};"
+TIMERS = ["mov.u64 $0, %globaltimer;", "mov.u32 $0, %globaltimer_lo;",
+          "mov.u32 $0, %globaltimer_hi;", "mov.u32 $0, %smid;"]
+
+
+@covers(*(form(t) for t in TIMERS), form(CLOCK_EVENT))
+def test_clocks_increase_in_program_order_and_smid_is_the_block_modulo_132():
+    """Block (5, 2) of a (70, 3) grid: %globaltimer, then its low and high
+    halves, then the profiler's event record (tag, %clock) by the even
+    threads: each read one tick later than the one before it, the same for
+    every thread; %smid is (5 + 70 * 2) % 132."""
+    got = run(f"""
+      %t = nvvm.read.ptx.sreg.tid.x : i32
+      %one = llvm.mlir.constant(1 : i32) : i32
+      %zero = llvm.mlir.constant(0 : i32) : i32
+      %bit = llvm.and %t, %one : i32
+      %even = arith.cmpi eq, %bit, %zero : i32
+      %g = llvm.inline_asm has_side_effects "{TIMERS[0]}", "=l" : () -> i64
+      %lo = llvm.inline_asm has_side_effects "{TIMERS[1]}", "=r" : () -> i32
+      %hi = llvm.inline_asm has_side_effects "{TIMERS[2]}", "=r" : () -> i32
+      %sm = llvm.inline_asm "{TIMERS[3]}", "=r" : () -> i32
+      %at = llvm.getelementptr %buf[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i64
+      %tag = llvm.mul %t, %t : i32
+      {side(CLOCK_EVENT, "b,l,r", ("%even", "i1"), ("%at", "!llvm.ptr<3>"), ("%tag", "i32"))}""",
+              {"buf": ("!llvm.ptr<3>", np.full((32, 2), -5, np.int32))},
+              {"g": "i64", "lo": "i32", "hi": "i32", "sm": "i32"},
+              block_id=(5, 2, 0), grid=(70, 3, 1))
+    g = int(np.asarray(got["g"]).reshape(-1)[0])
+    assert np.all(np.asarray(got["g"]) == g) and g > 0
+    assert np.all(np.asarray(got["lo"]) == g + 1) and np.all(np.asarray(got["hi"]) == 0)
+    assert np.all(np.asarray(got["sm"]) == (5 + 70 * 2) % 132)
+    t = np.arange(32)
+    want = np.where((t % 2 == 0)[:, None], np.stack([t * t, np.full(32, g + 3)], -1), -5)
+    assert_same_bits(got["buf"], want.astype(np.int32))

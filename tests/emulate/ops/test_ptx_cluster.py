@@ -1,0 +1,154 @@
+"""Blackwell's cluster inline PTX, op by op as jax writes it: cluster launch
+control (:mod:`smalti.emulate.ops.clc`: ``try_cancel`` multicast to the
+cluster, jax's ``query_cancel`` block, the two ``fence.proxy.async::generic``
+fences around the response) over a grid of clusters, and the TMA load of a
+CTA pair whose bytes the leader's mbarrier tracks
+(:mod:`~smalti.emulate.ops.tma_pair`) -- under the synchronization checker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from .harness import assert_same_bits, covers, run
+from .test_builtin import INIT, init_tma_desc, tma_inputs
+from .test_ptx import cluster_launch, form, side
+
+TRY_CANCEL = ("clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes"
+              ".multicast::cluster::all.b128 [$0], [$1];")
+QUERY = ("{ .reg .b128 handle; ld.shared.b128 handle, [$4]; "
+         "clusterlaunchcontrol.query_cancel.is_canceled.pred.b128 $3, handle; "
+         "@$3 clusterlaunchcontrol.query_cancel.get_first_ctaid.v4.b32.b128 {$0, $1, $2, _}, "
+         " handle; }")
+FENCE_RELEASE = "fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;"
+FENCE_ACQUIRE = "fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster;"
+PAIR_LOAD = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_addr, $3, 0; "
+             "@$0 cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
+             ".cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr]; }")
+
+# the cluster's leader thread (thread 0 of CTA rank 0), in a kernel of :func:`cluster_launch`
+LEADER = """
+    %leader = arith.cmpi eq, %rank, %z : i32
+    %issuer = arith.andi %first, %leader : i1"""
+
+
+def pair_load(row: str) -> str:
+    """The leader's mbarrier expecting the pair's 256 bytes, a cluster
+    barrier, then each CTA's TMA load of its (4, 8) box at (``row``, 8) into
+    SMEM byte 128 (``%tile``), on the leader's barrier (``%bar``)."""
+    return f"""
+      %nbytes = llvm.mlir.constant(256 : i32) : i32
+      %col = llvm.mlir.constant(8 : i32) : i32
+      %tile = llvm.getelementptr %smem[128] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      %bar = llvm.ptrtoint %smem : !llvm.ptr<3> to i32
+      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+            ("%one", "i32"), ("%issuer", "i1"))}
+      {side("@$2 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [$0], $1;", "l,r,b",
+            ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
+      {side("barrier.cluster.arrive.release.aligned;")}
+      {side("barrier.cluster.wait.acquire.aligned;")}
+      {side(PAIR_LOAD, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
+            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), (row, "i32"))}"""
+
+
+def _cancel(blocks: int) -> np.ndarray:
+    """Each block of a grid of clusters of 2: barrier (16 bytes expected),
+    the cluster's leader thread 0 asks to cancel a cluster, each block waits
+    and decodes the response; thread 0 of block b writes (x, y, z, canceled)
+    to out[b]."""
+    body = f"""
+      %nbytes = llvm.mlir.constant(16 : i32) : i32
+      %resp = llvm.getelementptr %smem[16] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+            ("%one", "i32"), ("%first", "i1"))}
+      {side("@$2 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [$0], $1;", "l,r,b",
+            ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%first", "i1"))}
+      {side(FENCE_RELEASE)}
+      {side("barrier.cluster.arrive.release.aligned;")}
+      {side("barrier.cluster.wait.acquire.aligned;")}
+      {side("@$2 " + TRY_CANCEL, "l,l,b", ("%resp", "!llvm.ptr<3>"), ("%smem", "!llvm.ptr<3>"),
+            ("%issuer", "i1"))}
+      nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
+      {side(FENCE_ACQUIRE)}
+      %q = llvm.inline_asm has_side_effects "{QUERY}", "=r,=r,=r,=b,r" %resp : (!llvm.ptr<3>) -> !llvm.struct<(i32, i32, i32, i1)>
+      %qx = llvm.extractvalue %q[0] : !llvm.struct<(i32, i32, i32, i1)>
+      %qy = llvm.extractvalue %q[1] : !llvm.struct<(i32, i32, i32, i1)>
+      %qz = llvm.extractvalue %q[2] : !llvm.struct<(i32, i32, i32, i1)>
+      %qc = llvm.extractvalue %q[3] : !llvm.struct<(i32, i32, i32, i1)>
+      %qci = arith.extui %qc : i1 to i32
+      scf.if %first {{
+        %c0i = arith.constant 0 : index
+        %c1i = arith.constant 1 : index
+        %c2i = arith.constant 2 : index
+        %c3i = arith.constant 3 : index
+        memref.store %qx, %out[%bx, %c0i] : memref<{blocks}x4xi32>
+        memref.store %qy, %out[%bx, %c1i] : memref<{blocks}x4xi32>
+        memref.store %qz, %out[%bx, %c2i] : memref<{blocks}x4xi32>
+        memref.store %qci, %out[%bx, %c3i] : memref<{blocks}x4xi32>
+      }}"""  # noqa: E501 -- MLIR text, one op a line
+    got = run(cluster_launch(LEADER + body, blocks, smem=512),
+              {"out": (f"memref<{blocks}x4xi32>", np.full((blocks, 4), -1, np.int32))},
+              host=True, sanitize=True)
+    return got["out"]
+
+
+@covers(form(TRY_CANCEL), form(QUERY), form(FENCE_RELEASE), form(FENCE_ACQUIRE))
+def test_each_running_cluster_cancels_the_next_and_both_blocks_read_its_id():
+    """Four clusters of 2, run in CUDA's order: cluster 0 cancels cluster 1
+    (first block (2, 0, 0)) and cluster 2 cluster 3 (block 6); the canceled
+    clusters never run. Every block of a cluster decodes the same response."""
+    got = _cancel(8)
+    none = [-1, -1, -1, -1]
+    assert got.tolist() == [[2, 0, 0, 1]] * 2 + [none] * 2 + [[6, 0, 0, 1]] * 2 + [none] * 2
+
+
+@covers(form(TRY_CANCEL), form(QUERY))
+def test_with_no_cluster_left_the_response_says_not_canceled():
+    got = _cancel(2)
+    assert got.tolist() == [[0, 0, 0, 0]] * 2
+
+
+@covers(form(PAIR_LOAD))
+def test_a_cta_pair_loads_its_boxes_on_the_leaders_barrier():
+    """Each CTA of a pair loads its (4, 8) box (rows 4 rank on, columns 8 on)
+    into its own SMEM, both completing on the leader's mbarrier, which
+    expects the pair's 256 bytes; the leader waits, then a cluster barrier,
+    and each thread reads its word: the pair holds rows 0-7 of the tensor."""
+    x = (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) - 40) * 0.5
+    x[0, 8:11] = [np.inf, -0.0, np.nan]
+    body = f"""
+      %c4 = llvm.mlir.constant(4 : i32) : i32
+      %row = llvm.mul %rank, %c4 : i32{pair_load("%row")}
+      scf.if %leader {{
+        nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
+      }}
+      {side("barrier.cluster.arrive.release.aligned;")}
+      {side("barrier.cluster.wait.acquire.aligned;")}
+      %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
+      %v = llvm.load %mine : !llvm.ptr<3> -> f32
+      %i = arith.index_cast %t : i32 to index
+      %c32i = arith.constant 32 : index
+      %rk = arith.index_cast %rank : i32 to index
+      %base_i = arith.muli %rk, %c32i : index
+      %at = arith.addi %base_i, %i : index
+      memref.store %v, %out[%at] : memref<64xf32>"""
+    got = run(init_tma_desc() + cluster_launch(LEADER + body, smem=512),
+              {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
+              host=True, prelude=INIT, sanitize=True)
+    assert_same_bits(got["out"], x[0:8, 8:16].reshape(-1))
+
+
+@covers(form(PAIR_LOAD))
+def test_a_pair_load_without_the_leaders_wait_races():
+    from smalti.emulate.sync.reports import RaceError
+
+    x = np.zeros((8, 16), np.float32)
+    body = f"""{pair_load("%z")}
+      %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
+      %v = llvm.load %mine : !llvm.ptr<3> -> f32
+      scf.if %leader {{
+        nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
+      }}"""
+    with pytest.raises(RaceError, match="read-after-write"):
+        run(init_tma_desc() + cluster_launch(LEADER + body, smem=512), tma_inputs(x, (4, 8)),
+            host=True, prelude=INIT, sanitize=True)

@@ -1,0 +1,358 @@
+"""tcgen05 inline PTX (:mod:`smalti.emulate.ops.tcgen05`), op by op as jax's
+``mosaic_gpu/tcgen05.py`` writes it: TMEM allocation by a whole warp
+(``cta_group::1`` in a block, ``::2`` in each CTA of a pair), its address
+read back from SMEM, ``tcgen05.st`` of every shape (with ``.unpack::16b``)
+read back cell by cell with ``tcgen05.ld.32x32b`` and against the PTX ISA's
+matrix fragments, ``.pack::16b`` loads, ``tcgen05.ld.red`` min/max (``.abs``,
+``.NaN``) against numpy on edge values, the waits and fences, the
+deallocation, and the rules as errors -- under the synchronization checker.
+The MMA and SMEM -> TMEM copy blocks, which only jax's code generators write
+whole, run in jax's own kernels (:mod:`tests.emulate.test_tcgen05`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from smalti.emulate.errors import EmulationError
+
+from .harness import assert_same_bits, covers, float_edges, int_edges, recording_kernels, run
+from .test_ptx import LAUNCH, cluster_launch, form, side
+
+ALLOC = "tcgen05.alloc.cta_group::{g}.sync.aligned.shared::cta.b32 [$0], $1;"
+DEALLOC = "tcgen05.dealloc.cta_group::{g}.sync.aligned.b32 $0, $1;"
+RELINQUISH = "tcgen05.relinquish_alloc_permit.cta_group::{g}.sync.aligned;"
+WAIT_ST, WAIT_LD = "tcgen05.wait::st.sync.aligned;", "tcgen05.wait::ld.sync.aligned;"
+MOVE_FORM = form("tcgen05.st.sync.aligned.32x32b.x1.b32 [$1], {$0};")
+RED_FORM = form("tcgen05.ld.red.sync.aligned.32x32b.x2.max.NaN.f32 {$0,$1}, $2, [$3];")
+REGS = {"32x32b": 1, "16x64b": 1, "16x128b": 2, "16x256b": 4}  # registers a repetition
+NCOLS = 32
+SENTINEL = -0x5A5A5A5B
+
+
+def _ld(shape: str, num: int, regs: int, suffix: str = ".b32", red: str = "") -> tuple[str, str]:
+    """(the ``%ld`` inline_asm loading ``regs`` registers (and a reduction) at
+    %taddr, its struct type), as jax writes it."""
+    n = regs + (1 if red else 0)
+    vec = "{" + ",".join(f"${k}" for k in range(regs)) + "}"
+    text = (f"tcgen05.ld{'.red' if red else ''}.sync.aligned.{shape}.x{num}{red}{suffix} {vec}"
+            f"{f', ${regs}' if red else ''}, [${n}];")
+    ty = f"!llvm.struct<({', '.join(['i32'] * n)})>"
+    return (f'%ld = llvm.inline_asm has_side_effects "{text}", "{"=r," * n}r" %taddr : '
+            f"(i32) -> {ty}"), ty
+
+
+def _st(shape: str, num: int, names: list[str], unpack: bool = False) -> str:
+    vec = "{" + ",".join(f"${k}" for k in range(len(names))) + "}"
+    text = (f"tcgen05.st.sync.aligned.{shape}.x{num}{'.unpack::16b' if unpack else ''}.b32 "
+            f"[${len(names)}], {vec};")
+    return side(text, "r," * len(names) + "r", *((n, "i32") for n in names), ("%taddr", "i32"))
+
+
+def _tmem_kernel(inner: str, group: int = 1) -> str:
+    """128 threads: warp 0 allocates NCOLS columns (address to SMEM word 0) and
+    relinquishes the permit; every thread reads the address into %taddr;
+    ``inner``; warp 0 frees the columns. %row: t * 64 (the thread's first
+    word in the "regs" and "out" buffers)."""
+    return LAUNCH.format(threads=128, smem=256, body=f"""
+      %ncols = llvm.mlir.constant({NCOLS} : i32) : i32
+      %c32 = llvm.mlir.constant(32 : i32) : i32
+      %c64 = llvm.mlir.constant(64 : i32) : i32
+      %warp = llvm.udiv %t, %c32 : i32
+      %w0 = arith.cmpi eq, %warp, %z : i32
+      %row = llvm.mul %t, %c64 : i32
+      {side("@$2 " + ALLOC.format(g=group), "l,r,b", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"),
+            ("%w0", "i1"))}
+      {side("@$0 " + RELINQUISH.format(g=group), "b", ("%w0", "i1"))}
+      {side("bar.sync 0;")}
+      %taddr = llvm.load %smem : !llvm.ptr<3> -> i32
+      {inner}
+      {side("bar.sync 0;")}
+      {side("@$2 " + DEALLOC.format(g=group), "r,r,b", ("%taddr", "i32"), ("%ncols", "i32"),
+            ("%w0", "i1"))}""")
+
+
+def _regs_in(n: int, prefix: str = "v") -> str:
+    """%{prefix}k = the thread's word k of the "regs" buffer, for k < n."""
+    lines = []
+    for k in range(n):
+        lines += [f"%{prefix}i{k} = llvm.mlir.constant({k} : i32) : i32",
+                  f"%{prefix}a{k} = llvm.add %row, %{prefix}i{k} : i32",
+                  f"%{prefix}p{k} = llvm.getelementptr %regs[%{prefix}a{k}] : "
+                  f"(!llvm.ptr, i32) -> !llvm.ptr, i32",
+                  f"%{prefix}{k} = llvm.load %{prefix}p{k} : !llvm.ptr -> i32"]
+    return "\n".join(lines)
+
+
+def _regs_out(n: int, ty: str, src: str = "%ld", first: int = 0, p: str = "o") -> str:
+    """Word ``first + k`` of the thread's row of "out" = field k of ``src``
+    (a struct, or the one i32 when ``n`` is 1), for k < n."""
+    lines = []
+    for k in range(n):
+        lines += [f"%{p}{k} = llvm.extractvalue {src}[{k}] : {ty}" if n > 1 or "struct" in ty
+                  else f"%{p}{k} = llvm.add {src}, %z : i32",
+                  f"%{p}i{k} = llvm.mlir.constant({first + k} : i32) : i32",
+                  f"%{p}a{k} = llvm.add %row, %{p}i{k} : i32",
+                  f"%{p}p{k} = llvm.getelementptr %out[%{p}a{k}] : (!llvm.ptr, i32) -> "
+                  "!llvm.ptr, i32",
+                  f"llvm.store %{p}{k}, %{p}p{k} : i32, !llvm.ptr"]
+    return "\n".join(lines)
+
+
+def _run(inner: str, regs: np.ndarray) -> np.ndarray:
+    """Runs ``_tmem_kernel(inner)`` with each thread's words (128, 64) in "regs";
+    returns "out" (128, 64)."""
+    got = run(_tmem_kernel(inner), {"regs": ("!llvm.ptr", regs.astype(np.int32)),
+                                    "out": ("!llvm.ptr", np.zeros((128, 64), np.int32))},
+              host=True, sanitize=True)
+    return got["out"]
+
+
+def _isa_fragment(shape: str, num: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lane, column) of register r of thread l, relative to the warp's address,
+    from the PTX ISA's figures (the mma.sync accumulator pattern for the 16-lane
+    shapes): 32x32b: lane l, column r; 16x128b: r even at lane l/4, odd 8
+    lanes lower, column l%4 (+4 a repetition); 16x256b: pairs of columns
+    2(l%4) in lanes l/4 and l/4+8 (+8 columns a repetition)."""
+    lane = np.arange(32)[:, None]
+    r = np.arange(REGS[shape] * num)[None, :]
+    if shape == "32x32b":
+        return lane + 0 * r, r + 0 * lane
+    if shape == "16x128b":
+        return lane // 4 + 8 * (r % 2), lane % 4 + 4 * (r // 2)
+    assert shape == "16x256b"
+    return lane // 4 + 8 * ((r // 2) % 2), 2 * (lane % 4) + r % 2 + 8 * (r // 4)
+
+
+def _stored(shape: str, num: int, regs: np.ndarray, unpack: bool) -> np.ndarray:
+    """What a 32x32b load of 16 columns gives after a sentinel fill and the
+    store of ``regs`` with the ISA's fragment (each register's halves in two
+    adjacent columns' low 16 bits with unpack)."""
+    want = np.full((128, 16), SENTINEL, np.int64)
+    lane, col = _isa_fragment(shape, num)
+    n = lane.shape[1]
+    for w in range(4):
+        for t in range(32):
+            for r in range(n):
+                v = int(regs[32 * w + t, r]) & 0xFFFFFFFF
+                if unpack:
+                    want[32 * w + lane[t, r], 2 * col[t, r]] = v & 0xFFFF
+                    want[32 * w + lane[t, r], 2 * col[t, r] + 1] = v >> 16
+                else:
+                    want[32 * w + lane[t, r], col[t, r]] = v
+    return want.astype(np.uint32).view(np.int32)
+
+
+def _fill(ncols: int = 16) -> str:
+    """Every thread's lane of the first ``ncols`` columns := SENTINEL (32x32b)."""
+    consts = f"%fill = llvm.mlir.constant({SENTINEL} : i32) : i32"
+    return consts + "\n" + _st("32x32b", ncols, ["%fill"] * ncols) + "\n" + side(WAIT_ST)
+
+
+def _readback(ncols: int = 16) -> str:
+    ld, ty = _ld("32x32b", ncols, ncols)
+    return f"{ld}\n{side(WAIT_LD)}\n{_regs_out(ncols, ty)}"
+
+
+MOVES = [("32x32b", 8, False), ("16x128b", 4, False), ("16x256b", 2, False),
+         ("16x128b", 2, True), ("16x256b", 1, True), ("32x32b", 4, True)]
+
+
+@pytest.mark.parametrize("shape,num,unpack", MOVES)
+@covers(MOVE_FORM, *(form(t.format(g=1)) for t in (ALLOC, DEALLOC, RELINQUISH)),
+        form(WAIT_ST), form(WAIT_LD), "nvvm.tcgen05.fence")
+def test_a_store_puts_each_register_in_its_isa_cell(shape, num, unpack):
+    """Each warp (of 4, at jax's lane-0 address) stores registers holding
+    INT_MIN, -1, 0... with ``shape``, then every thread reads its lane's 16
+    columns with 32x32b: the cells of the PTX ISA's fragment hold the
+    registers, the others still the sentinel."""
+    n = REGS[shape] * num
+    rng = np.random.default_rng(7)
+    regs = np.zeros((128, 64), np.int64)
+    regs[:, :n] = rng.permutation(np.resize(int_edges("i32"), (128, n)).reshape(-1)).reshape(128, n)
+    names = [f"%v{k}" for k in range(n)]
+    inner = f"""
+      {_fill()}
+      {_regs_in(n)}
+      {_st(shape, num, names, unpack)}
+      {side(WAIT_ST)}
+      nvvm.tcgen05.fence <before>
+      {side("bar.sync 0;")}
+      nvvm.tcgen05.fence <after>
+      {_readback()}"""
+    got = _run(inner, regs)
+    assert_same_bits(got[:, :16], _stored(shape, num, regs, unpack))
+
+
+@pytest.mark.parametrize("num", [1, 4])
+@covers(MOVE_FORM)
+def test_a_16x64b_store_fills_16_lanes_of_2_columns_a_repetition_once(num):
+    """jax does not write 16x64b; the ISA's shape: 16 lanes by 64 bits a
+    repetition, every cell once, and a 16x64b load gives the registers back."""
+    n = num
+    regs = np.zeros((128, 64), np.int64)
+    regs[:, :n] = np.arange(128 * n).reshape(128, n) + 1000
+    ld, ty = _ld("16x64b", num, n)
+    inner = f"""
+      {_fill()}
+      {_regs_in(n)}
+      {_st("16x64b", num, [f"%v{k}" for k in range(n)])}
+      {side(WAIT_ST)}
+      {_readback()}
+      {side("bar.sync 0;")}
+      {ld.replace("%ld", "%back")}
+      {side(WAIT_LD)}
+      {_regs_out(n, ty, "%back", 16, "b")}"""
+    got = _run(inner, regs)
+    for w in range(4):
+        cells = got[32 * w: 32 * w + 32, :16]
+        written = cells != SENTINEL
+        assert written[:16, :2 * num].all() and not written[16:].any() \
+            and not written[:, 2 * num:].any()
+        assert sorted(cells[written].tolist()) == sorted(regs[32 * w: 32 * w + 32, :n].reshape(-1)
+                                                         .tolist())
+    assert_same_bits(got[:, 16:16 + n], regs[:, :n].astype(np.int32))
+
+
+@pytest.mark.parametrize("shape,num", [("16x128b", 2), ("16x256b", 1), ("32x32b", 4)])
+@covers(MOVE_FORM)
+def test_a_pack_load_joins_the_low_halves_of_two_columns(shape, num):
+    """Stored with .unpack::16b, loaded with .pack::16b: the registers again."""
+    n = REGS[shape] * num
+    regs = np.zeros((128, 64), np.int64)
+    regs[:, :n] = np.resize(int_edges("i32"), (128, n))
+    ld, ty = _ld(shape, num, n, suffix=".pack::16b.b32")
+    inner = f"""
+      {_regs_in(n)}
+      {_st(shape, num, [f"%v{k}" for k in range(n)], unpack=True)}
+      {side(WAIT_ST)}
+      {ld}
+      {side(WAIT_LD)}
+      {_regs_out(n, ty)}"""
+    assert_same_bits(_run(inner, regs)[:, :n], regs[:, :n].astype(np.int32))
+
+
+RED_CASES = [("max", "", ".NaN", "f32"), ("min", "", ".NaN", "f32"), ("max", ".abs", ".NaN", "f32"),
+             ("min", ".abs", ".NaN", "f32"), ("max", "", "", "f32"), ("min", "", "", "f32"),
+             ("max", "", "", "s32"), ("min", "", "", "s32"), ("max", "", "", "u32"),
+             ("min", "", "", "u32")]
+
+
+@pytest.mark.parametrize("how,absolute,nan,ty", RED_CASES)
+@covers(RED_FORM, MOVE_FORM)
+def test_a_reducing_load_gives_each_thread_the_min_max_of_its_words(how, absolute, nan, ty):
+    """jax's ``.max/min[.abs].NaN.f32`` and ``.s32``/``.u32`` (absmax of i32);
+    without .NaN a NaN is ignored (a row of NaNs gives NaN); over edge values:
+    +-0, +-inf, NaN, the extremes."""
+    n = 8
+    rng = np.random.default_rng(11)
+    if ty == "f32":
+        pool = float_edges("f32")
+        words = rng.choice(pool, (128, n))
+        words[0] = np.nan
+        words[1, :3] = np.nan
+        words[2] = [-0.0, 0.0] * 4
+        bits = words.astype(np.float32).view(np.int32)
+    else:
+        bits = rng.choice(np.array(int_edges("i32"), np.int64), (128, n)).astype(np.int32)
+    regs = np.zeros((128, 64), np.int64)
+    regs[:, :n] = bits
+    ld, ty_struct = _ld("32x32b", n, n, suffix=f"{absolute}{nan}.{ty}", red=f".{how}")
+    inner = f"""
+      {_regs_in(n)}
+      {_st("32x32b", n, [f"%v{k}" for k in range(n)])}
+      {side(WAIT_ST)}
+      {ld}
+      {side(WAIT_LD)}
+      {_regs_out(n + 1, ty_struct)}"""
+    got = _run(inner, regs)
+    assert_same_bits(got[:, :n], bits)
+    if ty == "f32":
+        x = bits.view(np.float32).astype(np.float64)
+        x = np.abs(x) if absolute else x
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows of NaNs only
+            fn = {("max", True): np.max, ("min", True): np.min, ("max", False): np.nanmax,
+                  ("min", False): np.nanmin}[how, bool(nan)]
+            want = fn(x, axis=1)
+        np.testing.assert_array_equal(got[:, n].view(np.float32).astype(np.float64), want)
+    else:
+        x = bits.view(np.uint32) if ty == "u32" else bits
+        want = (x.max(1) if how == "max" else x.min(1)).astype(x.dtype).view(np.int32)
+        assert_same_bits(got[:, n], want)
+
+
+@covers(*(form(t.format(g=2)) for t in (ALLOC, DEALLOC, RELINQUISH)))
+def test_a_cta_pair_allocates_frees_and_relinquishes_in_each_cta():
+    """cta_group::2 in a cluster of 2: warp 0 of each CTA allocates 64
+    columns (column 0 of its own TMEM), writes the address to its SMEM, and
+    frees them; the address is what each block's thread reads back."""
+    got = run(cluster_launch(f"""
+      %ncols = llvm.mlir.constant(64 : i32) : i32
+      {side(ALLOC.format(g=2), "l,r", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"))}
+      {side(RELINQUISH.format(g=2))}
+      %taddr = llvm.load %smem : !llvm.ptr<3> -> i32
+      {side(DEALLOC.format(g=2), "r,r", ("%taddr", "i32"), ("%ncols", "i32"))}
+      %rk = arith.index_cast %rank : i32 to index
+      memref.store %taddr, %out[%rk] : memref<2xi32>"""),
+              {"out": ("memref<2xi32>", np.full(2, -1, np.int32))}, host=True, sanitize=True)
+    assert got["out"].tolist() == [0, 0]
+
+
+@covers(form(ALLOC.format(g=1)), form(ALLOC.format(g=2)), MOVE_FORM)
+def test_the_tmem_rules_are_errors():
+    """Part of a warp allocating; an allocation after the permit is given up;
+    cta_group::2 outside a pair; a load of columns never allocated."""
+    from smalti.emulate.tmem import TmemError
+
+    def kernel(body: str) -> str:
+        return LAUNCH.format(threads=32, smem=64, body=f"""
+          %ncols = llvm.mlir.constant(32 : i32) : i32
+          {body}""")
+    half = "%c16 = llvm.mlir.constant(16 : i32) : i32\n%lo = arith.cmpi ult, %t, %c16 : i32\n"
+    with pytest.raises(EmulationError, match="executed by 16 threads of a warp"):
+        run(kernel(half + side("@$2 " + ALLOC.format(g=1), "l,r,b", ("%smem", "!llvm.ptr<3>"),
+                               ("%ncols", "i32"), ("%lo", "i1"))), host=True)
+    with pytest.raises(TmemError, match="after tcgen05.relinquish_alloc_permit"):
+        run(kernel(side(RELINQUISH.format(g=1)) + "\n" + side(
+            ALLOC.format(g=1), "l,r", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"))), host=True)
+    with pytest.raises(EmulationError, match="cta_group::2 needs CTA pairs"):
+        run(kernel(side(ALLOC.format(g=2), "l,r", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"))),
+            host=True)
+    beyond = ('%c64 = llvm.mlir.constant(64 : i32) : i32\n'  # column 64 of 32 allocated
+              '%ld = llvm.inline_asm has_side_effects "tcgen05.ld.sync.aligned.32x32b.x1.b32 '
+              '{$0}, [$1];", "=r,r" %c64 : (i32) -> i32')
+    with pytest.raises(TmemError, match="not allocated"):
+        run(kernel(side(ALLOC.format(g=1), "l,r", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"))
+                   + "\n" + beyond), host=True)
+
+
+# --- what only jax's code generators write whole: its kernels -----------------------------
+
+@covers(r".*tcgen05\.mma.*", "llvm.call_intrinsic")
+def test_an_mma_block_as_jax_writes_it():
+    """f16 (128, 64) x (64, 64) -> f32 through jax's lowering, A in TMEM, committed
+    with llvm.nvvm.tcgen05.commit.cg1; within the MMA bound of numpy's product."""
+    from .. import test_tcgen05 as bw
+
+    call, a_shape, b_shape = bw.mma_kernel(**bw.MMAS["f16-a-in-tmem-n64"])
+    a, b = bw.normal(a_shape, np.float16), bw.normal(b_shape, np.float16)
+    with recording_kernels():
+        (got,) = bw.run(call, a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.all(np.abs(got - want) <= bw.mma_bound(a.astype(np.float64), b.astype(np.float64)))
+
+
+@pytest.mark.parametrize("swizzle", [128, None], ids=["128x256b", "128x128b"])
+@covers(form("tcgen05.cp.cta_group::1.128x256b [$0], $1;"))
+def test_an_smem_to_tmem_copy_as_jax_writes_it(swizzle):
+    from .. import test_tcgen05 as bw
+
+    x = np.arange(128 * 64, dtype=np.int32).reshape(128, 64) * -977
+    x[0, :4] = [-2 ** 31, 2 ** 31 - 1, -1, 0]
+    call, _ = bw.smem_to_tmem_kernel((128, 64), np.int32, swizzle)
+    with recording_kernels():
+        (got,) = bw.run(call, x)
+    assert_same_bits(got, x)
