@@ -161,7 +161,7 @@ def cp_async_wait_group(o: Op) -> Step:
     return lambda fr: cp_async_wait(fr, pending)
 
 
-@rule("nvvm.cp.async.mbarrier.arrive", "nvvm.cp.async.mbarrier.arrive.shared")
+@rule("nvvm.cp.async.mbarrier.arrive")
 def cp_async_arrive(o: Op) -> Step:
     if o.in_types[0].space not in ("shared", "global"):
         raise o.unsupported(f"{o.name} on a {o.in_types[0].text}")
