@@ -163,7 +163,7 @@ def cp_async_wait_group(o: Op) -> Step:
 
 @rule("nvvm.cp.async.mbarrier.arrive")
 def cp_async_arrive(o: Op) -> Step:
-    if o.in_types[0].space not in ("shared", "global"):
+    if o.in_types[0].space != "shared":
         raise o.unsupported(f"{o.name} on a {o.in_types[0].text}")
     addr = operands(o, "addr")[0]
     noinc = _flag(o, "noinc")
