@@ -37,6 +37,7 @@ import weakref
 import numpy as np
 
 from ..compiler import Step
+from ..errors import Unsupported
 from ..machine import Frame
 from ..sched import MAX_POLLS
 from ..sync.reports import Deadlock
@@ -256,3 +257,72 @@ def memory_fence(i: Instr) -> Step:
         raise i.unknown
     return lambda fr: None
 
+
+
+# --- red.async: a reduction into a (peer's) SMEM word completing on an mbarrier ---
+
+RED_ASYNC_PREFIX = "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes"
+#: op and type pairs the PTX ISA allows for red.async
+RED_ASYNC_FORMS = {("inc", "u32"), ("dec", "u32"), ("min", "u32"), ("max", "u32"),
+                   ("add", "u32"), ("min", "s32"), ("max", "s32"), ("add", "s32"),
+                   ("and", "b32"), ("or", "b32"), ("xor", "b32"), ("add", "u64")}
+RED_ASYNC = re.escape(RED_ASYNC_PREFIX) + r"\.(add|min|max|and|or|xor|inc|dec)\.(u32|s32|b32|u64)"
+
+
+@ptx_pattern(RED_ASYNC, f"{RED_ASYNC_PREFIX}.op.type [addr], value, [mbar]: an atomic "
+             "reduction into a shared::cluster word (usually a peer block's) whose completion "
+             "adds its bytes to the mbarrier's transaction count (op.type: inc/dec/min/max/add"
+             ".u32, min/max/add.s32, and/or/xor.b32, add.u64)")
+def red_async(i: Instr) -> Step:
+    m = re.fullmatch(RED_ASYNC, i.opcode)
+    op, ty = m[1], m[2]
+    if (op, ty) not in RED_ASYNC_FORMS or len(i.args) != 3:
+        raise i.unknown
+    ptr, val, bar = (i.arg_slot(a) for a in i.args)
+    dt = np.dtype({"u32": np.uint32, "s32": np.int32, "b32": np.uint32, "u64": np.uint64}[ty])
+    fn = _combine(op, dt)
+    pred_slots, loc, site = i.pred_slots, i.loc, i.site
+
+    def step(fr: Frame) -> None:
+        b = fr.need_block("red.async", loc)
+        m = effective(fr, pred_slots)
+        if not m.any():
+            return
+        if b.cluster.size < 2:
+            raise Unsupported("red.async outside a cluster of several blocks", loc)
+        x = np.asarray(fr.regs[val])
+        if x.dtype.itemsize != dt.itemsize:
+            raise Unsupported(f"{i.opcode} from a {x.dtype} register", loc)
+        elems = per_thread(np.ascontiguousarray(x).view(dt), fr.T)
+        addrs = per_thread(np.asarray(fr.regs[ptr], np.int64), fr.T)
+        t = np.flatnonzero(m)
+        read_modify_write(fr.mem["cluster"], addrs[t], elems[t], dt, fn, loc)
+        bars = per_thread(np.asarray(fr.regs[bar], np.int64), fr.T)[m]
+        if fr.sync is not None:
+            _red_async_check(fr, m, addrs[m], bars, dt.itemsize, site, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, "cluster", addrs[:, None], 1, dt.itemsize, True, site, mask=m)
+        for a in np.unique(bars):
+            b.remote_barrier(int(a), loc).complete_tx(int((bars == a).sum()) * dt.itemsize)
+    return step
+
+
+def _red_async_check(fr: Frame, m: np.ndarray, addrs: np.ndarray, bars: np.ndarray,
+                     itemsize: int, site, where: str) -> None:
+    """The checker's view of ``red.async`` by the threads ``m``: atomic
+    writes (racing with no other atomic access) recorded, like ``st.async``'s
+    stores, under the transfers completing on the target mbarrier."""
+    sync, b = fr.sync, fr.block
+    issuing = b.warp_rows[m]
+    for row in np.unique(issuing):
+        row = int(row)
+        for a in np.unique(bars[issuing == row]):
+            sel = (issuing == row) & (bars == a)
+            target = b.remote_barrier(int(a), where)
+            comp = sync.barrier_component(target, b)
+            target.point.stamp(comp, target.phase + 1)
+            agent = f"red.async issued by {sync.clocks.names[row]}"
+            for space, local, _ in sync.spaces(fr, "cluster", addrs[sel]):
+                sync.async_access(sync.clocks.matrix[row].copy(), space, local, itemsize, True,
+                                  site, comp, target.phase + 1, agent, proxy_read=False,
+                                  atomic=True)

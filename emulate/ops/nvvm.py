@@ -148,9 +148,12 @@ def mbarrier_init(fr: Frame, addr_slot: int, count_slot: int, m: np.ndarray, whe
 
 def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
                     tx_slot: int | None = None, count_slot: int | None = None,
-                    count_const: int | None = None, remote: bool = False) -> None:
+                    count_const: int | None = None, remote: bool = False,
+                    release: bool = True) -> None:
     """Arrivals (and expected transaction bytes) of the threads in ``m``; with
-    ``remote``, the addresses are shared::cluster ones (any block's barrier)."""
+    ``remote``, the addresses are shared::cluster ones (any block's barrier).
+    ``release=False``: an arrival made for the thread by an asynchronous unit
+    (``cp.async.mbarrier.arrive.noinc``), which orders none of its accesses."""
     b = fr.need_block("mbarrier.arrive", where)
     addrs = _addrs(fr, addr_slot, m)
     tx = per_thread(fr.regs[tx_slot], fr.T)[m].astype(np.int64) if tx_slot is not None else None
@@ -158,8 +161,8 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
            if count_slot is not None else None)
     if count_const is not None:
         cnt = np.full(int(m.sum()), count_const, np.int64)
-    rows = None if fr.sync is None else fr.block.warp_rows[m]
-    for a in np.unique(addrs):
+    rows = None if fr.sync is None or not release else fr.block.warp_rows[m]
+    for k, a in enumerate(np.unique(addrs)):
         sel = addrs == a
         bar = b.remote_barrier(a, where) if remote else b.barrier(a, where)
         if rows is not None:  # an arrival releases the arriving warps' accesses

@@ -33,6 +33,7 @@ MAX_REPORTS = 64  # distinct races (or uninitialized reads) kept per run
 WARP, TMA_LOAD, STORE_READ, STORE_WRITE, WGMMA, ST_ASYNC = (
     "warp", "TMA load", "TMA store (read)", "TMA store (write)", "WGMMA", "st.async")
 TMEM_LOAD, TMEM_STORE, TCGEN05 = "tcgen05.ld", "tcgen05.st", "tcgen05.mma"
+CP_ASYNC = "cp.async"
 
 
 def space_kind(space) -> str:
@@ -90,6 +91,8 @@ class Checker:
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
         self._units: dict[tuple, list[int]] = {}  # tcgen05 units (see unit) -> [comp, count]
+        self._cp_async: dict[tuple[int, int], list[int]] = {}  # (rank, warp row) -> [comp, seq]
+        self._cp_groups: dict[tuple[int, int], list[int]] = {}  # (rank, thread) -> group ends
 
     # --- cluster runs -----------------------------------------------------------------------
 
@@ -111,6 +114,8 @@ class Checker:
         self._bulk_committed.clear()
         self._wgmma.clear()
         self._units.clear()
+        self._cp_async.clear()
+        self._cp_groups.clear()
 
     def component(self, kind: str, name: str) -> int:
         self.kinds.append(kind)
@@ -617,6 +622,13 @@ class Checker:
             return "wait on the copy's barrier (plgpu.barrier_wait) before touching its destination"
         if kf == ST_ASYNC:
             return "wait on the barrier the remote store completes before touching its bytes"
+        if kf == CP_ASYNC:
+            return ("wait for the copy's group (cp.async.wait_group / wait_all: "
+                    "ctx.await_cp_async_copy(n)) -- and, for other threads, a barrier after "
+                    "it -- before touching its destination")
+        if ks == CP_ASYNC:
+            return ("order the earlier access before the cp.async: a barrier (or the "
+                    "issuing thread's own earlier access) before issuing the copy")
         if kf == WGMMA:
             return "wait for the WGMMA (plgpu.wgmma_wait) before overwriting its operands"
         if kf == TMEM_STORE:
@@ -725,6 +737,53 @@ class Checker:
             self.clocks.learn(row, comps[0], done)
             if not read_only:
                 self.clocks.learn(row, comps[1], done)
+
+    # Ampere cp.async: each warp's copies, numbered in issue order
+
+    def cp_async_issue(self, block, row: int) -> tuple[int, int]:
+        """(component, stamp) of a cp.async the warp of clock row ``row``
+        issues now: its copies form one component, stamped in issue order."""
+        key = (block.rank, row)
+        st = self._cp_async.get(key)
+        if st is None:
+            st = self._cp_async[key] = [self.component(
+                CP_ASYNC, f"cp.async copies of {self.clocks.names[row]}"), 0]
+        st[1] += 1
+        return st[0], st[1]
+
+    def cp_async_issued(self, block, row: int) -> tuple[int, int] | None:
+        """(component, newest stamp) of the warp's copies so far; None if none."""
+        st = self._cp_async.get((block.rank, row))
+        return None if st is None else (st[0], st[1])
+
+    def cp_async_commit(self, fr, threads: np.ndarray) -> None:
+        """``cp.async.commit_group``: each thread's uncommitted copies (all its
+        warp's copies issued so far) become its newest group."""
+        b = fr.block
+        for t in threads:
+            st = self._cp_async.get((b.rank, int(b.warp_rows[t])))
+            self._cp_groups.setdefault((b.rank, int(b.flat[t])), []).append(
+                0 if st is None else st[1])
+
+    def cp_async_wait(self, fr, threads: np.ndarray, pending: int | None) -> None:
+        """``cp.async.wait_group pending`` (``None``: ``wait_all``, which also
+        waits for copies not committed yet): each warp learns its copies up
+        to the newest group all its waiting threads know complete."""
+        b = fr.block
+        done: dict[int, int] = {}
+        for t in threads:
+            row = int(b.warp_rows[t])
+            st = self._cp_async.get((b.rank, row))
+            if st is None:
+                continue
+            if pending is None:
+                upto = st[1]
+            else:
+                ends = self._cp_groups.get((b.rank, int(b.flat[t])), [])
+                upto = ends[len(ends) - pending - 1] if len(ends) > pending else 0
+            done[row] = min(done.get(row, upto), upto)
+        for row, upto in done.items():
+            self.clocks.learn(row, self._cp_async[(b.rank, row)][0], upto)
 
     # tcgen05 units: a warp's TMEM loads, its TMEM stores, a thread's MMAs
 
