@@ -1,0 +1,69 @@
+"""jax's Ampere-style warp MMA (``mgpu.mma``: ``mma.sync`` per warp, operands
+in ``MMALayouts``) in whole kernels on the emulator, against numpy: the
+kernel of jax's ``test_warp_mma``, for one type of each width and every
+arrangement of the four warps."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import utils
+
+import smalti.emulate as emu
+
+
+def warp_mma_kernel(dtype, m_warps: int, shape):
+    """``acc + a @ b.T`` for (M, K) a and (N, K) b, as jax's test writes it."""
+    acc_dtype = jnp.int32 if jnp.issubdtype(dtype, jnp.integer) else jnp.float32
+    m, n, k = shape
+
+    def kernel(ctx, acc, a, b, out, _):
+        layouts = mgpu.MMALayouts(utils.dtype_to_ir_type(dtype), m_warps=m_warps)
+        signed = utils.is_signed(dtype)
+        a_fa = mgpu.FragmentedArray.load_untiled(a, layout=layouts.lhs, is_signed=signed,
+                                                 optimized=False)
+        b_fa = mgpu.FragmentedArray.load_untiled(utils.memref_transpose(b, (1, 0)),
+                                                 layout=layouts.rhs, is_signed=signed,
+                                                 optimized=False)
+        acc_fa = mgpu.FragmentedArray.load_untiled(acc, layout=layouts.acc,
+                                                   is_signed=utils.is_signed(acc_dtype),
+                                                   optimized=False)
+        mgpu.mma(acc_fa, a_fa, b_fa).store_untiled(out, optimized=False)
+
+    context = mlir.make_ir_context()
+    mgpu.dialect.register_dialect(context)
+    S = jax.ShapeDtypeStruct
+    with context, ir.Location.unknown():
+        return mgpu.as_gpu_kernel(
+            kernel, (1, 1, 1), (128, 1, 1),
+            (S((m, n), acc_dtype), S((m, k), dtype), S((n, k), dtype)),
+            S((m, n), acc_dtype), ())
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e5m2, jnp.uint8, jnp.int4],
+                         ids=["bf16", "e5m2", "u8", "s4"])
+@pytest.mark.parametrize("m_warps", [1, 2, 4])
+def test_jax_warp_mma_kernel_computes_acc_plus_a_times_b(dtype, m_warps):
+    dtype = jnp.dtype(dtype)
+    rng = np.random.default_rng(m_warps)
+    m, n, k = 64, 64, 128
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = ml_dtypes.iinfo(dtype)
+        a = rng.integers(int(info.min), int(info.max) + 1, (m, k)).astype(dtype)
+        b = rng.integers(int(info.min), int(info.max) + 1, (n, k)).astype(dtype)
+        acc = rng.integers(-100, 100, (m, n)).astype(np.int32)
+        want = acc + a.astype(np.int64) @ b.astype(np.int64).T
+    else:  # small integers: every sum is exact
+        a = rng.integers(-4, 5, (m, k)).astype(dtype)
+        b = rng.integers(-4, 5, (n, k)).astype(dtype)
+        acc = rng.integers(-100, 100, (m, n)).astype(np.float32)
+        want = acc + a.astype(np.float64) @ b.astype(np.float64).T
+    with emu.on_cpu():
+        got = np.asarray(warp_mma_kernel(dtype, m_warps, (m, n, k))(acc, a, b))
+    np.testing.assert_array_equal(got, want.astype(got.dtype))
