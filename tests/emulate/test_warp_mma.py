@@ -67,3 +67,38 @@ def test_jax_warp_mma_kernel_computes_acc_plus_a_times_b(dtype, m_warps):
     with emu.on_cpu():
         got = np.asarray(warp_mma_kernel(dtype, m_warps, (m, n, k))(acc, a, b))
     np.testing.assert_array_equal(got, want.astype(got.dtype))
+
+
+def test_pallas_mma_through_smaltis_warpgroup_pipeline():
+    """``plgpu.mma`` in a Warpgroup-semantics Pallas kernel, lowered by smalti
+    (``mosaic_gpu.mma`` -> ``mma.sync``), on the emulator: A and the
+    accumulator from iotas (relaid out to the MMA layouts), B a splat. (B is
+    not an iota: jax's ``FragmentedArray.foreach`` steps a register's second
+    element along the last dimension, which MMALayouts.rhs -- vectorized
+    along K -- does not, so an iota in that layout is wrong on any backend.)"""
+    from jax import lax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    import smalti.jax
+    from tests.emulate.kernels import WG
+
+    m, n, k = 64, 32, 32
+
+    def iota(shape, dim):
+        return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+    def body(o_ref):
+        a = ((iota((m, k), 0) * 3 + iota((m, k), 1)) % 7 - 3).astype(jnp.float16)
+        acc = ((iota((m, n), 0) * 7 + iota((m, n), 1)) % 11 - 5).astype(jnp.float32)
+        b = jnp.full((k, n), 2, jnp.float16)
+        o_ref[...] = plgpu.mma(acc, a, b)
+
+    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((m, n), jnp.float32),
+                          compiler_params=WG)
+    i, j = np.arange(m)[:, None], np.arange(k)[None]
+    a = (i * 3 + j) % 7 - 3
+    acc = (np.arange(m)[:, None] * 7 + np.arange(n)[None]) % 11 - 5
+    want = acc + a @ np.full((k, n), 2)
+    with emu.on_cpu(), smalti.jax.installed():
+        got = np.asarray(kernel())
+    np.testing.assert_array_equal(got, want.astype(np.float32))
