@@ -113,8 +113,8 @@ def compile_mma_sync(o: Op, opcode: str, text: str, unknown: Unsupported) -> Ste
     def step(fr: Frame) -> None:
         W = _warps(fr, loc)
         _check_full_warps(fr, name, loc)
-        a = _fragment_a(_words(fr, a_slots), a_ty, p, k, W)  # (W, 16, K)
-        b = _fragment_b(_words(fr, b_slots), b_ty, p, k, W)  # (W, 8, K)
+        a = _fragment_a(_words(fr, a_slots, loc), a_ty, p, k, W)  # (W, 16, K)
+        b = _fragment_b(_words(fr, b_slots, loc), b_ty, p, k, W)  # (W, 8, K)
         c = np.stack([per_thread(fr.regs[s], fr.T).reshape(fr.T) for s in c_slots], 1)
         c = c.astype(acc_dt).reshape(W, 32, 4)
         rows, cols = _c_positions()  # (32, 4)
@@ -134,13 +134,14 @@ def compile_mma_sync(o: Op, opcode: str, text: str, unknown: Unsupported) -> Ste
     return step
 
 
-def _words(fr: Frame, slots: list[int]) -> np.ndarray:
+def _words(fr: Frame, slots: list[int], where: str) -> np.ndarray:
     """The b32 registers ``slots`` of every thread, as (T, len(slots)) uint32."""
     cols = []
     for s in slots:
         v = np.asarray(fr.regs[s])
         if v.dtype.itemsize != 4:
-            raise Unsupported(f"an mma.sync operand register of type {v.dtype} (b32 expected)")
+            raise Unsupported(f"an mma.sync operand register of type {v.dtype} (b32 expected)",
+                              where)
         cols.append(per_thread(v.view(np.uint32), fr.T).reshape(fr.T))
     return np.stack(cols, 1)
 
