@@ -44,7 +44,7 @@ from .. import irtypes
 from ..compiler import MOVES, Op, Step, accumulator_use, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
-from . import ptx_block, wgmma
+from . import mma_sync, ptx_block, wgmma
 from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
 from .nvvm import (
     bulk_commit,
@@ -656,6 +656,21 @@ def value_instruction(i: Instr) -> Step:
     if step is None:
         raise i.unknown
     return step
+
+
+# every mma.sync form reaches the handler, which raises Unsupported naming
+# those it does not model
+@ptx_pattern(r"mma\.sync\.aligned\..*",
+             "mma.sync.aligned.m16n8k{8,16,32,64}.row.col[.satfinite].{f32,s32}.A.B.{f32,s32} "
+             "{d0..d3}, {a..}, {b..}, {c0..c3} (emulate/ops/mma_sync.py): each warp's "
+             "D = A @ B + C in the PTX ISA's register fragments; f16/bf16/e4m3/e5m2 (fp8 mixed) into f32 "
+             "through the tensor-core adder (emulate/tensorcore.py), s8/u8/s4/u4 (mixed "
+             "signedness) into s32 exactly, wrapping (.satfinite: clamped); other forms raise "
+             "Unsupported")
+def mma_sync_warp(i: Instr) -> Step:
+    if i.pred is not None:
+        raise i.unknown
+    return mma_sync.compile_mma_sync(i.op, i.opcode, i.text, i.unknown)
 
 
 # side effects
