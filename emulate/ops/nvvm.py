@@ -734,9 +734,14 @@ def stmatrix(o: Op) -> Step:
         rows = addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2
         wm = None if fr.mask is None else np.broadcast_to(
             fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
+        # the checker tells warps storing equal values (a replicated layout,
+        # which jax stores from every warp) and rewrites of the bytes already there
+        overwritten = None if fr.sync is None else \
+            fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
         fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc)
         if fr.sync is not None:
-            fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True)
+            fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True,
+                                  values=vals, overwritten=overwritten)
         if fr.prof is not None:
             fr.prof.access(fr, "shared", rows, 3, 2, True, site, by_warp=True)
     return step

@@ -1,0 +1,195 @@
+"""Patterns of jax's own GPU tests (tests/mosaic/gpu_test.py) that the
+checker reported (issue 36): one false positive, fixed, and two real races
+in the tests' kernels, each next to its twin.
+
+**Warps storing a replicated layout with ``stmatrix``** (the false positive).
+jax stores a replicated register layout (``WGMMA_COL_LAYOUT``: every warp
+holds the whole vector) from every warp; for 16-bit elements in SMEM it does
+so with ``stmatrix``. Warps writing equal values to the same bytes in one
+step are one group write (docs/emulator.md, "Shadow memory"), as for
+``llvm.store``/``vector.store``: a read is ordered after the group once it is
+ordered after one member -- its own warp's. Before the fix ``stmatrix`` passed
+no values to the checker, so jax's ``test_wgmma_col_load_store_with_layout``
+(f16) was reported as a write-after-write between warps 0 and 3. A twin whose
+warps store different values is still a race, with both lines.
+
+**Thread 0 reading what every warp stored, with no barrier between** (real).
+gpu_test.py's ``copy`` helper has thread 0 copy a buffer element by element
+and puts its ``gpu.barrier`` *after* the copy, not before: the tests that
+store registers to SMEM and then ``copy`` SMEM out (``test_store_tiled``,
+``test_load_tiled``, ``test_load_and_store_tiled_f8``,
+``test_wgmma_row_load_store_with_layout``, ...) read other warps' writes
+unordered. The twin with the barrier first is clean.
+
+**A TMA store of SMEM written by threads, after a barrier but without
+``fence.proxy.async``** (real). ``MosaicGpuDialectSm90ATest::
+test_wgmma_kernel_with_tma`` stores the WGMMA result (the lowering puts a
+warpgroup barrier after the store) and issues ``async_store`` with no proxy
+fence; ``test_tma_small_tile_store`` has neither. The PTX memory model needs
+the fence for the async proxy to see generic writes (``commit_shared``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import smalti.emulate as emu
+
+S = jax.ShapeDtypeStruct
+X = np.arange(128).astype(np.float16)
+
+
+def _line(marker: str, fn=None) -> int:
+    """The line of ``fn`` (in this file) holding ``# marker``."""
+    lines, first = inspect.getsourcelines(fn or replicated_store_kernel)
+    return first + next(i for i, text in enumerate(lines) if f"# {marker}" in text)
+
+
+def replicated_store_kernel(per_warp_values: bool):
+    """Every warp stores the column vector ``x`` (+ its warp index, when
+    ``per_warp_values``) to SMEM with ``stmatrix``; every warp then reads it
+    back with ``ldmatrix``, with no barrier between, and stores it out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    store_line, load_line = _line("replicated store"), _line("read back")
+
+    def kernel(ctx, x_ref, o_ref, smem):
+        t = mgpu.FragmentedArray.load_untiled(x_ref, layout=mgpu.WGMMA_COL_LAYOUT,
+                                              optimized=False)
+        if per_warp_values:
+            i32 = ir.IntegerType.get_signless(32)
+            warp = arith.divui(mgpu_utils.thread_idx(), mgpu_utils.c(32, i32))
+            t = t + mgpu.FragmentedArray.splat(arith.uitofp(ir.F16Type.get(), warp), t.shape)
+        with ir.Location.file(__file__, store_line, 0):
+            t.store_untiled(smem, swizzle=16)  # replicated store
+        with ir.Location.file(__file__, load_line, 0):
+            back = mgpu.FragmentedArray.load_untiled(  # read back
+                smem, layout=mgpu.WGMMA_COL_LAYOUT, optimized=False, swizzle=16)
+        back.store_untiled(o_ref, optimized=False)
+
+    vec = S((128,), jnp.float16)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        return mgpu.as_gpu_kernel(kernel, (1, 1, 1), (128, 1, 1), (vec,), vec, vec)
+
+
+def test_warps_storing_a_replicated_layout_with_stmatrix_are_one_write():
+    (got,) = emu.run(replicated_store_kernel(False), X, on_race="raise")
+    np.testing.assert_array_equal(got, X)
+
+
+def test_warps_storing_different_values_with_stmatrix_still_race():
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(replicated_store_kernel(True), X)
+    races = {r.kind: r for r in err.value.races}
+    store = f"test_jax_gpu_test_findings.py:{_line('replicated store')}"
+    load = f"test_jax_gpu_test_findings.py:{_line('read back')}"
+    waw = races["write-after-write"]
+    assert waw.space == "smem" and waw.first.op == waw.second.op == "nvvm.stmatrix"
+    assert waw.first.location.endswith(store) and waw.second.location.endswith(store)
+    assert waw.first.agent != waw.second.agent
+    raw = races["read-after-write"]
+    assert raw.first.op == "nvvm.stmatrix" and raw.first.location.endswith(store)
+    assert raw.second.op == "nvvm.ldmatrix" and raw.second.location.endswith(load)
+
+
+def copy_out_kernel(barrier_first: bool):
+    """Every warp stores its part of ``x`` to SMEM; thread 0 then reads
+    elements 0 (warp 0's) and 64 (warp 2's) into the output -- after a block
+    barrier, or (gpu_test.py's ``copy``) without one."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, gpu, memref, scf
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    store_line, read_line = _line("warps store", copy_out_kernel), _line("thread 0 reads",
+                                                                        copy_out_kernel)
+
+    def kernel(ctx, x_ref, o_ref, smem):
+        with ir.Location.file(__file__, store_line, 0):
+            mgpu.FragmentedArray.load_strided(x_ref).store_untiled(smem)  # warps store
+        if barrier_first:
+            gpu.barrier()
+        index, i32 = ir.IndexType.get(), ir.IntegerType.get_signless(32)
+        first = arith.cmpi(arith.CmpIPredicate.eq, mgpu_utils.thread_idx(),
+                           mgpu_utils.c(0, i32))
+        with ir.InsertionPoint(scf.IfOp(first).then_block):
+            for k, element in enumerate((0, 64)):
+                with ir.Location.file(__file__, read_line, 0):
+                    v = memref.load(smem, [mgpu_utils.c(element, index)])  # thread 0 reads
+                memref.store(v, o_ref, [mgpu_utils.c(k, index)])
+            scf.yield_([])
+
+    vec = S((128,), jnp.float32)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        return mgpu.as_gpu_kernel(kernel, (1, 1, 1), (128, 1, 1), (vec,),
+                                  S((2,), jnp.float32), vec)
+
+
+def test_thread_0_reading_after_a_block_barrier_is_clean():
+    x = np.arange(128).astype(np.float32)
+    (got,) = emu.run(copy_out_kernel(True), x, on_race="raise")
+    np.testing.assert_array_equal(got, x[[0, 64]])
+
+
+def test_thread_0_reading_other_warps_stores_without_a_barrier_races():
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(copy_out_kernel(False), np.arange(128).astype(np.float32))
+    (race,) = err.value.races
+    assert race.kind == "read-after-write" and race.space == "smem"
+    assert race.first.location.endswith(f":{_line('warps store', copy_out_kernel)}")
+    assert race.second.location.endswith(f":{_line('thread 0 reads', copy_out_kernel)}")
+    assert race.first.agent.endswith("warp 2") and race.second.agent.endswith("warp 0")
+
+
+def tma_store_kernel(fence: bool):
+    """Every warp stores ``x`` to SMEM, a warpgroup barrier follows (as the
+    dialect lowering of ``vector_store`` emits), then a TMA store copies it
+    out -- with ``commit_shared`` (proxy fence + barrier) before, or not."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    store_line, copy_line = _line("smem store", tma_store_kernel), _line("tma store",
+                                                                        tma_store_kernel)
+
+    def kernel(ctx, x_ref, o_ref, smem):
+        with ir.Location.file(__file__, store_line, 0):
+            mgpu.FragmentedArray.load_strided(x_ref).store_untiled(smem)  # smem store
+        mgpu_utils.warpgroup_barrier()
+        if fence:
+            mgpu_utils.commit_shared()
+        with ir.Location.file(__file__, copy_line, 0):
+            ctx.async_copy(src_ref=smem, dst_ref=o_ref)  # tma store
+        ctx.await_async_copy(0)
+
+    tile = S((64, 64), jnp.float32)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        return mgpu.as_gpu_kernel(kernel, (1, 1, 1), (128, 1, 1), (tile,), tile, tile)
+
+
+def test_a_tma_store_after_commit_shared_is_clean():
+    x = np.random.default_rng(36).standard_normal((64, 64)).astype(np.float32)
+    (got,) = emu.run(tma_store_kernel(True), x, on_race="raise")
+    np.testing.assert_array_equal(got, x)
+
+
+def test_a_tma_store_after_a_barrier_without_proxy_fence_races():
+    x = np.random.default_rng(36).standard_normal((64, 64)).astype(np.float32)
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(tma_store_kernel(False), x)
+    race = err.value.races[0]
+    assert race.kind == "read-after-write" and race.space == "smem"
+    assert race.first.location.endswith(f":{_line('smem store', tma_store_kernel)}")
+    assert race.second.location.endswith(f":{_line('tma store', tma_store_kernel)}")
+    assert "TMA" in race.second.agent and "commit_smem" in race.fix
