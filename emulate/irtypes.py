@@ -19,11 +19,19 @@ SCALARS: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32), "f64": np.dtype(np.float64),
     "f8E4M3FN": np.dtype(ml_dtypes.float8_e4m3fn), "f8E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "f8E8M0FNU": np.dtype(ml_dtypes.float8_e8m0fnu),
+    # FNUZ: no infinities, no negative zero; 0x80 (the sign bit alone) is the one NaN
+    "f8E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "f8E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "f8E4M3B11FNUZ": np.dtype(ml_dtypes.float8_e4m3b11fnuz),
     "i4": np.dtype(ml_dtypes.int4), "f4E2M1FN": np.dtype(ml_dtypes.float4_e2m1fn),
     "i2": np.dtype(ml_dtypes.int2),
     "!mosaic_gpu.barrier": np.dtype(np.int64),  # an mbarrier is 8 bytes of SMEM
 }
 BITS = {"i1": 1, "i2": 2, "i4": 4, "f4E2M1FN": 4}
+# a memref/pointer element that is itself a vector (vector<2xi4>: one byte) is
+# held in memory as the unsigned integer of its width; loads and stores unpack it
+PACKED_VECTOR = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32),
+                 64: np.dtype(np.uint64)}
 UNSIGNED = {1: np.bool_, 8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 SIGNED = {1: np.bool_, 8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
 
@@ -51,6 +59,12 @@ class T:
         return self.dtype is not None and self.dtype.kind in "fV" and self.elem[0] in "fb"
 
     @property
+    def packed_vector(self) -> "T | None":
+        """For a memref of vector elements (``memref<4xvector<2xi4>>``), the
+        element's vector type; else None."""
+        return parse(self.elem) if self.elem.startswith("vector<") else None
+
+    @property
     def vrank(self) -> int:
         return len(self.shape) if self.kind == "vector" else 0
 
@@ -71,9 +85,22 @@ def _space(text: str) -> str:
 def _elem(text: str) -> tuple[str, np.dtype]:
     if text.startswith("!mosaic_gpu.barrier<"):  # orders_tensor_core: still an mbarrier
         text = "!mosaic_gpu.barrier"
+    if text.startswith("vector<"):
+        return text, _packed_vector_storage(text)
     if text not in SCALARS:
         raise Unsupported(f"element type {text}")
     return text, SCALARS[text]
+
+
+def _packed_vector_storage(text: str) -> np.dtype:
+    """The unsigned integer holding a vector element (LLVM stores a vector
+    bit-packed, element 0 in the lowest bits)."""
+    v = parse(text)
+    width = int(np.prod(v.shape)) * v.bits
+    if v.vrank != 1 or v.dtype == np.bool_ or width not in PACKED_VECTOR:
+        raise Unsupported(f"element type {text} (a vector element is modelled when it is "
+                          "1-D, not of i1, and 8, 16, 32 or 64 bits wide)")
+    return PACKED_VECTOR[width]
 
 
 def _dims_and_elem(body: str) -> list[str]:

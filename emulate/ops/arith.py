@@ -29,9 +29,13 @@ def _dense_value(attr, t: irtypes.T) -> np.ndarray:
             if body.startswith('"0x'):
                 raw = bytes.fromhex(body.strip('"')[2:])
                 return np.frombuffer(raw, dt).reshape(t.shape).copy()
-            vals = [float(v) for v in re.findall(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)",
-                                                   body)]
-            return np.array(vals, np.float64).astype(dt).reshape(t.shape)
+            # MLIR prints a value with no decimal form (a NaN) as its bits: 0x80
+            tokens = re.findall(r"0x[0-9A-Fa-f]+|[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)",
+                                body)
+            bits = irtypes.UNSIGNED[dt.itemsize * 8]
+            return np.array([np.array(int(v, 16), bits).view(dt) if v.startswith("0x")
+                             else np.array(float(v)).astype(dt) for v in tokens],
+                            dt).reshape(t.shape)
         return np.array(attr).astype(dt).reshape(t.shape)
     return np.asarray(_scalar(attr, dt), dt)
 

@@ -95,17 +95,31 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def unpack_vector(words: np.ndarray, vt: irtypes.T) -> np.ndarray:
+    """The vectors (last axis) held bit-packed in ``words`` (unsigned ints of
+    the vector's width; element 0 in the lowest bits, as LLVM stores vectors)."""
+    w = np.ascontiguousarray(np.asarray(words)[..., None])  # (0-d words stay 0-d)
+    return subbyte.from_bytes(w.view(np.uint8), vt.dtype)
+
+
+def pack_vector(x, vt: irtypes.T, storage: np.dtype) -> np.ndarray:
+    """The inverse of :func:`unpack_vector`."""
+    return np.ascontiguousarray(subbyte.to_bytes(x, vt.dtype)).view(storage)[..., 0]
+
+
 @rule("memref.load")
 def load(o: Op) -> Step:
     ref, *idx = o.ins
     (out,) = o.outs
     loc = o.loc
     site = o.site()
+    vt = o.in_types[0].packed_vector  # a memref of vectors: each element one word
 
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
-        fr.regs[out] = access(fr, m, a, 0, site, loc)
+        got = access(fr, m, a, 0, site, loc)
+        fr.regs[out] = got if vt is None else unpack_vector(got, vt)
     return step
 
 
@@ -114,11 +128,14 @@ def store(o: Op) -> Step:
     val, ref, *idx = o.ins
     loc = o.loc
     site = o.site()
+    ref_t = o.in_types[1]
+    vt = ref_t.packed_vector
 
     def step(fr: Frame) -> None:
         m = memref_of(fr, ref)
         a = element_addresses(m, [fr.regs[i] for i in idx])
-        access(fr, m, a, 0, site, loc, values=fr.regs[val])
+        v = fr.regs[val] if vt is None else pack_vector(fr.regs[val], vt, ref_t.dtype)
+        access(fr, m, a, 0, site, loc, values=v)
     return step
 
 

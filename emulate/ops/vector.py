@@ -212,6 +212,9 @@ def vfma(o: Op) -> Step:
 
 
 def _load_store_common(o: Op, ref_index: int, vec_t: irtypes.T):
+    if o.in_types[ref_index].packed_vector is not None:
+        raise o.unsupported(f"{o.name} of a memref of vectors ({o.in_types[ref_index].text}; "
+                            "memref.load and memref.store of its elements are modelled)")
     ref = o.ins[ref_index]
     idx = o.ins[ref_index + 1:]
     return ref, idx, vec_t.shape

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
+from smalti.emulate import irtypes
 from smalti.emulate.errors import Unsupported
 
 from .harness import (
@@ -442,3 +444,87 @@ def test_constants_of_every_kind():
     assert_same_bits(got["h"], np.array([1.0, -0.0, 65504.0], np.float16))
     assert_same_bits(got["b"], np.array([1.0, 3.0e38, -2.5]).astype(FLOAT_TYPES["bf16"]))
     assert got["m"] == -1 and got["m"].dtype == np.int16
+
+
+# --- FNUZ fp8 (f8E5M2FNUZ, f8E4M3FNUZ, f8E4M3B11FNUZ) ------------------------
+# (exponent bits, mantissa bits, bias): no infinities, no negative zero, and
+# the one NaN is 0x80, the code of -0 in the other formats
+FNUZ = {"f8E5M2FNUZ": (5, 2, 16), "f8E4M3FNUZ": (4, 3, 8), "f8E4M3B11FNUZ": (4, 3, 11)}
+
+
+def _fnuz_value(code: int, exp: int, man: int, bias: int) -> float:
+    """The value of an FNUZ code, from the format's definition."""
+    if code == 0x80:
+        return math.nan
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> man) & ((1 << exp) - 1), code & ((1 << man) - 1)
+    if e == 0:
+        return sign * m * 2.0 ** (1 - bias - man)
+    return sign * (1 + m / (1 << man)) * 2.0 ** (e - bias)
+
+
+def _fnuz_code(value: float, exp: int, man: int, bias: int) -> int:
+    """The code of an exactly representable value (reference for constants)."""
+    codes = [c for c in range(256) if c != 0x80 and _fnuz_value(c, exp, man, bias) == value]
+    assert len(codes) == 1, (value, codes)  # +0 is the only zero
+    return codes[0]
+
+
+@pytest.mark.parametrize("ty", sorted(FNUZ))
+@pytest.mark.parametrize("dst", ["f32", "f16"])
+@covers("arith.extf")
+def test_extf_from_fnuz_is_exact_and_0x80_is_the_only_nan(ty, dst):
+    codes = np.arange(256, dtype=np.uint8)
+    x = codes.view(irtypes.SCALARS[ty])
+    got = _cast("arith.extf", ty, dst, x).astype(np.float64)
+    want = np.array([_fnuz_value(int(c), *FNUZ[ty]) for c in codes])
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got).sum() == 1
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite], want[finite])
+    assert not np.signbit(got[finite & (want == 0)]).any(), "no negative zero"
+    assert got[finite].max() == ml_dtypes.finfo(irtypes.SCALARS[ty]).max  # cross-check
+
+
+@pytest.mark.parametrize("ty", sorted(FNUZ))
+@covers("arith.constant")
+def test_fnuz_constants_fold_as_mlir_does(ty):
+    """MLIR rounds a literal to nearest even; -0.0 becomes +0; a magnitude
+    past the largest finite value becomes NaN (0x80: no infinity to round to,
+    and no saturation in APFloat's conversion); 0x80 is read as bits."""
+    exp, man, bias = FNUZ[ty]
+    finite = [_fnuz_value(c, exp, man, bias) for c in range(256) if c != 0x80]
+    top = max(finite)
+    below = max(v for v in finite if v < top)
+    one_ulp = 2.0 ** -man
+    lits = [1.0, -1.0, -0.0, top, -top, 2 * top, -4 * top, 1 + one_ulp / 2,
+            1 + 3 * one_ulp / 2, (top + below) / 2, top + (top - below) / 4]
+    want = [_fnuz_code(v, exp, man, bias) for v in (1.0, -1.0, 0.0, top, -top)]
+    want += [0x80, 0x80,  # overflow: NaN, whatever the sign
+             _fnuz_code(1.0, exp, man, bias),  # a tie goes to the even mantissa
+             _fnuz_code(1 + 2 * one_ulp, exp, man, bias),
+             _fnuz_code(below, exp, man, bias),  # MAX's mantissa is odd: the tie goes down
+             _fnuz_code(top, exp, man, bias)]  # within half an ulp of MAX: MAX
+    body = ", ".join(repr(v) for v in lits) + ", 0x80"
+    n = len(lits) + 1
+    got = run(f"%c = arith.constant dense<[{body}]> : vector<{n}x{ty}>\n"
+              f"%s = arith.constant -0.0 : {ty}", {},
+              {"c": f"vector<{n}x{ty}>", "s": ty})
+    assert got["c"].view(np.uint8).tolist() == want + [0x80]
+    assert int(np.asarray(got["s"]).view(np.uint8)) == 0
+
+
+@pytest.mark.parametrize("ty", sorted(FNUZ))
+@covers("arith.bitcast", "llvm.bitcast", "arith.truncf")
+def test_fnuz_bitcasts_keep_the_bits_and_truncf_to_fnuz_is_unsupported(ty):
+    codes = np.arange(256, dtype=np.uint8)
+    f8 = _cast("arith.bitcast", "i8", ty, codes.view(np.int8))
+    assert f8.dtype == irtypes.SCALARS[ty] and f8.view(np.uint8).tolist() == codes.tolist()
+    back = _cast("arith.bitcast", ty, "i8", f8)
+    assert back.view(np.uint8).tolist() == codes.tolist()  # 0x80 (NaN) included
+    word = run(f"%r = llvm.bitcast %a : vector<4x{ty}> to i32",
+               {"a": (f"vector<4x{ty}>", codes[[0x80, 1, 0x7F, 0xFF]].view(f8.dtype))},
+               {"r": "i32"})["r"]
+    assert int(np.asarray(word).view(np.uint32)) == 0xFF7F0180  # element 0 in the low byte
+    # no instruction converts to FNUZ (jax converts narrow floats through PTX)
+    with pytest.raises(Unsupported, match=f"to {ty}"):
+        _cast("arith.truncf", "f32", ty, np.zeros(2, np.float32))

@@ -128,3 +128,59 @@ def test_what_is_not_modelled_is_unsupported():
     with pytest.raises(Unsupported, match="memref.memory_space_cast"):
         run("%w = memref.memory_space_cast %m : memref<4x8xf32> to memref<4x8xf32, 1>",
             {"m": ("memref<4x8xf32>", X)})
+
+
+def _nibbles(byte: int) -> list[int]:
+    """The two signed 4-bit elements of a byte, element 0 in the low nibble."""
+    return [((byte >> s) & 0xF) - (16 if (byte >> s) & 0x8 else 0) for s in (0, 4)]
+
+
+@covers("memref.load", "memref.store")
+def test_memrefs_of_packed_vectors_hold_one_vector_per_element():
+    """``memref<Nxvector<2xi4>>`` (jax's tests copy i4 data so): element ``i``
+    is byte ``i``, its vector element 0 the low nibble. Thread t loads
+    element t and stores it to element 7 - t of the output."""
+    src = np.array([0x00, 0x0F, 0xF0, 0x78, 0x87, 0x19, 0xA5, 0xFF], np.uint8)
+    got = run("""
+      %t = gpu.thread_id x
+      %c7 = arith.constant 7 : index
+      %r = arith.subi %c7, %t : index
+      %v = memref.load %a[%t] : memref<8xvector<2xi4>, #gpu.address_space<workgroup>>
+      memref.store %v, %b[%r] : memref<8xvector<2xi4>>""",
+              {"a": ("memref<8xvector<2xi4>, #gpu.address_space<workgroup>>", src),
+               "b": ("memref<8xvector<2xi4>>", np.zeros(8, np.uint8))},
+              {"v": "vector<2xi4>"}, threads=8)
+    assert got["v"].astype(int).tolist() == [_nibbles(int(b)) for b in src]
+    assert got["b"].tolist() == src[::-1].tolist()
+
+
+@covers("memref.load", "memref.store")
+def test_memrefs_of_wider_vectors_are_little_endian_words():
+    """A ``vector<2xf16>`` element is 4 bytes, element 0 first; a
+    ``vector<4xi2>`` element one byte, element 0 in the lowest two bits."""
+    halves = np.array([1.5, -0.0, np.inf, 65504.0, -2.0, 0.1], np.float16)
+    got = run("""
+      %c1 = arith.constant 1 : index
+      %c2 = arith.constant 2 : index
+      %v = memref.load %a[%c1] : memref<3xvector<2xf16>>
+      memref.store %v, %a[%c2] : memref<3xvector<2xf16>>
+      %q = memref.load %b[%c1] : memref<2xvector<4xi2>>""",
+              {"a": ("memref<3xvector<2xf16>>", halves.view(np.uint32)),
+               "b": ("memref<2xvector<4xi2>>", np.array([0, 0b11_10_01_00], np.uint8))},
+              {"v": "vector<2xf16>", "q": "vector<4xi2>"})
+    assert_same_bits(got["v"], halves[2:4])
+    assert_same_bits(got["a"].view(np.float16), np.concatenate([halves[:4], halves[2:4]]))
+    assert got["q"].astype(int).tolist() == [0, 1, -2, -1]  # 2-bit two's complement
+
+
+@covers("vector.load")
+def test_vector_elements_not_modelled_are_unsupported():
+    for elem in ("vector<3xi4>", "vector<2x2xi4>", "vector<8xi1>"):
+        with pytest.raises(Unsupported, match=f"element type {elem}"):
+            run(f"%c0 = arith.constant 0 : index\n"
+                f"%v = memref.load %a[%c0] : memref<4x{elem}>", {"a": (f"memref<4x{elem}>",
+                                                                     np.zeros(8, np.uint8))})
+    with pytest.raises(Unsupported, match="vector.load of a memref of vectors"):
+        run("%c0 = arith.constant 0 : index\n"
+            "%v = vector.load %a[%c0] : memref<4xvector<2xi4>>, vector<2xi4>",
+            {"a": ("memref<4xvector<2xi4>>", np.zeros(4, np.uint8))}, {"v": "vector<2xi4>"})
