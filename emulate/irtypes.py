@@ -30,8 +30,8 @@ SCALARS: dict[str, np.dtype] = {
 BITS = {"i1": 1, "i2": 2, "i4": 4, "f4E2M1FN": 4}
 # a memref/pointer element that is itself a vector (vector<2xi4>: one byte) is
 # held in memory as the unsigned integer of its width; loads and stores unpack it
-PACKED_VECTOR = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32),
-                 64: np.dtype(np.uint64)}
+PACKED_VECTOR: dict[int, np.dtype] = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16),
+                                      32: np.dtype(np.uint32), 64: np.dtype(np.uint64)}
 UNSIGNED = {1: np.bool_, 8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 SIGNED = {1: np.bool_, 8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
 
@@ -59,7 +59,7 @@ class T:
         return self.dtype is not None and self.dtype.kind in "fV" and self.elem[0] in "fb"
 
     @property
-    def packed_vector(self) -> "T | None":
+    def packed_vector(self) -> T | None:
         """For a memref of vector elements (``memref<4xvector<2xi4>>``), the
         element's vector type; else None."""
         return parse(self.elem) if self.elem.startswith("vector<") else None

@@ -663,7 +663,8 @@ def value_instruction(i: Instr) -> Step:
 @ptx_pattern(r"mma\.sync\.aligned\..*",
              "mma.sync.aligned.m16n8k{8,16,32,64}.row.col[.satfinite].{f32,s32}.A.B.{f32,s32} "
              "{d0..d3}, {a..}, {b..}, {c0..c3} (emulate/ops/mma_sync.py): each warp's "
-             "D = A @ B + C in the PTX ISA's register fragments; f16/bf16/e4m3/e5m2 (fp8 mixed) into f32 "
+             "D = A @ B + C in the PTX ISA's register fragments; f16/bf16/e4m3/e5m2 (fp8 mixed) "
+             "into f32 "
              "through the tensor-core adder (emulate/tensorcore.py), s8/u8/s4/u4 (mixed "
              "signedness) into s32 exactly, wrapping (.satfinite: clamped); other forms raise "
              "Unsupported")

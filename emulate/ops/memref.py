@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import subbyte
+from .. import irtypes, subbyte
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame

@@ -162,7 +162,7 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
     if count_const is not None:
         cnt = np.full(int(m.sum()), count_const, np.int64)
     rows = None if fr.sync is None or not release else fr.block.warp_rows[m]
-    for k, a in enumerate(np.unique(addrs)):
+    for a in np.unique(addrs):
         sel = addrs == a
         bar = b.remote_barrier(a, where) if remote else b.barrier(a, where)
         if rows is not None:  # an arrival releases the arriving warps' accesses

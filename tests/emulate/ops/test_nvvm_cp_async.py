@@ -72,7 +72,8 @@ def _kernel(copy: str = COPY16, sync: str = f"{COMMIT}\n{WAIT0}\n{BARRIER}", siz
 
 def _run(body: str, x: np.ndarray | None = None) -> np.ndarray:
     x = np.arange(T * 4, dtype=np.int32) * 7 - 99 if x is None else x
-    got = run(body, {"x": ("!llvm.ptr", x), "out": (f"memref<{T}x4xi32>", np.zeros((T, 4), np.int32))},
+    got = run(body, {"x": ("!llvm.ptr", x),
+                     "out": (f"memref<{T}x4xi32>", np.zeros((T, 4), np.int32))},
               host=True, sanitize=True)
     return got["out"]
 
@@ -90,8 +91,8 @@ def test_each_thread_copies_its_bytes_and_the_other_warp_reads_them_after_wait_a
     copies = []
     for k in range(16 // size):
         copies.append(
-            f"%d{k} = llvm.getelementptr %dst[{k * size}] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8\n"
-            f"    %s{k} = llvm.getelementptr %src[{k * size}] : (!llvm.ptr<1>) -> !llvm.ptr<1>, i8\n"
+            f"%d{k} = llvm.getelementptr %dst[{k * size}] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8\n"  # noqa: E501
+            f"    %s{k} = llvm.getelementptr %src[{k * size}] : (!llvm.ptr<1>) -> !llvm.ptr<1>, i8\n"  # noqa: E501
             f"    nvvm.cp.async.shared.global %d{k}, %s{k}, {size}, cache = {cache} : "
             "!llvm.ptr<3>, !llvm.ptr<1>")
     got = _run(_kernel("\n    ".join(copies)))
