@@ -14,8 +14,8 @@ rule on its own and reports everything it finds:
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
-import attrs
 from jax._src.lib.mlir import ir
 
 from smalti.diagnostics import PluginError, SmaltiError
@@ -30,7 +30,7 @@ TARGETS: tuple[Arch, ...] = (
 )
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Finding:
     """One problem, and the plugin it concerns (``None`` when it concerns several)."""
 

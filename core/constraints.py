@@ -134,10 +134,10 @@ class _Statement(Fields):
     are their ``__slots__`` (see :mod:`smalti.records`). Nothing changes a
     statement once made, nor hashes one.
 
-    Plain classes rather than attrs ones, as :class:`Variable` is: rules
+    Plain classes rather than dataclasses, as :class:`Variable` is: rules
     state them by the thousand per kernel (a constructor that only stores
     its fields, no ``__dict__``), and every process that builds a pipeline
-    imports them. A plugin's own constraints may well be attrs classes.
+    imports them. A plugin's own constraints may well be dataclasses.
     """
 
     __slots__ = ()

@@ -1,19 +1,32 @@
 """Value objects whose fields are their ``__slots__``.
 
-smalti's data classes are attrs classes, except those that every process
-building a pipeline or compiling a kernel defines: importing attrs and
-generating the methods of each class took 44 of the 86 ms a pipeline build
-took on a slow machine (``benchmarks/NOTES.md``, version 15). Those derive
-from :class:`Record` (immutable, hashable: error codes, rule records;
-:class:`HashedRecord` for the layouts, hashed once) or :class:`Fields`
-(compared by value, mutable: the constraint language's statements, the
-constraint system, the reports). They give what attrs would from the
-``__slots__`` alone, with no code to generate: comparison by value, a
-``repr`` in attrs' style, and for records immutability and a hash.
+smalti has two ways to write a data class, and uses each for one kind:
+
+- On the path from ``import smalti`` to a compiled kernel (what every
+  process building a pipeline or compiling a kernel defines): subclasses of
+  :class:`Record` (immutable, hashable: error codes, rule records;
+  :class:`HashedRecord` for the layouts, hashed once) or :class:`Fields`
+  (compared by value, mutable: the constraint language's statements, the
+  constraint system, the reports). They get comparison by value, a
+  dataclass-style ``repr`` and, for records, immutability and a hash from
+  the ``__slots__`` alone, with no code generated at import: generating each
+  class's methods (attrs, then) took 44 of the 86 ms a pipeline build took
+  on a slow machine (``benchmarks/NOTES.md``, version 15).
+- Everywhere else (the emulator, the vocabulary, the test kit, the plugin
+  checker): standard-library dataclasses, frozen unless they must change.
 
 A subclass lists its fields in ``__slots__`` (names starting with ``_``
 are private state, not fields) and takes them in that order in its
-``__init__``, which a :class:`Record` writes through :meth:`Record._set`.
+``__init__``, which a :class:`Record` writes through :meth:`Record._set`
+(by position: ``tests/core/test_records.py`` holds every subclass in smalti
+to that order).
+
+The few value objects made once per operand or per constraint while a
+kernel is inferred (``Variable``, ``ValueSite``, the solver's origins) are
+hand-written slotted classes, each saying why: a constructor that only
+stores its fields is what they can afford. Slotted classes that are not data
+(the emulator's frames and tasks, the solver's and the builder's working
+state) are neither.
 """
 
 from __future__ import annotations

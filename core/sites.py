@@ -39,7 +39,7 @@ class ValueSite:
     block of region ``region`` of ``op``, with its value, the value's type
     and the memory space whose layout it needs (``None``: it needs none).
 
-    Immutable and hashable; hand-written rather than an attrs class because
+    Immutable and hashable; hand-written rather than a dataclass because
     inference creates one per operand and result of a kernel. Hashing an
     ``ir.Operation`` goes through the bindings and is slow: a site is hashed
     only when first asked (inference mostly is not), from ``op_hash`` if its

@@ -58,7 +58,7 @@ class Origin:
     ``what`` may be the op a rule described (read as ``op at file:line``)
     or a function producing the text: origins are made for every rule that
     states something but read only when something fails. Hand-written
-    rather than an attrs class for that reason.
+    rather than a dataclass for that reason.
     """
 
     __slots__ = ("what", "plugin", "rule")

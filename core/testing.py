@@ -41,10 +41,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-import attrs
 import pytest
 
 from smalti import hookspec
@@ -56,7 +56,7 @@ _DIFF_LINES = 60  # of a mismatch, shown in the assertion message
 Reference = Any  # "jax", or a smalti.Pipeline
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Lowered:
     """A kernel after inference and lowering, with what smalti reported."""
 

@@ -51,9 +51,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import attrs
 import numpy as np
 
 from . import device
@@ -63,7 +63,7 @@ from .errors import Unsupported
 CONFIG_NAME = "smalti_emulate_on_cpu"
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class Settings:
     """The mode's settings: the emulated GPU and the checker's policies
     (hashable: they are part of jax's cache keys)."""

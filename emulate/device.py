@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
-
-import attrs
 
 #: An H100/H200 (and a B200): SMs, and the opt-in SMEM per block (227 KiB).
 NUM_SMS = 132
 SMEM_PER_BLOCK_OPTIN = 227 * 1024
 
 
-@attrs.frozen
+@dataclass(frozen=True, slots=True)
 class GpuFacts:
     """The device facts of an emulated GPU."""
 

@@ -1,6 +1,7 @@
 """smalti.records: the value objects of the pipeline's import path."""
 
 import copy
+import inspect
 import os
 import pickle
 import subprocess
@@ -127,3 +128,43 @@ def test_building_a_pipeline_and_compiling_imports_no_attrs():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _smalti_fields_classes() -> list[type]:
+    """Every Fields subclass defined in smalti's packages (imported here)."""
+    import importlib
+    import pkgutil
+
+    for package in ("smalti", "smalti.plugins", "smalti.hopper", "smalti.blackwell"):
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            importlib.import_module(f"{package}.{info.name}")
+    found, stack = [], [Fields]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if sub.__module__.split(".")[0] == "smalti" and sub._fields:
+                found.append(sub)
+    return found
+
+
+def test_every_smalti_record_takes_its_fields_in_slot_order():
+    # Record._set writes __init__'s values by position into the __slots__'
+    # fields: an __init__ whose parameters were in another order would
+    # silently swap two fields.
+    classes = _smalti_fields_classes()
+    assert len(classes) >= 30  # the registry's, the layouts', the constraint language's...
+    for cls in classes:
+        parameters = tuple(inspect.signature(cls.__init__).parameters)[1:]
+        assert parameters == cls._fields, f"{cls.__module__}.{cls.__qualname__}"
+
+
+def test_the_slot_order_check_sees_a_swapped_constructor():
+    class Swapped(Record):
+        __slots__ = ("x", "y")
+
+        def __init__(self, y: int, x: int) -> None:
+            self._set(y, x)
+
+    parameters = tuple(inspect.signature(Swapped.__init__).parameters)[1:]
+    assert parameters != Swapped._fields
+    assert Swapped(y=1, x=2).x == 1  # what the check guards against

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +30,7 @@ SHAPES_1D = [(128,), (256,), (1024,)]
 DTYPES = [jnp.float32, jnp.float16]
 
 
-@attrs.define
+@dataclass
 class Recipe:
     """How to build one random kernel (any number of times)."""
 

@@ -15,14 +15,15 @@ get their own copy. :func:`run_mutant` classifies what happens
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import random
 import re
 import time
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-import attrs
 import jax
 import jax.numpy as jnp
 from jax._src.lib import mosaic_gpu_dialect as mgpu
@@ -52,7 +53,7 @@ PARITY = "both accept, attributes differ"
 ARCHS = ((8, 0), (9, 0), (10, 0), (10, 3), (12, 0))
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Seed:
     name: str
     text: str  # the module before layout inference, with locations
@@ -515,7 +516,7 @@ MUTATIONS: dict[str, Callable[[ir.Module, random.Random], str | None]] = {
 }
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Mutant:
     seed: str
     number: int
@@ -551,7 +552,7 @@ def mutate(seed: Seed, number: int) -> Mutant:
 # --- running a mutant --------------------------------------------------------------------
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Outcome:
     kind: str  # the class (see classify)
     detail: str  # codes, exception types
@@ -662,7 +663,8 @@ def run_mutant(text: str) -> Outcome:
     theirs = _jax_label(jax_step, jax_error)
     jax_message = "" if jax_error is None else f"{type(jax_error).__name__}: {jax_error}"[:300]
     if ours is not None and ours.kind.startswith("BUG"):
-        return attrs.evolve(ours, detail=f"{ours.detail} (jax: {theirs})", jax_error=jax_message)
+        return dataclasses.replace(ours, detail=f"{ours.detail} (jax: {theirs})",
+                                   jax_error=jax_message)
     if ours is not None:
         code = f"{step} {ours.detail}"
         what = "refuse" if ours.kind == "refused" else "refuse (rewrite-time)"
@@ -697,4 +699,4 @@ def run_smalti_only(text: str) -> Outcome:
         return Outcome("smalti accepts", "", seconds)
     if ours.kind.startswith("BUG"):
         return ours
-    return attrs.evolve(ours, kind=f"smalti {ours.kind}", detail=f"{step} {ours.detail}")
+    return dataclasses.replace(ours, kind=f"smalti {ours.kind}", detail=f"{step} {ours.detail}")
