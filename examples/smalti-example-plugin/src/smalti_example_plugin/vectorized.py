@@ -7,8 +7,8 @@ A fused multiply-add pays off when each thread holds its elements in vectors
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-import attrs
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 
 from smalti.constraints import Constraint, Expression, SearchContext, Variable, describe
@@ -26,7 +26,7 @@ def elements_per_vector(layout: object) -> int | None:
     return None
 
 
-@attrs.frozen
+@dataclass(frozen=True)
 class Vectorized(Constraint):
     """``expr`` is a register layout whose registers hold at least ``elements``
     elements each (or a splat)."""
