@@ -80,6 +80,14 @@ not counted.
 warpgroup), ``smalti__mma_flops`` (2 * M * N * K of each) and
 ``smalti__wgmma_smem_bytes`` (operand bytes WGMMA reads from SMEM through
 its descriptors, not through the LSU pipe: not in the wavefront counters).
+Ampere ``mma.sync``: ``smsp__inst_executed_pipe_tensor_op_hmma``/``_imma``
+(per warp; float and integer kinds), 2 * 16 * 8 * K flops each.
+
+**Ampere cp.async** (LDGSTS): ``smsp__inst_executed_op_ldgsts`` (warp
+instructions), ``l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts`` (distinct
+global sectors read per instruction; src-size 0 reads none) and
+``smalti__global_bytes_ldgsts`` (bytes read: the src-sizes). Its shared side
+is in no shared or wavefront counter.
 """
 
 from __future__ import annotations
@@ -106,13 +114,16 @@ LOCAL_LD, LOCAL_ST = "smalti__inst_executed_op_local_ld", "smalti__inst_executed
 BARRIERS, MBAR_WAITS = "smalti__barrier_warps", "smalti__mbarrier_wait_warps"
 WGMMA, FLOPS, WGMMA_SMEM = ("smalti__wgmma_instructions", "smalti__mma_flops",
                              "smalti__wgmma_smem_bytes")
+LDGSTS = "smsp__inst_executed_op_ldgsts"
+HMMA, IMMA = "smsp__inst_executed_pipe_tensor_op_hmma", "smsp__inst_executed_pipe_tensor_op_imma"
 
 #: the counters every profile has (zero where nothing counted them), in table order
 COUNTERS = (INST, THREAD_INST, SHARED_LD, SHARED_ST, LDSM, STSM, WAVEFRONTS, WAVEFRONTS + "_op_ld",
             WAVEFRONTS + "_op_st", CONFLICTS, CONFLICTS + "_op_ld", CONFLICTS + "_op_st",
             GLOBAL_LD, GLOBAL_ST, SECTORS + "ld", SECTORS + "st", GLOBAL_BYTES + "ld",
             GLOBAL_BYTES + "st", DSMEM_BYTES + "ld", DSMEM_BYTES + "st", TMA_LOAD, TMA_STORE,
-            TMA_INST, LOCAL_LD, LOCAL_ST, BARRIERS, MBAR_WAITS, WGMMA, FLOPS, WGMMA_SMEM)
+            TMA_INST, LOCAL_LD, LOCAL_ST, BARRIERS, MBAR_WAITS, WGMMA, FLOPS, WGMMA_SMEM,
+            LDGSTS, SECTORS + "ldgsts", GLOBAL_BYTES + "ldgsts", HMMA, IMMA)
 
 # --- issue counts -------------------------------------------------------------
 
@@ -272,6 +283,21 @@ def _warps(act: np.ndarray) -> int:
     return int(_pad_warps(act, False).reshape(-1, 32).any(axis=1).sum())
 
 
+def _sectors(start: np.ndarray, act: np.ndarray, width) -> int:
+    """The distinct 32-byte sectors each warp's active threads touch with
+    ``width`` bytes (per thread, or one width for all) from ``start``, summed
+    over the warps (an access spans at most two sectors: 16 bytes at most,
+    aligned to its size)."""
+    first, last = start // 32, (start + width - 1) // 32
+    secs = np.stack([first, last], 1)
+    secs = np.where(act[:, None], secs, -1)
+    secs = _pad_warps(secs, -1).reshape(-1, 64)
+    s = np.sort(secs, axis=1)
+    new = np.ones_like(s, bool)
+    new[:, 1:] = s[:, 1:] != s[:, :-1]
+    return int((new & (s >= 0)).sum())
+
+
 def _local(fr, a: np.ndarray, act: np.ndarray) -> bool:
     """Whether global addresses ``a`` lie in a per-thread ``alloca``."""
     first = int(a[np.argmax(act), 0])
@@ -369,17 +395,32 @@ class Profiler:
         self._wavefronts(c, words, "st" if is_write else "ld")
         c[STSM if is_write else LDSM] += int(act.sum())
 
-    def _global(self, c: Counter, start: np.ndarray, act: np.ndarray, width: int, op: str) -> None:
-        """One global instruction: 32-byte sectors per warp."""
-        first, last = start // 32, (start + width - 1) // 32
-        secs = np.stack([first, last], 1)
-        secs = np.where(act[:, None], secs, -1)
-        secs = _pad_warps(secs, -1).reshape(-1, 64)
-        s = np.sort(secs, axis=1)
-        new = np.ones_like(s, bool)
-        new[:, 1:] = s[:, 1:] != s[:, :-1]
-        c[SECTORS + op] += int((new & (s >= 0)).sum())
+    def _global(self, c: Counter, start: np.ndarray, act: np.ndarray, width, op: str) -> None:
+        """One global instruction: 32-byte sectors per warp (``width``: bytes
+        per thread, or per thread's array)."""
+        c[SECTORS + op] += _sectors(start, act, width)
         c[GLOBAL_ST if op == "st" else GLOBAL_LD] += _warps(act)
+
+    def cp_async(self, where: str, start: np.ndarray, nbytes: np.ndarray,
+                 act: np.ndarray) -> None:
+        """One Ampere ``cp.async`` (LDGSTS): each active thread copies its
+        ``nbytes`` (its src-size: 0 reads nothing and zero-fills) from global
+        memory at ``start`` to shared memory."""
+        from .sync.reports import source_line
+
+        c = self.line(source_line(where))
+        c[LDGSTS] += _warps(act)
+        reads = act & (nbytes > 0)
+        c[SECTORS + "ldgsts"] += _sectors(start, reads, np.maximum(nbytes, 1))
+        c[GLOBAL_BYTES + "ldgsts"] += int(nbytes[reads].sum())
+
+    def mma_sync(self, where: str, warps: int, k: int, integer: bool) -> None:
+        """``warps`` warps each issue one ``mma.sync`` of a (16, k) by (k, 8) product."""
+        from .sync.reports import source_line
+
+        c = self.line(source_line(where))
+        c[IMMA if integer else HMMA] += warps
+        c[FLOPS] += warps * 2 * 16 * 8 * k
 
     def tma(self, where: str, nbytes: int, store: bool) -> None:
         """A TMA transfer of ``nbytes`` (to SMEM, or with ``store`` to global)."""

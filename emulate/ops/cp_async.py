@@ -73,8 +73,8 @@ def cp_async(fr: Frame, dst: int, src: int, size: int, src_size: int | None, pre
     fr.mem["shared"].store(dst_bytes, data.astype(np.uint8), np.dtype(np.uint8), written, where)
     if fr.sync is not None:
         _check(fr, m, src_bytes, read, dst_bytes, site)
-    # not counted by the profiler: an LDGSTS is neither a shared store nor a
-    # global load in ncu's metrics, and no counter of its own is modelled yet
+    if fr.prof is not None:  # an LDGSTS: neither a shared store nor a global load in ncu
+        fr.prof.cp_async(where, s, np.where(m, n, 0), m)
 
 
 def _check(fr: Frame, m: np.ndarray, src_bytes, read, dst_bytes, site) -> None:

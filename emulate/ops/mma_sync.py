@@ -131,6 +131,8 @@ def compile_mma_sync(o: Op, opcode: str, text: str, unknown: Unsupported) -> Ste
                                          accumulator="f32") for w in range(W)])
         regs = d[:, rows, cols].reshape(fr.T, 4).astype(acc_dt)
         fr.regs[out] = tuple(regs[:, i] for i in range(4))
+        if fr.prof is not None:
+            fr.prof.mma_sync(loc, W, k, is_int)
     return step
 
 

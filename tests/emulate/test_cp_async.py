@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import smalti.emulate as emu
+from smalti.emulate import profiling as P
 from smalti.emulate.sync.reports import RaceError
 
 SHAPE = (4, 128)
@@ -64,3 +65,16 @@ def test_reading_without_the_wait_is_a_race_naming_the_copy_and_the_read():
     assert race.first.location.endswith(f"test_cp_async.py:{COPY_LINE}")
     assert race.second.location.endswith(f"test_cp_async.py:{READ_LINE}")
     assert "cp.async.wait_group" in race.fix
+
+
+def test_the_profiler_counts_the_copies_as_ldgsts_not_as_plain_loads():
+    p = emu.profile(_kernel("await"), X)
+    np.testing.assert_array_equal(p.outputs[0], X)
+    warps, transfer = 4, 8  # jax copies this untiled ref in 8-byte cp.asyncs
+    assert p[P.LDGSTS] == X.nbytes // (32 * transfer)  # per warp: 32 transfers
+    assert p[P.LDGSTS] % warps == 0
+    assert p[P.GLOBAL_BYTES + "ldgsts"] == X.nbytes
+    assert p[P.SECTORS + "ldgsts"] == X.nbytes // 32  # contiguous: each sector once
+    assert p[P.GLOBAL_LD] == 0 and p[P.SHARED_ST] == 0  # neither a load nor a store
+    copy_line = f"{__file__}:{COPY_LINE}"
+    assert p.by_line[copy_line][P.LDGSTS] == p[P.LDGSTS]

@@ -16,6 +16,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils
 
 import smalti.emulate as emu
+from smalti.emulate import profiling
 
 
 def warp_mma_kernel(dtype, m_warps: int, shape):
@@ -102,3 +103,20 @@ def test_pallas_mma_through_smaltis_warpgroup_pipeline():
     with emu.on_cpu(), smalti.jax.installed():
         got = np.asarray(kernel())
     np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.uint8], ids=["bf16", "u8"])
+def test_the_profiler_counts_each_warps_mma_sync_and_the_whole_products_flops(dtype):
+    dtype = jnp.dtype(dtype)
+    m, n, k = 64, 64, 128
+    acc_dtype = np.int32 if jnp.issubdtype(dtype, jnp.integer) else np.float32
+    a, b = np.ones((m, k), dtype), np.ones((n, k), dtype)
+    p = emu.profile(warp_mma_kernel(dtype, 4, (m, n, k)), np.zeros((m, n), acc_dtype), a, b)
+    np.testing.assert_array_equal(p.outputs[0], np.full((m, n), k, acc_dtype))
+    integer = jnp.issubdtype(dtype, jnp.integer)
+    k_per_instruction = 256 // (8 * dtype.itemsize)  # m16n8k16 for 16 bits, k32 for 8
+    instructions = (m // 16) * (n // 8) * (k // k_per_instruction)
+    tensor = profiling.IMMA if integer else profiling.HMMA
+    other = profiling.HMMA if integer else profiling.IMMA
+    assert p[tensor] == instructions and p[other] == 0
+    assert p[profiling.FLOPS] == 2 * m * n * k
