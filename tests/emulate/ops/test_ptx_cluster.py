@@ -25,6 +25,10 @@ FENCE_ACQUIRE = "fence.proxy.async::generic.acquire.sync_restrict::shared::clust
 PAIR_LOAD = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_addr, $3, 0; "
              "@$0 cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
              ".cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr]; }")
+PAIR_MULTICAST = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_addr, $3, 0; "
+                  "@$0 cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
+                  "::bytes.multicast::cluster.cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr], "
+                  "$6; }")
 
 # the cluster's leader thread (thread 0 of CTA rank 0), in a kernel of :func:`cluster_launch`
 LEADER = """
@@ -152,3 +156,76 @@ def test_a_pair_load_without_the_leaders_wait_races():
     with pytest.raises(RaceError, match="read-after-write"):
         run(init_tma_desc() + cluster_launch(LEADER + body, smem=512), tma_inputs(x, (4, 8)),
             host=True, prelude=INIT, sanitize=True)
+
+
+def pair_multicast(mask: int, leader_waits: bool) -> str:
+    """The leader's mbarrier expecting 256 bytes; the leader thread alone
+    multicasts the (4, 8) box at (0, 8) into SMEM byte 128 of the CTAs in
+    ``mask``, on its own barrier; the leader waits (or not); a cluster
+    barrier; each thread reads its word to out[rank * 32 + t]."""
+    wait = """scf.if %leader {
+        nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
+      }""" if leader_waits else ""
+    return f"""
+      %nbytes = llvm.mlir.constant(256 : i32) : i32
+      %col = llvm.mlir.constant(8 : i32) : i32
+      %mask = llvm.mlir.constant({mask} : i16) : i16
+      %tile = llvm.getelementptr %smem[128] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      %bar = llvm.ptrtoint %smem : !llvm.ptr<3> to i32
+      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+            ("%one", "i32"), ("%issuer", "i1"))}
+      {side("@$2 mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [$0], $1;", "l,r,b",
+            ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
+      {side("barrier.cluster.arrive.release.aligned;")}
+      {side("barrier.cluster.wait.acquire.aligned;")}
+      {side(PAIR_MULTICAST, "b,l,l,r,r,r,h", ("%issuer", "i1"), ("%tile", "!llvm.ptr<3>"),
+            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), ("%z", "i32"),
+            ("%mask", "i16"))}
+      {wait}
+      {side("barrier.cluster.arrive.release.aligned;")}
+      {side("barrier.cluster.wait.acquire.aligned;")}
+      %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
+      %v = llvm.load %mine : !llvm.ptr<3> -> f32
+      %i = arith.index_cast %t : i32 to index
+      %c32i = arith.constant 32 : index
+      %rk = arith.index_cast %rank : i32 to index
+      %base_i = arith.muli %rk, %c32i : index
+      %at = arith.addi %base_i, %i : index
+      memref.store %v, %out[%at] : memref<64xf32>"""
+
+
+def _multicast(x: np.ndarray, mask: int, leader_waits: bool = True) -> np.ndarray:
+    got = run(init_tma_desc() + cluster_launch(LEADER + pair_multicast(mask, leader_waits),
+                                               smem=512),
+              {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
+              host=True, prelude=INIT, sanitize=True)
+    return got["out"]
+
+
+@covers(form(PAIR_MULTICAST))
+def test_a_pair_multicast_lands_in_both_ctas_on_the_leaders_barrier():
+    """jax's leader_tracked=REPLICATED copy: one (4, 8) box, multicast to
+    both CTAs of the pair (mask 0b11), 2 x 128 bytes completing the leader's
+    barrier; after the leader's wait and a cluster barrier both CTAs hold
+    it."""
+    x = (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) - 40) * 0.5
+    x[1, 8:11] = [np.inf, -0.0, np.nan]
+    box = x[0:4, 8:16].reshape(-1)
+    assert_same_bits(_multicast(x, 0b11), np.concatenate([box, box]))
+
+
+@covers(form(PAIR_MULTICAST))
+def test_a_pair_multicast_read_without_the_leaders_wait_races_in_the_peer():
+    from smalti.emulate.sync.reports import RaceError
+
+    with pytest.raises(RaceError, match="read-after-write") as e:
+        _multicast(np.zeros((8, 16), np.float32), 0b11, leader_waits=False)
+    assert "TMA load issued by block (0, 0, 0)" in str(e.value)
+
+
+@covers(form(PAIR_MULTICAST))
+def test_a_pair_multicast_beyond_the_first_pair_is_unsupported():
+    from smalti.emulate.errors import Unsupported
+
+    with pytest.raises(Unsupported, match="CTA mask 0x0004"):
+        _multicast(np.zeros((8, 16), np.float32), 0b100)
