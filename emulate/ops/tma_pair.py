@@ -81,17 +81,25 @@ def _pair_destinations(b, mask: int, where: str) -> list:
     return [b.peer(k, where) for k in ranks]
 
 
+def _operands(i: Instr, pattern: re.Pattern, multicast: bool) -> list[int]:
+    """The slots of jax's operands, in its order (predicate, SMEM, descriptor,
+    barrier, coordinates, and the CTA mask of the multicast form)."""
+    m = pattern.fullmatch(" ".join(i.text.split()))
+    assert m is not None  # the table matched it
+    rank = int(m[2])
+    coords = [c.strip() for c in m[3].split(",")]
+    if coords != [f"${4 + k}" for k in range(rank)] or i.results \
+            or len(i.ins) != 4 + rank + multicast or (multicast and int(m[4]) != 4 + rank):
+        raise i.unknown
+    return list(i.ins)
+
+
 @ptx_text(PAIR_LOAD.pattern, "jax's TMA load of a CTA pair (leader_tracked): mapa of the "
           "mbarrier to CTA 0 + cp.async.bulk.tensor.Nd.shared::cta.global.tile.mbarrier::"
           "complete_tx::bytes.cta_group::2: the box into the issuing block's SMEM, its bytes "
           "completed on the leader's mbarrier")
 def pair_load(i: Instr) -> Step:
-    m = PAIR_LOAD.fullmatch(" ".join(i.text.split()))
-    rank = int(m[2])
-    coords = [c.strip() for c in m[3].split(",")]
-    if coords != [f"${4 + k}" for k in range(rank)] or len(i.ins) != 4 + rank or i.results:
-        raise i.unknown
-    pred, smem, desc, bar, *cs = i.ins
+    pred, smem, desc, bar, *cs = _operands(i, PAIR_LOAD, multicast=False)
     loc, site = i.loc, i.op.site("cp.async.bulk.tensor.cta_group::2")
     return lambda fr: _pair_load(fr, pred, smem, desc, bar, cs, loc, site)
 
@@ -102,12 +110,6 @@ def pair_load(i: Instr) -> Step:
           "the box into each CTA of the mask (ranks 0 and 1), all bytes completed on the "
           "leader's mbarrier")
 def pair_multicast_load(i: Instr) -> Step:
-    m = PAIR_MULTICAST.fullmatch(" ".join(i.text.split()))
-    rank = int(m[2])
-    coords = [c.strip() for c in m[3].split(",")]
-    if coords != [f"${4 + k}" for k in range(rank)] or int(m[4]) != 4 + rank \
-            or len(i.ins) != 5 + rank or i.results:
-        raise i.unknown
-    pred, smem, desc, bar, *cs, mask = i.ins
+    pred, smem, desc, bar, *cs, mask = _operands(i, PAIR_MULTICAST, multicast=True)
     loc, site = i.loc, i.op.site("cp.async.bulk.tensor.multicast.cta_group::2")
     return lambda fr: _pair_load(fr, pred, smem, desc, bar, cs, loc, site, mask)

@@ -30,6 +30,17 @@ PAIR_MULTICAST = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_
                   "::bytes.multicast::cluster.cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr], "
                   "$6; }")
 
+# each thread's word of the tile, to out[rank * 32 + t]
+READ_BACK = """
+      %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
+      %v = llvm.load %mine : !llvm.ptr<3> -> f32
+      %i = arith.index_cast %t : i32 to index
+      %c32i = arith.constant 32 : index
+      %rk = arith.index_cast %rank : i32 to index
+      %base_i = arith.muli %rk, %c32i : index
+      %at = arith.addi %base_i, %i : index
+      memref.store %v, %out[%at] : memref<64xf32>"""
+
 # the cluster's leader thread (thread 0 of CTA rank 0), in a kernel of :func:`cluster_launch`
 LEADER = """
     %leader = arith.cmpi eq, %rank, %z : i32
@@ -128,14 +139,7 @@ def test_a_cta_pair_loads_its_boxes_on_the_leaders_barrier():
       }}
       {side("barrier.cluster.arrive.release.aligned;")}
       {side("barrier.cluster.wait.acquire.aligned;")}
-      %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
-      %v = llvm.load %mine : !llvm.ptr<3> -> f32
-      %i = arith.index_cast %t : i32 to index
-      %c32i = arith.constant 32 : index
-      %rk = arith.index_cast %rank : i32 to index
-      %base_i = arith.muli %rk, %c32i : index
-      %at = arith.addi %base_i, %i : index
-      memref.store %v, %out[%at] : memref<64xf32>"""
+{READ_BACK}"""
     got = run(init_tma_desc() + cluster_launch(LEADER + body, smem=512),
               {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
               host=True, prelude=INIT, sanitize=True)
@@ -184,14 +188,7 @@ def pair_multicast(mask: int, leader_waits: bool) -> str:
       {wait}
       {side("barrier.cluster.arrive.release.aligned;")}
       {side("barrier.cluster.wait.acquire.aligned;")}
-      %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
-      %v = llvm.load %mine : !llvm.ptr<3> -> f32
-      %i = arith.index_cast %t : i32 to index
-      %c32i = arith.constant 32 : index
-      %rk = arith.index_cast %rank : i32 to index
-      %base_i = arith.muli %rk, %c32i : index
-      %at = arith.addi %base_i, %i : index
-      memref.store %v, %out[%at] : memref<64xf32>"""
+{READ_BACK}"""
 
 
 def _multicast(x: np.ndarray, mask: int, leader_waits: bool = True) -> np.ndarray:
