@@ -54,11 +54,12 @@ operands go through the same adder as f16/bf16 (:mod:`..tensorcore`: a
 product of two tf32 values has 22 significant bits, exact; MMA-Sim's Hopper
 model, arXiv 2511.10909, truncates and adds the same way) -- not validated on
 our H200 recording. Refused with :class:`Unsupported`: a subnormal tf32
-operand (the ISA leaves subnormal inputs unspecified, and an A100 flushes
-them), A from registers (PTX has the form, jax never emits it: its
-``wgmma`` takes f32 A from SMEM only) and any immediates beyond scale-a and
-scale-b (PTX gives ``.tf32`` no ``imm-trans``: "the transpose operation is
-only supported for the .f16/.bf16 types", so tf32 operands are K-major).
+operand (the ISA leaves subnormal inputs unspecified, and Fasi et al.'s
+tensor-core tests report an A100's tf32 mma flushing them), A from
+registers (PTX has the form, jax never emits it: its ``wgmma`` takes f32 A
+from SMEM only) and any immediates beyond scale-a and scale-b (PTX gives
+``.tf32`` no ``imm-trans``: "the transpose operation is only supported for
+the .f16/.bf16 types", so tf32 operands are K-major).
 Scales other than +-1 raise :class:`Unsupported` for every type.
 """
 
@@ -134,7 +135,7 @@ def compile_wgmma(o: Op, text: str) -> Step:
         a_slots = [slot(_num(x)) for x in a_op.strip("{}").split(",")]
         if len(a_slots) != 4:
             raise Unsupported(f"WGMMA with {len(a_slots)} A registers", loc)
-        if aty == "tf32":  # PTX's A fragment for tf32: one element per register, untested
+        if aty == "tf32":  # PTX has its fragment (one element a register); jax, no such kernel
             raise Unsupported("WGMMA .tf32 with A in registers (PTX has the form; jax never "
                               "emits it, so it is not modelled)", loc)
     else:
