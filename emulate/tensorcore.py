@@ -30,6 +30,17 @@ f16 accumulator over 12 instructions. Not validated on the hardware: infinities
 and NaN among the terms (the IEEE sum of the exact terms is used) and an
 overflowing sum (rounded towards zero, it saturates at the largest finite
 value, as IEEE's round-towards-zero does).
+
+tf32 (WGMMA K = 8) goes through the same four steps, on operands the caller
+has truncated to tf32 (:mod:`.ops.wgmma`). The model's assumptions hold for
+it: a product of two tf32 values (11-bit significands) has at most 22
+significant bits and an exponent within [-252, 255] (subnormal operands are
+refused before this), so it is exact in float64; the terms scaled by
+``2 ** (25 - emax)`` stay below ``2 ** 27`` and their sum is exact; an
+operand's alignment exponent is its exponent field, as for bf16 (-126 at
+the bottom of the range). MMA-Sim (arXiv 2511.10909), fitted to Hopper,
+models tf32 WGMMA the same way (truncate, then the 25-bit fused sum, rounded
+towards zero); the H200 recording here has no tf32 kernel.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ import numpy as np
 # Bits kept below the largest alignment exponent (step 2).
 ALIGNMENT_BITS = 25
 # The exponent field's value for subnormals, per operand format.
-MIN_EXPONENT = {"f16": -14, "bf16": -126, "f32": -126, "e4m3": -6, "e5m2": -14}
+MIN_EXPONENT = {"f16": -14, "bf16": -126, "tf32": -126, "f32": -126, "e4m3": -6, "e5m2": -14}
 _NONE = np.int64(-(1 << 20))  # the alignment exponent of a zero term: below any other
 
 
@@ -61,9 +72,9 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
     """One instruction: ``acc + a @ b.T`` as the tensor core rounds it.
 
     ``a`` is (M, K) and ``b`` (N, K), holding values of the ``operands``
-    formats (one name for both, or A's and B's: "f16", "bf16", "e4m3",
-    "e5m2"; fp8 follows the f16 rule, unvalidated) in float64, signs already
-    applied; ``acc`` is (M, N) in the accumulator's type (``accumulator``:
+    formats (one name for both, or A's and B's: "f16", "bf16", "tf32" (already
+    truncated), "e4m3", "e5m2"; fp8 and tf32 follow the f16 rule, unvalidated)
+    in float64, signs already applied; ``acc`` is (M, N) in the accumulator's type (``accumulator``:
     "f32" or "f16"), or None when the instruction does not add it (scale-d 0). Returns (M, N) in the
     accumulator's type.
     """

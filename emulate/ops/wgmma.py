@@ -42,8 +42,25 @@ largest term, truncated 25 bits below it, summed exactly, rounded towards
 zero to an f32 D or to nearest to an f16 D). fp8 (e4m3/e5m2, mixed as the
 PTX ISA allows) goes through the same adder, one group per instruction (K =
 32) -- a reading, not validated on the hardware. s8 x s8 -> s32 is exact
-(wrapping). tf32 (f32 inputs: how the hardware drops f32's low mantissa bits
-is not documented) raises :class:`Unsupported`; so do scales other than +-1.
+(wrapping).
+
+tf32 (``.tf32``, jax's WGMMA of f32 operands; K = 8, 4-byte elements): the
+PTX ISA ("wgmma.mma_async", Precision and rounding) says the instruction
+"will truncate lower 13 bits of the 32-bit input data before multiplication
+is issued", so each operand is its f32 bits with the low 13 cleared -- sign,
+8 exponent bits, the top 10 mantissa bits: truncation towards zero, and a NaN
+whose payload lies only in those 13 bits reads as an infinity. The truncated
+operands go through the same adder as f16/bf16 (:mod:`..tensorcore`: a
+product of two tf32 values has 22 significant bits, exact; MMA-Sim's Hopper
+model, arXiv 2511.10909, truncates and adds the same way) -- not validated on
+our H200 recording. Refused with :class:`Unsupported`: a subnormal tf32
+operand (the ISA leaves subnormal inputs unspecified, and Fasi et al.'s
+tensor-core tests report an A100's tf32 mma flushing them), A from
+registers (PTX has the form, jax never emits it: its ``wgmma`` takes f32 A
+from SMEM only) and any immediates beyond scale-a and scale-b (PTX gives
+``.tf32`` no ``imm-trans``: "the transpose operation is only supported for
+the .f16/.bf16 types", so tf32 operands are K-major).
+Scales other than +-1 raise :class:`Unsupported` for every type.
 """
 
 from __future__ import annotations
@@ -64,8 +81,14 @@ WGMMA = re.compile(
     r"\{([^}]*)\},\s*(\{[^}]*\}|\$\d+),\s*\$(\d+),\s*p((?:,\s*\$\d+)*);\s*\}\s*$")
 
 ELEMENTS = {"f16": np.dtype(np.float16), "bf16": irtypes.SCALARS["bf16"], "s8": np.dtype(np.int8),
-            "e4m3": irtypes.SCALARS["f8E4M3FN"], "e5m2": irtypes.SCALARS["f8E5M2"]}
+            "e4m3": irtypes.SCALARS["f8E4M3FN"], "e5m2": irtypes.SCALARS["f8E5M2"],
+            "tf32": np.dtype(np.float32)}  # tf32: f32 storage, read through tf32()
+# The accumulator types PTX pairs with each operand type.
+ACCUMULATORS = {"f16": ("f32", "f16"), "bf16": ("f32",), "tf32": ("f32",), "e4m3": ("f32", "f16"),
+                "e5m2": ("f32", "f16"), "s8": ("s32",)}
 FP8 = ("e4m3", "e5m2")
+TF32_MASK = np.uint32(0xFFFFE000)  # what the tensor core keeps of a 32-bit .tf32 element
+F32_MIN_NORMAL = float(np.finfo(np.float32).tiny)
 SWIZZLES = {1: 128, 2: 64, 3: 32}
 
 
@@ -88,10 +111,11 @@ def compile_wgmma(o: Op, text: str) -> Step:
     if dty not in ("f32", "s32", "f16"):
         raise Unsupported(f"WGMMA with a .{dty} accumulator", loc)
     if aty not in ELEMENTS or bty not in ELEMENTS or (aty != bty and not {aty, bty} <= set(FP8)):
-        raise Unsupported(f"WGMMA of .{aty} x .{bty} (f16, bf16, fp8 and s8 are modelled)", loc)
+        raise Unsupported(f"WGMMA of .{aty} x .{bty} (f16, bf16, tf32, fp8 and s8 are modelled)",
+                          loc)
     el, el_b = ELEMENTS[aty], ELEMENTS[bty]
     is_int = aty == "s8"
-    if (dty == "f16") == (is_int or aty == "bf16") and dty != "f32":
+    if dty not in ACCUMULATORS[aty]:
         raise Unsupported(f"WGMMA of .{aty} into a .{dty} accumulator", loc)
     packed = dty == "f16"  # two f16 accumulators per b32 register
     if k * el.itemsize != 32 or len(d_regs) != n // (4 if packed else 2):
@@ -111,6 +135,9 @@ def compile_wgmma(o: Op, text: str) -> Step:
         a_slots = [slot(_num(x)) for x in a_op.strip("{}").split(",")]
         if len(a_slots) != 4:
             raise Unsupported(f"WGMMA with {len(a_slots)} A registers", loc)
+        if aty == "tf32":  # PTX has its fragment (one element a register); jax, no such kernel
+            raise Unsupported("WGMMA .tf32 with A in registers (PTX has the form; jax never "
+                              "emits it, so it is not modelled)", loc)
     else:
         a_slots = [slot(_num(a_op))]
     b_slot = slot(int(b_op))
@@ -121,6 +148,10 @@ def compile_wgmma(o: Op, text: str) -> Step:
     else:
         want = 0 if is_int else 2  # fp8: scale-a, scale-b (no transposes)
     if len(imm_slots) != want:
+        if el.itemsize != 2 and not is_int and len(imm_slots) > want:
+            raise Unsupported(f"WGMMA .{aty} with {len(imm_slots)} immediates: PTX gives "
+                              f".{aty} no imm-trans-a/b (transposes are for .f16/.bf16 only), "
+                              "so its operands must be K-major", loc)
         raise Unsupported(f"inline PTX {text!r}: {len(imm_slots)} immediates", loc)
     (out,) = [s for s, t in zip(o.outs, o.out_types) if t.kind != "none"]
     o.comp.accumulators.add(out)  # the checker guards what reads it before the wait
@@ -151,6 +182,8 @@ def compile_wgmma(o: Op, text: str) -> Step:
             a = _read_operand(fr, desc, 64, k, el, trans_a, loc, check)
         desc_b = int(uniform(r[b_slot], fr, "the WGMMA B descriptor", loc))
         bm = _read_operand(fr, desc_b, n, k, el_b, trans_b, loc, check)  # (N, K)
+        if aty == "tf32":
+            a, bm = tf32(a, "A", loc), tf32(bm, "B", loc)
         del b
         rows, cols = _d_positions(n)
         use = np.asarray(r[use_slot]).reshape(-1)
@@ -183,6 +216,19 @@ def compile_wgmma(o: Op, text: str) -> Step:
             comp, stamp, agent = issued
             fr.pending[out] = (comp, stamp, site, agent)
     return accumulator_use(step, OWNS)
+
+
+def tf32(x: np.ndarray, which: str, where: str) -> np.ndarray:
+    """f32 operand elements as the tensor core reads ``.tf32``: the low 13 bits
+    cleared (the PTX ISA's truncation; a NaN with only those bits set becomes
+    an infinity). A subnormal result raises :class:`Unsupported`: the ISA leaves
+    subnormal inputs unspecified."""
+    t = (np.ascontiguousarray(x, np.float32).view(np.uint32) & TF32_MASK).view(np.float32)
+    sub = (t != 0) & (np.abs(t) < F32_MIN_NORMAL)
+    if sub.any():
+        raise Unsupported(f"a subnormal .tf32 WGMMA operand ({which} = {t[sub][0]!r}): the PTX "
+                          "ISA leaves subnormal inputs unspecified", where)
+    return t
 
 
 def _per_thread_scalar(v, T: int) -> np.ndarray:

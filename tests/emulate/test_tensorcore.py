@@ -94,3 +94,31 @@ def test_an_overflowing_sum_saturates_towards_zero():
     c = np.full((1, 1), np.finfo(np.float32).max, np.float32)
     got = tensorcore.mma(a, b, c, operands="f16", accumulator="f32")
     assert got[0, 0] == np.finfo(np.float32).max
+
+
+def tf32(values) -> np.ndarray:
+    """f32 values truncated to tf32 (low 13 bits cleared), as float64."""
+    v = np.asarray(values, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return v.view(np.float32).astype(np.float64)
+
+
+def test_tf32_operands_across_the_f32_range_follow_the_rule():
+    """The model's assumptions for tf32 (K = 8): products of 11-bit significands
+    with exponents from -126 (the smallest normal) to 127 are exact in float64,
+    and the shifted sum stays exact -- at both ends of the range, where f16
+    and bf16 operands never reach together."""
+    rng = np.random.default_rng(1)
+    a = tf32(rng.uniform(1, 2, (8, 8)) * 2.0 ** rng.integers(-126, 64, (8, 8))
+             * rng.choice([-1, 1], (8, 8)))
+    b = tf32(rng.uniform(1, 2, (8, 8)) * 2.0 ** rng.integers(-126, 64, (8, 8)))
+    a[0] = tf32(2.0 ** -126 * (1 + np.arange(8) / 1024))  # products near 2^-252
+    b[0] = tf32(np.full(8, 2.0 ** -126))
+    a[1, :2] = tf32([2.0 ** 63 * 1.999, -(2.0 ** 63) * 1.999])  # cancelling giants
+    b[1, :2] = tf32([2.0 ** 63, 2.0 ** 63])
+    c = (rng.standard_normal((8, 8)) * 2.0 ** rng.integers(-126, 100, (8, 8))).astype(np.float32)
+    c[0, 0] = np.float32(2.0 ** -126)  # an accumulator far above products of 2^-252
+    got = tensorcore.mma(a, b, c, operands="tf32", accumulator="f32")
+    want = np.array([[rule(a[m], b[n], c[m, n], "f32", low=-126) for n in range(8)]
+                     for m in range(8)])
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    assert got[0, 0] == np.float32(2.0 ** -126)  # the 2^-252 products fall below the 25 bits

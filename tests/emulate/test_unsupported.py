@@ -13,13 +13,15 @@ from smalti.emulate import memory, tma
 from tests.emulate.kernels import WG, S, cases, normal
 
 
-def test_a_wgmma_form_not_modelled_is_unsupported_and_named():
-    """WGMMA of f32 inputs (.tf32): how the hardware rounds f32 to tf32 is
-    not documented, so the emulator refuses it rather than guess."""
+def test_a_wgmma_operand_not_modelled_is_unsupported_and_named():
+    """WGMMA of f32 inputs (.tf32) with a subnormal operand: the PTX ISA leaves
+    subnormal inputs unspecified, so the emulator refuses it rather than guess
+    (its normal twin runs: tests/emulate/test_wgmma_forms.py)."""
     from tests.emulate.test_wgmma_forms import _matmul
 
     x = normal((64, 64), np.float32)
-    with pytest.raises(emu.Unsupported, match=r"WGMMA of \.tf32 x \.tf32.* at loc\("):
+    x[5, 7] = 2.0 ** -130  # subnormal, and kept by the truncation to tf32
+    with pytest.raises(emu.Unsupported, match=r"subnormal \.tf32 WGMMA operand.* at loc\("):
         emu.run(_matmul(jnp.float32, jnp.float32, False, 64, 64), x, x)
 
 

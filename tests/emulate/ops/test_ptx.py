@@ -4,8 +4,9 @@ PTX ISA's definitions on edge values (signed zeros, infinities, NaN,
 subnormals under ``.ftz``), mbarriers, barriers, cluster barriers,
 ``st.async`` and jax's remote arrival between the blocks of a cluster, bulk
 and TMA copies (tile, gather4, scatter4) under the synchronization checker,
-a WGMMA block as jax writes it, 16-bit integer max/min, and the clocks and
-ids jax's profiler reads."""
+a WGMMA block as jax writes it (and the .tf32 forms jax never writes,
+refused), 16-bit integer max/min, and the clocks and ids jax's profiler
+reads."""
 
 from __future__ import annotations
 
@@ -629,3 +630,37 @@ def test_clocks_increase_in_program_order_and_smid_is_the_block_modulo_132():
     t = np.arange(32)
     want = np.where((t % 2 == 0)[:, None], np.stack([t * t, np.full(32, g + 3)], -1), -5)
     assert_same_bits(got["buf"], want.astype(np.int32))
+
+
+def _tf32_wgmma(shape: str, a_regs: bool, imms: int, dtype: str = "f32") -> str:
+    """A ``wgmma.mma_async.m64n8k8.{dtype}.tf32.tf32`` block, jax's constraint
+    layout (4 accumulators, tied; A descriptor or four A registers; B
+    descriptor; scale-d; ``imms`` immediates), on dummy operands: the forms
+    below are refused when compiled, before anything runs."""
+    regs = ["$8", "$9", "$10", "$11"] if a_regs else ["$8"]
+    b = 8 + len(regs)
+    imm = "".join(f", ${b + 2 + i}" for i in range(imms))
+    text = (f"{{ .reg .pred p; setp.ne.b32 p, ${b + 1}, 0; wgmma.mma_async.sync.aligned.{shape}."
+            f"{dtype}.tf32.tf32 {{$0,$1,$2,$3}}, {'{' + ','.join(regs) + '}' if a_regs else '$8'}, "
+            f"${b}, p{imm}; }}")
+    a_cons, a_ops, a_tys = ((["r"] * 4, ["%i"] * 4, ["i32"] * 4) if a_regs
+                            else (["l"], ["%d"], ["i64"]))
+    cons = ",".join(["=f"] * 4 + ["0", "1", "2", "3"] + a_cons + ["l"] + ["n"] * (1 + imms))
+    ops = ", ".join(["%c"] * 4 + a_ops + ["%d"] + ["%i"] * (1 + imms))
+    tys = ", ".join(["f32"] * 4 + a_tys + ["i64"] + ["i32"] * (1 + imms))
+    return f'%r = llvm.inline_asm has_side_effects "{text}", "{cons}" {ops} : ({tys}) -> ' \
+        "!llvm.struct<(f32, f32, f32, f32)>"
+
+
+@pytest.mark.parametrize("a_regs,imms,dtype,why", [
+    (True, 2, "f32", r"\.tf32 with A in registers"),
+    (False, 4, "f32", r"\.tf32 with 4 immediates: PTX gives \.tf32 no imm-trans-a/b"),
+    (False, 2, "f16", r"WGMMA of \.tf32 into a \.f16 accumulator")])
+def test_tf32_wgmma_forms_jax_never_emits_are_refused(a_regs, imms, dtype, why):
+    """PTX has tf32 A in registers (jax's wgmma takes f32 A from SMEM only: not
+    modelled); it has no imm-trans for .tf32 (transposes are .f16/.bf16 only)
+    and no f16 accumulator for it. Each is Unsupported, named, where it is."""
+    inputs = {"c": ("f32", np.zeros(128, np.float32)), "d": ("i64", np.int64(0)),
+              "i": ("i32", np.int32(1))}
+    with pytest.raises(Unsupported, match=why + ".* at loc\\("):
+        run(_tf32_wgmma("m64n8k8", a_regs, imms, dtype), inputs, threads=128)
