@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from jax._src.lib import mosaic_gpu_dialect as mgpu
 from jax._src.lib.mlir import ir
@@ -25,7 +24,13 @@ from smalti.plugins.transfers import (
     unwrap_ref,
 )
 from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
-from smalti.registry import HOPPER_AND_LATER, ConstraintRegistry, LoweringRegistry, PallasRegistry
+from smalti.registry import (
+    HOPPER_AND_LATER,
+    ConstraintRegistry,
+    LoweringRegistry,
+    PallasRegistry,
+    deferred,
+)
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 
@@ -132,12 +137,6 @@ def register_lowerings(registry: LoweringRegistry) -> None:
 
 def register_pallas_lowerings(registry: PallasRegistry) -> None:
     # Scalars (which jax refuses) by st.async; everything else by jax's rule.
-    # Referenced by name: Pallas is only imported once smalti is installed.
+    # Both referenced by name: Pallas is only imported once smalti is installed.
     registry.pallas_lowering("jax._src.pallas.mosaic_gpu.primitives:async_store_smem_p")(
-        _lower_async_store_smem_primitive)
-
-
-def _lower_async_store_smem_primitive(ctx: Any, *args: Any, **params: Any) -> Any:
-    from smalti.hopper import pallas_stores  # imports Pallas
-
-    return pallas_stores.lower_async_store_smem(ctx, *args, **params)
+        deferred("smalti.hopper.pallas_stores:lower_async_store_smem"))
