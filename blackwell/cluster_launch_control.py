@@ -11,6 +11,7 @@ from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.layouts import SmemTransforms
+from smalti.registry import BLACKWELL_AND_LATER, ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 
@@ -34,3 +35,15 @@ def lower_query_cluster_cancel(ctx: LoweringContext, op: mgpu.QueryClusterCancel
                                ) -> list[ir.Value]:
     """The first CTA id of the cancelled cluster, and whether one was cancelled."""
     return list(mgpu_utils.query_cluster_cancel(op.cancellation_result))
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    registry.constraint_rule("mosaic_gpu.try_cluster_cancel", "mosaic_gpu.query_cluster_cancel",
+                             archs=BLACKWELL_AND_LATER)(cancellation_result)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    rule("mosaic_gpu.try_cluster_cancel", archs=BLACKWELL_AND_LATER)(lower_try_cluster_cancel)
+    rule("mosaic_gpu.query_cluster_cancel", archs=BLACKWELL_AND_LATER)(
+        lower_query_cluster_cancel)

@@ -16,6 +16,7 @@ from jax._src.lib.mlir.dialects import arith
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.blackwell.archs import TCGEN05, TCGEN05_WARP_ISSUED
 from smalti.blackwell.collective import check_collective, is_collective
 from smalti.blackwell.tmem_layouts import fitting, required_mma_layout
 from smalti.blackwell.tmem_refs import check_tmem_operand, tmem_ref_from_ir
@@ -24,6 +25,8 @@ from smalti.diagnostics import SmaltiValueError
 from smalti.hopper.wgmma import mma_smem_tilings
 from smalti.layouts import MemorySpace, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
+from smalti.registry import ConstraintRegistry, LoweringOptions, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext
 from smalti.sites import memory_space_of
 
@@ -175,3 +178,18 @@ def lower_tcgen05_commit_arrive_jax_0_11(ctx: LoweringContext,
     with mgpu_utils.when(ctx.single_lane_predicate):
         tcgen05.commit_arrive(barrier.barrier_ref, is_collective(op), ctx.launch_context)
     return []
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    registry.constraint_rule("mosaic_gpu.tcgen05_mma", archs=TCGEN05)(tcgen05_mma)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    # MMAs and commits may also be issued by a single warp.
+    rule("mosaic_gpu.tcgen05_mma", **TCGEN05_WARP_ISSUED)(lower_tcgen05_mma)
+    since_0_12: LoweringOptions = {**TCGEN05_WARP_ISSUED, "jax": SINCE_0_12}
+    before_0_12: LoweringOptions = {**TCGEN05_WARP_ISSUED, "jax": BEFORE_0_12}
+    rule("mosaic_gpu.tcgen05_commit_arrive", **since_0_12)(lower_tcgen05_commit_arrive)
+    rule("mosaic_gpu.tcgen05_commit_arrive", **before_0_12)(
+        lower_tcgen05_commit_arrive_jax_0_11)

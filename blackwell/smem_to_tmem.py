@@ -14,6 +14,7 @@ from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.blackwell.archs import TCGEN05, TCGEN05_WARP_ISSUED
 from smalti.blackwell.collective import check_collective, is_collective
 from smalti.blackwell.tmem_layouts import fitting
 from smalti.blackwell.tmem_refs import check_tmem_operand, tmem_ref_from_ir
@@ -22,6 +23,7 @@ from smalti.diagnostics import SmaltiValueError
 from smalti.hopper.wgmma import mma_smem_tilings
 from smalti.layouts import SmemTransforms, TmemLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
+from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 Copy = mgpu.AsyncStoreSmemToTmemOp | mgpu.AsyncStoreScalesSmemToTmemOp | \
@@ -117,3 +119,23 @@ def lower_async_store_sparse_metadata_smem_to_tmem(
         tcgen05.async_copy_sparse_metadata_smem_to_tmem(source, destination,
                                                         collective=is_collective(op))
     return []
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    rule = registry.constraint_rule
+    rule("mosaic_gpu.async_store_smem_to_tmem", archs=TCGEN05)(async_store_smem_to_tmem)
+    rule("mosaic_gpu.async_store_scales_smem_to_tmem", archs=TCGEN05)(
+        async_store_scales_smem_to_tmem)
+    rule("mosaic_gpu.async_store_sparse_metadata_smem_to_tmem", archs=TCGEN05)(
+        async_store_sparse_metadata_smem_to_tmem)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    # The copies may also be issued by a single warp.
+    rule("mosaic_gpu.async_store_smem_to_tmem", **TCGEN05_WARP_ISSUED)(
+        lower_async_store_smem_to_tmem)
+    rule("mosaic_gpu.async_store_scales_smem_to_tmem", **TCGEN05_WARP_ISSUED)(
+        lower_async_store_scales_smem_to_tmem)
+    rule("mosaic_gpu.async_store_sparse_metadata_smem_to_tmem", **TCGEN05_WARP_ISSUED)(
+        lower_async_store_sparse_metadata_smem_to_tmem)

@@ -21,6 +21,7 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import tcgen05
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.blackwell.archs import TCGEN05, TCGEN05_WARP_ISSUED
 from smalti.blackwell.collective import check_collective, is_collective
 from smalti.blackwell.tmem_layouts import fitting, mma_tmem_layout
 from smalti.blackwell.tmem_refs import check_tmem_operand, tmem_ref_from_ir
@@ -29,6 +30,7 @@ from smalti.diagnostics import SmaltiValueError
 from smalti.layouts import SmemTransforms, TmemLayout
 from smalti.refs import tmem_address_cast as address_cast
 from smalti.refs import tmem_layout_from_attribute
+from smalti.registry import ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, default_is_signed
 
 _ALIAS_KEY = "smalti.blackwell/slice_tmem alias"
@@ -214,3 +216,27 @@ def lower_async_store_tmem(ctx: LoweringContext, op: mgpu.AsyncStoreTmemOp) -> l
     [layout] = ctx.in_layouts(op)
     ref.store(ctx.from_ir(op.source, layout))
     return []
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    rule = registry.constraint_rule
+    rule("mosaic_gpu.tmem_alloc", archs=TCGEN05)(tmem_alloc)
+    rule("mosaic_gpu.tmem_dealloc", archs=TCGEN05)(tmem_dealloc)
+    rule("mosaic_gpu.tmem_layout_cast", archs=TCGEN05)(tmem_layout_cast)
+    rule("mosaic_gpu.slice_tmem", archs=TCGEN05)(slice_tmem)
+    rule("mosaic_gpu.async_load_tmem", archs=TCGEN05)(async_load_tmem)
+    rule("mosaic_gpu.async_store_tmem", archs=TCGEN05)(async_store_tmem)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    rule("mosaic_gpu.tmem_alloc", archs=TCGEN05)(lower_tmem_alloc)
+    rule("mosaic_gpu.tmem_dealloc", archs=TCGEN05, check=check_tmem_dealloc)(
+        lower_tmem_dealloc)
+    rule("mosaic_gpu.tmem_relinquish_alloc_permit", archs=TCGEN05)(
+        lower_tmem_relinquish_alloc_permit)
+    # Views of TMEM may also be taken by a single warp.
+    rule("mosaic_gpu.tmem_layout_cast", **TCGEN05_WARP_ISSUED)(lower_tmem_layout_cast)
+    rule("mosaic_gpu.slice_tmem", **TCGEN05_WARP_ISSUED)(lower_slice_tmem)
+    rule("mosaic_gpu.async_load_tmem", archs=TCGEN05)(lower_async_load_tmem)
+    rule("mosaic_gpu.async_store_tmem", archs=TCGEN05)(lower_async_store_tmem)

@@ -8,7 +8,10 @@ rule on its own and reports everything it finds:
   signatures, unsupported hook versions, malformed registrations);
 - two plugins claiming one op (``SM001``) and stale overrides (``SM008``);
 - rules whose architecture range contains no target (``SM010``);
-- rules for ops that a registered dialect does not define (``SM011``).
+- rules for ops that a registered dialect does not define (``SM011``);
+- ``"module:attribute"`` references that do not resolve (``SM013``): a
+  Pallas rule's primitive, or a :func:`~smalti.registry.deferred` rule's
+  function, which nothing else imports before a kernel needs them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from jax._src.lib.mlir import ir
 from smalti.diagnostics import PluginError, SmaltiError
 from smalti.kernels import make_context
 from smalti.pipeline import Discovery
-from smalti.registry import Arch, RuleKind, RuleRecord, installed_jax
+from smalti.registry import Arch, RuleKind, RuleRecord, installed_jax, resolve
 
 #: The architectures Mosaic GPU compiles for. A rule supporting none of them
 #: can never be used.
@@ -45,6 +48,7 @@ def check(discovery: Discovery, context: ir.Context | None = None) -> list[Findi
     findings += [Finding(r.plugin, e) for r, e in _without_target(discovery.records)]
     context = context or make_context()
     findings += [Finding(r.plugin, e) for r, e in _unknown_ops(discovery.records, context)]
+    findings += [Finding(r.plugin, e) for r, e in _unresolved(discovery.records)]
     return findings
 
 
@@ -112,4 +116,35 @@ def _unknown_ops(records: list[RuleRecord],
             fix=[f"check the spelling of {record.key!r} (as printed in the kernel's MLIR)",
                  "or drop the rule if the op is not in the installed jax"],
         )))
+    return found
+
+
+def _unresolved(records: list[RuleRecord]) -> list[tuple[RuleRecord, SmaltiError]]:
+    found: list[tuple[RuleRecord, SmaltiError]] = []
+    jax = installed_jax()
+    for record in records:
+        if not record.jax.supports(jax):
+            continue  # a rule for another jax may name what this one lacks
+        references = [("function", getattr(record.function, "reference", None)),
+                      ("primitive", record.target)]
+        for what, reference in references:
+            if not isinstance(reference, str):
+                continue
+            try:
+                resolved = resolve(reference)
+            except Exception as e:  # noqa: BLE001 -- any failure to import is the finding
+                why = f"{type(e).__name__}: {e}"
+            else:
+                if what == "primitive" or callable(resolved):
+                    continue
+                why = f"it names {type(resolved).__name__} {resolved!r}, which is not callable"
+            found.append((record, PluginError(
+                "SM013",
+                f"plugin {record.plugin!r} registers a {record.kind.value} rule for "
+                f"{record.key!r} whose {what} {reference!r} does not resolve: {why}",
+                values={"rule": record.name, what: reference},
+                fix=[f"check the spelling of {reference!r} ('package.module:attribute')",
+                     "or register the rule only for the jax versions that have it "
+                     "(jax=JaxVersions(...))"],
+            )))
     return found

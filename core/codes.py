@@ -221,6 +221,26 @@ pipeline = smalti_pipeline("smalti.plugins", my_plugin)
 """,
     ),
     Code(
+        "SM013",
+        "A rule's reference does not resolve",
+        """
+`smalti plugins --check` found a rule that names what it needs by a
+`"module:attribute"` reference that cannot be imported: the Pallas primitive
+of a Pallas lowering or resource estimator, or the function of a rule
+registered as `smalti.registry.deferred("module:function")` (whose module
+is imported only when the rule first runs, because it imports Pallas).
+Nothing else imports these before a kernel needs them, so a misspelt module
+or name would otherwise surface only there. References of a rule registered
+for other jax versions only (`jax=`) are not checked.
+""",
+        before="""
+registry.pallas_lowering("jax._src.lax.lax:floor_p")(deferred("my_pkg.lowerings:lower_flor"))
+""",
+        after="""
+registry.pallas_lowering("jax._src.lax.lax:floor_p")(deferred("my_pkg.lowerings:lower_floor"))
+""",
+    ),
+    Code(
         "SM101",
         "No layout assignment satisfies the kernel",
         """

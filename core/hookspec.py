@@ -141,8 +141,10 @@ def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
         ``registry.pallas_lowering(primitive, **options)`` and estimators
         with ``registry.resource_estimator(primitive, **options)``;
         ``primitive`` is the primitive object or a ``"module:attribute"``
-        reference to it, resolved only when smalti is installed into jax.
-        Every option may be left out
+        reference to it, resolved only when smalti is installed into jax;
+        a function whose module imports Pallas is best given as
+        ``smalti.registry.deferred("module:function")``, imported on its
+        first call. Every option may be left out
         (:class:`smalti.registry.PallasOptions`):
 
         - ``overrides``: the name of the plugin whose rule for the same

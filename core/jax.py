@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +32,7 @@ from smalti import escaped, kernels
 from smalti.inference import infer_layouts
 from smalti.lowering import lower
 from smalti.pipeline import Pipeline, default_pipeline
-from smalti.registry import RuleKind
+from smalti.registry import RuleKind, resolve
 
 _MISSING = object()
 _lock = threading.RLock()
@@ -98,14 +97,6 @@ def _allowing_unregistered_dialects(lowering: Any, primitive: Any) -> Any:
 def _restore_unregistered_dialects() -> None:
     for context, previous in reversed(_state.pop("opened", [])):
         context.allow_unregistered_dialects = previous
-
-
-def _resolve(primitive: Any) -> Any:
-    """A primitive, given as the object or as a ``"module:attribute"`` reference."""
-    if isinstance(primitive, str):
-        module, _, attribute = primitive.partition(":")
-        return getattr(importlib.import_module(module), attribute)
-    return primitive
 
 
 class _RulesWithRefusal(dict):
@@ -190,7 +181,7 @@ def replaced_rule(primitive: Any) -> Any:
     """The Pallas Warpgroup lowering that a plugin's rule for ``primitive``
     replaced while smalti is installed (jax's own, or ``None`` where Pallas
     has none), so that the plugin can hand it the cases jax handles."""
-    primitive = _resolve(primitive)
+    primitive = resolve(primitive)
     for table, saved, previous in _state.get("saved", ()):
         if saved is primitive and table is _pallas_tables()[RuleKind.PALLAS]:
             return None if previous is _MISSING else previous
@@ -213,7 +204,7 @@ def install(pipeline: Pipeline | None = None) -> None:
             for kind, table in _pallas_tables().items():
                 for records in pipeline.rules[kind].values():
                     for record in records:
-                        primitive = _resolve(record.target)
+                        primitive = resolve(record.target)
                         saved.append((table, primitive, table.get(primitive, _MISSING)))
                         table[primitive] = _allowing_unregistered_dialects(
                             record.function, primitive) \

@@ -8,6 +8,7 @@ so every rule knows which plugin it came from: conflicts, crashes and the
 from __future__ import annotations
 
 import enum
+import importlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypedDict, Unpack
@@ -354,7 +355,8 @@ class PallasRegistry(_Registry):
         ``primitive`` is the ``jax.extend.core.Primitive`` object, or a
         ``"module:attribute"`` reference to it, resolved only when smalti is
         installed into jax (so that building a pipeline does not import
-        Pallas).
+        Pallas); a function whose module imports Pallas is registered the
+        same way, as :func:`deferred` ``("module:function")``.
         """
 
         return self._primitive_rule(primitive, RuleKind.PALLAS, options)
@@ -397,3 +399,46 @@ class PallasRegistry(_Registry):
             return fn
 
         return decorate
+
+
+# --- rules and primitives named by reference ---------------------------------------------
+
+
+def resolve(reference: Any) -> Any:
+    """The object a ``"module:attribute"`` reference names, its module
+    imported now; anything but a string is returned as it is."""
+    if not isinstance(reference, str):
+        return reference
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def deferred(reference: str) -> Callable[..., Any]:
+    """The rule at ``reference`` (``"module:function"``), imported on its
+    first call: for a rule whose module must not be imported while a
+    pipeline is built -- a Pallas lowering or estimator whose module imports
+    Pallas -- registered like any other::
+
+        registry.pallas_lowering("my_pkg.ops:square_p")(deferred("my_pkg.pallas:lower_square"))
+
+    The returned function is named after the one it stands for (so the
+    ``smalti plugins`` table and errors name it) and keeps the reference as
+    ``.reference``: ``smalti plugins --check`` imports every one (SM013), so
+    a misspelt reference is found before a kernel needs it.
+    """
+    module, colon, name = reference.partition(":") if isinstance(reference, str) else ("", "", "")
+    if not (module and colon and name.isidentifier()):
+        raise PluginError(
+            "SM006", f"deferred({reference!r}): not a 'module:function' reference",
+            values={"reference": repr(reference)},
+            fix="name the function as 'package.module:function'",
+        )
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        # Looked up at each call (cheap once imported): always the module's current function.
+        return resolve(reference)(*args, **kwargs)
+
+    call.__module__, call.__name__, call.__qualname__ = module, name, name
+    call.reference = reference  # type: ignore[attr-defined]
+    return call
+

@@ -23,6 +23,14 @@ from smalti.plugins.transfers import (
     transferable,
     unwrap_ref,
 )
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
+from smalti.registry import (
+    HOPPER_AND_LATER,
+    ConstraintRegistry,
+    LoweringRegistry,
+    PallasRegistry,
+    deferred,
+)
 from smalti.rules import ConstraintBuilder, LoweringContext
 
 
@@ -110,3 +118,25 @@ def lower_async_store_smem(ctx: LoweringContext, op: mgpu.AsyncStoreSmemOp) -> l
 def lower_async_store_smem_jax_0_11(ctx: LoweringContext,
                                     op: mgpu.AsyncStoreSmemOp) -> list[ir.Value]:
     return _lower_async_store_smem(ctx, op, _expect_tx_jax_0_11, JAX_0_11)
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    rule = registry.constraint_rule
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=SINCE_0_12)(async_store_smem)
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=BEFORE_0_12)(
+        async_store_smem_jax_0_11)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=SINCE_0_12)(
+        lower_async_store_smem)
+    rule("mosaic_gpu.async_store_smem", archs=HOPPER_AND_LATER, jax=BEFORE_0_12)(
+        lower_async_store_smem_jax_0_11)
+
+
+def register_pallas_lowerings(registry: PallasRegistry) -> None:
+    # Scalars (which jax refuses) by st.async; everything else by jax's rule.
+    # Both referenced by name: Pallas is only imported once smalti is installed.
+    registry.pallas_lowering("jax._src.pallas.mosaic_gpu.primitives:async_store_smem_p")(
+        deferred("smalti.hopper.pallas_stores:lower_async_store_smem"))

@@ -25,6 +25,13 @@ from smalti.divisibility import known_gcd
 from smalti.hopper import gathers
 from smalti.layouts import RegisterLayout, smem_transforms_from_attribute
 from smalti.plugins.transfers import unwrap_ref
+from smalti.plugins.versions import BEFORE_0_12, SINCE_0_12
+from smalti.registry import (
+    HOPPER_AND_LATER,
+    ConstraintRegistry,
+    LoweringOptions,
+    LoweringRegistry,
+)
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 
 #: The TMA copies; with the prefetch, the TMA ops these rules describe.
@@ -374,3 +381,22 @@ def lower_arrive_expect_tx_jax_0_11(ctx: LoweringContext,
         barrier.barrier_ref.arrive(arrival_count=3, can_complete=False)
     barrier.barrier_ref.arrive_expect_tx(tx_bytes)
     return []
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    rule = registry.constraint_rule
+    rule("mosaic_gpu.async_load", "mosaic_gpu.async_store", archs=HOPPER_AND_LATER)(async_copy)
+    rule("mosaic_gpu.async_prefetch", archs=HOPPER_AND_LATER)(prefetch)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    rule = registry.lowering_rule
+    # TMA copies and expect-tx arrivals may also be issued by a single warp.
+    warp: LoweringOptions = {"archs": HOPPER_AND_LATER, "warp_semantics": True}
+    rule("mosaic_gpu.async_load", **warp)(lower_async_load)
+    rule("mosaic_gpu.async_store", **warp)(lower_async_store)
+    rule("mosaic_gpu.async_prefetch", **warp)(lower_async_prefetch)
+    warp_since_0_12: LoweringOptions = {**warp, "jax": SINCE_0_12}
+    warp_before_0_12: LoweringOptions = {**warp, "jax": BEFORE_0_12}
+    rule("mosaic_gpu.arrive_expect_tx", **warp_since_0_12)(lower_arrive_expect_tx)
+    rule("mosaic_gpu.arrive_expect_tx", **warp_before_0_12)(lower_arrive_expect_tx_jax_0_11)

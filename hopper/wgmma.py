@@ -29,6 +29,7 @@ from smalti.layouts import (
     smem_transforms_from_attribute,
 )
 from smalti.plugins.transfers import unwrap_ref
+from smalti.registry import Architectures, ConstraintRegistry, LoweringRegistry
 from smalti.rules import ConstraintBuilder, LoweringContext, malformed_op
 from smalti.sites import ValueSite, memory_space_of
 
@@ -156,3 +157,15 @@ def lower_wgmma(ctx: LoweringContext, op: mgpu.WGMMAOp) -> list[ir.Value]:
         a = a_ref
     result = wgmma_instruction(accumulator, a, b_ref, swizzle=b_swizzle)
     return [ctx.to_ir(result.value.to_layout(fa.WGMMA_LAYOUT), op.accumulator.type)]
+
+
+#: WGMMA exists on sm_90a only.
+SM90_ONLY = Architectures(minimum=(9, 0), maximum=(9, 0))
+
+
+def register_constraints(registry: ConstraintRegistry) -> None:
+    registry.constraint_rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(wgmma)
+
+
+def register_lowerings(registry: LoweringRegistry) -> None:
+    registry.lowering_rule("mosaic_gpu.wgmma", archs=SM90_ONLY)(lower_wgmma)

@@ -688,18 +688,18 @@ def lower_store(ctx: LoweringContext, op: memref.StoreOp) -> list[ir.Value]:
 
 
 def register_lowerings(registry: LoweringRegistry) -> None:
-    # Views and slices are also taken by a single warp (inside warp_map).
-    warp = registry.lowering_rule
-    # Their checks run before lowering rewrites anything.
-    warp("mosaic_gpu.slice_smem", warp_semantics=True, check=_check_slice_smem)(
+    rule = registry.lowering_rule
+    # Views and slices are also taken by a single warp (inside warp_map);
+    # their checks run before lowering rewrites anything.
+    rule("mosaic_gpu.slice_smem", warp_semantics=True, check=_check_slice_smem)(
         lower_slice_smem)
-    warp("mosaic_gpu.with_transforms", warp_semantics=True, check=_check_with_transforms)(
+    rule("mosaic_gpu.with_transforms", warp_semantics=True, check=_check_with_transforms)(
         lower_with_transforms)
-    registry.lowering_rule("mosaic_gpu.get_cluster_ref")(lower_get_cluster_ref)
-    warp("memref.subview", warp_semantics=True)(lower_subview)
-    warp("memref.cast", warp_semantics=True)(lower_cast)
-    warp("memref.transpose", warp_semantics=True)(lower_transpose)
-    registry.lowering_rule("memref.expand_shape")(lower_expand_shape)
-    warp("memref.collapse_shape", warp_semantics=True)(lower_collapse_shape)
-    registry.lowering_rule("memref.load")(lower_load)
-    warp("memref.store", warp_semantics=True)(lower_store)
+    rule("mosaic_gpu.get_cluster_ref")(lower_get_cluster_ref)
+    rule("memref.subview", warp_semantics=True)(lower_subview)
+    rule("memref.cast", warp_semantics=True)(lower_cast)
+    rule("memref.transpose", warp_semantics=True)(lower_transpose)
+    rule("memref.expand_shape")(lower_expand_shape)
+    rule("memref.collapse_shape", warp_semantics=True)(lower_collapse_shape)
+    rule("memref.load")(lower_load)
+    rule("memref.store", warp_semantics=True)(lower_store)

@@ -29,11 +29,28 @@ Why a plugin of its own, not part of :mod:`smalti.plugins`:
 - It never replaces a lowering jax has: where a primitive has a Pallas rule
   for some parameters (``integer_pow``), the rule delegates to jax's own for
   those, so kernels jax already lowers produce the same IR.
+
+How its rules are registered:
+
+- the constraint and lowering rules of the two dialect ops it adds live in
+  modules that do not import Pallas (:data:`RULE_MODULES`); each registers
+  its own, at its end, as the modules of :mod:`smalti.plugins` do;
+- its Pallas lowerings and estimators live in modules that import Pallas,
+  which building a pipeline must not, so they cannot register themselves
+  (calling a module's registration function imports the module). They are
+  named instead in two declarative tables, :data:`PRIMITIVES` and
+  :data:`RESOURCE_ESTIMATORS` (primitive -> ``"module:function"`` in this
+  package), registered as :func:`smalti.registry.deferred` rules, imported
+  on first use. A table per kind reads as the list of what the plugin lowers
+  (``docs/vocabulary.md`` is checked against it), and nothing is left
+  unchecked: ``smalti plugins --check`` imports every reference (SM013) and
+  the tests run it, so a misspelt one fails CI rather than the first kernel
+  that uses the primitive.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +62,7 @@ from smalti.registry import (
     JaxVersions,
     LoweringRegistry,
     PallasRegistry,
+    deferred,
 )
 from smalti.vocabulary import (
     gather_ops,  # data movement (movement.py)
@@ -56,8 +74,8 @@ SMALTI_HOOK_VERSION = 1
 #: The Pallas primitives this plugin lowers, as ``"module:attribute"``
 #: references (resolved only once smalti is installed into jax), with the
 #: function that lowers each, as ``"module:function"`` within this package
-#: (imported on first use: those modules import Pallas, which building a
-#: pipeline must not).
+#: (a :func:`~smalti.registry.deferred` rule, imported on first use: those
+#: modules import Pallas, which building a pipeline must not).
 PRIMITIVES: dict[str, str] = {
     # elementwise math (primitives.py)
     "jax._src.lax.lax:floor_p": "primitives:lower_floor",
@@ -215,19 +233,6 @@ def smalti_register_lowering_rules(registry: LoweringRegistry) -> None:
         module.register_lowerings(registry)
 
 
-def _deferred(reference: str) -> Callable[..., Any]:
-    """The function ``"module:function"`` of this package, imported on first
-    use (those modules import Pallas, which building a pipeline must not)."""
-    module, _, name = reference.partition(":")
-
-    def call(ctx: Any, *args: Any, **params: Any) -> Any:
-        function = getattr(importlib.import_module(f"smalti.vocabulary.{module}"), name)
-        return function(ctx, *args, **params)
-
-    call.__name__ = call.__qualname__ = name
-    return call
-
-
 def _or_jax(rule: Callable[..., Any]) -> Callable[..., Any]:
     """A Pallas rule of the plugin that never takes away what jax lowers:
     where it refuses (SM206), jax's own rule for the primitive (if Pallas
@@ -253,8 +258,7 @@ def _or_jax(rule: Callable[..., Any]) -> Callable[..., Any]:
             except Exception as e:  # noqa: BLE001 -- jax cannot either: the plugin's reason
                 raise refusal from e
 
-    call.__name__ = call.__qualname__ = rule.__name__
-    return call
+    return functools.wraps(rule)(call)
 
 
 #: What jax's own Pallas has since 0.12, so the vocabulary's rule is for
@@ -281,6 +285,7 @@ def _versions(primitive: str) -> JaxVersions:
 def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     for primitive, reference in PRIMITIVES.items():
         registry.pallas_lowering(primitive, jax=_versions(primitive))(
-            _or_jax(_deferred(reference)))
+            _or_jax(deferred(f"{__name__}.{reference}")))
     for primitive, reference in RESOURCE_ESTIMATORS.items():
-        registry.resource_estimator(primitive, jax=_versions(primitive))(_deferred(reference))
+        registry.resource_estimator(primitive, jax=_versions(primitive))(
+            deferred(f"{__name__}.{reference}"))

@@ -15,7 +15,7 @@ import pytest
 import smalti
 from smalti import check, cli
 from smalti.pipeline import AUTOLOAD_ENV, BLOCK_ENV, discover
-from smalti.registry import Architectures
+from smalti.registry import Architectures, JaxVersions, deferred
 
 RIVAL_SOURCE = '''
 import smalti
@@ -130,6 +130,43 @@ def test_an_op_its_registered_dialect_lacks_is_reported():
 
 def test_ops_of_unregistered_dialects_are_not_flagged():
     assert findings_of(mine=rules(("my_dialect.anything", {}))) == []
+
+
+def pallas_rules(*registrations):
+    """A plugin registering Pallas lowerings: (primitive, function, options) triples."""
+    def smalti_register_pallas_lowerings(registry):
+        for primitive, function, options in registrations:
+            registry.pallas_lowering(primitive, **options)(function)
+    return plugin(smalti_register_pallas_lowerings=smalti_register_pallas_lowerings)
+
+
+def test_references_that_do_not_resolve_are_reported():
+    found = findings_of(typo=pallas_rules(
+        ("jax._src.lax.lax:floor_p", deferred("smalti.vocabulary.primitives:lower_flor"), {}),
+        ("jax._src.lax.lax:ceil_pp", deferred("smalti.vocabulary.primitives:lower_ceil"), {}),
+        ("jax._src.lax.lax:sign_p", deferred("smalti.no_such_module:lower_sign"), {}),
+        ("jax._src.lax.lax:tan_p", deferred("smalti.vocabulary:PRIMITIVES"), {})))
+    assert codes(found) == ["SM013"] * 4 and {f.plugin for f in found} == {"typo"}
+    flor, ceil, module, table = (str(f.error) for f in found)
+    assert "'floor_p'" in flor and "'smalti.vocabulary.primitives:lower_flor'" in flor
+    assert "AttributeError" in flor and "lower_flor" in flor
+    assert "primitive 'jax._src.lax.lax:ceil_pp'" in ceil
+    assert "ModuleNotFoundError" in module and "smalti.no_such_module" in module
+    assert "not callable" in table
+    assert all("check the spelling" in text for text in (flor, ceil, module, table))
+
+
+def test_references_that_resolve_are_not_flagged():
+    assert findings_of(fine=pallas_rules(
+        ("jax._src.lax.lax:floor_p", deferred("smalti.vocabulary.primitives:lower_floor"), {}),
+        ("jax._src.lax.lax:ceil_p", deferred("smalti.vocabulary.primitives:lower_ceil"),
+         {"jax": JaxVersions(since="0.11")}))) == []
+
+
+def test_references_of_rules_for_another_jax_are_not_checked():
+    other = JaxVersions(before="0.1")  # a primitive that jax has no more
+    assert findings_of(old=pallas_rules(
+        ("jax._src.lax.lax:gone_p", deferred("smalti.gone:lower_gone"), {"jax": other}))) == []
 
 
 def test_plugins_that_cannot_load_are_reported():

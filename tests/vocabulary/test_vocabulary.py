@@ -329,6 +329,14 @@ def test_every_primitive_the_plugin_lowers_is_documented():
     assert registered and not {name for name in registered if f"`{name}`" not in doc}
 
 
+def test_the_version_lists_name_listed_primitives():
+    """A primitive in ONLY_BEFORE_0_12 / ONLY_SINCE_0_12 that no table lists
+    (a typo) would leave its rule registered for every jax."""
+    vocabulary = smalti.vocabulary
+    listed = {*vocabulary.PRIMITIVES, *vocabulary.RESOURCE_ESTIMATORS}
+    assert vocabulary.ONLY_BEFORE_0_12 | vocabulary.ONLY_SINCE_0_12 <= listed
+
+
 @pytest.mark.skipif(smalti.registry.installed_jax() < (0, 12),
                     reason="lax.polynomial is new in jax 0.12")
 def test_polynomial_is_horner_s_rule(pipeline):
