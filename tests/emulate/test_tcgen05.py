@@ -4,7 +4,7 @@
 Kernels jax 0.11.2 lowers at arch (10, 0), against numpy: TMEM round trips
 through every register layout pair jax lowers (16x256b, 16x128b with and
 without (un)packing, 32x32b), f16/bf16 MMAs (SMEM and TMEM A, transposed
-operands, each swizzle) within the accumulation bound, the official
+operands, each swizzle; M = 64 too) within the accumulation bound, the official
 ``blackwell_matmul_mgpu`` (collective=False) under jax's pipeline and
 smalti's; TMEM races found both ways; the TMEM rules as errors."""
 
