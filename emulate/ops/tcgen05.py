@@ -675,9 +675,9 @@ class _Mma:
         one alignment for A and D)."""
         lane, col = (int(x) for x in tmem.split(taddr))
         if layout == "B":
-            raise Unsupported(f"{self.op} with M = {m} and A in TMEM (data path layout B, "
-                              "whose A the PTX ISA does not lay out: A from SMEM is modelled)",
-                              self.loc)
+            raise Unsupported(f"{self.op} with M = {m} and A in TMEM (data path layout B: "
+                              "A in TMEM with 64 rows a CTA of a pair is not modelled, and "
+                              "jax 0.11.2 never emits it; A from SMEM is modelled)", self.loc)
         if layout == "F" and lane != d_lane:
             raise EmulationError(f"{self.op} at {self.loc}: A at TMEM lane {lane} and D at lane "
                                  f"{d_lane}; with M = 64 (data path layout F) A and D must use "
