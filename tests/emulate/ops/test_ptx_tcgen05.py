@@ -572,6 +572,20 @@ def test_an_m128_pair_mma_folds_d_columns_into_layout_b_lanes():
         want[:64, :16], want[64:, :16] = d[:, :16], d[:, 16:]
         assert_same_bits(got[128 * cta: 128 * cta + 128], want.astype(np.int32))
 
+
+@covers(MMA_FORM)
+def test_a_in_tmem_with_layout_b_is_unsupported():
+    """A from TMEM in an M = 128 pair MMA (64 rows a CTA): not modelled, said so."""
+    from smalti.emulate.errors import Unsupported
+
+    a, b1, b2 = _int8_operands(np.random.default_rng(67))
+    with pytest.raises(Unsupported, match="A in TMEM with 64 rows a CTA of a pair is not "
+                       "modelled"):
+        run(_m64_kernel([(0, 16, B1_OFF, 32, 0)], pair=True), {
+            "img": ("!llvm.ptr", np.stack([_smem_image(a, b1, b2)] * 2)),
+            "regs": ("!llvm.ptr", np.full((256, 64), SENTINEL, np.int32)),
+            "out": ("!llvm.ptr", np.zeros((256, 64), np.int32))}, host=True)
+
 @covers(MMA_FORM)
 def test_the_m64_lane_rules_are_errors():
     """Layout F starts at lane 0 or 16 (D at lane 8 is an error), and A in TMEM
