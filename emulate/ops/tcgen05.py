@@ -22,10 +22,16 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
 * ``tcgen05.mma.cta_group::{1,2}.kind::{f16,f8f6f4,i8}`` (f16/bf16, fp8
   e4m3/e5m2 -- A and B may differ --, s8/u8; f32 or f16 (D type code 0;
   not with bf16) or, for i8, s32 accumulators), by each thread that
-  executes it: D (TMEM, lanes 0-127 from the address's column) = A @ B
-  (+ D with ``enable-input-d``). A comes from an SMEM matrix descriptor or
-  from TMEM (row i at lane i, two 16-bit elements a column,
-  the even k in the low half); B from an SMEM descriptor. SMEM descriptors
+  executes it: D (TMEM, from the address's column) = A @ B (+ D with
+  ``enable-input-d``). A comes from an SMEM matrix descriptor or from TMEM
+  (its rows in D's lanes, two 16-bit elements a column, the even k in the low
+  half); B from an SMEM descriptor. The rows' lanes are the PTX ISA's data
+  path layouts (:data:`DATAPATHS`): M = 128 (layout D) and M = 256 over a
+  pair (A), row r at lane r; M = 64 (F, half the data path), row r at lane
+  32 (r // 16) + r % 16 from the address's lane 0 or 16 (the lane alignment,
+  A's the same as D's); M = 128 over a pair (B, 64 rows a CTA), row r at
+  lane r for D's first N/2 columns and at lane 64 + r, the same columns, for
+  the others (A in TMEM with layout B is not modelled). SMEM descriptors
   have WGMMA's format (start, LBO, SBO, swizzle in bits 62-63; bits 46-48
   may hold tcgen05's fixed 0b001, which jax 0.11.2 leaves 0) and are read by
   :func:`.wgmma._read_operand`. The instruction descriptor is decoded as the
@@ -36,14 +42,17 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   nearest even (compare an f32 D within the bound of :mod:`.wgmma`; an f16 D
   is one element a cell, in its low 16 bits, the high bits written 0 -- a
   reading of the PTX ISA, not validated on hardware); integer products and
-  sums are exact, D wraps to s32. Modelled: M = 128 a CTA; ``cta_group::2`` MMAs are issued
+  sums are exact, D wraps to s32. M = 64 or 128 (N a multiple of 8 or 16),
+  and M = 128 or 256 over a pair; ``cta_group::2`` MMAs are issued
   by the even CTA of a pair and span both: each CTA's A rows (its SMEM or
   TMEM) and D (its TMEM), B's N columns split between them (the even CTA's
   first). Block-scaled kinds (``kind::{mxf8f6f4,mxf4,mxf4nvf4}.block_scale``,
   scale factors ``[$5], [$6]`` in TMEM; e2m1 operands) as
   :mod:`.tcgen05_scaled` describes. kind::tf32 (jax 0.11.2 never emits
   it), f6/f4 operands of (mxf)f8f6f4 (jax emits f4 only through mxf4nvf4, f6
-  never), M = 64, sparse e2m1 and saturation raise :class:`Unsupported`.
+  never), sparse or block-scaled MMAs with 64 rows a CTA (their metadata
+  and scale-factor layouts), sparse e2m1 and saturation raise
+  :class:`Unsupported`.
   ``tcgen05.mma.sp`` (2:4 sparse A, its metadata in TMEM) as
   :mod:`.tcgen05_sparse` describes.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
@@ -421,14 +430,20 @@ def _idesc(idesc: int, kind: str, ctas: int, sparse: bool, where: str) -> dict:
     if f["shift"]:
         raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} sets "
                              "the max shift, which only tcgen05.mma.ws takes")
-    if f["m"] != 128 * ctas:
-        raise Unsupported(f"tcgen05.mma.cta_group::{ctas} with M = {f['m']} (instruction "
-                          f"descriptor {idesc:#x}; M = {128 * ctas}, 128 a CTA, is modelled)",
-                          where)
-    if f["n"] % 16 or not 16 <= f["n"] <= 256:
+    if (f["m"], ctas) not in DATAPATHS:
+        raise EmulationError(f"tcgen05.mma.cta_group::{ctas} instruction descriptor "
+                             f"{idesc:#x} at {where} has M = {f['m']}: cta_group::{ctas} takes "
+                             f"M = {' or '.join(str(m) for m, c in DATAPATHS if c == ctas)} "
+                             "(M = 32 only with .ws)")
+    if sparse and f["m"] != 128 * ctas:
+        raise Unsupported(f"tcgen05.mma.sp.cta_group::{ctas} with M = {f['m']} (instruction "
+                          f"descriptor {idesc:#x}; the metadata of the half-datapath layouts "
+                          f"is not modelled: sparse M = {128 * ctas} is)", where)
+    step = 8 if f["m"] == 64 else 16
+    if f["n"] % step or not step <= f["n"] <= 256:
         raise EmulationError(f"tcgen05.mma instruction descriptor {idesc:#x} at {where} has "
-                             f"N = {f['n']}: with M = {f['m']}, N must be a multiple of 16 "
-                             "from 16 to 256")
+                             f"N = {f['n']}: with M = {f['m']}, N must be a multiple of {step} "
+                             f"from {step} to 256")
     f["a_dtype"], f["b_dtype"] = types_[f["a"]], types_[f["b"]]
     f["d_dtype"] = d_types[f["d"]]
     if f["d_dtype"] == F16_D and f["a_dtype"] == irtypes.SCALARS["bf16"]:
@@ -465,19 +480,50 @@ def _smem_desc(desc: int, where: str) -> int:
     return desc
 
 
-def _a_from_tmem(t: tmem.TensorMemory, taddr: int, m: int, nbytes: int, op: str,
+#: (M, CTAs) -> the PTX ISA's data path layout ("Data path layout organization")
+#: of the MMA's rows of D and of A in TMEM, dense and not .ws
+DATAPATHS = {(128, 1): "D", (64, 1): "F", (256, 2): "A", (128, 2): "B"}
+
+
+def _row_lanes(m: int, ctas: int, lane0: int, what: str, op: str, where: str) -> np.ndarray:
+    """The TMEM lane of each of a CTA's rows of D (or of A in TMEM), from the
+    lane field of the matrix's address: layouts D and A (M = 128; M = 256 over
+    a pair) row r at lane r; F (M = 64) row r at lane lane0 + 32 (r // 16) +
+    r % 16, the "lane alignment" lane0 0 or 16 (the first 16 lanes of each
+    warp's quarter, or the last); B (M = 128 over a pair, 64 rows a CTA) row r
+    at lane r, for the first half of D's columns (:func:`_d_cells`)."""
+    layout = DATAPATHS[m, ctas]
+    aligned = (0, 16) if layout == "F" else (0,)
+    if lane0 not in aligned:
+        raise EmulationError(f"{op} at {where}: {what} at TMEM lane {lane0}; with M = {m} (data "
+                             f"path layout {layout}) it starts at lane "
+                             f"{' or '.join(str(a) for a in aligned)}; fix: address "
+                             f"{what} at the lane its layout starts from")
+    r = np.arange(m // ctas)
+    return lane0 + 32 * (r // 16) + r % 16 if layout == "F" else r
+
+
+def _d_cells(lanes: np.ndarray, layout: str, col0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lanes, columns) of D's cells, broadcasting to (rows, n): element (r, j)
+    in row r's lane, column col0 + j -- in layout B the second half of the
+    columns folded into lanes 64-127 (col0 + j - n/2, lane 64 + r)."""
+    j = np.arange(n)
+    if layout == "B":
+        half = n // 2
+        return lanes[:, None] + 64 * (j // half)[None, :], col0 + (j % half)[None, :]
+    return lanes[:, None], col0 + j[None, :]
+
+
+def _a_from_tmem(t: tmem.TensorMemory, col0: int, lanes: np.ndarray, nbytes: int, op: str,
                  where: str) -> tuple[np.ndarray, np.ndarray]:
-    """The (m, nbytes) bytes of A's rows at a TMEM address: row i at lane i, its
-    elements packed 32 bits a cell (the lowest k in the lowest bits). Also the
-    cells' byte addresses (for the checker)."""
-    lane0, col0 = (int(x) for x in tmem.split(taddr))
-    if lane0 + m > tmem.LANES:
-        raise EmulationError(f"{op} at {where}: A at TMEM lane {lane0} has {m} rows")
-    lanes = lane0 + np.arange(m)[:, None]
+    """The (rows, nbytes) bytes of A's rows in TMEM: row i at lane ``lanes[i]`` (its
+    data path layout's), its elements packed 32 bits a cell from column ``col0``
+    (the lowest k in the lowest bits). Also the cells' byte addresses (for the
+    checker)."""
     cols = col0 + np.arange(nbytes // tmem.CELL)[None, :]
     t.check_columns(cols.reshape(-1), op, where)
-    cells = np.ascontiguousarray(t.cells[lanes, cols])  # little-endian: low bits first
-    return cells.view(np.uint8).reshape(m, -1), t.byte_addresses(lanes, cols)
+    cells = np.ascontiguousarray(t.cells[lanes[:, None], cols])  # little-endian: low bits first
+    return cells.view(np.uint8).reshape(lanes.size, -1), t.byte_addresses(lanes[:, None], cols)
 
 
 def _values(raw: np.ndarray, el: np.dtype, wide) -> np.ndarray:
@@ -491,8 +537,8 @@ def _values(raw: np.ndarray, el: np.dtype, wide) -> np.ndarray:
           "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
           "or f16 accumulators; block-scaled kind::mxf8f6f4 (fp8, scale_vec::1X), mxf4 and "
           "mxf4nvf4 (e2m1, scale_vec::2X/4X, ue8m0 or ue4m3 scales from TMEM); .sp with 2:4 "
-          "metadata from TMEM; M = 128 a "
-          "CTA; A from an SMEM "
+          "metadata from TMEM; M = 64 or 128 (data path layouts F and D; "
+          "over a pair B and A); A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
           "the checker until its commit's mbarrier phase completes")
@@ -573,16 +619,17 @@ class _Mma:
         n, rows = f["n"], f["m"] // self.ctas
         exact = self.kind == "i8"  # integers: int64 products, s32 wrapping
         wide = np.int64 if exact else np.float64
+        layout = DATAPATHS[f["m"], self.ctas]
         d_lane, d_col = (int(x) for x in tmem.split(val(self.d_s)))
-        if d_lane:
-            raise EmulationError(f"{op} at {loc}: D at TMEM lane {d_lane}; an M = {rows} "
-                                 "accumulator (a CTA) starts at lane 0")
+        d_lanes = _row_lanes(f["m"], self.ctas, d_lane, "D", op, loc)
         if self.a_tmem and f["trans_a"]:
             raise EmulationError(f"{op} at {loc}: A in TMEM cannot be transposed (instruction "
                                  f"descriptor {idesc:#x})")
         ctas = self.blocks(fr.block)
         check = _mma_unit(fr, th, self.site)
         a_lo = (val(self.a_s) + self.a_off) & 0xFFFFFFFF
+        if self.a_tmem:
+            a_lanes, a_col = self.a_lanes(a_lo, d_lane, layout, f["m"])
         b_desc = _smem_desc(((val(self.b_s) + self.b_off) & 0xFFFFFFFF) | (self.b_hi << 32), loc)
         # B is split by columns between the CTAs (the even CTA's first)
         bm = np.concatenate([self.smem_operand(blk, check, b_desc, n // len(ctas), k, b_el,
@@ -591,7 +638,7 @@ class _Mma:
         for blk in ctas:  # A and D are split by rows: each CTA's own
             t = tmem.of_block(blk)
             if self.a_tmem:
-                raw, a_cells = _a_from_tmem(t, a_lo, rows, K_BYTES, op, loc)
+                raw, a_cells = _a_from_tmem(t, a_col, a_lanes, K_BYTES, op, loc)
                 a = _values(raw, el, wide)
                 if check:
                     check(t.space, a_cells, False, False)
@@ -611,8 +658,7 @@ class _Mma:
                 prod = a @ bm.T
             if f["neg_a"] != f["neg_b"]:
                 prod = -prod
-            lanes = np.arange(rows)[:, None]
-            cols = d_col + np.arange(n)[None, :]
+            lanes, cols = _d_cells(d_lanes, layout, d_col, n)
             t.check_columns(cols.reshape(-1), op, loc)
             d_cells = t.byte_addresses(lanes, cols)
             if accumulate:
@@ -622,6 +668,22 @@ class _Mma:
             t.cells[lanes, cols] = _write_d(prod, f["d_dtype"])
             if check:
                 check(t.space, d_cells, True, False)
+
+    def a_lanes(self, taddr: int, d_lane: int, layout: str, m: int) -> tuple[np.ndarray, int]:
+        """(the lane of each row, the first column) of A in TMEM: in D's data path
+        layout, at the same lane alignment (PTX ISA: the half-datapath layouts use
+        one alignment for A and D)."""
+        lane, col = (int(x) for x in tmem.split(taddr))
+        if layout == "B":
+            raise Unsupported(f"{self.op} with M = {m} and A in TMEM (data path layout B: "
+                              "A in TMEM with 64 rows a CTA of a pair is not modelled, and "
+                              "jax 0.11.2 never emits it; A from SMEM is modelled)", self.loc)
+        if layout == "F" and lane != d_lane:
+            raise EmulationError(f"{self.op} at {self.loc}: A at TMEM lane {lane} and D at lane "
+                                 f"{d_lane}; with M = 64 (data path layout F) A and D must use "
+                                 "the same lane alignment (PTX ISA); fix: put A in the same "
+                                 "16 lanes of each quarter as D")
+        return _row_lanes(m, self.ctas, lane, "A", self.op, self.loc), col
 
     def scaled_product(self, t: tmem.TensorMemory, check, val, f: dict, a: np.ndarray,
                        bm: np.ndarray, rows: int) -> np.ndarray:

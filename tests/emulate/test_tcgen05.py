@@ -4,7 +4,7 @@
 Kernels jax 0.11.2 lowers at arch (10, 0), against numpy: TMEM round trips
 through every register layout pair jax lowers (16x256b, 16x128b with and
 without (un)packing, 32x32b), f16/bf16 MMAs (SMEM and TMEM A, transposed
-operands, each swizzle) within the accumulation bound, the official
+operands, each swizzle; M = 64 too) within the accumulation bound, the official
 ``blackwell_matmul_mgpu`` (collective=False) under jax's pipeline and
 smalti's; TMEM races found both ways; the TMEM rules as errors."""
 
@@ -170,6 +170,12 @@ MMAS = {
                                           transpose_a=True, transpose_b=True),
     "bf16-a-in-tmem": dict(m=128, n=256, k=128, dtype=BF16, lhs_tmem=True, swizzle=64),
     "f16-a-in-tmem-n64": dict(m=128, n=64, k=64, dtype=F16, lhs_tmem=True),
+    # M = 64 (data path layout F): jax issues two MMAs of N/2, the second at lane 16
+    "f16-m64": dict(m=64, n=128, k=128, dtype=F16),
+    "bf16-m64-n256-a-transposed-swizzle32": dict(m=64, n=256, k=64, dtype=BF16, swizzle=32,
+                                                 transpose_a=True),
+    "f16-m64-both-transposed-swizzle64": dict(m=64, n=128, k=128, dtype=F16, swizzle=64,
+                                              transpose_a=True, transpose_b=True),
 }
 
 
@@ -186,6 +192,15 @@ def test_mma_matches_numpy(name):
     assert np.all(err <= mma_bound(a64, b64)), err.max()
     # and it is a product, not a transposed or shifted one
     assert np.abs(want).max() > 1 and np.all(err < 1e-3 * np.abs(want).max())
+
+
+def test_m64_mma_under_smalti():
+    """M = 64 through smalti's inference and lowering: the same product."""
+    call, a_shape, b_shape = mma_kernel(**MMAS["f16-m64"])
+    a, b = normal(a_shape, F16), normal(b_shape, F16)
+    (got,) = run(call, a, b, smalti_pipeline=True)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert np.all(np.abs(got - a64 @ b64) <= mma_bound(a64, b64))
 
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
@@ -255,6 +270,15 @@ def test_int8_mma_is_exact(lhs_tmem):
     a, b = ints(sa.shape, np.int8), ints(sb.shape, np.int8)
     a[0, :] = -128
     b[:, 0] = -128
+    (got,) = run(call, a, b)
+    np.testing.assert_array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
+def test_m64_int8_mma_is_exact():
+    """M = 64, kind::i8: exact, the extremes included."""
+    call, (sa, sb) = _mma(64, 128, 128, jnp.int8, swizzle=64, acc_type=jnp.int32)
+    a, b = ints(sa.shape, np.int8), ints(sb.shape, np.int8)
+    a[63, :], b[:, 127] = -128, -128
     (got,) = run(call, a, b)
     np.testing.assert_array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
 

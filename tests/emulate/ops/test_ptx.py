@@ -341,16 +341,16 @@ def test_a_wgmma_block_as_jax_writes_it():
 
 # --- clusters: barrier.cluster, st.async, cluster-scope expect_tx, remote arrival -------
 
-# a host function launching {blocks} blocks in clusters of 2, 32 threads each
+# a host function launching {blocks} blocks in clusters of 2, {threads} threads each
 CLUSTER_LAUNCH = """
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
   %cgrid = arith.constant {blocks} : index
-  %c32 = arith.constant 32 : index
+  %cthreads = arith.constant {threads} : index
   %smem_bytes = arith.constant {smem} : i32
   gpu.launch clusters(%cx, %cy, %cz) in (%ncx = %c2, %ncy = %c1, %ncz = %c1)
              blocks(%bx, %by, %bz) in (%gx = %cgrid, %gy = %c1, %gz = %c1)
-             threads(%tx, %ty, %tz) in (%sx = %c32, %sy = %c1, %sz = %c1)
+             threads(%tx, %ty, %tz) in (%sx = %cthreads, %sy = %c1, %sz = %c1)
              dynamic_shared_memory_size %smem_bytes {{
     %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
     %base = memref.extract_aligned_pointer_as_index %raw : memref<?xi8, #gpu.address_space<workgroup>> -> index
@@ -368,9 +368,9 @@ CLUSTER_LAUNCH = """
   }}"""  # noqa: E501 -- MLIR text, one op a line
 
 
-def cluster_launch(body: str, blocks: int = 2, smem: int = 256) -> str:
+def cluster_launch(body: str, blocks: int = 2, smem: int = 256, threads: int = 32) -> str:
     """:data:`CLUSTER_LAUNCH` around ``body``."""
-    return CLUSTER_LAUNCH.format(blocks=blocks, smem=smem, body=body)
+    return CLUSTER_LAUNCH.format(blocks=blocks, smem=smem, body=body, threads=threads)
 
 
 ARRIVE = ["barrier.cluster.arrive", "barrier.cluster.arrive.aligned",

@@ -6,8 +6,12 @@ read back cell by cell with ``tcgen05.ld.32x32b`` and against the PTX ISA's
 matrix fragments, ``.pack::16b`` loads, ``tcgen05.ld.red`` min/max (``.abs``,
 ``.NaN``) against numpy on edge values, the waits and fences, the
 deallocation, and the rules as errors -- under the synchronization checker.
-The MMA and SMEM -> TMEM copy blocks, which only jax's code generators write
-whole, run in jax's own kernels (:mod:`tests.emulate.test_tcgen05`)."""
+MMAs with 64 rows a CTA (kind::i8, exact): a known product placed by
+M = 64 MMAs (data path layout F, lane alignment 0 and 16, A from SMEM and
+from TMEM, accumulating) and by an M = 128 MMA over a CTA pair (layout B),
+read back lane by lane against the layouts' lanes, every other cell
+untouched; the lane and M rules as errors. jax's own MMA and SMEM -> TMEM
+copy blocks run in its kernels (:mod:`tests.emulate.test_tcgen05`)."""
 
 from __future__ import annotations
 
@@ -328,6 +332,293 @@ def test_the_tmem_rules_are_errors():
         run(kernel(side(ALLOC.format(g=1), "l,r", ("%smem", "!llvm.ptr<3>"), ("%ncols", "i32"))
                    + "\n" + beyond), host=True)
 
+
+# --- M = 64 MMAs: data path layout F -------------------------------------------------------
+
+MMA_SMEM = 4096  # bytes: [0, 8) the MMA's mbarrier, [8, 12) the TMEM address, A and B from 1024
+A_OFF, B1_OFF, B2_OFF = 1024, 3072, 3584  # A: 64 rows x 32 bytes; B1, B2: 16 rows x 32 bytes
+MMA_COLS = 64
+SBO_32B = 256  # 8 rows of 32 bytes: the next 8-row group
+
+
+def _swizzle32(addr: np.ndarray) -> np.ndarray:
+    """The PTX ISA's 32-byte swizzle: the 16-byte chunk bit (4) XORed with bit 7."""
+    return addr ^ (((addr >> 7) & 1) << 4)
+
+
+def _smem_image(a: np.ndarray, b1: np.ndarray, b2: np.ndarray) -> np.ndarray:
+    """SMEM bytes A_OFF.. as K-major 32-byte-swizzled operands (row i of a
+    matrix at 32 i from its start, before the swizzle): the words to copy in."""
+    img = np.zeros(MMA_SMEM - A_OFF, np.uint8)
+    for m, off in ((a, A_OFF), (b1, B1_OFF), (b2, B2_OFF)):
+        i, j = np.indices(m.shape)
+        img[_swizzle32(off + 32 * i + j) - A_OFF] = m.view(np.uint8)
+    return img.view(np.int32)
+
+
+def _mma_asm(a_tmem: bool, hi: int, group: int) -> str:
+    """jax's tcgen05.mma block for kind::i8 (descriptor high words ``hi``)."""
+    a_reg, a_mov = ("b32", "mov.b32 a_desc, a_desc_low;") if a_tmem else \
+        ("b64", f"mov.b64 a_desc, {{a_desc_low, {hi}}};")
+    return ("{ .reg .b32 a_desc_low, a_desc_high, b_desc_low, b_desc_high; "
+            f".reg .{a_reg} a_desc; .reg .b64 b_desc; add.s32 a_desc_low, $1, 0; "
+            f"add.s32 b_desc_low, $2, 0; mov.b64 b_desc, {{b_desc_low, {hi}}}; {a_mov} "
+            f"tcgen05.mma.cta_group::{group}.kind::i8 [$0], "
+            f"{'[a_desc]' if a_tmem else 'a_desc'}, b_desc, $3, $4; }}")
+
+
+def _idesc_i8(m: int, n: int) -> int:
+    """A kind::i8 instruction descriptor: s32 D (4-5), s8 A and B (7-9, 10-12),
+    N >> 3 (17-22), M >> 4 (24-28)."""
+    return (2 << 4) | (1 << 7) | (1 << 10) | ((n >> 3) << 17) | ((m >> 4) << 24)
+
+
+def _issue(mmas: list[tuple[int, int | str, int, int, int]], group: int) -> list[str]:
+    """The MMAs' inline PTX: (D address offset, A: "smem" or a TMEM offset, B's
+    SMEM offset, N, accumulate), 64 rows of A and D a CTA."""
+    hi = (SBO_32B >> 4) | (3 << 30)  # SBO, 32-byte swizzle (mode 3 in bits 62-63)
+    issue = []
+    for k, (d_off, a, b_off, n, acc) in enumerate(mmas):
+        a_val = "%adesc" if a == "smem" else f"%aaddr{k}"
+        issue += [f"%doff{k} = llvm.mlir.constant({d_off} : i32) : i32",
+                  f"%daddr{k} = llvm.add %taddr, %doff{k} : i32",
+                  f"%bo{k} = llvm.mlir.constant({(b_off >> 4) | (1 << 16)} : i32) : i32",
+                  f"%bdesc{k} = llvm.add %sdesc, %bo{k} : i32",
+                  f"%id{k} = llvm.mlir.constant({_idesc_i8(64 * group, n)} : i32) : i32",
+                  f"%acc{k} = llvm.mlir.constant({acc} : i1) : i1"]
+        if a != "smem":
+            issue += [f"%aoff{k} = llvm.mlir.constant({a} : i32) : i32",
+                      f"%aaddr{k} = llvm.add %taddr, %aoff{k} : i32"]
+        issue.append(side(_mma_asm(a != "smem", hi, group), "r,r,r,r,b",
+                          (f"%daddr{k}", "i32"), (a_val, "i32"), (f"%bdesc{k}", "i32"),
+                          (f"%id{k}", "i32"), (f"%acc{k}", "i1")))
+    return issue
+
+
+def _m64_kernel(mmas: list[tuple[int, int | str, int, int, int]], pair: bool = False) -> str:
+    """128 threads a CTA (``pair``: two CTAs of a cluster, cta_group::2): warp 0
+    allocates MMA_COLS columns; the CTA's SMEM image (its row of "img") is
+    copied in; every warp fills its lanes with SENTINEL and stores its
+    threads' words 0..7 of "regs" at columns 16-23 (A for the MMAs from TMEM);
+    thread 0 (of CTA 0) issues ``mmas`` (:func:`_issue`) and commits them (to
+    both CTAs' mbarriers); every thread reads its lane's MMA_COLS columns back
+    into its row of "out" (the CTA's 128 rows, CTA 0's first)."""
+    g = 2 if pair else 1
+    words = (MMA_SMEM - A_OFF) // 4
+    copy = ["%cw = llvm.mlir.constant(" + str(words) + " : i32) : i32",
+            "%img0 = llvm.mul %rank, %cw : i32"]
+    for q in range(words // 128):
+        copy += [f"%cq{q} = llvm.mlir.constant({128 * q} : i32) : i32",
+                 f"%iq{q} = llvm.add %t, %cq{q} : i32",
+                 f"%jq{q} = llvm.add %img0, %iq{q} : i32",
+                 f"%gq{q} = llvm.getelementptr %img[%jq{q}] : (!llvm.ptr, i32) -> !llvm.ptr, i32",
+                 f"%vq{q} = llvm.load %gq{q} : !llvm.ptr -> i32",
+                 f"%sq{q} = llvm.getelementptr %abase[%iq{q}] : (!llvm.ptr<3>, i32) -> "
+                 "!llvm.ptr<3>, i32",
+                 f"llvm.store %vq{q}, %sq{q} : i32, !llvm.ptr<3>"]
+    if pair:
+        sync = "\n".join(side(f"barrier.cluster.{x}.aligned;") for x in ("arrive", "wait"))
+        commit = ("%mask = llvm.mlir.constant(3 : i16) : i16\n"
+                  'llvm.call_intrinsic "llvm.nvvm.tcgen05.commit.mc.cg2"(%smem, %mask) : '
+                  "(!llvm.ptr<3>, i16) -> ()")
+        head = ("%r0 = arith.cmpi eq, %rank, %z : i32\n"
+                "%issuer = arith.andi %first, %r0 : i1")
+    else:
+        sync = ""
+        commit = 'llvm.call_intrinsic "llvm.nvvm.tcgen05.commit.cg1"(%smem) : (!llvm.ptr<3>) -> ()'
+        head = ("%rank = llvm.mlir.constant(0 : i32) : i32\n"
+                "%one = llvm.mlir.constant(1 : i32) : i32\n"
+                "%issuer = arith.andi %first, %first : i1")
+    nl = "\n"
+    ld, ty = _ld("32x32b", MMA_COLS, MMA_COLS)
+    a_st = _st("32x32b", 8, [f"%v{k}" for k in range(8)]).replace("%taddr", "%acols")
+    body = f"""
+      {head}
+      %ncols = llvm.mlir.constant({MMA_COLS} : i32) : i32
+      %c32 = llvm.mlir.constant(32 : i32) : i32
+      %c64 = llvm.mlir.constant(64 : i32) : i32
+      %c16 = llvm.mlir.constant(16 : i32) : i32
+      %c128 = llvm.mlir.constant(128 : i32) : i32
+      %warp = llvm.udiv %t, %c32 : i32
+      %w0 = arith.cmpi eq, %warp, %z : i32
+      %rt0 = llvm.mul %rank, %c128 : i32
+      %rt = llvm.add %rt0, %t : i32
+      %row = llvm.mul %rt, %c64 : i32
+      %slot = llvm.getelementptr %smem[8] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      %abase = llvm.getelementptr %smem[{A_OFF}] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
+      %sbase = llvm.ptrtoint %smem : !llvm.ptr<3> to i32
+      %c4 = llvm.mlir.constant(4 : i32) : i32
+      %sdesc = llvm.lshr %sbase, %c4 : i32
+      %ao = llvm.mlir.constant({(A_OFF >> 4) | (1 << 16)} : i32) : i32
+      %adesc = llvm.add %sdesc, %ao : i32
+      {side("@$2 " + ALLOC.format(g=g), "l,r,b", ("%slot", "!llvm.ptr<3>"), ("%ncols", "i32"),
+            ("%w0", "i1"))}
+      {side("@$0 " + RELINQUISH.format(g=g), "b", ("%w0", "i1"))}
+      {side("@$2 mbarrier.init.shared::cta.b64 [$0], $1;", "l,r,b", ("%smem", "!llvm.ptr<3>"),
+            ("%one", "i32"), ("%first", "i1"))}
+      {nl.join(copy)}
+      {side("fence.proxy.async.shared::cta;")}
+      {side("bar.sync 0;")}
+      %taddr = llvm.load %slot : !llvm.ptr<3> -> i32
+      {_fill(MMA_COLS)}
+      {_regs_in(8)}
+      %acols = llvm.add %taddr, %c16 : i32
+      {a_st}
+      {side(WAIT_ST)}
+      nvvm.tcgen05.fence <before>
+      {side("bar.sync 0;")}
+      {sync}
+      nvvm.tcgen05.fence <after>
+      scf.if %issuer {{
+        {nl.join(_issue(mmas, g))}
+        {commit}
+      }}
+      nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
+      nvvm.tcgen05.fence <after>
+      {ld}
+      {side(WAIT_LD)}
+      {_regs_out(MMA_COLS, ty)}
+      {side("bar.sync 0;")}
+      {side("@$2 " + DEALLOC.format(g=g), "r,r,b", ("%taddr", "i32"), ("%ncols", "i32"),
+            ("%w0", "i1"))}"""
+    if pair:
+        return cluster_launch(body, smem=MMA_SMEM, threads=128)
+    return LAUNCH.format(threads=128, smem=MMA_SMEM, body=body)
+
+
+def _layout_f(r: np.ndarray, alignment: int) -> np.ndarray:
+    """The PTX ISA's layout F (M = 64): rows 16 w .. 16 w + 15 in the 16 lanes of
+    warp w's quarter from the lane alignment (0 or 16)."""
+    return 32 * (r // 16) + alignment + r % 16
+
+
+def _run_m64(mmas, a, b1, b2) -> np.ndarray:
+    """Runs ``_m64_kernel(mmas)`` with A also in TMEM columns 16-23 of layout F's
+    lanes (alignment 0); returns the (128 lanes, MMA_COLS) cells read back."""
+    regs = np.full((128, 64), SENTINEL, np.int64)
+    regs[_layout_f(np.arange(64), 0), :8] = a.view(np.int32)
+    got = run(_m64_kernel(mmas), {
+        "img": ("!llvm.ptr", _smem_image(a, b1, b2)),
+        "regs": ("!llvm.ptr", regs.astype(np.int32)),
+        "out": ("!llvm.ptr", np.zeros((128, 64), np.int32))}, host=True, sanitize=True)
+    return got["out"][:, :MMA_COLS]
+
+
+def _int8_operands(rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (64 x 32), B1 and B2 (16 x 32) s8 with the extremes: products of
+    -128 x -128 summed over a row reach 2^19, and mixed signs cancel."""
+    a = rng.integers(-128, 128, (64, 32)).astype(np.int8)
+    b1, b2 = (rng.integers(-128, 128, (16, 32)).astype(np.int8) for _ in range(2))
+    a[0], b1[0] = -128, -128  # D[0, 0] = 32 * 2^14
+    a[1], b1[1] = 127, -128
+    a[63, ::2], a[63, 1::2] = -1, 1
+    return a, b1, b2
+
+
+MMA_FORM = r".*tcgen05\.mma.*"
+
+
+@covers(MMA_FORM, "llvm.call_intrinsic", MOVE_FORM)
+def test_an_m64_mma_puts_row_r_in_layout_f_lanes():
+    """M = 64 (cta_group::1, kind::i8, A and B from 32-byte-swizzled SMEM): D's
+    row r lands in lane 32 (r // 16) + r % 16 (lane alignment 0) or 16 lanes
+    on (alignment 16, a second MMA with another B at D address lane 16), its
+    N = 16 columns from the address's; every other cell keeps its sentinel.
+    Exact against numpy, lane by lane."""
+    a, b1, b2 = _int8_operands(np.random.default_rng(64))
+    got = _run_m64([(0, "smem", B1_OFF, 16, 0), (16 << 16, "smem", B2_OFF, 16, 0)], a, b1, b2)
+    want = np.full((128, MMA_COLS), SENTINEL, np.int64)
+    r = np.arange(64)
+    want[_layout_f(r, 0), 16:24] = a.view(np.int32)  # A, stored for the TMEM MMAs
+    want[_layout_f(r, 0), :16] = a.astype(np.int64) @ b1.T.astype(np.int64)
+    want[_layout_f(r, 16), :16] = a.astype(np.int64) @ b2.T.astype(np.int64)
+    assert_same_bits(got, want.astype(np.int32))
+
+
+@covers(MMA_FORM)
+def test_an_m64_mma_reads_a_from_tmem_in_layout_f_and_accumulates():
+    """A from TMEM (its rows in layout F's lanes, alignment 0, columns 16-23):
+    D (N = 8, columns 24-31) = A B1[:8]^T, then += A B2[:8]^T (enable-input-d);
+    exact, and in layout F's lanes only."""
+    a, b1, b2 = _int8_operands(np.random.default_rng(65))
+    got = _run_m64([(24, 16, B1_OFF, 8, 0), (24, 16, B2_OFF, 8, 1)], a, b1, b2)
+    want = np.full((128, MMA_COLS), SENTINEL, np.int64)
+    r = np.arange(64)
+    want[_layout_f(r, 0), 16:24] = a.view(np.int32)
+    want[_layout_f(r, 0), 24:32] = a.astype(np.int64) @ (b1[:8].T.astype(np.int64)
+                                                        + b2[:8].T.astype(np.int64))
+    assert_same_bits(got, want.astype(np.int32))
+
+
+
+@covers(MMA_FORM, "llvm.call_intrinsic", form(ALLOC.format(g=2)))
+def test_an_m128_pair_mma_folds_d_columns_into_layout_b_lanes():
+    """cta_group::2 with M = 128 (64 rows of A and D a CTA: layout B), N = 32,
+    B's rows split 16 a CTA (the even CTA's first): each CTA's D row r has
+    its first 16 columns in lane r and the other 16 in lane 64 + r, in the
+    same TMEM columns; every other cell keeps its sentinel. Exact, CTA by CTA."""
+    rng = np.random.default_rng(128)
+    (a0, b_even, _), (a1, b_odd, _) = _int8_operands(rng), _int8_operands(rng)
+    unused = np.zeros((16, 32), np.int8)
+    got = run(_m64_kernel([(0, "smem", B1_OFF, 32, 0)], pair=True), {
+        "img": ("!llvm.ptr", np.stack([_smem_image(a0, b_even, unused),
+                                       _smem_image(a1, b_odd, unused)])),
+        "regs": ("!llvm.ptr", np.full((256, 64), SENTINEL, np.int32)),
+        "out": ("!llvm.ptr", np.zeros((256, 64), np.int32))}, host=True, sanitize=True)["out"]
+    b = np.concatenate([b_even, b_odd]).astype(np.int64)
+    for cta, a in enumerate((a0, a1)):
+        d = a.astype(np.int64) @ b.T
+        want = np.full((128, MMA_COLS), SENTINEL, np.int64)
+        want[:64, :16], want[64:, :16] = d[:, :16], d[:, 16:]
+        assert_same_bits(got[128 * cta: 128 * cta + 128], want.astype(np.int32))
+
+
+@covers(MMA_FORM)
+def test_a_in_tmem_with_layout_b_is_unsupported():
+    """A from TMEM in an M = 128 pair MMA (64 rows a CTA): not modelled, said so."""
+    from smalti.emulate.errors import Unsupported
+
+    a, b1, b2 = _int8_operands(np.random.default_rng(67))
+    with pytest.raises(Unsupported, match="A in TMEM with 64 rows a CTA of a pair is not "
+                       "modelled"):
+        run(_m64_kernel([(0, 16, B1_OFF, 32, 0)], pair=True), {
+            "img": ("!llvm.ptr", np.stack([_smem_image(a, b1, b2)] * 2)),
+            "regs": ("!llvm.ptr", np.full((256, 64), SENTINEL, np.int32)),
+            "out": ("!llvm.ptr", np.zeros((256, 64), np.int32))}, host=True)
+
+@covers(MMA_FORM)
+def test_the_m64_lane_rules_are_errors():
+    """Layout F starts at lane 0 or 16 (D at lane 8 is an error), and A in TMEM
+    must use D's lane alignment (A at lane 16 for D at lane 0 is one)."""
+    a, b1, b2 = _int8_operands(np.random.default_rng(66))
+    with pytest.raises(EmulationError, match=r"D at TMEM lane 8; with M = 64 \(data path "
+                       r"layout F\) it starts at lane 0 or 16"):
+        _run_m64([(8 << 16, "smem", B1_OFF, 16, 0)], a, b1, b2)
+    with pytest.raises(EmulationError, match="A at TMEM lane 16 and D at lane 0; with M = 64"):
+        _run_m64([(24, (16 << 16) + 16, B1_OFF, 8, 0)], a, b1, b2)
+
+
+def test_the_m_values_the_isa_has_and_what_is_not_modelled():
+    """cta_group::1 takes M = 64 or 128 (N a multiple of 8 with 64, of 16 with
+    128), cta_group::2 M = 128 or 256; any other M is an error. Sparse M = 64
+    (its metadata in half the lanes) is Unsupported, not guessed."""
+    from smalti.emulate.errors import Unsupported
+    from smalti.emulate.ops.tcgen05 import _idesc
+
+    def desc(m: int, n: int, sparse: int = 0) -> int:
+        return (1 << 4) | ((n >> 3) << 17) | ((m >> 4) << 24) | (sparse << 2)  # f16 -> f32
+
+    assert _idesc(desc(64, 8), "f16", 1, False, "here")["m"] == 64
+    assert _idesc(desc(128, 64), "f16", 2, False, "here")["m"] == 128
+    for m, ctas in ((32, 1), (96, 1), (256, 1), (64, 2), (192, 2)):
+        with pytest.raises(EmulationError, match=f"has M = {m}: cta_group::{ctas} takes M = "):
+            _idesc(desc(m, 64), "f16", ctas, False, "here")
+    with pytest.raises(EmulationError, match="with M = 128, N must be a multiple of 16"):
+        _idesc(desc(128, 8), "f16", 1, False, "here")
+    with pytest.raises(EmulationError, match="with M = 64, N must be a multiple of 8"):
+        _idesc(desc(64, 264), "f16", 1, False, "here")
+    with pytest.raises(Unsupported, match="tcgen05.mma.sp.cta_group::1 with M = 64"):
+        _idesc(desc(64, 64, sparse=1), "f16", 1, True, "here")
 
 # --- what only jax's code generators write whole: its kernels -----------------------------
 
