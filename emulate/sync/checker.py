@@ -701,6 +701,31 @@ class Checker:
                                                      f"of block {block.block_id}")
         return bar.component
 
+    def remote_async_writes(self, fr, m: np.ndarray, elems: np.ndarray, bars: np.ndarray,
+                            itemsize: int, site: OpSite, where: str, agent: str,
+                            atomic: bool = False) -> None:
+        """Writes by the threads ``m`` that complete on an mbarrier at a
+        shared::cluster address (``st.async``, ``red.async``; usually a peer
+        block's): each warp's writes, checked against what it knows, recorded
+        under the transfers completing on the target's phase in progress --
+        visible to whoever waits for that phase. ``elems``: the element
+        addresses, a row per thread of ``m``; ``bars``: the barrier of each;
+        ``atomic``: atomic writes, which race with no other atomic access."""
+        b = fr.block
+        issuing = b.warp_rows[m]
+        for row in np.unique(issuing):
+            row = int(row)
+            for a in np.unique(bars[issuing == row]):
+                sel = (issuing == row) & (bars == a)
+                target = b.remote_barrier(int(a), where)
+                comp = self.barrier_component(target, b)
+                target.point.stamp(comp, target.phase + 1)
+                who = f"{agent} issued by {self.clocks.names[row]}"
+                for space, local, _ in self.spaces(fr, "cluster", elems[sel].reshape(-1)):
+                    self.async_access(self.clocks.matrix[row].copy(), space, local, itemsize,
+                                      True, site, comp, target.phase + 1, who,
+                                      proxy_read=False, atomic=atomic)
+
     # bulk async-groups (TMA stores, bulk copies) of each issuing thread
 
     def bulk_issue(self, block, thread: int) -> tuple[int, int, int]:
