@@ -683,10 +683,16 @@ def fence_proxy_async(i: Instr) -> Step:
 @ptx("cp.async.bulk.commit_group")
 def bulk_commit_group(i: Instr) -> Step:
     """Closes the thread's bulk async-group of TMA stores."""
+    return guarded(i, bulk_commit)
+
+
+def guarded(i: Instr, fn: Callable[[Frame, list[int]], None]) -> Step:
+    """The step of an instruction without operands that each thread executes
+    under its guard (the ``commit_group``s): ``fn(frame, guard slots)``."""
     if i.args:
         raise i.unknown
     pred_slots = i.pred_slots
-    return lambda fr: bulk_commit(fr, pred_slots)
+    return lambda fr: fn(fr, pred_slots)
 
 
 @ptx("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read")

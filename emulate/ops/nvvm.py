@@ -13,6 +13,8 @@ block of one warpgroup nothing else can complete it: :class:`Unsupported`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import tma
@@ -487,15 +489,21 @@ def fence_proxy(o: Op) -> Step:
     return proxy_fence
 
 
-@rule("nvvm.wgmma.commit.group.sync.aligned")
-def wgmma_commit_group(o: Op) -> Step:
-    return wgmma_commit
+def group_rules(commit: str, wait: str, pending_attr: str, on_commit: Step,
+                on_wait: Callable[[Frame, int], None]) -> None:
+    """Registers the rules of an async-group pair: op ``commit`` closes a
+    group (``on_commit``), op ``wait`` waits until at most its attribute
+    ``pending_attr`` of the groups are pending (``on_wait``)."""
+    rule(commit)(lambda o: on_commit)
+
+    def wait_rule(o: Op) -> Step:
+        pending = _int_attr(o, pending_attr)
+        return lambda fr: on_wait(fr, pending)
+    rule(wait)(wait_rule)
 
 
-@rule("nvvm.wgmma.wait.group.sync.aligned")
-def wgmma_wait_group(o: Op) -> Step:
-    pending = _int_attr(o, "group")
-    return lambda fr: wgmma_wait(fr, pending)
+group_rules("nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned",
+            "group", wgmma_commit, wgmma_wait)
 
 
 @rule("nvvm.barrier0", "nvvm.barrier")
