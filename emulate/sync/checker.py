@@ -79,7 +79,7 @@ class Checker:
         self.sites = Sites()
         self.cluster = -1
         self.first_site = 1
-        self.clocks: Clocks | None = None
+        self.clocks = Clocks([])  # the running cluster's (begin_cluster)
         self.kinds: list[str] = []  # per component of the current cluster
         self.races: dict[tuple, Race] = {}
         self.uninitialized: dict[tuple, UninitializedRead] = {}
@@ -373,10 +373,10 @@ class Checker:
                                       view, need_all)[0])
         if site < self.first_site:
             return False
-        if row is not None:
-            known = int(self.clocks.matrix[row, comp])
-        else:
+        if view is not None:  # a unit's clock (else the warp's: ``row``)
             known = int(view[comp]) if comp < view.size else 0
+        else:
+            known = int(self.clocks.matrix[row, comp])
         return known >= int(S.time[site])
 
     def _full_width(self, view: np.ndarray) -> np.ndarray:
