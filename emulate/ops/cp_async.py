@@ -24,18 +24,14 @@ an mbarrier) after it: the usual happens-before of the checker.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError
-from ..machine import Block, Frame
+from ..machine import Frame
 from .inline_asm import Instr, guarded, ptx, ptx_pattern
 from .nvvm import _flag, _int_attr, effective, group_rules, mbarrier_arrive, operands, per_thread
-
-if TYPE_CHECKING:
-    from ..sync.checker import Checker
 
 CP_SIZES = (4, 8, 16)
 
@@ -43,7 +39,7 @@ CP_SIZES = (4, 8, 16)
 def cp_async(fr: Frame, dst: int, src: int, size: int, src_size: int | None, pred_slots,
              where: str, site) -> None:
     """The copies of the threads that execute the op (see the module docstring)."""
-    b = fr.need_block("cp.async", where)
+    fr.need_block("cp.async", where)
     m = effective(fr, list(pred_slots))
     if not m.any():
         return
@@ -75,17 +71,18 @@ def cp_async(fr: Frame, dst: int, src: int, size: int, src_size: int | None, pre
     if read.any():
         data = np.where(read, fr.mem["global"].load(src_bytes, np.dtype(np.uint8), read, where), 0)
     fr.mem["shared"].store(dst_bytes, data.astype(np.uint8), np.dtype(np.uint8), written, where)
-    sync = fr.sync
-    if sync is not None:
-        _check(sync, b, fr, m, src_bytes, read, dst_bytes, site)
+    if fr.sync is not None:
+        _check(fr, m, src_bytes, read, dst_bytes, site)
     # not counted by the profiler: an LDGSTS is neither a shared store nor a
     # global load in ncu's metrics, and no counter of its own is modelled yet
 
 
-def _check(sync: Checker, b: Block, fr: Frame, m: np.ndarray, src_bytes, read, dst_bytes,
-           site) -> None:
+def _check(fr: Frame, m: np.ndarray, src_bytes, read, dst_bytes, site) -> None:
     """Each warp's copies: checked against what the warp knows when it
     issues them, recorded under its cp.async component."""
+    sync, b = fr.sync, fr.block
+    if sync is None or b is None:  # (a block's frame whenever the checker is on)
+        return
     rows = b.warp_rows
     for row in np.unique(rows[m]):
         row = int(row)
