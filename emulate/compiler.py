@@ -224,11 +224,11 @@ def _reading(step: Step, o: Op) -> Step:
     site = o.site()
 
     def guarded(fr: Frame) -> None:
-        pending = fr.pending
-        if pending:
+        pending, sync = fr.pending, fr.sync
+        if pending and sync is not None:  # only the checker leaves accumulators pending
             for s in ins:
                 if s in pending:
-                    fr.sync.accumulator_read(fr, pending.pop(s), site)
+                    sync.accumulator_read(fr, pending.pop(s), site)
             step(fr)
             for s in outs:
                 pending.pop(s, None)

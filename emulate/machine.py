@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from .errors import EmulationError, Unsupported
 from .memory import SMEM_BASE, ClusterSpace, Memory, Region, Space
 from .sync.clocks import SyncPoint
 from .sync.reports import MBarrierOverArrival
+
+if TYPE_CHECKING:
+    from .sync.checker import Checker
 
 
 @dataclass
@@ -73,7 +77,7 @@ class Launch:
         self.memory = Memory()
         self.tma: dict[int, TmaDescriptor] = {}
         self.params: dict[int, Region] = {}  # kernel parameter blocks by identity
-        self.sync = None  # the synchronization checker (.sync.checker.Checker), if on
+        self.sync: Checker | None = None  # the synchronization checker, if on
         self.prof = None  # the profiler (.profiling.Profiler), if profiling
 
 

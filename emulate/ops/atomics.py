@@ -299,30 +299,10 @@ def red_async(i: Instr) -> Step:
         read_modify_write(fr.mem["cluster"], addrs[t], elems[t], dt, fn, loc)
         bars = per_thread(np.asarray(fr.regs[bar], np.int64), fr.T)[m]
         if fr.sync is not None:
-            _red_async_check(fr, m, addrs[m], bars, dt.itemsize, site, loc)
+            fr.sync.remote_async_writes(fr, m, addrs[m][:, None], bars, dt.itemsize, site, loc,
+                                        "red.async", atomic=True)
         if fr.prof is not None:
             fr.prof.access(fr, "cluster", addrs[:, None], 1, dt.itemsize, True, site, mask=m)
         for a in np.unique(bars):
             b.remote_barrier(int(a), loc).complete_tx(int((bars == a).sum()) * dt.itemsize)
     return step
-
-
-def _red_async_check(fr: Frame, m: np.ndarray, addrs: np.ndarray, bars: np.ndarray,
-                     itemsize: int, site, where: str) -> None:
-    """The checker's view of ``red.async`` by the threads ``m``: atomic
-    writes (racing with no other atomic access) recorded, like ``st.async``'s
-    stores, under the transfers completing on the target mbarrier."""
-    sync, b = fr.sync, fr.block
-    issuing = b.warp_rows[m]
-    for row in np.unique(issuing):
-        row = int(row)
-        for a in np.unique(bars[issuing == row]):
-            sel = (issuing == row) & (bars == a)
-            target = b.remote_barrier(int(a), where)
-            comp = sync.barrier_component(target, b)
-            target.point.stamp(comp, target.phase + 1)
-            agent = f"red.async issued by {sync.clocks.names[row]}"
-            for space, local, _ in sync.spaces(fr, "cluster", addrs[sel]):
-                sync.async_access(sync.clocks.matrix[row].copy(), space, local, itemsize, True,
-                                  site, comp, target.phase + 1, agent, proxy_read=False,
-                                  atomic=True)

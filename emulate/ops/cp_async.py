@@ -30,8 +30,8 @@ import numpy as np
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError
 from ..machine import Frame
-from .inline_asm import Instr, ptx, ptx_pattern
-from .nvvm import _flag, _int_attr, effective, mbarrier_arrive, operands, per_thread
+from .inline_asm import Instr, guarded, ptx, ptx_pattern
+from .nvvm import _flag, _int_attr, effective, group_rules, mbarrier_arrive, operands, per_thread
 
 CP_SIZES = (4, 8, 16)
 
@@ -81,6 +81,8 @@ def _check(fr: Frame, m: np.ndarray, src_bytes, read, dst_bytes, site) -> None:
     """Each warp's copies: checked against what the warp knows when it
     issues them, recorded under its cp.async component."""
     sync, b = fr.sync, fr.block
+    if sync is None or b is None:  # (a block's frame whenever the checker is on)
+        return
     rows = b.warp_rows
     for row in np.unique(rows[m]):
         row = int(row)
@@ -150,15 +152,8 @@ def cp_async_shared_global(o: Op) -> Step:
     return lambda fr: cp_async(fr, dst, src, size, ss, (), loc, site)
 
 
-@rule("nvvm.cp.async.commit.group")
-def cp_async_commit_group(o: Op) -> Step:
-    return cp_async_commit
-
-
-@rule("nvvm.cp.async.wait.group")
-def cp_async_wait_group(o: Op) -> Step:
-    pending = _int_attr(o, "n")
-    return lambda fr: cp_async_wait(fr, pending)
+group_rules("nvvm.cp.async.commit.group", "nvvm.cp.async.wait.group", "n", cp_async_commit,
+            cp_async_wait)
 
 
 @rule("nvvm.cp.async.mbarrier.arrive")
@@ -194,10 +189,7 @@ def cp_async_ptx(i: Instr) -> Step:
 @ptx("cp.async.commit_group")
 def cp_async_commit_ptx(i: Instr) -> Step:
     """Closes the thread's cp.async group."""
-    if i.args:
-        raise i.unknown
-    pred_slots = i.pred_slots
-    return lambda fr: cp_async_commit(fr, pred_slots)
+    return guarded(i, cp_async_commit)
 
 
 @ptx("cp.async.wait_group", "cp.async.wait_all")

@@ -432,34 +432,13 @@ def _st_async(fr: Frame, pred_slots, addr: int, vals: list[int], width: int, bar
         space.store(addrs + k * width, x, bits, m, where)
     bars = per_thread(r[bar], fr.T).astype(np.int64)[m]
     if fr.sync is not None:
-        _st_async_check(fr, m, addrs[m], bars, len(vals), width, site, where)
+        elems = addrs[m][:, None] + np.arange(len(vals)) * width
+        fr.sync.remote_async_writes(fr, m, elems, bars, width, site, where, "st.async")
     if fr.prof is not None:
         fr.prof.access(fr, "cluster", addrs[:, None] + np.arange(len(vals)) * width, 1, width,
                        True, site, mask=m)
     for a in np.unique(bars):
         b.remote_barrier(int(a), where).complete_tx(int((bars == a).sum()) * width * len(vals))
-
-
-def _st_async_check(fr: Frame, m: np.ndarray, addrs: np.ndarray, bars: np.ndarray, n: int,
-                    width: int, site, where: str) -> None:
-    """The checker's view of ``st.async`` by the threads ``m``: each warp's
-    stores, checked against what it knows, recorded under the transfers
-    completing on the (peer's) barrier -- visible to whoever waits for that
-    phase."""
-    sync, b = fr.sync, fr.block
-    issuing = b.warp_rows[m]
-    for row in np.unique(issuing):
-        row = int(row)
-        for a in np.unique(bars[issuing == row]):
-            sel = (issuing == row) & (bars == a)
-            target = b.remote_barrier(int(a), where)
-            comp = sync.barrier_component(target, b)
-            target.point.stamp(comp, target.phase + 1)
-            elems = (addrs[sel][:, None] + np.arange(n) * width).reshape(-1)
-            agent = f"st.async issued by {sync.clocks.names[row]}"
-            for space, local, _ in sync.spaces(fr, "cluster", elems):
-                sync.async_access(sync.clocks.matrix[row].copy(), space, local, width, True, site,
-                                  comp, target.phase + 1, agent, proxy_read=False)
 
 
 GATHER4 = "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes"
@@ -704,10 +683,16 @@ def fence_proxy_async(i: Instr) -> Step:
 @ptx("cp.async.bulk.commit_group")
 def bulk_commit_group(i: Instr) -> Step:
     """Closes the thread's bulk async-group of TMA stores."""
+    return guarded(i, bulk_commit)
+
+
+def guarded(i: Instr, fn: Callable[[Frame, list[int]], None]) -> Step:
+    """The step of an instruction without operands that each thread executes
+    under its guard (the ``commit_group``s): ``fn(frame, guard slots)``."""
     if i.args:
         raise i.unknown
     pred_slots = i.pred_slots
-    return lambda fr: bulk_commit(fr, pred_slots)
+    return lambda fr: fn(fr, pred_slots)
 
 
 @ptx("cp.async.bulk.wait_group", "cp.async.bulk.wait_group.read")

@@ -108,9 +108,9 @@ def load(o: Op) -> Step:
                 raise Unsupported("per-thread load of an aggregate", loc)
             fr.regs[out] = fr.mem[space].read_bytes(int(addr), n, loc).copy()
         return load_bytes
-    if t.kind not in ("scalar", "vector", "ptr"):
-        raise o.unsupported(f"llvm.load of {t.text}")
     dt = t.dtype
+    if t.kind not in ("scalar", "vector", "ptr") or dt is None:
+        raise o.unsupported(f"llvm.load of {t.text}")
     vshape = t.shape if t.kind == "vector" else ()
     site = o.site()
 
@@ -139,9 +139,9 @@ def store(o: Op) -> Step:
     t = o.in_types[0]
     space = _space(o.in_types[1])
     loc = o.loc
-    if t.kind not in ("scalar", "vector", "ptr"):
-        raise o.unsupported(f"llvm.store of {t.text}")
     dt = t.dtype
+    if t.kind not in ("scalar", "vector", "ptr") or dt is None:
+        raise o.unsupported(f"llvm.store of {t.text}")
     vshape = t.shape if t.kind == "vector" else ()
     site = o.site()
 

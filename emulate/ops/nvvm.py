@@ -13,6 +13,8 @@ block of one warpgroup nothing else can complete it: :class:`Unsupported`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import tma
@@ -161,12 +163,12 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
            if count_slot is not None else None)
     if count_const is not None:
         cnt = np.full(int(m.sum()), count_const, np.int64)
-    rows = None if fr.sync is None or not release else fr.block.warp_rows[m]
+    sync = fr.sync if release else None
     for a in np.unique(addrs):
         sel = addrs == a
         bar = b.remote_barrier(a, where) if remote else b.barrier(a, where)
-        if rows is not None:  # an arrival releases the arriving warps' accesses
-            fr.sync.release(np.unique(rows[sel]), bar.point)
+        if sync is not None:  # an arrival releases the arriving warps' accesses
+            sync.release(np.unique(b.warp_rows[m][sel]), bar.point)
         if tx is not None:
             bar.expect_tx(int(tx[sel].sum()))
         bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
@@ -360,10 +362,10 @@ def tma_load_check(fr: Frame, t: int, target_block, bar: MBarrier, site):
     on ``bar`` (of ``target_block``): checked against what the thread knows
     now, recorded under the barrier's transfers (visible once a wait acquires
     the phase it completes). None when the checker is off."""
-    sync = fr.sync
-    if sync is None:
+    sync, b = fr.sync, fr.block
+    if sync is None or b is None:  # (a block's frame whenever the checker is on)
         return None
-    row = int(fr.block.warp_rows[t])
+    row = int(b.warp_rows[t])
     view = sync.clocks.matrix[row].copy()
     comp = sync.barrier_component(bar, target_block)
     stamp = bar.phase + 1  # its complete_tx joins the phase in progress
@@ -379,12 +381,12 @@ def tma_store_check(fr: Frame, t: int, site, what: str = "TMA store"):
     """The checker's view of a bulk async copy (a TMA store) thread ``t``
     issues: reads recorded under its bulk group's reads, writes under its
     writes (visible after ``wait_group.read`` / ``wait_group``)."""
-    sync = fr.sync
-    if sync is None:
+    sync, b = fr.sync, fr.block
+    if sync is None or b is None:  # (a block's frame whenever the checker is on)
         return None
-    row = int(fr.block.warp_rows[t])
+    row = int(b.warp_rows[t])
     view = sync.clocks.matrix[row].copy()
-    reads, writes, stamp = sync.bulk_issue(fr.block, int(fr.block.flat[t]))
+    reads, writes, stamp = sync.bulk_issue(b, int(b.flat[t]))
     agent = f"{what} issued by {sync.clocks.names[row]}"
 
     def check(space, addrs, itemsize: int, is_write: bool, atomic: bool = False) -> None:
@@ -487,15 +489,21 @@ def fence_proxy(o: Op) -> Step:
     return proxy_fence
 
 
-@rule("nvvm.wgmma.commit.group.sync.aligned")
-def wgmma_commit_group(o: Op) -> Step:
-    return wgmma_commit
+def group_rules(commit: str, wait: str, pending_attr: str, on_commit: Step,
+                on_wait: Callable[[Frame, int], None]) -> None:
+    """Registers the rules of an async-group pair: op ``commit`` closes a
+    group (``on_commit``), op ``wait`` waits until at most its attribute
+    ``pending_attr`` of the groups are pending (``on_wait``)."""
+    rule(commit)(lambda o: on_commit)
+
+    def wait_rule(o: Op) -> Step:
+        pending = _int_attr(o, pending_attr)
+        return lambda fr: on_wait(fr, pending)
+    rule(wait)(wait_rule)
 
 
-@rule("nvvm.wgmma.wait.group.sync.aligned")
-def wgmma_wait_group(o: Op) -> Step:
-    pending = _int_attr(o, "group")
-    return lambda fr: wgmma_wait(fr, pending)
+group_rules("nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned",
+            "group", wgmma_commit, wgmma_wait)
 
 
 @rule("nvvm.barrier0", "nvvm.barrier")

@@ -79,7 +79,7 @@ from .. import irtypes, tmem
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame
-from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE
+from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE, Checker
 from . import tcgen05_scaled as scaled
 from . import tcgen05_sparse as sparse
 from .inline_asm import Instr, ptx, ptx_pattern, ptx_text
@@ -228,15 +228,20 @@ def _cells(fr: Frame, t: tmem.TensorMemory, k: int, addr_slot: int, frag: tmem.F
     return lanes, cols
 
 
-def _tmem_unit(fr: Frame, k: int, kind: str, op_name: str) -> tuple[int, int, np.ndarray, str]:
-    """The checker's (component, stamp, issuer's view, agent) of warp ``k``'s next
-    TMEM load or store."""
+def _tmem_check(fr: Frame, k: int, t, lanes, cols, kind: str, op_name: str, is_write: bool,
+                site) -> None:
+    """The checker's view of warp ``k``'s TMEM load or store (``kind``) of the
+    cells (``lanes``, ``cols``) of ``t``: checked against what the warp knows,
+    recorded as the next of its unit of that kind."""
     sync = fr.sync
+    if sync is None:
+        return
     row = _row(fr, k)
     name = f"{op_name} of {sync.clocks.names[row]}"
     st = sync.unit((kind, fr.block.rank, row), kind, name)
     st[1] += 1
-    return st[0], st[1], sync.clocks.view(row), name
+    sync.async_access(sync.clocks.view(row), t.space, t.byte_addresses(lanes, cols), 4, is_write,
+                      site, st[0], st[1], name, proxy_read=False)
 
 
 @ptx_pattern(TMEM_MOVE.pattern,
@@ -273,10 +278,7 @@ def tmem_move(i: Instr) -> Step:
                 if packed:
                     cells = (cells[..., 0] & 0xFFFF) | ((cells[..., 1] & 0xFFFF) << 16)
                 vals[32 * k: 32 * k + 32] = cells
-                if fr.sync is not None:
-                    comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_LOAD, "tcgen05.ld")
-                    fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4,
-                                         False, site, comp, stamp, agent, proxy_read=False)
+                _tmem_check(fr, k, t, lanes, cols, TMEM_LOAD, "tcgen05.ld", False, site)
             v = vals.view(np.int32)
             fr.regs[out] = v[:, 0].copy() if single else tuple(v[:, r].copy()
                                                                for r in range(nregs))
@@ -296,10 +298,7 @@ def tmem_move(i: Instr) -> Step:
             if packed:
                 v = np.stack([v & 0xFFFF, v >> 16], axis=-1)
             t.cells[lanes, cols] = v
-            if fr.sync is not None:
-                comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_STORE, "tcgen05.st")
-                fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4, True,
-                                     site, comp, stamp, agent, proxy_read=False)
+            _tmem_check(fr, k, t, lanes, cols, TMEM_STORE, "tcgen05.st", True, site)
     return store
 
 
@@ -345,10 +344,7 @@ def tmem_load_red(i: Instr) -> Step:
         for k in _executing_warps(fr, [], op, loc):
             lanes, cols = _cells(fr, t, k, addr_slot, frag, False, op, loc)
             vals[32 * k: 32 * k + 32] = t.cells[lanes, cols]
-            if fr.sync is not None:
-                comp, stamp, view, agent = _tmem_unit(fr, k, TMEM_LOAD, "tcgen05.ld")
-                fr.sync.async_access(view, t.space, t.byte_addresses(lanes, cols), 4,
-                                     False, site, comp, stamp, agent, proxy_read=False)
+            _tmem_check(fr, k, t, lanes, cols, TMEM_LOAD, "tcgen05.ld", False, site)
         v = vals.view(np.int32)
         fr.regs[out] = tuple(v[:, r].copy() for r in range(num)) + (
             _reduce(vals, how, absolute, nan, ty),)
@@ -746,22 +742,23 @@ class _MmaCheck:
         return smem
 
 
-def _mma_state(fr: Frame, th: int) -> tuple[list[int], str]:
+def _mma_state(sync: Checker, fr: Frame, th: int) -> tuple[list[int], str]:
     flat = int(fr.block.flat[th])
     agent = f"tcgen05 MMAs of block {fr.block.block_id} thread {flat}"
-    return fr.sync.unit((TCGEN05, fr.block.rank, flat), TCGEN05, agent), agent
+    return sync.unit((TCGEN05, fr.block.rank, flat), TCGEN05, agent), agent
 
 
 def _mma_unit(fr: Frame, th: int, site) -> _MmaCheck | None:
-    if fr.sync is None:
+    sync = fr.sync
+    if sync is None:
         return None
-    st, agent = _mma_state(fr, th)
+    st, agent = _mma_state(sync, fr, th)
     stamp = st[1] + 1
-    view = fr.sync.clocks.view(int(fr.block.warp_rows[th]))
+    view = sync.clocks.view(int(fr.block.warp_rows[th]))
     if view.size <= st[0]:
         view = np.concatenate([view, np.zeros(st[0] + 1 - view.size, view.dtype)])
     view[st[0]] = stamp  # this thread's earlier MMAs are ordered before this one
-    return _MmaCheck(fr.sync, view, st[0], stamp, agent, site)
+    return _MmaCheck(sync, view, st[0], stamp, agent, site)
 
 
 # --- commit and fences ------------------------------------------------------------------------
@@ -773,20 +770,21 @@ def _commit(fr: Frame, slots: list[int], where: str, multicast: bool) -> None:
     b = fr.need_block("tcgen05.commit", where)
     addrs = per_thread(fr.regs[slots[0]], fr.T).astype(np.int64)
     masks = per_thread(fr.regs[slots[1]], fr.T).astype(np.int64) if multicast else None
+    sync = fr.sync
     for th in np.flatnonzero(effective(fr, [])):
         if masks is None:
             targets = [b]
         else:
             mask = int(masks[th]) & 0xFFFF
             targets = [b.peer(r, where) for r in range(16) if mask >> r & 1]
-        if fr.sync is not None:
-            st, _ = _mma_state(fr, th)
+        if sync is not None:
+            st, _ = _mma_state(sync, fr, th)
             st[1] += 1
         for blk in targets:
             bar = blk.barrier(int(addrs[th]), where)
-            if fr.sync is not None:
+            if sync is not None:
                 bar.point.stamp(st[0], st[1])
-                fr.sync.release(int(fr.block.warp_rows[th]), bar.point)
+                sync.release(int(b.warp_rows[th]), bar.point)
             bar.arrive(1, where)
 
 

@@ -280,9 +280,9 @@ def _operand_check(fr: Frame, site, issued: tuple | None):
     issuing warpgroup knows, recorded under its WGMMA groups (``issued``:
     component, stamp, agent; ordered before what follows the
     ``wgmma.wait_group`` covering it)."""
-    if issued is None:
-        return None
     sync = fr.sync
+    if issued is None or sync is None:
+        return None
     comp, stamp, agent = issued
     view = sync.clocks.view(sync.rows(fr))
 

@@ -46,20 +46,7 @@ does not depend on that schedule:
 
 Blocks of different clusters are never ordered (no grid-wide
 synchronization is modelled): any conflict between them is a race.
+
+The reports' classes are public as :mod:`smalti.emulate`'s (they live in
+:mod:`.reports`).
 """
-
-from .reports import (
-    Access,
-    BarrierDivergence,
-    Deadlock,
-    MBarrierOverArrival,
-    OutOfBounds,
-    Race,
-    RaceError,
-    RaceWarning,
-    UninitializedRead,
-    UninitializedReadWarning,
-)
-
-__all__ = ["Access", "BarrierDivergence", "Deadlock", "MBarrierOverArrival", "OutOfBounds",
-           "Race", "RaceError", "RaceWarning", "UninitializedRead", "UninitializedReadWarning"]

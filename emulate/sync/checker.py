@@ -79,7 +79,7 @@ class Checker:
         self.sites = Sites()
         self.cluster = -1
         self.first_site = 1
-        self.clocks: Clocks | None = None
+        self.clocks = Clocks([])  # the running cluster's (begin_cluster)
         self.kinds: list[str] = []  # per component of the current cluster
         self.races: dict[tuple, Race] = {}
         self.uninitialized: dict[tuple, UninitializedRead] = {}
@@ -373,10 +373,10 @@ class Checker:
                                       view, need_all)[0])
         if site < self.first_site:
             return False
-        if row is not None:
-            known = int(self.clocks.matrix[row, comp])
-        else:
+        if view is not None:  # a unit's clock (else the warp's: ``row``)
             known = int(view[comp]) if comp < view.size else 0
+        else:
+            known = int(self.clocks.matrix[row, comp])
         return known >= int(S.time[site])
 
     def _full_width(self, view: np.ndarray) -> np.ndarray:
@@ -700,6 +700,31 @@ class Checker:
             bar.component = self.component(TMA_LOAD, f"transfers completing on an mbarrier "
                                                      f"of block {block.block_id}")
         return bar.component
+
+    def remote_async_writes(self, fr, m: np.ndarray, elems: np.ndarray, bars: np.ndarray,
+                            itemsize: int, site: OpSite, where: str, agent: str,
+                            atomic: bool = False) -> None:
+        """Writes by the threads ``m`` that complete on an mbarrier at a
+        shared::cluster address (``st.async``, ``red.async``; usually a peer
+        block's): each warp's writes, checked against what it knows, recorded
+        under the transfers completing on the target's phase in progress --
+        visible to whoever waits for that phase. ``elems``: the element
+        addresses, a row per thread of ``m``; ``bars``: the barrier of each;
+        ``atomic``: atomic writes, which race with no other atomic access."""
+        b = fr.block
+        issuing = b.warp_rows[m]
+        for row in np.unique(issuing):
+            row = int(row)
+            for a in np.unique(bars[issuing == row]):
+                sel = (issuing == row) & (bars == a)
+                target = b.remote_barrier(int(a), where)
+                comp = self.barrier_component(target, b)
+                target.point.stamp(comp, target.phase + 1)
+                who = f"{agent} issued by {self.clocks.names[row]}"
+                for space, local, _ in self.spaces(fr, "cluster", elems[sel].reshape(-1)):
+                    self.async_access(self.clocks.matrix[row].copy(), space, local, itemsize,
+                                      True, site, comp, target.phase + 1, who,
+                                      proxy_read=False, atomic=atomic)
 
     # bulk async-groups (TMA stores, bulk copies) of each issuing thread
 
