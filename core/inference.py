@@ -162,7 +162,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                     return ADVANCE
             if record is None:
                 raise _no_rule(pipeline, op, arch)
-            var = (sites.share(rows, split, op_hash, system)
+            var = (sites.share(rows, split, system)
                    if record.same_layout and described is None else None)
             if var is not None:
                 if trace:  # annotated as the builder would, to line up with the trace
@@ -172,6 +172,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                 opaque = False
             else:
                 view = op.opview
+                # The rows the parent's rule described are linked already.
+                fresh = None if described is None else [v is None for v in described]
                 builder = ConstraintBuilder(system, sites, view, arch, record, rows, op_hash,
                                             described)
                 try:
@@ -186,6 +188,12 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                         "left these sites without a variable: "
                         + ", ".join(s.describe() for s, v in zip(builder.layout_sites(), variables)
                                     if v is None))
+                if fresh is None:
+                    sites.link(rows, variables, system)  # type: ignore[arg-type]
+                else:
+                    sites.link([r for r, new in zip(rows, fresh) if new],
+                               [v for v, new in zip(variables, fresh) if new],  # type: ignore[misc]
+                               system)
                 annotated.append((op, rows, variables, split))  # type: ignore[arg-type]
                 opaque = builder.opaque
             plugin = record.plugin

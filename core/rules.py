@@ -24,7 +24,7 @@ from smalti.constraints import Constraint, Variable, make_variable
 from smalti.diagnostics import PluginError, SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
 from smalti.registry import SAME_LAYOUT, RuleRecord
-from smalti.sites import Row, SiteKind, SiteTable, ValueSite, site_of
+from smalti.sites import Row, SiteKind, SiteTable, ValueSite, sites_of
 from smalti.solver import ConstraintSystem, Origin
 
 OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
@@ -117,9 +117,7 @@ class ConstraintBuilder:
     def _op_sites(self) -> list[ValueSite]:
         # All at once, when the rule first asks for one: rules describe them all.
         if self._sites is None:
-            op_hash = self._op_hash
-            self._sites = [site_of(row, op_hash, position)
-                           for position, row in enumerate(self._rows)]
+            self._sites = sites_of(self._rows, self._op_hash)
         return self._sites
 
     @property
@@ -150,25 +148,23 @@ class ConstraintBuilder:
                     if defined is not None:
                         shape = defined[0].shape
                         break
-        system = self._system
-        variables = system.variables
+        variables = self._system.variables
         var = make_variable(len(variables), sites[-1], space, shape)
         variables.append(var)
         claimed = self._variables
-        linked = []
         for site in sites:
             position = site.position
             if position >= 0 and site.op is own and claimed[position] is None:
                 claimed[position] = var  # one of the op's own rows: see _claim
-                linked.append(rows[position])
             else:
-                linked.append(self._claim(site, var))
-        self._table.link(linked, var, system)
+                self._claim(site, var)
         return var
 
-    def _claim(self, site: ValueSite, var: Variable) -> Row:
-        """Records that ``site`` has ``var`` (a site gets one variable), and
-        returns its row."""
+    def _claim(self, site: ValueSite, var: Variable) -> None:
+        """Records that ``site`` has ``var`` (a site gets one variable). The
+        op's own rows are linked to their definitions once its rule is
+        done (see SiteTable.link), another op's site (a terminator's
+        operand, a block argument) at once."""
         own = self._operation
         position = site.position
         if position < 0 or site.op is not own:
@@ -179,7 +175,7 @@ class ConstraintBuilder:
             claimed = variables[position]
             if claimed is None:
                 variables[position] = var
-                return self._rows[position]
+                return
         else:
             table = self._table
             other = site.op
@@ -194,7 +190,8 @@ class ConstraintBuilder:
             claimed = table.variables.get(site)
             if claimed is None:
                 table.variables[site] = var
-                return table.row(site)
+                table.link([table.row(site)], [var], self._system)
+                return
         if claimed is var:
             self._malformed(f"variable() got a site twice: {site.describe()}")
         self._malformed(f"{site.describe()} was given two variables")

@@ -12,7 +12,7 @@ position among the op's layout sites, each with what a rule or the solver
 needs of it (its kind, index, value, type, memory space, and for an operand
 the variable and type of its value's definition, if described already).
 :class:`ValueSite` objects, which rules hand around, are made from rows
-only when a rule asks for them (:func:`site_of`); an op whose rule is
+only when a rule asks for them (:func:`sites_of`); an op whose rule is
 ``same_layout`` gets its variable straight from its rows
 (:meth:`SiteTable.share`), and every other op's rule sees its rows through
 a :class:`smalti.rules.ConstraintBuilder`. Either way the rows are linked to
@@ -165,18 +165,29 @@ def _memory_space_of_ref_type(ty: ir.MemRefType) -> MemorySpace | None:
 Row = tuple[ir.Operation, SiteKind, int, ir.Value, ir.Type, MemorySpace, Definition | None]
 
 
-def site_of(row: Row, op_hash: int | None, position: int = -1) -> ValueSite:
-    """The site of ``row``: what the constructor makes, without reading
-    anything through the bindings again (``op_hash``: ``hash`` of its op, if
-    known; ``position``: the row's index among its op's layout sites)."""
-    # Made for most sites a rule describes: no __init__ call.
-    site = object.__new__(ValueSite)
-    site.op, site.kind, site.index, site.value, site.type, site.memory_space, _ = row
-    site.region = None
-    site.position = position
-    site._op_hash = op_hash
-    site._hash = None
-    return site
+def sites_of(rows: list[Row], op_hash: int | None, first: int = 0) -> list[ValueSite]:
+    """The sites of ``rows``: what the constructor makes, without reading
+    anything through the bindings again (``op_hash``: ``hash`` of their op,
+    if known; ``first``: the first row's index among its op's layout sites,
+    -1: not known)."""
+    sites = []
+    position = first
+    for row in rows:  # one call for an op's rows, and no __init__ call
+        site = object.__new__(ValueSite)
+        site.op, site.kind, site.index, site.value, site.type, site.memory_space, _ = row
+        site.region = None
+        site.position = position
+        site._op_hash = op_hash
+        site._hash = None
+        sites.append(site)
+        if position >= 0:
+            position += 1
+    return sites
+
+
+def site_of(row: Row, op_hash: int | None = None) -> ValueSite:
+    """The site of ``row``, alone (see :func:`sites_of`)."""
+    return sites_of([row], op_hash, -1)[0]
 
 
 #: What :func:`layout_values` finds: each value needing a layout, with its
@@ -193,17 +204,12 @@ def layout_values(values: ir.OpOperandList | ir.OpResultList) -> LayoutValues:
     for index in range(len(values)):
         value = values[index]
         ty = value.type
-        space = _space_of(ty)
+        # Vectors and scalars (most values) known without a call.
+        space = (REG if isinstance(ty, ir.VectorType) else
+                 memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
         if space is not None:
             found.append((index, value, ty, space))  # a vector or ref: shaped
     return found
-
-
-def _space_of(ty: ir.Type) -> MemorySpace | None:
-    # memory_space_of_type, with vectors and scalars (most values) known
-    # without a call.
-    return (REG if isinstance(ty, ir.VectorType) else
-            memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
 
 
 class SiteTable:
@@ -248,7 +254,8 @@ class SiteTable:
             defined = definitions.get(value)
             if defined is None:  # defined later in the walk, or needing no layout
                 ty = value.type
-                space = _space_of(ty)
+                space = (REG if isinstance(ty, ir.VectorType) else  # as in layout_values
+                         memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
                 if space is None:
                     continue
             else:
@@ -261,15 +268,15 @@ class SiteTable:
         for index in range(len(results)):
             value = results[index]
             ty = value.type
-            space = _space_of(ty)
+            space = (REG if isinstance(ty, ir.VectorType) else
+                     memory_space_of_type(ty) if isinstance(ty, ir.MemRefType) else None)
             if space is not None:
                 if space is not REG:
                     vectors = False
                 rows.append((op, RESULT, index, value, ty, space, None))
         return rows, split if vectors else -1
 
-    def share(self, rows: list[Row], split: int, op_hash: int | None,
-              system: ConstraintSystem) -> Variable | None:
+    def share(self, rows: list[Row], split: int, system: ConstraintSystem) -> Variable | None:
         """Gives all of an op's ``rows`` (``split``: as :meth:`read` says)
         one new variable, as the rule :func:`smalti.rules.same_layout` does,
         if they all hold vectors of one shape. Otherwise returns ``None``
@@ -291,29 +298,29 @@ class SiteTable:
             elif this != shape:
                 return None
         variables = system.variables
-        # Named after the op's last layout site, as ConstraintBuilder.variable() does.
-        position = len(rows) - 1
-        var = make_variable(len(variables), site_of(rows[position], op_hash, position), REG,
-                            shape)
+        # Named after the op's last layout site, as ConstraintBuilder.variable()
+        # does (made from its row only if asked for).
+        var = make_variable(len(variables), rows[-1], REG, shape)
         variables.append(var)
-        self.link(rows, var, system)
+        self.link(rows, [var] * len(rows), system)
         return var
 
-    def link(self, rows: list[Row], var: Variable, system: ConstraintSystem) -> None:
-        """Records that the sites of ``rows`` have ``var``: a result or block
-        argument defines its value; an operand is linked to its value's
-        definition now if that was described already (nearly always: the
-        walk is in program order), else by :meth:`connect`."""
+    def link(self, rows: list[Row], variables: list[Variable], system: ConstraintSystem
+             ) -> None:
+        """Records that the site of each of ``rows`` has its variable in
+        ``variables``: a result or block argument defines its value; an
+        operand is linked to its value's definition now if that was
+        described already (nearly always: the walk is in program order),
+        else by :meth:`connect`."""
         uses, definitions = system.uses, self.definitions
-        for row in rows:
-            if row[1] is not OPERAND:
-                definitions[row[3]] = (var, row[4])
-                continue
+        for row, var in zip(rows, variables):
             defined = row[6]
-            if defined is None:
-                self.pending.append((row, var))
-            else:  # system.use(), without the call: most variables have a use
+            if defined is not None:  # system.use(), without the call: most rows
                 uses.append((defined[0], var, defined[1]))
+            elif row[1] is OPERAND:
+                self.pending.append((row, var))
+            else:
+                definitions[row[3]] = (var, row[4])
 
     def row(self, site: ValueSite) -> Row:
         """The row of a site another op's rule described (a terminator's
@@ -327,7 +334,7 @@ class SiteTable:
         """The variables another op's rule gave to each of ``rows`` (those of
         a terminator, described by its parent), ``None`` for the others."""
         found = self.variables
-        return [found.get(site_of(row, op_hash)) for row in rows]
+        return [found.get(site) for site in sites_of(rows, op_hash, -1)]
 
     def connect(self, system: ConstraintSystem) -> None:
         """Links the operands whose value was defined later in the walk to
@@ -336,7 +343,7 @@ class SiteTable:
         for row, var in self.pending:
             defined = definitions.get(row[3])
             if defined is None:
-                site, source = site_of(row, None), producer_site(row[3])
+                site, source = site_of(row), producer_site(row[3])
                 raise SmaltiValueError(
                     "SM103",
                     f"{site.describe()} is produced by {source.describe()}, which has no layout",
