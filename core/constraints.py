@@ -54,7 +54,7 @@ class Variable:
     id: int
     #: The site it is named after (in errors and explanations). Made when
     #: first asked for if the variable was made from a row (see
-    #: make_variable): most never are.
+    #: row_variable): most never are.
     site: ValueSite
     memory_space: MemorySpace
     type: ir.Type
@@ -97,26 +97,33 @@ class Variable:
     __str__ = __repr__
 
 
-def make_variable(id: int, site: ValueSite | Row, memory_space: MemorySpace,
+def make_variable(id: int, site: ValueSite, memory_space: MemorySpace,
                   shape: tuple[int, ...] | None, var: Variable | None = None) -> Variable:
     """``Variable(id, site, memory_space, shape)`` without the constructor's
-    call (inference makes one per op); the constructor fills ``var`` here.
-    ``site`` may be the site's row (see :meth:`smalti.sites.SiteTable.read`):
-    the site is then made only if asked for."""
+    call (inference makes one per op); the constructor fills ``var`` here."""
     if var is None:
         var = object.__new__(Variable)
     var.id = id
+    var.site = site
     var.memory_space = memory_space
-    if type(site) is tuple:
-        var._row = site
-        var.type = ty = site[4]
-    else:
-        var.site = site  # type: ignore[assignment]  # a ValueSite
-        var.type = ty = site.type  # type: ignore[union-attr]
+    var.type = ty = site.type
     if memory_space is not MemorySpace.SMEM:
         var.shape = _shape_of(ty) if shape is None else shape
     elif shape is not None:
         var.shape = shape
+    return var
+
+
+def row_variable(id: int, row: Row, memory_space: MemorySpace,
+                 shape: tuple[int, ...]) -> Variable:
+    """A variable of values of ``shape``, named after the site of ``row``
+    (see :meth:`smalti.sites.SiteTable.read`), made only if asked for."""
+    var = object.__new__(Variable)
+    var.id = id
+    var._row = row
+    var.memory_space = memory_space
+    var.type = row[4]
+    var.shape = shape
     return var
 
 

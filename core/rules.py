@@ -37,8 +37,8 @@ class ConstraintBuilder:
     Every vector operand/result, SMEM ref and TMEM ref of the op (its *layout
     sites*) must end up in exactly one :meth:`variable`. The builder is a
     view of the op's rows in the kernel's :class:`smalti.sites.SiteTable`:
-    it makes their :class:`ValueSite` objects when the rule first asks for
-    one, and keeps the variable each row gets.
+    it hands out their :class:`ValueSite` objects and keeps the variable
+    each row gets (core links them once the rule is done).
     """
 
     __slots__ = ("_system", "_table", "_record", "_rows", "_sites", "_variables", "_operation",
@@ -55,7 +55,8 @@ class ConstraintBuilder:
         self._table = table
         self._record = record
         self._rows = rows
-        self._sites: list[ValueSite] | None = None
+        # Made with the builder: a rule describes (so asks for) them all.
+        self._sites = sites_of(rows, op_hash)
         self._variables: list[Variable | None] = (
             [None] * len(rows) if site_variables is None else site_variables)
         self._operation = op.operation
@@ -79,20 +80,20 @@ class ConstraintBuilder:
     def operand(self, index: int) -> ValueSite:
         # Operand i is usually at position i (when every operand before it
         # holds a vector or ref): looked for there first.
-        rows = self._rows
-        if index < len(rows):
-            row = rows[index]
-            if row[2] == index and row[1] is OPERAND:
-                return self._op_sites()[index]
+        sites = self._sites
+        if index < len(sites):
+            site = sites[index]
+            if site.index == index and site.kind is OPERAND:
+                return site
         return self._site(OPERAND, index)
 
     def result(self, index: int) -> ValueSite:
         # Results come last: an op's only result is its last site.
-        rows = self._rows
-        if rows:
-            row = rows[-1]
-            if row[2] == index and row[1] is RESULT:
-                return self._op_sites()[-1]
+        sites = self._sites
+        if sites:
+            site = sites[-1]
+            if site.index == index and site.kind is RESULT:
+                return site
         return self._site(RESULT, index)
 
     def argument(self, region: int, index: int) -> ValueSite:
@@ -101,24 +102,18 @@ class ConstraintBuilder:
 
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
         # The site of the op's row, if any (see operand()), else a new one.
-        for position, row in enumerate(self._rows):
-            if row[1] is kind and row[2] == index:
-                return self._op_sites()[position]
+        for site in self._sites:
+            if site.kind is kind and site.index == index:
+                return site
         return ValueSite(self.op, kind, index, op_hash=self._op_hash)
 
     def layout_sites(self) -> list[ValueSite]:
         """Every operand and result needing a layout, operands first."""
-        return list(self._op_sites())
+        return list(self._sites)
 
     def vector_sites(self) -> list[ValueSite]:
         """The layout sites holding vectors (in registers), operands first."""
-        return [s for s in self._op_sites() if s.memory_space is MemorySpace.REG]
-
-    def _op_sites(self) -> list[ValueSite]:
-        # All at once, when the rule first asks for one: rules describe them all.
-        if self._sites is None:
-            self._sites = sites_of(self._rows, self._op_hash)
-        return self._sites
+        return [s for s in self._sites if s.memory_space is MemorySpace.REG]
 
     @property
     def site_variables(self) -> list[Variable | None]:

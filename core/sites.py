@@ -29,7 +29,7 @@ from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.caching import per_context
-from smalti.constraints import make_variable
+from smalti.constraints import row_variable
 from smalti.diagnostics import SmaltiValueError, format_location
 from smalti.layouts import MemorySpace
 
@@ -300,7 +300,7 @@ class SiteTable:
         variables = system.variables
         # Named after the op's last layout site, as ConstraintBuilder.variable()
         # does (made from its row only if asked for).
-        var = make_variable(len(variables), rows[-1], REG, shape)
+        var = row_variable(len(variables), rows[-1], REG, shape)  # type: ignore[arg-type]
         variables.append(var)
         self.link(rows, [var] * len(rows), system)
         return var
