@@ -38,7 +38,7 @@ from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
 from smalti.records import Fields
 
 if TYPE_CHECKING:
-    from smalti.sites import ValueSite
+    from smalti.sites import Row, ValueSite
 
 
 class Variable:
@@ -48,9 +48,13 @@ class Variable:
     they compare by identity.
     """
 
-    __slots__ = ("id", "site", "memory_space", "type", "shape", "fit_key", "__weakref__")
+    __slots__ = ("id", "site", "memory_space", "type", "shape", "fit_key", "_row",
+                 "__weakref__")
 
     id: int
+    #: The site it is named after (in errors and explanations). Made when
+    #: first asked for if the variable was made from a row (see
+    #: row_variable): most never are.
     site: ValueSite
     memory_space: MemorySpace
     type: ir.Type
@@ -62,6 +66,7 @@ class Variable:
     #: value, the whole type of an SMEM ref. Made when first asked for (see
     #: __getattr__): only classes that mix kinds need it.
     fit_key: tuple[object, ...]
+    _row: Row
 
     def __init__(self, id: int, site: ValueSite, memory_space: MemorySpace,
                  shape: tuple[int, ...] | None = None) -> None:
@@ -70,8 +75,13 @@ class Variable:
         make_variable(id, site, memory_space, shape, self)
 
     def __getattr__(self, name: str) -> Any:
-        # Only for slots never set: an SMEM ref's shape and the fit key, on
-        # first use.
+        # Only for slots never set: an SMEM ref's shape, the fit key and a
+        # site, on first use.
+        if name == "site":
+            from smalti.sites import site_of  # smalti.sites imports this module
+
+            self.site = site_of(self._row)
+            return self.site
         if name == "shape":
             self.shape = _shape_of(self.type)
             return self.shape
@@ -101,6 +111,19 @@ def make_variable(id: int, site: ValueSite, memory_space: MemorySpace,
         var.shape = _shape_of(ty) if shape is None else shape
     elif shape is not None:
         var.shape = shape
+    return var
+
+
+def row_variable(id: int, row: Row, memory_space: MemorySpace,
+                 shape: tuple[int, ...]) -> Variable:
+    """A variable of values of ``shape``, named after the site of ``row``
+    (see :meth:`smalti.sites.SiteTable.read`), made only if asked for."""
+    var = object.__new__(Variable)
+    var.id = id
+    var._row = row
+    var.memory_space = memory_space
+    var.type = row[4]
+    var.shape = shape
     return var
 
 

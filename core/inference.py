@@ -34,15 +34,8 @@ from smalti.layouts import ATTRIBUTE_NAMES, Constant, MemorySpace
 from smalti.pipeline import Pipeline, default_pipeline
 from smalti.records import Fields
 from smalti.registry import RuleKind, RuleRecord
-from smalti.rules import (
-    ConstraintBuilder,
-    SiteTable,
-    apply_same_layout,
-    invalid_op,
-    same_layout,
-    verifier_failure,
-)
-from smalti.sites import SiteKind, ValueSite, layout_sites, producer_site
+from smalti.rules import ConstraintBuilder, invalid_op, verifier_failure
+from smalti.sites import OPERAND, Row, SiteTable
 from smalti.solver import (
     BudgetExhausted,
     ConstraintFault,
@@ -97,12 +90,12 @@ class InferenceReport(Fields):
         self.arch_fallbacks = [] if arch_fallbacks is None else arch_fallbacks
 
 
-#: The ops that get layout attributes: each with its sites, their variables,
-#: and how many of the sites are operands if all hold vectors, else -1.
-Annotated = list[tuple[ir.Operation, list[ValueSite], list[Variable], int]]
-#: Ops described by :func:`smalti.rules.same_layout` without a builder: each
-#: with the variable of all its sites, and how many operands and results
-#: hold vectors.
+#: The ops that get layout attributes: each with its rows, their variables,
+#: and how many of the rows are operands if all hold vectors, else -1.
+Annotated = list[tuple[ir.Operation, list[Row], list[Variable], int]]
+#: Ops whose rule is :func:`smalti.rules.same_layout`, described without a
+#: builder: each with the variable of all its sites, and how many operands
+#: and results hold vectors.
 Shared = list[tuple[ir.Operation, Variable, int, int]]
 
 
@@ -119,8 +112,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             strict_arch: bool = False) -> Collected:
     """Asks every op's rule to describe it and links each use of a value to
     its definition. The ops that carry layouts come in walk order (those
-    described by their parent's rule last); with ``trace``, every rule runs
-    through a builder, so that they line up with ``report.trace``.
+    described by their parent's rule last); with ``trace``, all of them are
+    annotated, so that they line up with ``report.trace``.
 
     An op none of whose rules supports ``arch`` is described by the nearest
     rule, with an :class:`smalti.arch_policy.ArchitectureWarning`, or, with
@@ -132,8 +125,8 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
         table, fallbacks = pipeline.table_with_fallbacks(RuleKind.CONSTRAINT, arch)
     fallbacks_used: dict[str, ir.Operation] = {}
     system = ConstraintSystem()
-    sites_table = SiteTable()
-    site_vars, described_elsewhere = sites_table.variables, sites_table.described_elsewhere
+    sites = SiteTable()
+    described_elsewhere = sites.described_elsewhere
     annotated: Annotated = []
     shared: Shared = []
     described_by_parent: Annotated = []
@@ -150,42 +143,38 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             record = table.get(name)
             if fallbacks and name in fallbacks:
                 fallbacks_used.setdefault(name, op)
+            rows, split = sites.read(op)
+            if not rows:
+                # Lane-level regions stay unseen even when the op itself
+                # carries no layouts (a rule registered opaque_regions=True).
+                return SKIP if record is not None and record.opaque_regions else ADVANCE
             # A terminator some of whose sites its parent's rule described? Most
             # kernels have none, and only ops of those terminators' names are hashed.
             elsewhere = described_elsewhere.get(name) if described_elsewhere else None
             op_hash = hash(op) if elsewhere else None
-            entry = None
-            if record is not None and record.function is same_layout and not trace:
-                if op_hash is None or op_hash not in elsewhere:  # type: ignore[operator]
-                    entry = apply_same_layout(op, op_hash, system, sites_table)
-            if entry is not None:
-                shared.append(entry)
+            described = None
+            if op_hash is not None and op_hash in elsewhere:  # type: ignore[operator]
+                described = sites.described(rows, op_hash)
+                if None not in described:
+                    # A terminator (scf.yield...): its parent's rule
+                    # described it. Like jax, it still gets its attributes.
+                    described_by_parent.append((op, rows, described, split))  # type: ignore[arg-type]
+                    return ADVANCE
+            if record is None:
+                raise _no_rule(pipeline, op, arch)
+            var = (sites.share(rows, split, system)
+                   if record.same_layout and described is None else None)
+            if var is not None:
+                if trace:  # annotated as the builder would, to line up with the trace
+                    annotated.append((op, rows, [var] * len(rows), split))
+                else:
+                    shared.append((op, var, split, len(rows) - split))
                 opaque = False
             else:
-                # An op with a rule usually uses values described already.
-                if record is None:
-                    sites, split = layout_sites(op, op_hash), None
-                else:
-                    sites, split = sites_table.layout_sites(op, op_hash)
-                if not sites:
-                    # Lane-level regions stay unseen even when the op itself
-                    # carries no layouts (a rule registered opaque_regions=True).
-                    return SKIP if record is not None and record.opaque_regions else ADVANCE
-                described = None
-                if op_hash is not None and op_hash in elsewhere:  # type: ignore[operator]
-                    described = [site_vars.get(s) for s in sites]
-                    if None not in described:
-                        # A terminator (scf.yield...): its parent's rule
-                        # described it. Like jax, it still gets its attributes.
-                        if split is None:
-                            split = _register_split(sites)
-                        described_by_parent.append(
-                            (op, sites, described, split))  # type: ignore[arg-type]
-                        return ADVANCE
-                if record is None:
-                    raise _no_rule(pipeline, op, arch)
                 view = op.opview
-                builder = ConstraintBuilder(system, sites_table, view, arch, record, sites, op_hash,
+                # The rows the parent's rule described are linked already.
+                fresh = None if described is None else [v is None for v in described]
+                builder = ConstraintBuilder(system, sites, view, arch, record, rows, op_hash,
                                             described)
                 try:
                     record.function(view, builder)
@@ -197,13 +186,19 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
                 if None in variables:
                     builder._malformed(
                         "left these sites without a variable: "
-                        + ", ".join(s.describe() for s, v in zip(sites, variables) if v is None))
-                annotated.append((op, sites, variables, split))  # type: ignore[arg-type]
+                        + ", ".join(s.describe() for s, v in zip(builder.layout_sites(), variables)
+                                    if v is None))
+                if fresh is None:
+                    sites.link(rows, variables, system)  # type: ignore[arg-type]
+                else:
+                    sites.link([r for r, new in zip(rows, fresh) if new],
+                               [v for v, new in zip(variables, fresh) if new],  # type: ignore[misc]
+                               system)
+                annotated.append((op, rows, variables, split))  # type: ignore[arg-type]
                 opaque = builder.opaque
-            assert record is not None  # only an op with a rule gets here (or is shared)
             plugin = record.plugin
             ops_per_plugin[plugin] = ops_per_plugin.get(plugin, 0) + 1
-            if trace and report is not None:  # every op's rule ran through a builder
+            if trace and report is not None:  # every op's rule is annotated
                 report.trace.append(TraceEntry(op.name, format_location(op.location), plugin,
                                                record.function.__qualname__))
             return SKIP if opaque or record.opaque_regions else ADVANCE
@@ -225,7 +220,7 @@ def collect(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
             report.arch_fallbacks += texts
     if failures:
         raise failures.pop()  # held by no local: no cycle through its traceback
-    _connect_uses(system, sites_table)
+    sites.connect(system)
     # After the ops whose rules ran, so that they line up with report.trace.
     annotated.extend(described_by_parent)
     return Collected(system, annotated, shared)
@@ -266,64 +261,31 @@ def _rule_failed(record: RuleRecord, view: ir.OpView, error: Exception) -> Smalt
     )
 
 
-def _connect_uses(system: ConstraintSystem, sites: SiteTable) -> None:
-    """Links the operands whose value was defined later in the walk to the
-    variable of its definition (the others were linked at once)."""
-    definitions = sites.definitions
-    for site, var in sites.operands:
-        defined = definitions.get(site.value)
-        if defined is None:
-            source = producer_site(site.value)
-            raise SmaltiValueError(
-                "SM103",
-                f"{site.describe()} is produced by {source.describe()}, which has no layout",
-                op=site.op,
-                fix="produce the value with an op that has a constraint rule, or "
-                "install a plugin that gives its producer one",
-            )
-        system.use(defined[0], var, defined[1])
-
-
 IN_LAYOUTS, OUT_LAYOUTS = ATTRIBUTE_NAMES[MemorySpace.REG]
-REG, OPERAND = MemorySpace.REG, SiteKind.OPERAND
 
 
-def _attribute_name(site: ValueSite) -> str:
-    # A site that needs a layout has a memory space.
-    return ATTRIBUTE_NAMES[site.memory_space][  # type: ignore[index]
-        site.kind is not SiteKind.OPERAND]
+def _attribute_name(row: Row) -> str:
+    return ATTRIBUTE_NAMES[row[5]][row[1] is not OPERAND]
 
 
-def _grouped(sites: list[ValueSite], values: list[Constant]) -> dict[str, list[Constant]]:
-    """The chosen constants of an op (``values``: one per site), by attribute
+def _grouped(rows: list[Row], values: list[Constant]) -> dict[str, list[Constant]]:
+    """The chosen constants of an op (``values``: one per row), by attribute
     name (``in_layouts``...)."""
     grouped: dict[str, list[Constant]] = {}
-    for site, value in zip(sites, values):
-        grouped.setdefault(_attribute_name(site), []).append(value)
+    for row, value in zip(rows, values):
+        grouped.setdefault(_attribute_name(row), []).append(value)
     return grouped
-
-
-def _register_split(sites: list[ValueSite]) -> int:
-    """How many of an op's sites are operands, if all of them hold vectors
-    (most ops); -1 otherwise."""
-    split = 0
-    for site in sites:
-        if site.memory_space is not REG:
-            return -1
-        if site.kind is OPERAND:
-            split += 1
-    return split
 
 
 def _write_attributes(collected: Collected, solution: list[Constant]) -> None:
     """Writes the chosen constants of every op as its attributes."""
     cache = _AttributeCache()
     register_layouts, shared_layouts = cache.register_layouts, cache.shared_layouts
-    for op, sites, variables, split in collected.annotated:
+    for op, rows, variables, split in collected.annotated:
         values = [solution[var.id] for var in variables]
         if split < 0:  # refs among its sites: grouped by attribute name
             attributes = op.attributes
-            for name, attribute in cache.by_name(sites, values):
+            for name, attribute in cache.by_name(rows, values):
                 attributes[name] = attribute
             continue
         ins, outs = register_layouts(values, split)
@@ -380,19 +342,18 @@ class _AttributeCache:
             cached = self._registers[key] = (pair, values)
         return cached[0]
 
-    def by_name(self, sites: list[ValueSite], values: list[Constant]
+    def by_name(self, rows: list[Row], values: list[Constant]
                 ) -> list[tuple[str, ir.Attribute]]:
         """Those of an op with refs among its sites (``values``: the layout of
         each site), by attribute name: an MMA's ``in_layouts``,
         ``in_transforms`` and ``out_layouts``. Keyed by the sites' attribute
         names (strings hash once) and the identity of the values."""
-        key = (*[ATTRIBUTE_NAMES[site.memory_space][  # type: ignore[index]  # layout sites
-                     site.kind is not OPERAND] for site in sites],
+        key = (*[ATTRIBUTE_NAMES[row[5]][row[1] is not OPERAND] for row in rows],
                *[id(v) for v in values])
         cached = self._by_name.get(key)
         if cached is None:
             cached = self._by_name[key] = (
-                [(name, self.array(group)) for name, group in _grouped(sites, values).items()],
+                [(name, self.array(group)) for name, group in _grouped(rows, values).items()],
                 values)
         return cached[0]
 
@@ -526,10 +487,10 @@ def _infer(module: ir.Module, arch: tuple[int, int], pipeline: Pipeline,
     report.ops = len(annotated) + len(collected.shared)
     report.variables = len(system.variables)
     report.constraints = len(system.constraints) + len(system.uses)
-    for entry, (op, sites, variables, _) in zip(report.trace, annotated):
-        for site, var in zip(sites, variables):
-            entry.why.setdefault(_attribute_name(site), []).append(solver.why_assigned(var))
-        groups = _grouped(sites, [solution[var.id] for var in variables])
+    for entry, (op, rows, variables, _) in zip(report.trace, annotated):
+        for row, var in zip(rows, variables):
+            entry.why.setdefault(_attribute_name(row), []).append(solver.why_assigned(var))
+        groups = _grouped(rows, [solution[var.id] for var in variables])
         entry.layouts = {name: str(op.attributes[name]) for name in groups}
         entry.summary = {name: "[" + ", ".join(map(str, values)) + "]"
                          for name, values in groups.items()}

@@ -196,12 +196,21 @@ DEFAULT_OPTIONS: LoweringOptions = {
 }
 
 
+#: The attribute that marks a constraint rule as giving all the layout sites
+#: of its op one variable (:func:`smalti.rules.same_layout`): its record's
+#: ``same_layout``, which inference applies from the op's sites without
+#: calling the rule.
+SAME_LAYOUT = "smalti_same_layout"
+
+
 class RuleRecord(Record):
     """One rule as registered: what it handles, where it came from, and its
-    options (:class:`LoweringOptions` says what each means)."""
+    options (:class:`LoweringOptions` says what each means); ``same_layout``
+    says whether its function is marked :data:`SAME_LAYOUT` (unless given)."""
 
     __slots__ = ("kind", "key", "function", "plugin", "archs", "overrides", "target",
-                 "opaque_regions", "warp_semantics", "warp_regions", "jax", "check")
+                 "opaque_regions", "warp_semantics", "warp_regions", "jax", "check",
+                 "same_layout")
     kind: RuleKind
     key: str  # op name, or a Pallas primitive's name
     function: Callable[..., Any]
@@ -214,15 +223,18 @@ class RuleRecord(Record):
     warp_regions: bool
     jax: JaxVersions
     check: Callable[[Any], None] | None
+    same_layout: bool
 
     def __init__(self, kind: RuleKind, key: str, function: Callable[..., Any], plugin: str,
                  archs: Architectures = ANY_ARCH, overrides: str | None = None,
                  target: Any = None, opaque_regions: bool = False,
                  warp_semantics: bool = False, warp_regions: bool = False,
-                 jax: JaxVersions = ANY_JAX, check: Callable[[Any], None] | None = None
-                 ) -> None:
+                 jax: JaxVersions = ANY_JAX, check: Callable[[Any], None] | None = None,
+                 same_layout: bool | None = None) -> None:
+        if same_layout is None:
+            same_layout = getattr(function, SAME_LAYOUT, False) is True
         self._set(kind, key, function, plugin, archs, overrides, target, opaque_regions,
-                  warp_semantics, warp_regions, jax, check)
+                  warp_semantics, warp_regions, jax, check, same_layout)
 
     @property
     def name(self) -> str:

@@ -23,107 +23,42 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.constraints import Constraint, Variable, make_variable
 from smalti.diagnostics import PluginError, SmaltiNotImplementedError, SmaltiValueError
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms, TmemLayout
-from smalti.registry import RuleRecord
-from smalti.sites import (
-    SiteKind,
-    ValueSite,
-    layout_sites,
-    layout_values,
-    make_site,
-    memory_space_of_type,
-)
+from smalti.registry import SAME_LAYOUT, RuleRecord
+from smalti.sites import Row, SiteKind, SiteTable, ValueSite, sites_of
 from smalti.solver import ConstraintSystem, Origin
 
 OPERAND, RESULT = SiteKind.OPERAND, SiteKind.RESULT
 REG = MemorySpace.REG
 
 
-class SiteTable:
-    """The variables of a kernel's values, as rules give them out.
-
-    It keeps the variable of each defined value (op result or block
-    argument), the operands that could not be linked to their definition
-    yet, and the variable of each site a rule described other than its own
-    op's operands and results (its regions' block arguments and terminators'
-    operands). The variables of an op's own layout sites stay with the op
-    (see :attr:`ConstraintBuilder.site_variables`).
-    """
-
-    __slots__ = ("variables", "operands", "definitions", "described_elsewhere")
-
-    def __init__(self) -> None:
-        #: Sites described by a rule other than their op's, and block arguments.
-        self.variables: dict[ValueSite, Variable] = {}
-        #: Operand sites whose value had no variable yet when they got theirs
-        #: (uses of values defined later in the walk, such as the operands
-        #: of a loop's terminator); the others are linked at once.
-        self.operands: list[tuple[ValueSite, Variable]] = []
-        #: The variable of each defined value, with the value's type (read
-        #: once: its uses need it, and reading it through the bindings is slow).
-        self.definitions: dict[ir.Value, tuple[Variable, ir.Type]] = {}
-        #: Ops some of whose sites another op's rule described (a region's
-        #: terminator, described by its parent), by their name and hash.
-        self.described_elsewhere: dict[str, dict[int, ir.Operation]] = {}
-
-    def layout_sites(self, op: ir.Operation, op_hash: int | None = None
-                     ) -> tuple[list[ValueSite], int]:
-        """``layout_sites(op, op_hash)``, where an operand whose value was
-        described already takes its type and memory space from its
-        definition (no bindings call) and keeps it: then
-        :meth:`ConstraintBuilder.variable` links it without a second lookup.
-        With the sites, how many of them are operands if all hold vectors
-        (most ops), else -1: how the op's attributes are written."""
-        definitions = self.definitions
-        sites: list[ValueSite] = []
-        vectors = True
-        operands = op.operands
-        for index in range(len(operands)):  # see layout_values
-            value = operands[index]
-            defined = definitions.get(value)
-            if defined is None:
-                ty = value.type
-                space = memory_space_of_type(ty)
-                if space is None:
-                    continue
-            else:
-                ty, space = defined[1], defined[0].memory_space
-            if space is not REG:
-                vectors = False
-            sites.append(make_site(op, op_hash, OPERAND, index, value, ty, space, len(sites),
-                                   defined))
-        split = len(sites)
-        for index, value, ty, space in layout_values(op.results):
-            if space is not REG:
-                vectors = False
-            sites.append(make_site(op, op_hash, RESULT, index, value, ty, space, len(sites)))
-        return sites, split if vectors else -1
-
-
 class ConstraintBuilder:
     """Describes one op in the constraint language.
 
     Every vector operand/result, SMEM ref and TMEM ref of the op (its *layout
-    sites*) must end up in exactly one :meth:`variable`.
+    sites*) must end up in exactly one :meth:`variable`. The builder is a
+    view of the op's rows in the kernel's :class:`smalti.sites.SiteTable`:
+    it hands out their :class:`ValueSite` objects and keeps the variable
+    each row gets (core links them once the rule is done).
     """
 
-    __slots__ = ("_system", "_table", "_record", "_sites", "_variables", "_operation",
+    __slots__ = ("_system", "_table", "_record", "_rows", "_sites", "_variables", "_operation",
                  "_op_hash", "_origin", "op", "arch", "opaque")
 
-    def __init__(self, system: ConstraintSystem, sites: SiteTable, op: ir.OpView,
-                 arch: tuple[int, int], record: RuleRecord,
-                 op_sites: list[ValueSite] | None = None,
+    def __init__(self, system: ConstraintSystem, table: SiteTable, op: ir.OpView,
+                 arch: tuple[int, int], record: RuleRecord, rows: list[Row],
                  op_hash: int | None = None,
                  site_variables: list[Variable | None] | None = None) -> None:
-        """``op_sites`` are ``layout_sites(op)`` if core made them already,
-        ``op_hash`` is ``hash(op)`` if known, and ``site_variables`` the
-        variables another op's rule gave some of ``op_sites``."""
+        """``rows`` are the op's rows (``table.read(op)``), ``op_hash`` is
+        ``hash(op)`` if known, and ``site_variables`` the variables another
+        op's rule gave some of them."""
         self._system = system
-        self._table = sites
+        self._table = table
         self._record = record
-        self._sites = op_sites
-        if site_variables is None and op_sites is not None:
-            site_variables = [None] * len(op_sites)
-        self._variables = site_variables
+        self._rows = rows
+        # Made with the builder: a rule describes (so asks for) them all.
+        self._sites = sites_of(rows, op_hash)
+        self._variables: list[Variable | None] = (
+            [None] * len(rows) if site_variables is None else site_variables)
         self._operation = op.operation
         self._op_hash = op_hash
         self._origin: Origin | None = None
@@ -143,11 +78,10 @@ class ConstraintBuilder:
     # --- sites -------------------------------------------------------------------
 
     def operand(self, index: int) -> ValueSite:
-        # The site core made knows its value and type: hand out that one.
         # Operand i is usually at position i (when every operand before it
-        # holds a vector or ref): looked for there first, without a call.
+        # holds a vector or ref): looked for there first.
         sites = self._sites
-        if sites and index < len(sites):
+        if index < len(sites):
             site = sites[index]
             if site.index == index and site.kind is OPERAND:
                 return site
@@ -167,31 +101,24 @@ class ConstraintBuilder:
         return ValueSite(self.op, SiteKind.ARGUMENT, index, region, op_hash=self._op_hash)
 
     def _site(self, kind: SiteKind, index: int) -> ValueSite:
-        # The site core already made, if any (see operand()), else a new one.
-        for site in self._sites or ():
+        # The site of the op's row, if any (see operand()), else a new one.
+        for site in self._sites:
             if site.kind is kind and site.index == index:
                 return site
         return ValueSite(self.op, kind, index, op_hash=self._op_hash)
 
     def layout_sites(self) -> list[ValueSite]:
         """Every operand and result needing a layout, operands first."""
-        return list(self._op_sites())
+        return list(self._sites)
 
     def vector_sites(self) -> list[ValueSite]:
         """The layout sites holding vectors (in registers), operands first."""
-        return [s for s in self._op_sites() if s.memory_space is MemorySpace.REG]
-
-    def _op_sites(self) -> list[ValueSite]:
-        if self._sites is None:
-            self._sites = layout_sites(self._operation, self._op_hash)
-        return self._sites
+        return [s for s in self._sites if s.memory_space is MemorySpace.REG]
 
     @property
     def site_variables(self) -> list[Variable | None]:
         """The variable of each of the op's layout sites so far (``None``:
         none yet), in the order of :meth:`layout_sites`."""
-        if self._variables is None:
-            self._variables = [None] * len(self._op_sites())
         return self._variables
 
     # --- statements --------------------------------------------------------------
@@ -205,49 +132,41 @@ class ConstraintBuilder:
             self._malformed(
                 "variable() joins sites of different shapes or memory spaces, or sites "
                 f"that need no layout: {[s.describe() for s in sites]}")
-        system, table = self._system, self._table
+        rows, own = self._rows, self._operation
         # The sites share a shape: a described operand's producer knows it
         # (an SMEM ref's is left unread, see Variable.shape).
         shape = None
         if space is not MemorySpace.SMEM:
             for site in sites:
-                defined = site._definition
-                if defined is not None:
-                    shape = defined[0].shape
-                    break
-        variables = system.variables
+                if site.position >= 0 and site.op is own:
+                    defined = rows[site.position][6]
+                    if defined is not None:
+                        shape = defined[0].shape
+                        break
+        variables = self._system.variables
         var = make_variable(len(variables), sites[-1], space, shape)
         variables.append(var)
-        own, claimed = self._operation, self._variables
-        if claimed is None:
-            claimed = self.site_variables
+        claimed = self._variables
         for site in sites:
-            position = site._position
+            position = site.position
             if position >= 0 and site.op is own and claimed[position] is None:
-                claimed[position] = var  # one of the op's own sites: see _claim
+                claimed[position] = var  # one of the op's own rows: see _claim
             else:
                 self._claim(site, var)
-            if site.kind is OPERAND:
-                # Linked to the value's producer now if it was described
-                # already (nearly always: the walk is in program order).
-                defined = site._definition or table.definitions.get(site.value)
-                if defined is None:
-                    table.operands.append((site, var))
-                else:  # system.use(), without the call: most variables have a use
-                    system.uses.append((defined[0], var, defined[1]))
-            else:
-                table.definitions[site.value] = (var, site.type)
         return var
 
     def _claim(self, site: ValueSite, var: Variable) -> None:
-        """Records that ``site`` has ``var`` (a site gets one variable)."""
+        """Records that ``site`` has ``var`` (a site gets one variable). The
+        op's own rows are linked to their definitions once its rule is
+        done (see SiteTable.link), another op's site (a terminator's
+        operand, a block argument) at once."""
         own = self._operation
-        position = site._position
+        position = site.position
         if position < 0 or site.op is not own:
             position = self._position_of(site)
         if position >= 0:
             # One of the op's operands and results: it stays with the op.
-            variables = self.site_variables
+            variables = self._variables
             claimed = variables[position]
             if claimed is None:
                 variables[position] = var
@@ -266,6 +185,7 @@ class ConstraintBuilder:
             claimed = table.variables.get(site)
             if claimed is None:
                 table.variables[site] = var
+                table.link([table.row(site)], [var], self._system)
                 return
         if claimed is var:
             self._malformed(f"variable() got a site twice: {site.describe()}")
@@ -276,8 +196,9 @@ class ConstraintBuilder:
         one (a block argument, another op's site)."""
         if site.kind is not SiteKind.ARGUMENT and (
                 site.op is self._operation or site.op == self._operation):
-            for position, own in enumerate(self._op_sites()):
-                if own == site:
+            kind, index = site.kind, site.index
+            for position, row in enumerate(self._rows):
+                if row[1] is kind and row[2] == index:
                     return position
         return -1
 
@@ -335,86 +256,14 @@ def same_layout(op: ir.OpView, b: ConstraintBuilder) -> None:
 
     Register it for ops it describes, e.g.
     ``registry.constraint_rule("my_ops.relu")(smalti.rules.same_layout)``:
-    inference recognizes it and applies it without calling it for each op.
+    its records say ``same_layout``, and inference gives an op's sites
+    their variable without calling it (:meth:`smalti.sites.SiteTable.share`),
+    unless they do not fit (then the call reports it).
     """
     b.variable(*b.layout_sites())
 
 
-def apply_same_layout(op: ir.Operation, op_hash: int | None, system: ConstraintSystem,
-                      table: SiteTable) -> tuple[ir.Operation, Variable, int, int] | None:
-    """Applies :func:`same_layout` to ``op`` without a builder, if all its
-    layout sites are vectors of one shape (``op_hash``: ``hash(op)``, if known).
-
-    Makes their variable, records it in ``table`` as
-    :meth:`ConstraintBuilder.variable` would, and returns ``(op, variable,
-    vector operands, vector results)``. Otherwise returns ``None`` having changed
-    nothing, and leaves the op (and any error) to the builder.
-    """
-    # Most of a kernel goes through here: the type of an operand comes with
-    # its definition, and nothing is written until the op is known to fit.
-    # Operands typed by their definitions as in SiteTable.layout_sites, but
-    # stopping at the first that is not a vector and making no site for
-    # those linked at once (one variable stands for all).
-    definitions = table.definitions
-    linked: list[tuple[Variable, ir.Type]] = []
-    later: list[tuple[int, ir.Value, ir.ShapedType]] = []
-    shape = None  # the linked operands': their producers' variables know it
-    operands = op.operands
-    for index in range(len(operands)):  # see layout_values
-        value = operands[index]
-        defined = definitions.get(value)
-        if defined is not None:
-            producer = defined[0]
-            if producer.memory_space is not REG:
-                return None
-            if shape is None:
-                shape = producer.shape
-            elif producer.shape != shape:  # tuples: no bindings call
-                return None
-            linked.append(defined)
-            continue
-        ty = value.type  # defined later in the walk, or needing no layout
-        space = memory_space_of_type(ty)
-        if space is REG:
-            later.append((index, value, cast(ir.VectorType, ty)))
-        elif space is not None:
-            return None
-    results = layout_values(op.results)
-    for _, _, _, space in results:
-        if space is not REG:
-            return None
-    # The other sites against a linked operand's type (most are that very
-    # type), by shape where the types differ.
-    if linked:
-        first, first_shape = linked[0][1], shape
-    elif later or results:
-        first = later[0][2] if later else results[0][2]
-        first_shape = tuple(first.shape)
-    else:
-        return None
-    for _, _, ty in later:
-        if ty != first and tuple(ty.shape) != first_shape:
-            return None
-    for _, _, ty, _ in results:
-        if ty != first and tuple(ty.shape) != first_shape:
-            return None
-    # The variable is named after the op's last layout site, as variable() does.
-    if results:
-        kind, (index, value, ty, _) = SiteKind.RESULT, results[-1]
-    else:
-        kind, (index, value, ty, _) = SiteKind.OPERAND, layout_values(op.operands)[-1]
-    variables = system.variables
-    var = make_variable(len(variables), make_site(op, op_hash, kind, index, value, ty), REG,
-                        shape)
-    variables.append(var)
-    uses = system.uses  # system.use() without a call per use
-    for producer, ty in linked:
-        uses.append((producer, var, ty))
-    for index, value, ty in later:
-        table.operands.append((make_site(op, op_hash, SiteKind.OPERAND, index, value, ty), var))
-    for _, value, ty, _ in results:
-        definitions[value] = (var, ty)
-    return op, var, len(linked) + len(later), len(results)
+setattr(same_layout, SAME_LAYOUT, True)  # a declaration for RuleRecord.same_layout
 
 
 def malformed_op(op: ir.OpView | ir.Operation, message: str, *, fix: str | Sequence[str],

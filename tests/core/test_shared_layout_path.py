@@ -1,6 +1,8 @@
-"""Ops described by the ready-made ``smalti.rules.same_layout`` rule take a
-builder-free path through inference: it must write exactly what calling
-the rule through a builder writes, and report the same errors."""
+"""Ops whose rule is the ready-made ``smalti.rules.same_layout`` get their
+variable straight from the rows inference read (``SiteTable.share``),
+without a builder or a call of the rule: that must state exactly the
+constraints, and write exactly the attributes, that calling the rule
+through a builder does, and report the same errors."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 
 import smalti
 from smalti import kernels
+from smalti.inference import collect
+from smalti.pipeline import default_pipeline
 from smalti.rules import same_layout
 from smalti.sites import SiteKind, ValueSite
 from tests.differential import normalized, walk_ops
@@ -98,13 +102,33 @@ def test_builder_free_path_writes_what_the_rule_writes(body):
     report = smalti.infer_layouts(fast.module)
     pipeline = smalti.build_pipeline(plugins={"builder": builder_plugin(*ELEMENTWISE_USED)})
     slow_report = smalti.infer_layouts(slow.module, pipeline=pipeline)
-    # With a trace every rule runs through a builder too.
+    # With a trace the shared ops are annotated like the builder's.
     traced_report = smalti.infer_layouts(traced.module, trace=True)
     assert normalized(fast.module) == normalized(slow.module) == normalized(traced.module)
     assert "in_layouts" in str(fast.module) and "out_layouts" in str(fast.module)
     assert report.ops == slow_report.ops == traced_report.ops
     assert report.variables == slow_report.variables
     assert sum(report.ops_per_plugin.values()) == report.ops - _terminators(fast.module)
+
+
+@pytest.mark.parametrize("body", KERNELS, ids=lambda body: body.__name__)
+def test_shared_and_builder_run_rule_state_the_same_constraints(body):
+    fast, slow = (kernels.build_kernel(body, [F32], [F32]) for _ in range(2))
+    pipeline = smalti.build_pipeline(plugins={"builder": builder_plugin(*ELEMENTWISE_USED)})
+    statements = []
+    for kernel, with_pipeline in ((fast, default_pipeline()), (slow, pipeline)):
+        with kernel.context, ir.Location.unknown():
+            collected = collect(kernel.module, (9, 0), with_pipeline)
+        system = collected.system
+        statements.append((
+            [(v.id, v.memory_space, v.shape) for v in system.variables],
+            [(producer.id, consumer.id, str(ty)) for producer, consumer, ty in system.uses],
+            len(system.constraints), len(system.assignments)))
+        if kernel is fast:
+            assert collected.shared  # the fast case was taken ...
+        else:
+            assert not collected.shared  # ... and here it was not
+    assert statements[0] == statements[1]
 
 
 def _terminators(module: ir.Module) -> int:
