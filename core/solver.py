@@ -3,7 +3,8 @@
 Given the variables and constraints the rules produced, the solver
 
 1. merges variables that must be equal (``Equal`` between two variables, and
-   strict relayouts out of values that can never be splat) with union-find;
+   strict relayouts out of values that can never be splat) with union-find
+   (:mod:`smalti.union_find`; the solver keeps each class's own data);
 2. propagates known layouts along constraints with a worklist: each
    constraint is re-examined only when one of its variables gets a value;
 3. splits what is still unknown into independent components and searches
@@ -45,6 +46,7 @@ from smalti.constraints import (
 from smalti.diagnostics import format_location
 from smalti.layouts import Constant, MemorySpace, RegisterLayout, SmemTransforms
 from smalti.records import Fields
+from smalti.union_find import UnionFind
 
 _ID = operator.attrgetter("id")
 
@@ -184,7 +186,11 @@ class Solver:
         self.variables = system.variables
         if list(map(_ID, self.variables)) != list(range(n)):  # map(): no frame per variable
             raise ValueError("variables must be numbered 0..n-1 in order")
-        self.parent = list(range(n))
+        #: The classes of variables that must have one layout (their roots:
+        #: the earliest variable of each, see smalti.union_find).
+        self.classes = UnionFind(n)
+        #: The root of a variable's class (the union-find's own, bound once).
+        self.find = self.classes.find
         self.value: list[Constant | None] = [None] * n
         self.reason: list[object] = [None] * n
         #: per class, where it is known never to be splat (the origin proving it)
@@ -203,33 +209,22 @@ class Solver:
         #: class -> one variable of each kind it holds, for classes of several
         self.mixed: dict[int, dict[tuple[object, ...], Variable]] = {}
 
-    # --- union-find -------------------------------------------------------------
+    # --- classes ----------------------------------------------------------------
 
-    def find(self, i: int) -> int:
-        parent = self.parent
-        root = parent[i]
-        if parent[root] == root:  # i is a root or right below one (most variables)
-            return root
-        while parent[root] != root:
-            root = parent[root]
-        while parent[i] != root:
-            parent[i], i = root, parent[i]
-        return root
+    @property
+    def parent(self) -> list[int]:
+        """Each variable's parent in :attr:`classes` (a root is its own)."""
+        return self.classes.parent
 
-    def union(self, a: int, b: int) -> int:
-        parent = self.parent
-        ra, rb = parent[a], parent[b]  # find()'s fast path, without the calls
-        if parent[ra] != ra:
-            ra = self.find(ra)
-        if parent[rb] != rb:
-            rb = self.find(rb)
-        return ra if ra == rb else self._join(ra, rb)
+    def union(self, a: int, b: int) -> None:
+        """Merges the classes of variables ``a`` and ``b``, and their data."""
+        joined = self.classes.union(a, b)
+        if joined is not None:
+            self._join(*joined)
 
-    def _join(self, ra: int, rb: int) -> int:
-        """Merges two different classes, given by their roots."""
-        if rb < ra:
-            ra, rb = rb, ra
-        self.parent[rb] = ra  # the earliest variable represents the class
+    def _join(self, ra: int, rb: int) -> None:
+        """Merges the data of class ``rb`` into that of class ``ra``, which
+        has just absorbed it."""
         nonsplat = self.nonsplat
         if nonsplat[ra] is None:
             nonsplat[ra] = nonsplat[rb]
@@ -242,27 +237,17 @@ class Solver:
                 not mixed or (ra not in mixed and rb not in mixed)):
             # Two classes of one kind each, the same (a.fit_key == b.fit_key,
             # without tuples): nothing to remember.
-            return ra
+            return
         a_kinds, b_kinds = mixed.get(ra), mixed.pop(rb, None)
         if b_kinds is None:  # b's class holds one kind: b's
             if a_kinds is not None:
                 a_kinds.setdefault(b.fit_key, b)
             elif a.fit_key != b.fit_key:
                 mixed[ra] = {a.fit_key: a, b.fit_key: b}
-            return ra
+            return
         kinds = mixed[ra] = a_kinds or {a.fit_key: a}
         for kind, var in b_kinds.items():
             kinds.setdefault(kind, var)
-        return ra
-
-    def _flatten(self) -> None:
-        """Points every variable at its class's root, once the classes are
-        merged: what follows then finds each root in one step, without a
-        call. A union keeps the earliest variable as the root, so each
-        variable's parent precedes it, and one pass in order does it."""
-        parent = self.parent
-        for i in range(len(parent)):
-            parent[i] = parent[parent[i]]
 
     def value_of(self, var: Variable) -> Constant | None:
         return self.value[self.find(var.id)]
@@ -328,7 +313,7 @@ class Solver:
         its layout). Variables equal to one derivation of one class are
         merged (see :meth:`_merge_congruent`). Register uses still open
         afterwards become strict relayouts."""
-        find, nonsplat = self.find, self.nonsplat
+        find, roots, nonsplat = self.find, self.classes.roots, self.nonsplat
         # Most sources precede their targets: one pass in order settles
         # nearly every edge; a breadth-first walk settles the rest.
         open_relayouts = []
@@ -338,22 +323,15 @@ class Solver:
             else:
                 self._settle_relayout(ci)
         open_uses = []
-        join, parent, mixed, REG = self._join, self.parent, self.mixed, MemorySpace.REG
-        # find(), inlined for variables that are their class's root or right
-        # below it (nearly all): parent[parent[i]] is then the root.
+        union, join, mixed, REG = self.classes.union, self._join, self.mixed, MemorySpace.REG
         for use in self.system.uses:
             producer, consumer, _ = use
-            root = parent[producer.id]
-            if parent[root] != root:
-                root = find(root)
+            root = find(producer.id)
             if nonsplat[root] is None and consumer.memory_space is REG:
                 # The producer may be a reduction of a value found non-splat
                 # earlier in this pass.
                 for other in splat_alike.get(producer.id, ()):
-                    other_root = parent[other.id]
-                    if parent[other_root] != other_root:
-                        other_root = find(other_root)
-                    proof = nonsplat[other_root]
+                    proof = nonsplat[find(other.id)]
                     if proof is not None:
                         nonsplat[root] = proof
                         break
@@ -361,37 +339,33 @@ class Solver:
                     open_uses.append(use)
                     continue
             # A ref keeps its layout; a non-splat value too.
-            consumer_root = parent[consumer.id]
-            if parent[consumer_root] != consumer_root:
-                consumer_root = find(consumer_root)
-            if consumer_root == root:
+            joined = union(root, consumer.id)
+            if joined is None:
                 continue
             if mixed:  # some class mixes kinds: _join() keeps the books
-                join(root, consumer_root)
+                join(*joined)
                 continue
-            # Otherwise _join(), inlined (most variables have a use): both
-            # classes hold this value, so they hold one kind.
-            low, high = (root, consumer_root) if root < consumer_root else (consumer_root, root)
-            parent[high] = low
-            if nonsplat[low] is None:
-                nonsplat[low] = nonsplat[high]
+            # Otherwise _join()'s first step is all (most variables have a
+            # use): both classes hold this value, so they hold one kind.
+            kept, absorbed = joined
+            if nonsplat[kept] is None:
+                nonsplat[kept] = nonsplat[absorbed]
         successors: dict[int, list[Variable]] = {}
         for ci in open_relayouts:
             c = self._relayout(ci)
             if isinstance(c.target, Variable):
                 successors.setdefault(find(c.source.id), []).append(c.target)
-        for producer, consumer, _ in open_uses:
-            successors.setdefault(find(producer.id), []).append(consumer)
+        # No union until the congruence merge: the roots of a list at once.
+        for (_, consumer, _), root in zip(open_uses, roots(
+                [producer.id for producer, _, _ in open_uses])):
+            successors.setdefault(root, []).append(consumer)
         # A value equal to a splat-keeping expression of another (a reduction
         # of it) is never splat exactly when the other is not: both ways.
         # Only edges to values not known non-splat yet can tell anything.
-        for var_id, others in splat_alike.items():
-            for other in others:
-                root = parent[other.id]  # find(), inlined as above
-                if parent[root] != root:
-                    root = find(root)
-                if nonsplat[root] is None:
-                    successors.setdefault(find(var_id), []).append(other)
+        edges = [(var_id, other) for var_id, others in splat_alike.items() for other in others]
+        for (var_id, other), root in zip(edges, roots([other.id for _, other in edges])):
+            if nonsplat[root] is None:
+                successors.setdefault(find(var_id), []).append(other)
         work = deque(r for r in successors if nonsplat[r] is not None)
         while work:
             root = work.popleft()
@@ -474,7 +448,7 @@ class Solver:
         constraints watch each class. A constraint that restates an earlier
         one on the same classes (see :meth:`Constraint.restatement_key`) is
         dropped. Keeps the constraints still active, in order, as ``indexed``."""
-        find, parent = self.find, self.parent
+        find = self.find
         self.cvars: list[tuple[int, ...]] = []
         watchers = self.watchers
         cvars, active = self.cvars, self.active
@@ -488,11 +462,11 @@ class Solver:
             restated = c.restatement_key()
             if restated is not None:
                 over, what = restated
+                # A find() per variable: a statement is over one or two, for
+                # which a call of roots() and dict.fromkeys() cost more.
                 found: list[int] = []
                 for v in over:
-                    root = parent[v.id]  # find(), inlined for roots and right below
-                    if parent[root] != root:
-                        root = find(root)
+                    root = find(v.id)
                     if root not in found:
                         found.append(root)
                 roots = tuple(found)
@@ -707,8 +681,7 @@ class Solver:
         for ci in self.indexed:
             if not active[ci]:
                 continue
-            open_roots = [self.find(r) for r in cvars[ci]]
-            open_roots = [r for r in open_roots if self.value[r] is None]
+            open_roots = [r for r in self.classes.roots(cvars[ci]) if self.value[r] is None]
             for other in open_roots[1:]:
                 a, b = cfind(open_roots[0]), cfind(other)
                 if a != b:
@@ -803,7 +776,8 @@ class Solver:
     def solve_in_order(self) -> list[Constant]:
         """Like :meth:`solve`, as a list: the layout of each variable by id."""
         self._propagate_nonsplat(*self._scan_constraints())
-        self._flatten()
+        # Classes are merged by now: every variable straight at its root.
+        self.classes.flatten()
         try:
             # Before any constraint watches a class: the pass below examines
             # every active one once, in order.
@@ -830,11 +804,10 @@ class Solver:
             self._spend_fuel_on_propagation()
         for roots, constraints in self._components():
             self._search(roots, constraints)
-        find, value, parent = self.find, self.value, self.parent
-        # parent[i] is the root of nearly every i by now: find() only for the rest.
+        value = self.value
         # Every class has a layout once the search is done.
-        return cast(list[Constant], [value[r] if parent[r] == r else value[find(r)]
-                                     for r in parent])
+        return cast(list[Constant], list(map(value.__getitem__,  # map(): no bytecode per item
+                                             self.classes.roots(range(len(value))))))
 
     def _spend_fuel_on_propagation(self) -> None:
         """Takes the classes propagation gave a layout out of :attr:`fuel`."""
