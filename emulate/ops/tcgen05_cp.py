@@ -17,12 +17,13 @@ the address's (whose lane must be 0), row ``i`` in the TMEM lanes of
 :data:`LANES` (PTX ISA, tcgen05.cp's ``.multicast``: the warps named
 together receive the same rows): 128 rows, lane ``i``; ``.warpx4``, the
 32 rows to each warp's lane quarter (lanes ``i``, ``32 + i``, ``64 + i``,
-``96 + i``); ``.warpx2::02_13``, the 64 rows to warps 0 and 2 and again to
-warps 1 and 3 (lanes ``i`` and ``64 + i``); ``.warpx2::01_23``, rows 0-31 to
-warps 0 and 1 and rows 32-63 to warps 2 and 3 (row ``i`` at lanes
-``64 (i // 32) + i % 32`` and 32 lanes on) -- CUTLASS's
-``SM100_UTCCP_2x64dp128bitlw0123`` says the same ("data_row[0:31] ->
-DP[0:63], data_row[32:63] -> DP[64:127]"). (jax's
+``96 + i``); ``.warpx2::02_13``, rows 0-31 to warps 0 and 2 and rows 32-63
+to warps 1 and 3 (row ``i`` at lanes ``i`` and ``64 + i``); ``.warpx2::01_23``,
+rows 0-31 to warps 0 and 1 and rows 32-63 to warps 2 and 3 (row ``i`` at
+lanes ``64 (i // 32) + i % 32`` and 32 lanes on) -- CUTLASS's
+``SM100_UTCCP_2x64dp128bitlw0213`` ("broadcast like 4x32dp") and
+``..lw0123`` ("data_row[0:31] -> DP[0:63], data_row[32:63] ->
+DP[64:127]") say the same. (jax's
 ``b_scales_m64_collective_layout`` docstring, which puts the first half in
 quarters 0 and 2, describes no access jax makes: its block-scaled MMA reads
 the copy as :mod:`.tcgen05_scaled` models it, and jax's
