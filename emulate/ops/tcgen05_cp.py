@@ -14,8 +14,9 @@ swizzle of S bytes, byte ``j`` of row ``i`` is at ``(i % 8) S + (i // 8) SBO
 one, rows are 8 x 16-byte core matrices: ``(i % 8) 16 + (i // 8) SBO +
 (j // 16) LBO + j % 16``. Its 32-bit words land in consecutive columns from
 the address's (whose lane must be 0), row ``i`` in the TMEM lanes of
-:data:`LANES` (PTX ISA, tcgen05.cp's ``.multicast``: the warps named
-together receive the same rows): 128 rows, lane ``i``; ``.warpx4``, the
+:data:`LANES` (tcgen05.cp's ``.multicast`` qualifiers, read from their
+PTX ISA names -- the warps named together receive the same rows -- and from
+CUTLASS's UTCCP atoms below; not validated on hardware): 128 rows, lane ``i``; ``.warpx4``, the
 32 rows to each warp's lane quarter (lanes ``i``, ``32 + i``, ``64 + i``,
 ``96 + i``); ``.warpx2::02_13``, rows 0-31 to warps 0 and 2 and rows 32-63
 to warps 1 and 3 (row ``i`` at lanes ``i`` and ``64 + i``); ``.warpx2::01_23``,
@@ -27,8 +28,8 @@ DP[64:127]") say the same. (jax's
 ``b_scales_m64_collective_layout`` docstring, which puts the first half in
 quarters 0 and 2, describes no access jax makes: its block-scaled MMA reads
 the copy as :mod:`.tcgen05_scaled` models it, and jax's
-``test_mma_block_scaled_collective_m128`` matches numpy only with this
-placement.) ``cta_group::2`` (issued by the even CTA of a pair) copies in
+``test_mma_block_scaled_collective_m128`` matches numpy with this placement
+and fails with that one.) ``cta_group::2`` (issued by the even CTA of a pair) copies in
 each CTA of the pair, from its SMEM to its TMEM, at the same descriptor and
 address.
 
