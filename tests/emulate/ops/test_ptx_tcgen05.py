@@ -794,3 +794,21 @@ def test_the_copies_not_modelled_are_unsupported(text):
         run(kernel, {"img": ("!llvm.ptr", np.zeros((CP_SMEM - A_OFF) // 4, np.int32)),
                      "regs": ("!llvm.ptr", np.zeros((128, 64), np.int32)),
                      "out": ("!llvm.ptr", np.zeros((128, 64), np.int32))}, host=True)
+
+
+def test_the_block_scaled_m_values_modelled():
+    """Block-scaled kinds: M = 128 in cta_group::1; M = 256 (128 rows a CTA) or
+    128 (64 rows a CTA) over a pair; M = 256 in cta_group::1 is Unsupported,
+    named with what is modelled."""
+    from smalti.emulate.errors import Unsupported
+    from smalti.emulate.ops import tcgen05_scaled as scaled
+
+    def desc(m: int, n: int) -> int:  # e4m3 A and B, ue8m0 scales
+        return ((n >> 3) << 17) | (1 << 23) | ((m >> 7) << 27)
+
+    assert scaled.idesc(desc(128, 64), "mxf8f6f4", 1, 1, False, "here")["m"] == 128
+    for m in (128, 256):
+        assert scaled.idesc(desc(m, 64), "mxf8f6f4", 1, 2, False, "here")["m"] == m
+    with pytest.raises(Unsupported, match=r"cta_group::1 with M = 256 .* M = 128 in "
+                       r"cta_group::1, 128 or 256 in cta_group::2 are modelled"):
+        scaled.idesc(desc(256, 64), "mxf8f6f4", 1, 1, False, "here")
