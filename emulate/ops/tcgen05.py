@@ -50,8 +50,8 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   scale factors ``[$5], [$6]`` in TMEM; e2m1 operands) as
   :mod:`.tcgen05_scaled` describes. kind::tf32 (jax 0.11.2 never emits
   it), f6/f4 operands of (mxf)f8f6f4 (jax emits f4 only through mxf4nvf4, f6
-  never), sparse or block-scaled MMAs with 64 rows a CTA (their metadata
-  and scale-factor layouts), sparse e2m1 and saturation raise
+  never), sparse MMAs with 64 rows a CTA (their metadata layouts), sparse
+  e2m1 and saturation raise
   :class:`Unsupported`.
   ``tcgen05.mma.sp`` (2:4 sparse A, its metadata in TMEM) as
   :mod:`.tcgen05_sparse` describes.
@@ -649,7 +649,7 @@ class _Mma:
                     check(t.space, t.byte_addresses(lanes, cols), False, False)
                 a = sparse.decompress(a, sparse.positions(t.cells[lanes, cols], pos, op, loc), k)
             if self.block:  # each CTA's own A scales and its own copy of B's
-                prod = self.scaled_product(t, check, val, f, a, bm, rows)
+                prod = self.scaled_product(t, check, val, f, a, bm, layout)
             else:
                 prod = a @ bm.T
             if f["neg_a"] != f["neg_b"]:
@@ -682,31 +682,39 @@ class _Mma:
         return _row_lanes(m, self.ctas, lane, "A", self.op, self.loc), col
 
     def scaled_product(self, t: tmem.TensorMemory, check, val, f: dict, a: np.ndarray,
-                       bm: np.ndarray, rows: int) -> np.ndarray:
+                       bm: np.ndarray, layout: str) -> np.ndarray:
         """(a s_a) @ (b s_b).T with the scale factors in this CTA's TMEM (see
-        :mod:`.tcgen05_scaled`): B's scales as each lane quarter reads them."""
-        vec, n, k = f["vec"], bm.shape[0], a.shape[1]
+        :mod:`.tcgen05_scaled`): each lane quarter of D (data path ``layout``, D
+        or B) its rows' A scales and its columns' B scales."""
+        vec, n, k, rows = f["vec"], bm.shape[0], a.shape[1], a.shape[0]
         sa_lane, sa_col = (int(x) for x in tmem.split(val(self.sa_s)))
         sb_lane, sb_col = (int(x) for x in tmem.split(val(self.sb_s)))
         if sa_lane or sb_lane:
             raise EmulationError(f"{self.op} at {self.loc}: scale factors at TMEM lane "
                                  f"{sa_lane or sb_lane}; they start at lane 0")
-        r = np.arange(rows)
-        a_lanes, a_cols = r, sa_col + r // 32
-        j = np.arange(n)
-        b_lanes = 32 * np.arange(rows // 32)[:, None] + j % 32  # (quarters, n)
-        b_cols = np.broadcast_to(sb_col + j // 32, b_lanes.shape)
-        t.check_columns(np.concatenate([a_cols, b_cols.reshape(-1)]), self.op, self.loc)
-        if check:
-            check(t.space, t.byte_addresses(a_lanes, a_cols), False, False)
-            check(t.space, t.byte_addresses(b_lanes, b_cols), False, False)
-        s_a = scaled.decode_scales(scaled.scale_bytes(t.cells[a_lanes, a_cols], f["a_id"], vec),
-                                   f["scale_type"])  # (rows, vec)
-        s_b = scaled.decode_scales(scaled.scale_bytes(t.cells[b_lanes, b_cols], f["b_id"], vec),
-                                   f["scale_type"])  # (quarters, n, vec)
-        a = a * np.repeat(s_a, k // vec, axis=-1)
-        b = bm[None] * np.repeat(s_b, k // vec, axis=-1)  # (quarters, n, k)
-        return np.concatenate([a[32 * q: 32 * q + 32] @ b[q].T for q in range(rows // 32)])
+        # the quarters: (first row, first column, columns) -- layout B: the column
+        # halves in lanes 0-63 and 64-127
+        halves = 2 if layout == "B" else 1
+        width = n // halves
+        out = np.empty((rows, n))
+        for q in range(4):
+            r0, c0 = 32 * (q % (rows // 32)), width * (q // (rows // 32))
+            r = r0 + np.arange(32)
+            c = np.arange(width)
+            a_lanes, a_cols = 32 * q + r % 32, sa_col + r // 32
+            b_lanes, b_cols = 32 * q + c % 32, sb_col + c // 32
+            t.check_columns(np.concatenate([a_cols, b_cols]), self.op, self.loc)
+            if check:
+                check(t.space, t.byte_addresses(a_lanes, a_cols), False, False)
+                check(t.space, t.byte_addresses(b_lanes, b_cols), False, False)
+            s_a, s_b = (scaled.decode_scales(scaled.scale_bytes(t.cells[lanes, cols], first,
+                                                                vec), f["scale_type"])
+                        for lanes, cols, first in ((a_lanes, a_cols, f["a_id"]),
+                                                   (b_lanes, b_cols, f["b_id"])))
+            aq = a[r] * np.repeat(s_a, k // vec, axis=-1)
+            bq = bm[c0: c0 + width] * np.repeat(s_b, k // vec, axis=-1)
+            out[r, c0: c0 + width] = aq @ bq.T
+        return out
 
     def smem_operand(self, blk, check, desc: int, mn: int, k: int, el: np.dtype,
                      trans: int, wide) -> np.ndarray:

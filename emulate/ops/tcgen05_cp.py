@@ -1,28 +1,46 @@
 """``tcgen05.cp``: SMEM -> TMEM copies, as jax's ``tcgen05.async_copy_smem_to_tmem``
 and ``async_copy_scales_smem_to_tmem`` emit them:
-``tcgen05.cp.cta_group::{1,2}.{128x256b,128x128b,32x128b.warpx4} [taddr], s_desc;``.
+``tcgen05.cp.cta_group::{1,2}.{128x256b,128x128b,64x128b.warpx2::01_23,
+32x128b.warpx4} [taddr], s_desc;`` (and ``64x128b.warpx2::02_13``, which jax
+does not emit).
 
 The source is a matrix of 128 rows of 32 (``128x256b``) or 16 (``128x128b``)
-bytes, or of 32 rows of 16 bytes (``32x128b.warpx4``, jax's copies of scale
-factors), described by an SMEM matrix descriptor in the K-major canonical
+bytes, of 64 rows of 16 bytes (``64x128b.warpx2::{02_13,01_23}``), or of 32
+rows of 16 bytes (``32x128b.warpx4``, jax's copies of scale factors),
+described by an SMEM matrix descriptor in the K-major canonical
 layout of the MMA operands (PTX ISA, "Shared memory descriptor"): with a
 swizzle of S bytes, byte ``j`` of row ``i`` is at ``(i % 8) S + (i // 8) SBO
 + j``, passed through the swizzle (:func:`.wgmma._read_operand`); without
 one, rows are 8 x 16-byte core matrices: ``(i % 8) 16 + (i // 8) SBO +
-(j // 16) LBO + j % 16``. Row ``i`` lands in TMEM lane ``i`` (the address's
-lane must be 0), its 32-bit words in consecutive columns from the address's;
-``.warpx4`` multicasts the 32 rows to the lanes of each of the four warps'
-lane quarters (row ``i`` to lanes ``i``, ``32 + i``, ``64 + i``, ``96 + i``).
-``cta_group::2`` (issued by the even CTA of a pair) copies in each CTA of
-the pair, from its SMEM to its TMEM, at the same descriptor and address.
+(j // 16) LBO + j % 16``. Its 32-bit words land in consecutive columns from
+the address's (whose lane must be 0), row ``i`` in the TMEM lanes of
+:data:`LANES` (tcgen05.cp's ``.multicast`` qualifiers, read from their
+PTX ISA names -- the warps named together receive the same rows -- and from
+CUTLASS's UTCCP atoms below; not validated on hardware): 128 rows, lane ``i``; ``.warpx4``, the
+32 rows to each warp's lane quarter (lanes ``i``, ``32 + i``, ``64 + i``,
+``96 + i``); ``.warpx2::02_13``, rows 0-31 to warps 0 and 2 and rows 32-63
+to warps 1 and 3 (row ``i`` at lanes ``i`` and ``64 + i``); ``.warpx2::01_23``,
+rows 0-31 to warps 0 and 1 and rows 32-63 to warps 2 and 3 (row ``i`` at
+lanes ``64 (i // 32) + i % 32`` and 32 lanes on) -- CUTLASS's
+``SM100_UTCCP_2x64dp128bitlw0213`` ("broadcast like 4x32dp") and
+``..lw0123`` ("data_row[0:31] -> DP[0:63], data_row[32:63] ->
+DP[64:127]") say the same. (jax's
+``b_scales_m64_collective_layout`` docstring, which puts the first half in
+quarters 0 and 2, describes no access jax makes: its block-scaled MMA reads
+the copy as :mod:`.tcgen05_scaled` models it, and jax's
+``test_mma_block_scaled_collective_m128`` matches numpy with this placement
+and fails with that one.) ``cta_group::2`` (issued by the even CTA of a pair) copies in
+each CTA of the pair, from its SMEM to its TMEM, at the same descriptor and
+address.
 
 A copy is issued by each executing thread and runs when issued; for the
 checker it belongs to the thread's tcgen05 unit (:mod:`.tcgen05`): its
 SMEM reads (through the async proxy) and TMEM writes are ordered before what
 follows a wait on the mbarrier phase a later ``tcgen05.commit`` of the
 thread completes, and before the thread's later MMAs (which the hardware
-pipelines after it). ``64x128b.warpx2``, ``4x256b`` and the other
-multicasts are not modelled.
+pipelines after it). ``4x256b`` (jax never emits it, and where its 4 rows
+land is not pinned down here) and the decompressing forms
+(``.b8x16.b6x16_p32``, ``.b8x16.b4x16_p64``) raise :class:`Unsupported`.
 """
 
 from __future__ import annotations
@@ -42,9 +60,16 @@ from .tcgen05 import _mma_unit, _smem_desc
 from .wgmma import _read_operand
 
 CP = re.compile(r"tcgen05\.cp\.cta_group::([12])\.(\w+?)(\..+)?")
-#: (shape, multicast) -> (rows, bytes a row, the lane quarters each row goes to)
-SHAPES = {("128x256b", None): (128, 32, 1), ("128x128b", None): (128, 16, 1),
-          ("32x128b", ".warpx4"): (32, 16, 4)}
+_I32, _I64 = np.arange(32), np.arange(64)
+#: (shape, multicast) -> (bytes a row, the TMEM lanes of each source row: (rows, copies))
+LANES = {
+    ("128x256b", None): (32, np.arange(128)[:, None]),
+    ("128x128b", None): (16, np.arange(128)[:, None]),
+    ("64x128b", ".warpx2::02_13"): (16, _I64[:, None] + np.array([0, 64])),
+    ("64x128b", ".warpx2::01_23"): (16, (64 * (_I64 // 32) + _I64 % 32)[:, None]
+                                    + np.array([0, 32])),
+    ("32x128b", ".warpx4"): (16, _I32[:, None] + 32 * np.arange(4)),
+}
 
 
 def _rows(fr_like, desc: int, nrows: int, nbytes: int, where: str, check) -> np.ndarray:
@@ -68,21 +93,24 @@ def _rows(fr_like, desc: int, nrows: int, nbytes: int, where: str, check) -> np.
 
 
 @ptx_pattern(r"tcgen05\.cp\..*", "tcgen05.cp.cta_group::{1,2}.{128x256b,128x128b,"
-             "32x128b.warpx4} [taddr], s_desc: 128 rows of 32 or 16 bytes, or 32 rows of 16 "
-             "bytes to each warp's lane quarter, from SMEM (the MMA operands' K-major "
-             "canonical layout, swizzled or not) into TMEM from lane 0 (cta_group::2: in each "
-             "CTA of the pair); asynchronous for the checker like the thread's MMAs")
+             "64x128b.warpx2::{02_13,01_23},32x128b.warpx4} [taddr], s_desc: 128 rows of 32 "
+             "or 16 bytes, 64 rows of 16 bytes to two warp pairs, or 32 rows of 16 bytes to "
+             "each warp's lane quarter, from SMEM (the MMA operands' K-major canonical "
+             "layout, swizzled or not) into TMEM from lane 0 (cta_group::2: in each CTA of "
+             "the pair); asynchronous for the checker like the thread's MMAs")
 def tcgen05_cp(i: Instr) -> Step:
     m = CP.fullmatch(i.opcode)
     group, shape, multicast = m[1], m[2], m[3]
-    if (shape, multicast) not in SHAPES:
+    if (shape, multicast) not in LANES:
         raise Unsupported(f"tcgen05.cp of shape {shape}{multicast or ''} in cta_group::{group} "
-                          "(128x256b, 128x128b and 32x128b.warpx4 are modelled)", i.loc)
+                          "(128x256b, 128x128b, 64x128b.warpx2::02_13, 64x128b.warpx2::01_23 "
+                          "and 32x128b.warpx4 are modelled)", i.loc)
     if [a.strip() for a in i.args] != ["[$0]", "$1"] or len(i.ins) != 2 or i.results:
         raise i.unknown
     (t_s, d_s), pred, loc, op = i.ins, i.pred_slots, i.loc, i.opcode
-    site, (nrows, nbytes, copies) = i.site, SHAPES[shape, multicast]
-    lanes = (32 * np.arange(copies)[:, None] + np.arange(nrows)).reshape(-1)[:, None]
+    site, (nbytes, rows_lanes) = i.site, LANES[shape, multicast]
+    nrows, copies = rows_lanes.shape
+    lanes = rows_lanes.T.reshape(-1)[:, None]  # copy by copy, each the rows in order
 
     def step(fr: Frame) -> None:
         b = fr.need_block(op, loc)

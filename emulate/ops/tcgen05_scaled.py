@@ -22,12 +22,23 @@ other than 0 (the dense K above) raise :class:`Unsupported`.
 **Scale factors** are bytes of 32-bit TMEM cells, as jax's ``scales_layout``
 lays them (``tcgen05.cp.32x128b.warpx4`` copies of 32 rows x 16 bytes into
 each warp's 32 lanes: the layout PTX calls scale-factor layout 1X, which jax
-uses for all three vector sizes): row ``r`` of A (a CTA's 128 rows) at lane
-``r``, column ``a_col + r // 32``; column ``n`` of B at lane ``32 q + n % 32``,
-column ``b_col + n // 32``, read by the lane quarter ``q`` that computes D's
-rows ``32 q`` to ``32 q + 31`` (each quarter its own copy: they need not
-agree). An instruction's ``V`` scales of a row are the bytes ``id`` to
-``id + V - 1`` of its cell (``id`` the data ID; ``id + V <= 4``).
+uses for all three vector sizes). Each lane quarter ``q`` of the data path
+reads the scales of the D elements it computes (D's lanes: data path layout
+D, M = 128, row ``r`` at lane ``r``; layout B, M = 128 over a CTA pair,
+row ``r`` (of 64) at lane ``r`` for the first ``N / 2`` columns and at lane
+``64 + r`` for the others): row ``r``'s A scales in the row's lane, column
+``a_col + r // 32``; column ``n``'s B scales at lane ``32 q + c % 32``,
+column ``b_col + c // 32``, where ``c`` is ``n`` counted within the columns
+the quarter computes (layout D: ``n``; layout B: ``n % (N / 2)``). Each
+quarter has its own copy (they need not agree). With layout B this is what
+``tcgen05.cp.64x128b.warpx2::01_23`` of jax's ``b_scales_m64_collective_layout``
+provides (rows 0-31 of each 64-row tile, the first ``N / 2`` columns' scales,
+to quarters 0 and 1; rows 32-63 to quarters 2 and 3: :mod:`.tcgen05_cp`) --
+the PTX ISA's figures of the M = 128 cta_group::2 scale-factor layouts are
+not quoted here; jax's ``test_mma_block_scaled_collective_m128`` matches
+numpy with this reading. An instruction's ``V`` scales of a row are the
+bytes ``id`` to ``id + V - 1`` of its cell (``id`` the data ID;
+``id + V <= 4``).
 
 **Numbers.** Operands and scales are decoded exactly (:mod:`..floats`;
 ue4m3 is e4m3 without its sign bit, which is ignored; ue8m0's 0xFF is NaN),
@@ -113,10 +124,10 @@ def idesc(d: int, base: str, vec: int, ctas: int, sparse: bool, where: str) -> d
                                  f"{who[0].upper()} scale-factor data ID {f[who]} with "
                                  f"{vec} scales a row (the ID must be a multiple of {vec} "
                                  "below 4)")
-    if f["m"] != 128 * ctas:
+    if f["m"] not in ((128,) if ctas == 1 else (128, 256)):
         raise Unsupported(f"{op} in cta_group::{ctas} with M = {f['m']} (instruction "
-                          f"descriptor {d:#x}; M = {128 * ctas}, 128 a CTA, is modelled)",
-                          where)
+                          f"descriptor {d:#x}; M = 128 in cta_group::1, 128 or 256 in "
+                          "cta_group::2 are modelled)", where)
     if f["n"] % (8 * ctas) or not 8 * ctas <= f["n"] <= 256:
         raise EmulationError(f"{op} instruction descriptor {d:#x} at {where} has N = "
                              f"{f['n']}: N must be a multiple of {8 * ctas} from {8 * ctas} "

@@ -631,13 +631,30 @@ def scales_for_tmem(s):
     return s.reshape(-1, 4, 32, ks // 4, 4).transpose(0, 3, 2, 1, 4).reshape(-1, ks // 4, 32, 16)
 
 
+def scales_for_m64_pair(sa, sb):
+    """A's and B's scales for an M = 128 pair MMA (64 rows a CTA), formatted as
+    jax's ``async_copy_scales_smem_to_tmem`` documents: A's per CTA, its 64 rows
+    padded to 128; B's for ``b_scales_m64_collective_layout`` (1, K // 4, 64, 16),
+    SMEM row h 32 + i holding column h N / 2 + 32 c + i's scales at bytes 4 c.."""
+    m, ks = sa.shape
+    sa = np.pad(sa.reshape(2, m // 2, ks), ((0, 0), (0, 128 - m // 2), (0, 0)))
+    n = sb.shape[0]
+    cols = n // 64
+    sb = sb.reshape(2, cols, 32, ks // 4, 4).transpose(3, 0, 2, 1, 4).reshape(1, ks // 4, 64,
+                                                                              cols * 4)
+    return scales_for_tmem(sa.reshape(256, ks)), np.pad(
+        sb, ((0, 0), (0, 0), (0, 0), (0, 16 - cols * 4)))
+
+
 def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem=False,
                         collective=False):
     """A (m, k) and B (n, k), both K-major, by TMA; their scales by TMA and
     ``async_copy_scales_smem_to_tmem``; A maybe through TMEM
     (``async_copy_smem_to_tmem``); one ``tcgen05.mma`` call with a_scale/b_scale
     (collective: over a CTA pair, each CTA its m // 2 rows of A and n // 2 of B's
-    columns, B's scales in both); the f32 accumulator out."""
+    columns, B's scales in both -- with m = 128, in
+    ``b_scales_m64_collective_layout``, copied by
+    ``tcgen05.cp.64x128b.warpx2::01_23``); the f32 accumulator out."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, gpu
@@ -689,8 +706,10 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
         acc.load().store_untiled(
             mu.memref_slice(out, mu.ds(arith.muli(rank, mu.c(mc, index)), mc)), optimized=False)
 
+    m64 = mc == 64  # 64 rows a CTA: B's scales in b_scales_m64_collective_layout
     sa_shape = (ctas, k // block // 4, 32, 16)
-    sb_shape = (-(-n // 128), k // block // 4, 32, 16)
+    sb_shape = (1, k // block // 4, 64, 16) if m64 else (-(-n // 128), k // block // 4, 32, 16)
+    sb_layout = jtc.b_scales_m64_collective_layout() if m64 else jtc.scales_layout()
     a_s = jax.ShapeDtypeStruct((m, k), in_dtype)
     b_s = jax.ShapeDtypeStruct((n, k), in_dtype)
     args = (a_s, b_s, jax.ShapeDtypeStruct(sa_shape, scale_dtype),
@@ -704,10 +723,10 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
             mgpu.TMABarrier(4), mgpu.Barrier(1),
             mgpu.ClusterBarrier(collective_dims=(gpu.Dimension.x,)) if collective else None,
             mgpu.TMEM((mc, n), jnp.float32, collective=collective),
-            mgpu.TMEM((mc, k // block), scale_dtype, layout=jtc.scales_layout(),
+            mgpu.TMEM((max(mc, 128), k // block), scale_dtype, layout=jtc.scales_layout(),
                       collective=collective),
-            mgpu.TMEM((-(-n // 128) * 128, k // block), scale_dtype, layout=jtc.scales_layout(),
-                      collective=collective),
+            mgpu.TMEM((256 if m64 else -(-n // 128) * 128, k // block), scale_dtype,
+                      layout=sb_layout, collective=collective),
             mgpu.TMEM((mc, k), in_dtype, packing=32 // bits, collective=collective)
             if lhs_tmem else None,
         ]
@@ -732,7 +751,9 @@ def check_block_scaled(m, n, k, in_dtype, scale_dtype, block, swizzle, **kw):
     sa, sb = sample_scales((m, k // block), scale_dtype), sample_scales((n, k // block),
                                                                          scale_dtype)
     ctas = 2 if kw.get("collective") else 1
-    (got,) = emu.run(fn, a, b, scales_for_tmem(sa), scales_for_tmem(sb), arch=BLACKWELL)
+    tmem_scales = (scales_for_m64_pair(sa, sb) if m // ctas == 64
+                   else (scales_for_tmem(sa), scales_for_tmem(sb)))
+    (got,) = emu.run(fn, a, b, *tmem_scales, arch=BLACKWELL)
     a64 = a.astype(np.float64) * np.repeat(sa.astype(np.float64), block, axis=1)
     b64 = b.astype(np.float64) * np.repeat(sb.astype(np.float64), block, axis=1)
     exact = a64 @ b64.T
@@ -774,6 +795,16 @@ def test_collective_block_scaled_mma(in_dtype, block):
     """cta_group::2, M = 256: each CTA its A rows and A scales, B's columns split,
     B's scales copied to both CTAs (tcgen05.cp.cta_group::2.32x128b.warpx4)."""
     check_block_scaled(256, 128, 256, in_dtype, E8M0, block, 128, collective=True)
+
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_block_scaled_mma_over_a_pair_with_64_rows_a_cta(n):
+    """cta_group::2, M = 128 (data path layout B): each CTA its 64 rows of A and
+    their scales (padded to a 128-row tile), D's column halves in lanes 0-63
+    and 64-127; B's scales copied by tcgen05.cp.64x128b.warpx2::01_23, each
+    lane quarter reading those of the columns it computes. Within the bound of
+    the exact product; far from it without the scales."""
+    check_block_scaled(128, n, 256, E5M2, E8M0, 32, 128, collective=True)
 
 
 # --- sparse MMAs (tcgen05.mma.sp) -------------------------------------------------------------

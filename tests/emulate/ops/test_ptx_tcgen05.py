@@ -10,8 +10,13 @@ MMAs with 64 rows a CTA (kind::i8, exact): a known product placed by
 M = 64 MMAs (data path layout F, lane alignment 0 and 16, A from SMEM and
 from TMEM, accumulating) and by an M = 128 MMA over a CTA pair (layout B),
 read back lane by lane against the layouts' lanes, every other cell
-untouched; the lane and M rules as errors. jax's own MMA and SMEM -> TMEM
-copy blocks run in its kernels (:mod:`tests.emulate.test_tcgen05`)."""
+untouched; the lane and M rules as errors. Every modelled ``tcgen05.cp``
+form (128x256b, 128x128b, 64x128b.warpx2::02_13 and ::01_23, 32x128b.warpx4;
+cta_group::1 and ::2) from a hand-written SMEM image, bit-exact in the lanes
+its multicast names and nowhere else; reading a copy before its commit is
+waited for, a race with both lines; the forms not modelled, Unsupported.
+jax's own MMA and SMEM -> TMEM copy blocks run in its kernels
+(:mod:`tests.emulate.test_tcgen05`)."""
 
 from __future__ import annotations
 
@@ -395,16 +400,20 @@ def _issue(mmas: list[tuple[int, int | str, int, int, int]], group: int) -> list
     return issue
 
 
-def _m64_kernel(mmas: list[tuple[int, int | str, int, int, int]], pair: bool = False) -> str:
+def _m64_kernel(mmas: list[tuple[int, int | str, int, int, int]], pair: bool = False,
+                issue: list[str] | None = None, smem: int = MMA_SMEM,
+                wait: bool = True) -> str:
     """128 threads a CTA (``pair``: two CTAs of a cluster, cta_group::2): warp 0
-    allocates MMA_COLS columns; the CTA's SMEM image (its row of "img") is
-    copied in; every warp fills its lanes with SENTINEL and stores its
-    threads' words 0..7 of "regs" at columns 16-23 (A for the MMAs from TMEM);
-    thread 0 (of CTA 0) issues ``mmas`` (:func:`_issue`) and commits them (to
-    both CTAs' mbarriers); every thread reads its lane's MMA_COLS columns back
-    into its row of "out" (the CTA's 128 rows, CTA 0's first)."""
+    allocates MMA_COLS columns; the CTA's SMEM image (its row of "img", bytes
+    A_OFF to ``smem``) is copied in; every warp fills its lanes with SENTINEL
+    and stores its threads' words 0..7 of "regs" at columns 16-23 (A for the
+    MMAs from TMEM); thread 0 (of CTA 0) issues ``mmas`` (:func:`_issue`; or
+    the lines ``issue``) and commits them (to both CTAs' mbarriers); every
+    thread reads its lane's MMA_COLS columns back into its row of "out" (the
+    CTA's 128 rows, CTA 0's first) -- after waiting for the commit's
+    mbarrier, or (not ``wait``) before."""
     g = 2 if pair else 1
-    words = (MMA_SMEM - A_OFF) // 4
+    words = (smem - A_OFF) // 4
     copy = ["%cw = llvm.mlir.constant(" + str(words) + " : i32) : i32",
             "%img0 = llvm.mul %rank, %cw : i32"]
     for q in range(words // 128):
@@ -430,6 +439,8 @@ def _m64_kernel(mmas: list[tuple[int, int | str, int, int, int]], pair: bool = F
                 "%one = llvm.mlir.constant(1 : i32) : i32\n"
                 "%issuer = arith.andi %first, %first : i1")
     nl = "\n"
+    mbar_wait = ("nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32\n"
+                 "nvvm.tcgen05.fence <after>")
     ld, ty = _ld("32x32b", MMA_COLS, MMA_COLS)
     a_st = _st("32x32b", 8, [f"%v{k}" for k in range(8)]).replace("%taddr", "%acols")
     body = f"""
@@ -470,20 +481,20 @@ def _m64_kernel(mmas: list[tuple[int, int | str, int, int, int]], pair: bool = F
       {sync}
       nvvm.tcgen05.fence <after>
       scf.if %issuer {{
-        {nl.join(_issue(mmas, g))}
+        {nl.join(_issue(mmas, g) if issue is None else issue)}
         {commit}
       }}
-      nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
-      nvvm.tcgen05.fence <after>
+      {mbar_wait if wait else ""}
       {ld}
       {side(WAIT_LD)}
       {_regs_out(MMA_COLS, ty)}
+      {"" if wait else mbar_wait}
       {side("bar.sync 0;")}
       {side("@$2 " + DEALLOC.format(g=g), "r,r,b", ("%taddr", "i32"), ("%ncols", "i32"),
             ("%w0", "i1"))}"""
     if pair:
-        return cluster_launch(body, smem=MMA_SMEM, threads=128)
-    return LAUNCH.format(threads=128, smem=MMA_SMEM, body=body)
+        return cluster_launch(body, smem=smem, threads=128)
+    return LAUNCH.format(threads=128, smem=smem, body=body)
 
 
 def _layout_f(r: np.ndarray, alignment: int) -> np.ndarray:
@@ -647,3 +658,157 @@ def test_an_smem_to_tmem_copy_as_jax_writes_it(swizzle):
     with recording_kernels():
         (got,) = bw.run(call, x)
     assert_same_bits(got, x)
+
+
+# --- SMEM -> TMEM copies: every tcgen05.cp form, hand-written ---------------------------------
+
+CP_SMEM = A_OFF + 4096  # the source: up to 128 rows x 32 bytes from A_OFF
+CP_COL = 36  # the copies' first TMEM column
+#: shape and multicast -> (rows, bytes a row, row i's TMEM lanes), as the PTX ISA names the
+#: multicasts (the warps named together receive the same rows) and CUTLASS's UTCCP atoms
+#: spell them out
+CP_FORMS = {
+    "128x256b": (128, 32, lambda i: [i]),
+    "128x128b": (128, 16, lambda i: [i]),
+    "64x128b.warpx2::02_13": (64, 16, lambda i: [i, 64 + i]),
+    "64x128b.warpx2::01_23": (64, 16, lambda i: [64 * (i // 32) + i % 32,
+                                                  64 * (i // 32) + 32 + i % 32]),
+    "32x128b.warpx4": (32, 16, lambda i: [i, 32 + i, 64 + i, 96 + i]),
+}
+
+
+def _cp_source(rows: int, nbytes: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(the (rows, nbytes // 4) words, the SMEM image from A_OFF holding them in
+    the canonical no-swizzle layout: 8 x 16-byte core matrices, byte j of row
+    i at (i % 8) 16 + (i // 8) SBO + (j // 16) LBO, SBO 128, LBO 16 rows)."""
+    words = rng.integers(-2 ** 31, 2 ** 31, (rows, nbytes // 4)).astype(np.int32)
+    words[0, :4] = [-2 ** 31, 2 ** 31 - 1, -1, 0]
+    words[-1, -1] = SENTINEL  # a copied SENTINEL is still copied
+    img = np.zeros(CP_SMEM - A_OFF, np.uint8)
+    i, j = np.indices((rows, nbytes))
+    img[(i % 8) * 16 + (i // 8) * 128 + (j // 16) * 16 * rows + j % 16] = \
+        words.view(np.uint8).reshape(rows, nbytes)
+    return words, img.view(np.int32)
+
+
+def _cp_issue(shape: str, group: int, rows: int) -> list[str]:
+    """The copy from A_OFF (no swizzle, SBO 128, LBO 16 rows) to TMEM column CP_COL."""
+    lo = (A_OFF >> 4) | ((16 * rows >> 4) << 16)
+    return [f"%cpcol = llvm.mlir.constant({CP_COL} : i32) : i32",
+            "%cpaddr = llvm.add %taddr, %cpcol : i32",
+            f"%cplo = llvm.mlir.constant({lo} : i32) : i32",
+            "%cpdlo = llvm.add %sdesc, %cplo : i32",
+            "%cpd32 = llvm.zext %cpdlo : i32 to i64",
+            f"%cphi = llvm.mlir.constant({(128 >> 4) << 32} : i64) : i64",
+            "%cpdesc = llvm.or %cpd32, %cphi : i64",
+            side(f"tcgen05.cp.cta_group::{group}.{shape} [$0], $1;", "r,l",
+                 ("%cpaddr", "i32"), ("%cpdesc", "i64"))]
+
+
+def _run_cp(shape: str, pair: bool, imgs: list[np.ndarray], wait: bool = True) -> np.ndarray:
+    """Every CTA's (128 lanes, MMA_COLS) cells after thread 0 (of CTA 0) copies
+    with ``shape`` and commits (the readers wait for it, or not)."""
+    n = len(imgs)
+    kernel = _m64_kernel([], pair=pair, smem=CP_SMEM, wait=wait,
+                         issue=_cp_issue(shape, 2 if pair else 1, CP_FORMS[shape][0]))
+    return run(kernel, {
+        "img": ("!llvm.ptr", np.stack(imgs) if pair else imgs[0]),
+        "regs": ("!llvm.ptr", np.full((128 * n, 64), SENTINEL, np.int32)),
+        "out": ("!llvm.ptr", np.zeros((128 * n, 64), np.int32))},
+        host=True, sanitize=True)["out"].reshape(n, 128, 64)[..., :MMA_COLS]
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["cta_group1", "cta_group2"])
+@pytest.mark.parametrize("shape", list(CP_FORMS))
+@covers(form("tcgen05.cp.cta_group::1.128x256b [$0], $1;"), "llvm.call_intrinsic")
+def test_a_copy_puts_each_source_row_in_its_multicast_lanes(shape, pair):
+    """Each form from an unswizzled SMEM source (edge words: the int32 extremes,
+    -1, 0): row i's words in columns CP_COL.. of each lane the form sends it
+    to, every other cell keeping its SENTINEL; cta_group::2 copies each CTA's
+    own SMEM into its own TMEM. Bit-exact, lane by lane, against numpy."""
+    rows, nbytes, lanes_of = CP_FORMS[shape]
+    rng = np.random.default_rng(rows + nbytes + pair)
+    sources = [_cp_source(rows, nbytes, rng) for _ in range(2 if pair else 1)]
+    got = _run_cp(shape, pair, [img for _, img in sources])
+    for cta, (words, _) in enumerate(sources):
+        want = np.full((128, MMA_COLS), SENTINEL, np.int32)
+        for i in range(rows):
+            want[lanes_of(i), CP_COL: CP_COL + nbytes // 4] = words[i]
+        assert_same_bits(got[cta], want)
+
+
+def _line(kernel: str, text: str) -> int:
+    """The line of ``text``'s first occurrence in the function :func:`.harness.run`
+    builds around ``kernel`` (an empty prelude and the func line come first)."""
+    return kernel[:kernel.index(text)].count("\n") + 3
+
+
+@covers(form("tcgen05.cp.cta_group::1.128x256b [$0], $1;"))
+def test_reading_a_multicast_copy_before_its_commit_completes_races():
+    """64x128b.warpx2::01_23 in a CTA pair, read back by every warp before the
+    commit's mbarrier phase is waited for: races on TMEM between the copy (the
+    tcgen05 unit of the issuing thread) and the tcgen05.ld, both lines named,
+    the fix pointing at the commit; waiting first (the twin above, same
+    kernel with ``wait``) is clean."""
+    from smalti.emulate.sync.reports import RaceError
+
+    shape = "64x128b.warpx2::01_23"
+    kernel = _m64_kernel([], pair=True, smem=CP_SMEM, wait=False,
+                         issue=_cp_issue(shape, 2, 64))
+    rng = np.random.default_rng(7)
+    imgs = np.stack([_cp_source(64, 16, rng)[1] for _ in range(2)])
+    with pytest.raises(RaceError) as e:
+        run(kernel, {"img": ("!llvm.ptr", imgs),
+                     "regs": ("!llvm.ptr", np.full((256, 64), SENTINEL, np.int32)),
+                     "out": ("!llvm.ptr", np.zeros((256, 64), np.int32))},
+            host=True, sanitize=True)
+    races = [r for r in e.value.races if r.space == "tmem"]
+    races = {r.kind: r for r in e.value.races if r.space == "tmem"}
+    # CTA 0's warps read after the copy; CTA 1's ran first, and the copy wrote over
+    # what they had read: both orders are races
+    assert set(races) == {"read-after-write", "write-after-read"}
+    cp_line, ld_line = _line(kernel, "tcgen05.cp."), _line(kernel, "tcgen05.ld.")
+    for kind, (first, second), fix in (
+            ("read-after-write", (cp_line, ld_line), "tcgen05_commit_arrive"),
+            ("write-after-read", (ld_line, cp_line), "tcgen05.wait::ld")):
+        race = races[kind]
+        for access, line in ((race.first, first), (race.second, second)):
+            op = f"tcgen05.cp.cta_group::2.{shape}" if line == cp_line else "tcgen05.ld"
+            assert access.op.startswith(op) and access.location.endswith(f":{line}")
+        assert fix in race.fix
+
+
+@pytest.mark.parametrize("text", [
+    "tcgen05.cp.cta_group::1.4x256b [$0], $1;",
+    "tcgen05.cp.cta_group::2.64x128b.warpx2::01_23.b8x16.b6x16_p32 [$0], $1;",
+    "tcgen05.cp.cta_group::1.128x128b.b8x16.b4x16_p64 [$0], $1;"])
+def test_the_copies_not_modelled_are_unsupported(text):
+    """4x256b and the decompressing forms are refused, naming the form."""
+    from smalti.emulate.errors import Unsupported
+
+    shape = text.split(".", 3)[3].split(" ")[0]
+    kernel = _m64_kernel([], smem=CP_SMEM, issue=[
+        line.replace(f"tcgen05.cp.cta_group::1.{shape}", text.split(" ")[0])
+        for line in _cp_issue(shape, 1, 128)])
+    with pytest.raises(Unsupported, match="tcgen05.cp of shape .* are modelled"):
+        run(kernel, {"img": ("!llvm.ptr", np.zeros((CP_SMEM - A_OFF) // 4, np.int32)),
+                     "regs": ("!llvm.ptr", np.zeros((128, 64), np.int32)),
+                     "out": ("!llvm.ptr", np.zeros((128, 64), np.int32))}, host=True)
+
+
+def test_the_block_scaled_m_values_modelled():
+    """Block-scaled kinds: M = 128 in cta_group::1; M = 256 (128 rows a CTA) or
+    128 (64 rows a CTA) over a pair; M = 256 in cta_group::1 is Unsupported,
+    named with what is modelled."""
+    from smalti.emulate.errors import Unsupported
+    from smalti.emulate.ops import tcgen05_scaled as scaled
+
+    def desc(m: int, n: int) -> int:  # e4m3 A and B, ue8m0 scales
+        return ((n >> 3) << 17) | (1 << 23) | ((m >> 7) << 27)
+
+    assert scaled.idesc(desc(128, 64), "mxf8f6f4", 1, 1, False, "here")["m"] == 128
+    for m in (128, 256):
+        assert scaled.idesc(desc(m, 64), "mxf8f6f4", 1, 2, False, "here")["m"] == m
+    with pytest.raises(Unsupported, match=r"cta_group::1 with M = 256 .* M = 128 in "
+                       r"cta_group::1, 128 or 256 in cta_group::2 are modelled"):
+        scaled.idesc(desc(256, 64), "mxf8f6f4", 1, 1, False, "here")
