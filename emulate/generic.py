@@ -30,6 +30,7 @@ spaces (constant, TMEM) have no generic window here: :class:`Unsupported`."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from .sync.reports import OutOfBounds
 #: the first generic address of the shared window
 SHARED_WINDOW = 1 << CLUSTER_SHIFT
 _LOW = SHARED_WINDOW - 1
+FRAME_MASK = object()  # spaces(): the frame's active threads
 
 GENERIC, GLOBAL, SHARED, LOCAL, CLUSTER = 0, 1, 3, 5, 7
 #: LLVM address spaces with a generic window, by number
@@ -92,19 +94,23 @@ def cast(fr, addr, src: int, dst: int, what: str, where: str) -> np.ndarray:
     return a & _LOW if dst == SHARED else a
 
 
-def spaces(fr, space_name: str, addrs, vrank: int, where: str, op: str = "an access"):
+def spaces(fr, space_name: str, addrs, vrank: int, where: str, op: str = "an access",
+           mask: Any = FRAME_MASK):
     """The parts of an access at ``addrs`` (per thread, or the same in each:
     ``vrank`` trailing dims) of space ``space_name``: ``(space name,
     addresses in it, mask of the threads that access it)``, one per space the
     active threads reach. Only generic (``global``) accesses are split; the
     common one below the shared window comes back as it was, with the
-    frame's mask. ``op`` names the access in errors."""
+    frame's mask (or ``mask``, per thread, where the access has its own).
+    ``op`` names the access in errors."""
+    if mask is FRAME_MASK:
+        mask = fr.mask
     a = np.asarray(addrs, np.int64)
     if space_name != "global" or a.size == 0 or int(a.max()) < SHARED_WINDOW:
-        return ((space_name, a, fr.mask),)
-    act = _active(a, fr.mask)
+        return ((space_name, a, mask),)
+    act = _active(a, mask)
     if act.size == 0 or int(act.max()) < SHARED_WINDOW:
-        return (("global", a, fr.mask),)
+        return (("global", a, mask),)
     rank, size = _rank(fr, f"{op} through a generic pointer into shared memory", where)
     peer = (a >> CLUSTER_SHIFT) - 1
     # 0: global window, 1: this block's shared::cta window, 2: a peer's SMEM
@@ -114,14 +120,14 @@ def spaces(fr, space_name: str, addrs, vrank: int, where: str, op: str = "an acc
     if np.any(each != each[:, :1]):  # judged on active threads below
         lead = each[:, 0:1]
         mixed = np.any(each != lead, axis=1)
-        if fr.mask is not None and per_thread:
-            mixed &= np.asarray(fr.mask, bool)
+        if mask is not None and per_thread:
+            mixed &= np.asarray(mask, bool)
         if mixed.any():
             raise OutOfBounds(f"{op} through a generic pointer straddles the edge of the "
                               f"shared window (addresses {int(a.min()):#x} to {int(a.max()):#x}) "
                               f"at {where}")
     thread_kind = each[:, 0]
-    bad = _active(np.where(kind == 2, peer, 0), fr.mask)
+    bad = _active(np.where(kind == 2, peer, 0), mask)
     if np.any((bad < 0) | (bad >= size)):
         k = int(bad[(bad < 0) | (bad >= size)][0])
         raise OutOfBounds(f"{op} through a generic pointer into the shared window of CTA "
@@ -130,13 +136,13 @@ def spaces(fr, space_name: str, addrs, vrank: int, where: str, op: str = "an acc
     windows = ((0, "global", a), (1, "shared", a & _LOW), (2, "cluster", a))
     if not per_thread:
         k = int(thread_kind[0])
-        return ((windows[k][1], windows[k][2], fr.mask),)
-    active = np.ones(a.shape[0], bool) if fr.mask is None else np.asarray(fr.mask, bool)
+        return ((windows[k][1], windows[k][2], mask),)
+    active = np.ones(a.shape[0], bool) if mask is None else np.asarray(mask, bool)
     parts = []
     for k, name, conv in windows:
         m = (thread_kind == k) & active
         if np.array_equal(m, active):  # every active thread: no split
-            return ((name, conv, fr.mask),)
+            return ((name, conv, mask),)
         if m.any():
             parts.append((name, conv, m))
     return tuple(parts)

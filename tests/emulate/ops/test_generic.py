@@ -19,13 +19,17 @@ from smalti.emulate.generic import SHARED_WINDOW
 from smalti.emulate.sync.reports import OutOfBounds, RaceError
 
 from .harness import assert_same_bits, covers, run
-from .test_ptx import LAUNCH, cluster_launch, side
+from .test_ptx import LAUNCH, cluster_launch, form, side
 
 P3, P7 = "!llvm.ptr<3>", "!llvm.ptr<7>"
 CLUSTER_SYNC = side("barrier.cluster.arrive;") + "\n" + side("barrier.cluster.wait;")
 # the two sides of the races below, each at a line of its own
 STORE_LOC, LOAD_LOC = 'loc("kernel.py":10:1)', 'loc("kernel.py":20:1)'
 BOTH_LINES = (r"llvm\.store at kernel\.py:10\b", r"llvm\.load at kernel\.py:20\b")
+# atomics that name no state space: generic addresses
+RED = "red.relaxed.gpu.add.u32 [$0], $1;"
+ATOM = "atom.add.u32 $0, [$1], $2;"
+LD = "ld.acquire.sys.u32 $0,[$1];"
 
 
 @covers("llvm.addrspacecast")
@@ -145,12 +149,20 @@ def test_without_the_cluster_barrier_the_peer_write_is_a_race():
 
 def _two_warps(writer: str, reader: str, sync: str) -> dict:
     """64 threads: thread t writes t + 1 to SMEM word t through ``writer``
-    (``generic`` or ``shared``), runs ``sync``, then reads the word of the
-    same lane of the other warp through ``reader`` into out[t]."""
-    ptrs = {"generic": "!llvm.ptr", "shared": P3}
+    (``generic`` or ``shared``; ``red``: a generic ``red.add`` onto the zero
+    each thread first stores there, before a barrier), runs ``sync``, then
+    reads the word of the same lane of the other warp through ``reader``
+    into out[t]."""
+    ptrs = {"generic": "!llvm.ptr", "shared": P3, "red": "!llvm.ptr"}
+    if writer == "red":
+        write = (f"llvm.store %z, %wp : i32, !llvm.ptr\n      nvvm.barrier\n      "
+                 f'llvm.inline_asm has_side_effects "{RED}", "l,r" %wp, %val : '
+                 f"(!llvm.ptr, i32) -> () {STORE_LOC}")
+    else:
+        write = f"llvm.store %val, %wp : i32, {ptrs[writer]} {STORE_LOC}"
 
     def word(kind: str, name: str, idx: str) -> str:
-        base = "%gs" if kind == "generic" else "%smem"
+        base = "%smem" if kind == "shared" else "%gs"
         return (f"%{name}0 = llvm.getelementptr {base}[64] : ({ptrs[kind]}) -> {ptrs[kind]}, i8\n"
                 f"      %{name} = llvm.getelementptr %{name}0[{idx}] : ({ptrs[kind]}, i32) -> "
                 f"{ptrs[kind]}, i32")
@@ -164,7 +176,7 @@ def _two_warps(writer: str, reader: str, sync: str) -> dict:
       {word(writer, "wp", "%t")}
       {word(reader, "rp", "%other")}
       %val = llvm.add %t, %one : i32
-      llvm.store %val, %wp : i32, {ptrs[writer]} {STORE_LOC}
+      {write}
       {sync}
       %got = llvm.load %rp : {ptrs[reader]} -> i32 {LOAD_LOC}
       %i = arith.index_cast %t : i32 to index
@@ -173,17 +185,21 @@ def _two_warps(writer: str, reader: str, sync: str) -> dict:
 
 
 @pytest.mark.parametrize("writer, reader", [("generic", "shared"), ("shared", "generic"),
-                                            ("generic", "generic")])
-@covers("llvm.addrspacecast", "llvm.load", "llvm.store", "nvvm.barrier")
+                                            ("generic", "generic"), ("red", "shared")])
+@covers("llvm.addrspacecast", "llvm.load", "nvvm.barrier")
 def test_the_checker_sees_generic_smem_accesses_as_the_smem_they_reach(writer, reader):
     """Without a barrier the other warp's read of the word is a race, whichever
-    of the two goes through a generic pointer, with both lines; with one the
-    same kernel is clean and reads the other warp's values."""
+    of the two goes through a generic pointer (a store, or an atomic ``red``),
+    with both lines; with one the same kernel is clean and reads the other
+    warp's values."""
     with pytest.raises(RaceError) as e:
         _two_warps(writer, reader, "")
     text = str(e.value)
     assert "data race (read-after-write, smem)" in text
-    assert all(re.search(line, text) for line in BOTH_LINES)
+    store, load = BOTH_LINES
+    if writer == "red":
+        store = store.replace(r"llvm\.store", re.escape(RED.split()[0]))
+    assert re.search(store, text) and re.search(load, text)
     got = _two_warps(writer, reader, "nvvm.barrier")
     assert got["out"].tolist() == [(t + 32) % 64 + 1 for t in range(64)]
 
@@ -223,3 +239,44 @@ def test_address_spaces_without_a_generic_window_are_unsupported():
                        r"\(no generic window is modelled for address space 4\)"):
         run("""%q = llvm.addrspacecast %p : !llvm.ptr<4> to !llvm.ptr""",
             {"p": ("!llvm.ptr<4>", np.zeros(4, np.int32))}, {"q": "!llvm.ptr"})
+
+
+
+@covers(form(RED), form(ATOM), form(LD))
+def test_atomics_naming_no_state_space_go_through_the_generic_window():
+    """``red``/``atom``/``ld.acquire`` without ``.shared::cta``/``.global``
+    take generic addresses: even threads add t + 1 to SMEM word t % 4, odd
+    ones to GMEM word t % 4, with red then atom (each finding what the
+    threads before it left, in thread order), then read their word back."""
+    s = np.array([7, 0, 0xFFFFFFF0, 5], np.uint32).view(np.int32)
+    x = np.array([1, 0xFFFFFFFF, 2, 0x7FFFFFFF], np.uint32).view(np.int32)
+    got = run(f"""
+      %t = nvvm.read.ptx.sreg.tid.x : i32
+      %one = llvm.mlir.constant(1 : i32) : i32
+      %c3 = llvm.mlir.constant(3 : i32) : i32
+      %bit = llvm.and %t, %one : i32
+      %odd = llvm.trunc %bit : i32 to i1
+      %gs = llvm.addrspacecast %s : {P3} to !llvm.ptr
+      %base = llvm.select %odd, %x, %gs : i1, !llvm.ptr
+      %slot = llvm.and %t, %c3 : i32
+      %p = llvm.getelementptr %base[%slot] : (!llvm.ptr, i32) -> !llvm.ptr, i32
+      %v = llvm.add %t, %one : i32
+      llvm.inline_asm has_side_effects "{RED}", "l,r" %p, %v : (!llvm.ptr, i32) -> ()
+      %old = llvm.inline_asm has_side_effects "{ATOM}", "=r,l,r" %p, %v : (!llvm.ptr, i32) -> i32
+      %seen = llvm.inline_asm has_side_effects "{LD}", "=r,l" %p : (!llvm.ptr) -> i32""",
+              {"s": (P3, s), "x": ("!llvm.ptr", x)}, {"old": "i32", "seen": "i32"})
+    mem = {"s": s.view(np.uint32).astype(np.int64), "x": x.view(np.uint32).astype(np.int64)}
+    t = np.arange(32)
+    buf = np.where(t % 2 == 1, "x", "s")
+    for k in t:  # red
+        mem[buf[k]][k % 4] += k + 1
+    old = np.zeros(32, np.int64)
+    for k in t:  # atom, in thread order
+        old[k] = mem[buf[k]][k % 4] % (1 << 32)
+        mem[buf[k]][k % 4] += k + 1
+    final = {b: (m % (1 << 32)).astype(np.uint32) for b, m in mem.items()}
+    assert_same_bits(got["s"].view(np.uint32), final["s"])
+    assert_same_bits(got["x"].view(np.uint32), final["x"])
+    assert_same_bits(np.asarray(got["old"]).view(np.uint32), old.astype(np.uint32))
+    seen = np.array([final[buf[k]][k % 4] for k in t], np.uint32)
+    assert_same_bits(np.asarray(got["seen"]).view(np.uint32), seen)
