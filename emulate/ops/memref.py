@@ -5,6 +5,8 @@ does; ``load``/``store``/``atomic_rmw`` touch memory."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .. import generic, irtypes, subbyte
@@ -305,15 +307,51 @@ def view(o: Op) -> Step:
     return step
 
 
-@rule("memref.cast", "memref.memory_space_cast")
+@rule("memref.cast")
 def cast(o: Op) -> Step:
     t = o.out_types[0]
     (src,), (out,) = o.ins, o.outs
-    if o.name == "memref.memory_space_cast":
-        raise o.unsupported("memref.memory_space_cast")
 
     def step(fr: Frame) -> None:
         fr.regs[out] = memref_of(fr, src).with_(dtype=t.dtype)
+    return step
+
+
+def _llvm_space(o: Op, t: irtypes.T) -> int:
+    """The LLVM address space a memref type's memory space lowers to (none:
+    generic); one without a generic window is Unsupported."""
+    m = re.search(r", (\d+)(?: : i\d+)? ?>$", t.text)
+    if m:
+        n = int(m.group(1))
+    elif "address_space<workgroup>" in t.text:
+        n = generic.SHARED
+    elif "address_space<global>" in t.text:
+        n = generic.GLOBAL
+    elif t.space == "global" and "address_space<" not in t.text and "#mosaic_gpu" not in t.text:
+        n = generic.GENERIC
+    else:
+        n = -1
+    if n != generic.GENERIC and n not in generic.WINDOWS:
+        raise o.unsupported(f"{o.name} of {t.text} (no generic window is modelled for its "
+                            "memory space)")
+    return n
+
+
+@rule("memref.memory_space_cast")
+def memory_space_cast(o: Op) -> Step:
+    """The descriptor's pointers cast as ``llvm.addrspacecast`` casts them
+    (:func:`..generic.cast`), as MLIR lowers the op."""
+    a, b = o.in_types[0], o.out_types[0]
+    s, d = _llvm_space(o, a), _llvm_space(o, b)
+    (src,), (out,) = o.ins, o.outs
+    loc = o.loc
+    what = f"memref.memory_space_cast from {a.text} to {b.text}"
+
+    def step(fr: Frame) -> None:
+        m = memref_of(fr, src)
+        fr.regs[out] = m.with_(space=b.space,
+                               allocated=generic.cast(fr, m.allocated, s, d, what, loc),
+                               aligned=generic.cast(fr, m.aligned, s, d, what, loc))
     return step
 
 

@@ -280,3 +280,38 @@ def test_atomics_naming_no_state_space_go_through_the_generic_window():
     assert_same_bits(np.asarray(got["old"]).view(np.uint32), old.astype(np.uint32))
     seen = np.array([final[buf[k]][k % 4] for k in t], np.uint32)
     assert_same_bits(np.asarray(got["seen"]).view(np.uint32), seen)
+
+
+SMEM_REF = "memref<8xi32, #gpu.address_space<workgroup>>"
+
+
+@covers("memref.memory_space_cast", "memref.load", "memref.store")
+def test_memory_space_cast_casts_the_descriptors_pointers():
+    """An SMEM memref cast to one with no memory space (generic) reads and
+    writes the same SMEM, and casts back; a GMEM memref cast to SMEM is the
+    cast's error, naming it."""
+    s = np.arange(8, dtype=np.int32) * -3
+    got = run(f"""
+      %g = memref.memory_space_cast %s : {SMEM_REF} to memref<8xi32>
+      %c2 = arith.constant 2 : index
+      %c6 = arith.constant 6 : index
+      %e = memref.load %g[%c2] : memref<8xi32>
+      memref.store %e, %g[%c6] : memref<8xi32>
+      %b = memref.memory_space_cast %g : memref<8xi32> to {SMEM_REF}
+      %c7 = arith.constant 7 : index
+      %f = memref.load %b[%c6] : {SMEM_REF}
+      memref.store %f, %b[%c7] : {SMEM_REF}""", {"s": (SMEM_REF, s)}, {"e": "i32"})
+    want = s.copy()
+    want[6] = want[7] = s[2]
+    assert got["e"] == s[2]
+    assert_same_bits(got["s"], want)
+    got = run("""
+      %q = memref.memory_space_cast %x : memref<8xi32> to memref<8xi32, 1>
+      %c3 = arith.constant 3 : index
+      %e = memref.load %q[%c3] : memref<8xi32, 1>""", {"x": ("memref<8xi32>", s)}, {"e": "i32"})
+    assert got["e"] == s[3]  # generic -> global: the same address
+    with pytest.raises(EmulationError, match=r"memref.memory_space_cast from memref<8xi32> to "
+                       r"memref<8xi32, #gpu.address_space<workgroup>>: generic address "
+                       r"0x[0-9a-f]+ is outside the shared::cta window"):
+        run(f"%b = memref.memory_space_cast %x : memref<8xi32> to {SMEM_REF}",
+            {"x": ("memref<8xi32>", s)})
