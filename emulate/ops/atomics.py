@@ -14,6 +14,10 @@ gives ``old >= v ? 0 : old + 1`` and ``dec`` ``old == 0 || old > v ? v : old - 1
 (unsigned, as the PTX ISA defines them). ``atom.cas`` stores the new value where
 memory holds the expected one and returns what memory held.
 
+**State spaces.** ``.shared::cta`` and ``.global`` name their space; an
+instruction that names none takes generic addresses, each thread's reaching
+the space its window maps it to (:mod:`..generic`).
+
 **Synchronization.** The checker records them as atomic accesses: an atomic
 access races with no other atomic one, only with plain reads and writes it is
 not ordered with. Release/acquire through memory between blocks of different
@@ -136,7 +140,8 @@ def _check(fr: Frame, space_name: str, addrs: np.ndarray, m: np.ndarray, itemsiz
 
 @ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,gpu,sys}[.space].op[.noftz][.v2|.v4].type "
              "[addr], value(s): an atomic reduction into memory, each active thread's in turn "
-             "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2])")
+             "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2]; no "
+             ".space: a generic address)")
 def red(i: Instr) -> Step:
     m = re.fullmatch(RED, i.opcode)
     op, vec, ty = m[1], int(m[2] or 1), m[3]
@@ -202,7 +207,7 @@ def _observe(fr: Frame, key: tuple, value: int, what: str) -> None:
 
 @ptx_pattern(ATOM, "atom[.sem][.scope][.space].op.{b32,u32,s32} $0, [addr], v[, new]: an atomic "
              "read-modify-write returning the old value, each active thread's in turn "
-             "(cas: store new where memory holds v)", value=True)
+             "(cas: store new where memory holds v; no .space: a generic address)", value=True)
 def atom(i: Instr) -> Step:
     m = re.fullmatch(ATOM, i.opcode)
     op, ty = m[1], m[2]
@@ -241,7 +246,7 @@ def atom(i: Instr) -> Step:
 
 
 @ptx_pattern(STRONG_LD, "ld.{relaxed,acquire}.{cta,gpu,sys}[.space].{b32,u32,s32} $0, [addr]: a "
-             "strong (atomic) load", value=True)
+             "strong (atomic) load (no .space: a generic address)", value=True)
 def strong_load(i: Instr) -> Step:
     if len(i.args) != 2 or len(i.results) != 1:
         raise i.unknown
