@@ -315,3 +315,26 @@ def test_memory_space_cast_casts_the_descriptors_pointers():
                        r"0x[0-9a-f]+ is outside the shared::cta window"):
         run(f"%b = memref.memory_space_cast %x : memref<8xi32> to {SMEM_REF}",
             {"x": ("memref<8xi32>", s)})
+
+
+@covers("llvm.addrspacecast", "llvm.load", "llvm.store")
+def test_packed_int4_through_a_generic_smem_pointer():
+    """Thread t loads the two nibbles of SMEM byte t (element 0 in the low
+    nibble) through a generic pointer and stores them swapped into byte t of
+    a second SMEM buffer, through a generic pointer too."""
+    src = np.array([0x00, 0x7F, 0x80, 0xF1, 0x18, 0x88, 0xFF, 0x3C] * 4, np.uint8)
+    got = run(f"""
+      %t = nvvm.read.ptx.sreg.tid.x : i32
+      %ga = llvm.addrspacecast %a : {P3} to !llvm.ptr
+      %gb = llvm.addrspacecast %b : {P3} to !llvm.ptr
+      %pa = llvm.getelementptr %ga[%t] : (!llvm.ptr, i32) -> !llvm.ptr, i8
+      %pb = llvm.getelementptr %gb[%t] : (!llvm.ptr, i32) -> !llvm.ptr, i8
+      %v = llvm.load %pa : !llvm.ptr -> vector<2xi4>
+      %w = vector.shuffle %v, %v [1, 0] : vector<2xi4>, vector<2xi4>
+      llvm.store %w, %pb : vector<2xi4>, !llvm.ptr""",
+              {"a": (P3, src), "b": (P3, np.zeros(32, np.uint8))}, {"v": "vector<2xi4>"})
+    lo = (src & 0xF).astype(np.int8)
+    hi = (src >> 4).astype(np.int8)
+    signed = [np.where(x > 7, x - 16, x) for x in (lo, hi)]
+    assert np.asarray(got["v"]).astype(np.int8).tolist() == np.stack(signed, 1).tolist()
+    assert got["b"].tolist() == ((src >> 4) | ((src & 0xF) << 4)).astype(np.uint8).tolist()
