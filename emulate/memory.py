@@ -1,7 +1,8 @@
 """Address spaces as byte arrays.
 
-Spaces: ``global`` (generic addresses: kernel arguments, the TMA descriptor
-parameter block, host-side scratch, per-thread ``alloca``s), ``shared`` (one
+Spaces: ``global`` (kernel arguments, the TMA descriptor parameter block,
+host-side scratch, per-thread ``alloca``s: the global window of generic
+addresses, whose shared window :mod:`.generic` maps), ``shared`` (one
 block's SMEM, dynamic shared memory at address 1024: every block has its own
 space at the same addresses) and, in a cluster of several blocks, ``cluster``
 (``shared::cluster``: every block's SMEM, by CTA rank, :class:`ClusterSpace`).
@@ -167,7 +168,7 @@ def split_cluster_address(addr, n: int, where: str):
     if np.any((rank < 0) | (rank >= n)):
         bad = int(a.flat[int(np.argmax(((rank < 0) | (rank >= n)).reshape(-1)))])
         raise EmulationError(f"shared::cluster address {bad:#x} names no block of this cluster of "
-                             f"{n} (only mapa's results are modelled) at {where}")
+                             f"{n} (only mapa's and cvta's results are modelled) at {where}")
     return rank, a & ((1 << CLUSTER_SHIFT) - 1)
 
 

@@ -14,6 +14,10 @@ gives ``old >= v ? 0 : old + 1`` and ``dec`` ``old == 0 || old > v ? v : old - 1
 (unsigned, as the PTX ISA defines them). ``atom.cas`` stores the new value where
 memory holds the expected one and returns what memory held.
 
+**State spaces.** ``.shared::cta`` and ``.global`` name their space; an
+instruction that names none takes generic addresses, each thread's reaching
+the space its window maps it to (:mod:`..generic`).
+
 **Synchronization.** The checker records them as atomic accesses: an atomic
 access races with no other atomic one, only with plain reads and writes it is
 not ordered with. Release/acquire through memory between blocks of different
@@ -36,6 +40,7 @@ import weakref
 
 import numpy as np
 
+from .. import generic
 from ..compiler import Step
 from ..errors import Unsupported
 from ..machine import Frame
@@ -85,7 +90,18 @@ def _combine(op: str, dt: np.dtype):
 
 
 def _space_name(text: str) -> str:
-    return "shared" if "shared::cta" in text else "global"
+    """The state space an atomic's opcode names; ``generic`` where it names none."""
+    if "shared::cta" in text:
+        return "shared"
+    return "global" if ".global" in text else "generic"
+
+
+def _parts(fr: Frame, name: str, addrs: np.ndarray, m: np.ndarray, loc: str, what: str):
+    """(space, addresses, mask) of an atomic's per-thread ``addrs`` (T, n) in
+    state space ``name``: a generic one's split by window (:mod:`..generic`)."""
+    if name != "generic":
+        return ((name, addrs, m),)
+    return generic.spaces(fr, "global", addrs, 1, loc, what, mask=m)
 
 
 def read_modify_write(space, addrs: np.ndarray, vals: np.ndarray, dt: np.dtype, fn,
@@ -124,7 +140,8 @@ def _check(fr: Frame, space_name: str, addrs: np.ndarray, m: np.ndarray, itemsiz
 
 @ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,gpu,sys}[.space].op[.noftz][.v2|.v4].type "
              "[addr], value(s): an atomic reduction into memory, each active thread's in turn "
-             "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2])")
+             "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2]; no "
+             ".space: a generic address)")
 def red(i: Instr) -> Step:
     m = re.fullmatch(RED, i.opcode)
     op, vec, ty = m[1], int(m[2] or 1), m[3]
@@ -149,9 +166,10 @@ def red(i: Instr) -> Step:
         n = elems.shape[1]
         base = per_thread(np.asarray(fr.regs[ptr], np.int64), fr.T)
         addrs = base[:, None] + np.arange(n, dtype=np.int64) * dt.itemsize
-        t = np.flatnonzero(m)
-        read_modify_write(fr.mem[name], addrs[t].reshape(-1), elems[t].reshape(-1), dt, fn, loc)
-        _check(fr, name, addrs, m, dt.itemsize, True, site)
+        for space, a, sel in _parts(fr, name, addrs, m, loc, i.opcode):
+            t = np.flatnonzero(sel)
+            read_modify_write(fr.mem[space], a[t].reshape(-1), elems[t].reshape(-1), dt, fn, loc)
+            _check(fr, space, a, sel, dt.itemsize, True, site)
     return step
 
 
@@ -189,7 +207,7 @@ def _observe(fr: Frame, key: tuple, value: int, what: str) -> None:
 
 @ptx_pattern(ATOM, "atom[.sem][.scope][.space].op.{b32,u32,s32} $0, [addr], v[, new]: an atomic "
              "read-modify-write returning the old value, each active thread's in turn "
-             "(cas: store new where memory holds v)", value=True)
+             "(cas: store new where memory holds v; no .space: a generic address)", value=True)
 def atom(i: Instr) -> Step:
     m = re.fullmatch(ATOM, i.opcode)
     op, ty = m[1], m[2]
@@ -207,27 +225,28 @@ def atom(i: Instr) -> Step:
         args = [per_thread(np.asarray(fr.regs[v]), fr.T).astype(np.int64).astype(dt)
                 for v in vals]
         found = np.zeros(fr.T, dt)
-        space = fr.mem[name]
-        for t in np.flatnonzero(m):
-            a = addrs[t:t + 1]
-            old = space.load(a, dt, None, loc)
-            if op == "cas":
-                new = args[1][t:t + 1] if old[0] == args[0][t] else old
-                if old[0] != args[0][t]:
-                    _observe(fr, (id(site), int(a[0])), int(old[0]),
-                             f"an atom.cas poll of {int(a[0]):#x} at {loc}")
-            else:
-                with np.errstate(over="ignore"):
-                    new = np.asarray(fn(old, args[0][t:t + 1]), dt)
-            space.store(a, new, dt, None, loc)
-            found[t] = old[0]
+        for name_, where, sel in _parts(fr, name, addrs[:, None], m, loc, i.opcode):
+            space = fr.mem[name_]
+            for t in np.flatnonzero(sel):
+                a = where[t]
+                old = space.load(a, dt, None, loc)
+                if op == "cas":
+                    new = args[1][t:t + 1] if old[0] == args[0][t] else old
+                    if old[0] != args[0][t]:
+                        _observe(fr, (id(site), name_, int(a[0])), int(old[0]),
+                                 f"an atom.cas poll of {int(a[0]):#x} at {loc}")
+                else:
+                    with np.errstate(over="ignore"):
+                        new = np.asarray(fn(old, args[0][t:t + 1]), dt)
+                space.store(a, new, dt, None, loc)
+                found[t] = old[0]
+            _check(fr, name_, where, sel, dt.itemsize, True, site)
         fr.regs[out] = found.view(np.int32) if dt.itemsize == 4 else found
-        _check(fr, name, addrs[:, None], m, dt.itemsize, True, site)
     return step
 
 
 @ptx_pattern(STRONG_LD, "ld.{relaxed,acquire}.{cta,gpu,sys}[.space].{b32,u32,s32} $0, [addr]: a "
-             "strong (atomic) load", value=True)
+             "strong (atomic) load (no .space: a generic address)", value=True)
 def strong_load(i: Instr) -> Step:
     if len(i.args) != 2 or len(i.results) != 1:
         raise i.unknown
@@ -237,13 +256,17 @@ def strong_load(i: Instr) -> Step:
 
     def step(fr: Frame) -> None:
         m = effective(fr, [])
-        addrs = np.asarray(fr.regs[ptr], np.int64)
-        vals = fr.mem[name].load(addrs, np.dtype(np.int32), fr.mask, loc)
-        if m.any():
-            a = per_thread(addrs, fr.T)[np.flatnonzero(m)[0]]
-            v = per_thread(vals, fr.T)[np.flatnonzero(m)[0]]
-            _observe(fr, (id(site), int(a)), int(v), f"a poll ({i.opcode}) of {int(a):#x} at {loc}")
-            _check(fr, name, per_thread(addrs, fr.T)[:, None], m, 4, False, site)
+        addrs = per_thread(np.asarray(fr.regs[ptr], np.int64), fr.T)
+        vals = np.zeros(fr.T, np.int32)
+        for space, a, sel in _parts(fr, name, addrs[:, None], m, loc, i.opcode):
+            got = fr.mem[space].load(a[:, 0], np.dtype(np.int32), sel, loc)
+            vals = np.where(sel, got, vals)
+            if sel.any():
+                first = np.flatnonzero(sel)[0]
+                at = int(a[first, 0])
+                _observe(fr, (id(site), space, at), int(got[first]),
+                         f"a poll ({i.opcode}) of {at:#x} at {loc}")
+                _check(fr, space, a, sel, 4, False, site)
         fr.regs[out] = vals
     return step
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import irtypes, subbyte
+from .. import generic, irtypes, subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
 from ..values import UNDEF, extract, insert
 from . import arith
 from ._util import binary, unary
+from .memref import access_space
 
 GEP_DYNAMIC = -2147483648
 
@@ -106,7 +107,8 @@ def load(o: Op) -> Step:
             addr = np.asarray(fr.regs[p])
             if addr.ndim:
                 raise Unsupported("per-thread load of an aggregate", loc)
-            fr.regs[out] = fr.mem[space].read_bytes(int(addr), n, loc).copy()
+            ((name, a, _),) = generic.spaces(fr, space, addr, 0, loc, "llvm.load")
+            fr.regs[out] = fr.mem[name].read_bytes(int(a), n, loc).copy()
         return load_bytes
     dt = t.dtype
     if t.kind not in ("scalar", "vector", "ptr") or dt is None:
@@ -116,20 +118,20 @@ def load(o: Op) -> Step:
 
     if subbyte.bits_of(dt):
         def packed_load(fr: Frame) -> None:
-            addr = _element_addresses(fr.regs[p], vshape, dt)
-            fr.regs[out] = subbyte.load(fr.mem[space], addr, dt, fr.mask, loc)
-            if fr.sync is not None:
-                fr.sync.thread_access(fr, space, subbyte.written_bytes(addr), len(vshape), 1,
-                                      False, site)
+            got = None
+            for name, ptr, mask in generic.spaces(fr, space, fr.regs[p], 0, loc, site.op):
+                addr = _element_addresses(ptr, vshape, dt)
+                part = subbyte.load(fr.mem[name], addr, dt, mask, loc)
+                got = generic.merge(got, part, mask)
+                if fr.sync is not None:
+                    fr.sync.thread_access(fr, name, subbyte.written_bytes(addr), len(vshape), 1,
+                                          False, site, mask=mask)
+            fr.regs[out] = got
         return packed_load
 
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
-        fr.regs[out] = fr.mem[space].load(addr, dt, fr.mask, loc)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, False, site)
-        if fr.prof is not None:
-            fr.prof.access(fr, space, addr, len(vshape), dt.itemsize, False, site)
+        fr.regs[out] = access_space(fr, space, dt, addr, len(vshape), site, loc)
     return step
 
 
@@ -151,23 +153,18 @@ def store(o: Op) -> Step:
             raise o.unsupported(f"llvm.store of {t.text}, which does not fill whole bytes")
 
         def packed_store(fr: Frame) -> None:
-            addr = _element_addresses(fr.regs[p], vshape, dt)
-            subbyte.store(fr.mem[space], addr, fr.regs[v], dt, fr.mask, loc)
-            if fr.sync is not None:
-                fr.sync.thread_access(fr, space, subbyte.written_bytes(addr), len(vshape), 1,
-                                      True, site, values=subbyte.raw(fr.regs[v], dt))
+            for name, ptr, mask in generic.spaces(fr, space, fr.regs[p], 0, loc, site.op):
+                addr = _element_addresses(ptr, vshape, dt)
+                subbyte.store(fr.mem[name], addr, fr.regs[v], dt, mask, loc)
+                if fr.sync is not None:
+                    fr.sync.thread_access(fr, name, subbyte.written_bytes(addr), len(vshape), 1,
+                                          True, site, mask=mask,
+                                          values=subbyte.raw(fr.regs[v], dt))
         return packed_store
 
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
-        # the checker tells an unordered write of the bytes already there
-        overwritten = None if fr.sync is None else fr.mem[space].load(addr, dt, fr.mask, loc)
-        fr.mem[space].store(addr, fr.regs[v], dt, fr.mask, loc)
-        if fr.prof is not None:
-            fr.prof.access(fr, space, addr, len(vshape), dt.itemsize, True, site)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, space, addr, len(vshape), dt.itemsize, True, site,
-                                  values=np.asarray(fr.regs[v], dt), overwritten=overwritten)
+        access_space(fr, space, dt, addr, len(vshape), site, loc, values=fr.regs[v])
     return step
 
 
@@ -214,11 +211,21 @@ def int_ptr(o: Op) -> Step:
 
 @rule("llvm.addrspacecast")
 def addrspacecast(o: Op) -> Step:
-    """Generic <-> global (``ptr`` <-> ``ptr<1>``) is the same address here;
-    generic pointers into SMEM are not modelled."""
-    if {o.in_types[0].space, o.out_types[0].space} != {"global"}:
-        raise o.unsupported("llvm.addrspacecast (generic pointers into SMEM are not modelled)")
-    return unary(o, lambda x: x)
+    """Between the generic space and a window of it (:mod:`..generic`):
+    ``cvta``/``cvta.to`` for global, local, shared::cta and shared::cluster
+    pointers, checked for the active threads."""
+    src = generic.address_space(o.in_types[0].text)
+    dst = generic.address_space(o.out_types[0].text)
+    (x,), (out,) = o.ins, o.outs
+    loc = o.loc
+    what = f"llvm.addrspacecast from {o.in_types[0].text} to {o.out_types[0].text}"
+    for s in (src, dst):
+        if s != generic.GENERIC and s not in generic.WINDOWS:
+            raise o.unsupported(f"{what} (no generic window is modelled for address space {s})")
+
+    def step(fr: Frame) -> None:
+        fr.regs[out] = generic.cast(fr, fr.regs[x], src, dst, what, loc)
+    return step
 
 
 LLVM_INT = {

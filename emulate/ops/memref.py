@@ -5,9 +5,11 @@ does; ``load``/``store``/``atomic_rmw`` touch memory."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from .. import irtypes, subbyte
+from .. import generic, irtypes, subbyte
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
@@ -42,8 +44,9 @@ def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
 
 def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None):
     """Loads (``values`` None) or stores the elements at ``addrs`` (from
-    :func:`element_addresses`) of ``m``'s space and tells the profiler and
-    the checker.
+    :func:`element_addresses`) of ``m``'s space -- a generic memref's in the
+    space each address's window maps to (:func:`..generic.spaces`) -- and
+    tells the profiler and the checker.
 
     Elements of a sub-byte type are not reached this way: MLIR's lowering of
     memref/vector accesses to LLVM addresses ``i4`` elements one *byte* apart
@@ -54,20 +57,29 @@ def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None)
         raise Unsupported(f"{site.op} of a memref of {m.dtype} elements (MLIR's lowering "
                           "addresses sub-byte elements a byte apart over packed data; load "
                           "and store them through pointers, as jax does)", loc)
-    space = fr.mem[m.space]
-    overwritten = None
-    if values is None:
-        out = space.load(addrs, m.dtype, fr.mask, loc)
-    else:
-        if fr.sync is not None:  # the checker tells an unordered write of equal bytes
-            overwritten = space.load(addrs, m.dtype, fr.mask, loc)
-        space.store(addrs, values, m.dtype, fr.mask, loc)
-    if fr.prof is not None:
-        fr.prof.access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site)
-    if fr.sync is not None:
-        written = None if values is None else np.asarray(values, m.dtype)
-        fr.sync.thread_access(fr, m.space, addrs, vrank, m.itemsize, values is not None, site,
-                              values=written, overwritten=overwritten)
+    return access_space(fr, m.space, m.dtype, addrs, vrank, site, loc, values)
+
+
+def access_space(fr: Frame, space_name: str, dt: np.dtype, addrs, vrank: int, site, loc: str,
+                 values=None):
+    """:func:`access` of elements of ``dt`` in space ``space_name`` (also
+    ``llvm.load``/``llvm.store``'s)."""
+    out = None
+    for name, a, mask in generic.spaces(fr, space_name, addrs, vrank, loc, site.op):
+        space = fr.mem[name]
+        overwritten = None
+        if values is None:
+            out = generic.merge(out, space.load(a, dt, mask, loc), mask)
+        else:
+            if fr.sync is not None:  # the checker tells an unordered write of equal bytes
+                overwritten = space.load(a, dt, mask, loc)
+            space.store(a, values, dt, mask, loc)
+        if fr.prof is not None:
+            fr.prof.access(fr, name, a, vrank, dt.itemsize, values is not None, site, mask=mask)
+        if fr.sync is not None:
+            written = None if values is None else np.asarray(values, dt)
+            fr.sync.thread_access(fr, name, a, vrank, dt.itemsize, values is not None, site,
+                                  mask=mask, values=written, overwritten=overwritten)
     return None if values is not None else out
 
 
@@ -295,15 +307,51 @@ def view(o: Op) -> Step:
     return step
 
 
-@rule("memref.cast", "memref.memory_space_cast")
+@rule("memref.cast")
 def cast(o: Op) -> Step:
     t = o.out_types[0]
     (src,), (out,) = o.ins, o.outs
-    if o.name == "memref.memory_space_cast":
-        raise o.unsupported("memref.memory_space_cast")
 
     def step(fr: Frame) -> None:
         fr.regs[out] = memref_of(fr, src).with_(dtype=t.dtype)
+    return step
+
+
+def _llvm_space(o: Op, t: irtypes.T) -> int:
+    """The LLVM address space a memref type's memory space lowers to (none:
+    generic); one without a generic window is Unsupported."""
+    m = re.search(r", (\d+)(?: : i\d+)? ?>$", t.text)
+    if m:
+        n = int(m.group(1))
+    elif "address_space<workgroup>" in t.text:
+        n = generic.SHARED
+    elif "address_space<global>" in t.text:
+        n = generic.GLOBAL
+    elif t.space == "global" and "address_space<" not in t.text and "#mosaic_gpu" not in t.text:
+        n = generic.GENERIC
+    else:
+        n = -1
+    if n != generic.GENERIC and n not in generic.WINDOWS:
+        raise o.unsupported(f"{o.name} of {t.text} (no generic window is modelled for its "
+                            "memory space)")
+    return n
+
+
+@rule("memref.memory_space_cast")
+def memory_space_cast(o: Op) -> Step:
+    """The descriptor's pointers cast as ``llvm.addrspacecast`` casts them
+    (:func:`..generic.cast`), as MLIR lowers the op."""
+    a, b = o.in_types[0], o.out_types[0]
+    s, d = _llvm_space(o, a), _llvm_space(o, b)
+    (src,), (out,) = o.ins, o.outs
+    loc = o.loc
+    what = f"memref.memory_space_cast from {a.text} to {b.text}"
+
+    def step(fr: Frame) -> None:
+        m = memref_of(fr, src)
+        fr.regs[out] = m.with_(space=b.space,
+                               allocated=generic.cast(fr, m.allocated, s, d, what, loc),
+                               aligned=generic.cast(fr, m.aligned, s, d, what, loc))
     return step
 
 

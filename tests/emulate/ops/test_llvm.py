@@ -2,7 +2,8 @@
 same references as ``arith``'s, as the rules share them), aggregates,
 pointers, loads and stores through global and shared memory, allocas, the
 one intrinsic call jax writes (``tcgen05.commit``, arriving on mbarriers), and
-what is refused (``addrspacecast``, globals, other intrinsics)."""
+what is refused (globals, other intrinsics). Generic pointers
+(``addrspacecast``) are ``test_generic.py``'s."""
 
 from __future__ import annotations
 
@@ -146,11 +147,8 @@ def test_vector_elements():
             {"v": ("vector<4xf32>", v)}, {"e": "f32"})
 
 
-@covers("llvm.addrspacecast", "llvm.mlir.addressof")
-def test_generic_pointers_into_smem_and_globals_are_unsupported():
-    with pytest.raises(Unsupported, match="llvm.addrspacecast"):
-        run("%q = llvm.addrspacecast %p : !llvm.ptr<3> to !llvm.ptr",
-            {"p": ("!llvm.ptr<3>", np.zeros(4, np.int32))}, {"q": "!llvm.ptr"})
+@covers("llvm.mlir.addressof")
+def test_globals_are_unsupported():
     with pytest.raises(Unsupported, match="llvm.mlir.addressof @g"):
         run("%q = llvm.mlir.addressof @g : !llvm.ptr", {}, {"q": "!llvm.ptr"},
             prelude="llvm.mlir.global internal @g(0 : i32) : i32")
