@@ -1,5 +1,5 @@
 """Patterns of jax's own GPU tests (tests/mosaic/gpu_test.py) that the
-checker reported (issue 36): one false positive, fixed, and two real races
+checker reported (issue 36): one false positive, fixed, and three real races
 in the tests' kernels, each next to its twin.
 
 **Warps storing a replicated layout with ``stmatrix``** (the false positive).
@@ -25,8 +25,18 @@ unordered. The twin with the barrier first is clean.
 ``fence.proxy.async``** (real). ``MosaicGpuDialectSm90ATest::
 test_wgmma_kernel_with_tma`` stores the WGMMA result (the lowering puts a
 warpgroup barrier after the store) and issues ``async_store`` with no proxy
-fence; ``test_tma_small_tile_store`` has neither. The PTX memory model needs
-the fence for the async proxy to see generic writes (``commit_shared``).
+fence; ``test_tma_small_tile_store`` has neither, nor has
+``MosaicGpuDialectTest::test_pointwise_kernel_with_tma``. The PTX memory
+model needs the fence for the async proxy to see generic writes
+(``commit_shared``).
+
+**One thread per warpgroup arriving on a cluster barrier for writes of every
+warp** (real). ``ClusterBarrier.arrive`` has one thread of each warpgroup
+arrive on each block's mbarrier; ``MemRefTest::test_cluster_red_async*``
+has every warp fill its SMEM tile, arrives, and then the peer block adds
+into that tile with ``red.async``: the fills of warps 1-3 are ordered
+before nothing the peer waits on. A warpgroup barrier before the arrive
+orders them.
 """
 
 from __future__ import annotations
@@ -193,3 +203,73 @@ def test_a_tma_store_after_a_barrier_without_proxy_fence_races():
     assert race.first.location.endswith(f":{_line('smem store', tma_store_kernel)}")
     assert race.second.location.endswith(f":{_line('tma store', tma_store_kernel)}")
     assert "TMA" in race.second.agent and "commit_smem" in race.fix
+
+
+def cluster_red_kernel(warpgroup_barrier: bool):
+    """Each block of a cluster of two: every warp fills its SMEM tile with
+    zeros, the cluster barrier (one arriving thread per warpgroup and
+    block, as ``ClusterBarrier.arrive`` does), then an atomic add of ``x``'s
+    tile into the *peer's* SMEM (``red.async``), its barrier, the cluster
+    barrier again, and the tile out. gpu_test.py's ``test_cluster_red_async``
+    has no warpgroup barrier before the first arrive; the twin has one."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, gpu
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    fill_line, add_line = (_line("warps fill", cluster_red_kernel),
+                           _line("peer adds", cluster_red_kernel))
+
+    def kernel(ctx, x_ref, o_ref, scratch):
+        smem, done, cluster = scratch
+        rank = gpu.cluster_block_id(gpu.Dimension.x)
+        peer = arith.subi(arith.constant(ir.IndexType.get(), 1), rank)
+        tile = mgpu.FragmentedArray.load_tiled(mgpu_utils.memref_slice(x_ref, rank),
+                                               layout=mgpu.WGMMA_LAYOUT, swizzle=128,
+                                               is_signed=True, optimized=False)
+        zeros = mgpu.FragmentedArray.splat(mgpu_utils.c(0, tile.mlir_dtype), tile.shape,
+                                           is_signed=True, layout=tile.layout)
+        with ir.Location.file(__file__, fill_line, 0):
+            zeros.store_tiled(smem, swizzle=128)  # warps fill
+        if warpgroup_barrier:
+            mgpu_utils.warpgroup_barrier()
+        cluster.arrive()
+        cluster.wait()
+        done.arrive_expect_tx(tile.shape[0] * tile.shape[1] * 4 // 128)
+        with ir.Location.file(__file__, add_line, 0):
+            tile.store_tiled_async(smem, done, cluster_dim=gpu.Dimension.x,  # peer adds
+                                   cluster_idx=peer, swizzle=128, atomic="add")
+        done.wait()
+        cluster.arrive()
+        cluster.wait()
+        mgpu.FragmentedArray.load_strided(smem, is_signed=True).store_untiled(
+            mgpu_utils.memref_slice(o_ref, rank))
+
+    x = S((2, 8, 1, 8, 32), jnp.int32)
+    scratch = (S((8, 1, 8, 32), jnp.int32), mgpu.Barrier(arrival_count=128),
+               mgpu.ClusterBarrier(collective_dims=(gpu.Dimension.x,)))
+    with mlir.make_ir_context(), ir.Location.unknown():
+        return mgpu.as_gpu_kernel(kernel, (2, 1, 1), (128, 1, 1), x, x, scratch,
+                                  cluster=(2, 1, 1))
+
+
+CLUSTER_X = np.arange(2 * 64 * 32, dtype=np.int32).reshape(2, 8, 1, 8, 32) - 1000
+
+
+def test_a_cluster_barrier_after_a_warpgroup_barrier_orders_every_warps_fill():
+    (got,) = emu.run(cluster_red_kernel(True), CLUSTER_X, on_race="raise")
+    np.testing.assert_array_equal(got, CLUSTER_X[::-1])  # each block holds its peer's tile
+
+
+def test_one_thread_arriving_for_its_warpgroup_leaves_other_warps_fills_unordered():
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(cluster_red_kernel(False), CLUSTER_X)
+    fill = f":{_line('warps fill', cluster_red_kernel)}"
+    add = f":{_line('peer adds', cluster_red_kernel)}"
+    for race in err.value.races:
+        assert race.kind == "write-after-write" and race.space == "smem"
+        accesses = {access.op.split(".")[0]: access for access in (race.first, race.second)}
+        assert accesses["red"].location.endswith(add)
+        (fill_access,) = (a for name, a in accesses.items() if name != "red")
+        assert fill_access.location.endswith(fill) and "warp 0" not in fill_access.agent
