@@ -50,10 +50,10 @@ Registered in the inline-PTX table of :mod:`.inline_asm` (its ``@ptx``,
   scale factors ``[$5], [$6]`` in TMEM; e2m1 operands) as
   :mod:`.tcgen05_scaled` describes. kind::tf32 (jax 0.11.2 never emits
   it), f6/f4 operands of (mxf)f8f6f4 (jax emits f4 only through mxf4nvf4, f6
-  never), sparse MMAs with 64 rows a CTA (their metadata layouts), sparse
-  e2m1 and saturation raise
-  :class:`Unsupported`.
-  ``tcgen05.mma.sp`` (2:4 sparse A, its metadata in TMEM) as
+  never), sparse MMAs with 64 rows a CTA (their metadata layouts) and
+  saturation raise :class:`Unsupported`.
+  ``tcgen05.mma.sp`` (2:4 sparse A, 4:8 pair-wise for e2m1, its metadata in
+  TMEM) as
   :mod:`.tcgen05_sparse` describes.
 * ``tcgen05.commit`` (``llvm.nvvm.tcgen05.commit.cg1``; ``.mc.cg2``: on the
   mbarrier at the same offset in each CTA of a 16-bit mask): the MMAs the
@@ -533,7 +533,7 @@ def _values(raw: np.ndarray, el: np.dtype, wide) -> np.ndarray:
           "kind::f16 (f16/bf16), f8f6f4 (fp8 e4m3/e5m2), i8 (s32 accumulator), f32 "
           "or f16 accumulators; block-scaled kind::mxf8f6f4 (fp8, scale_vec::1X), mxf4 and "
           "mxf4nvf4 (e2m1, scale_vec::2X/4X, ue8m0 or ue4m3 scales from TMEM); .sp with 2:4 "
-          "metadata from TMEM; M = 64 or 128 (data path layouts F and D; "
+          "(e2m1: 4:8 pair-wise) metadata from TMEM; M = 64 or 128 (data path layouts F and D; "
           "over a pair B and A); A from an SMEM "
           "descriptor or TMEM, B from an SMEM descriptor, D in TMEM; cta_group::2 over the "
           "CTA pair (A and D split by rows, B by columns); run when issued, asynchronous for "
@@ -608,8 +608,6 @@ class _Mma:
         else:
             f = _idesc(idesc, self.kind, self.ctas, self.sparse, loc)
         el, b_el = f["a_dtype"], f["b_dtype"]
-        if self.sparse and el == scaled.FP4:
-            raise Unsupported(f"{op}: sparse e2m1 (4:8 pair-wise sparsity)", loc)
         k_a = K_BYTES * 8 // (4 if el == scaled.FP4 else 8 * el.itemsize)  # A's stored K
         k = k_a * (2 if self.sparse else 1)  # the logical K (B's)
         n, rows = f["n"], f["m"] // self.ctas
@@ -647,7 +645,10 @@ class _Mma:
                 t.check_columns(cols.reshape(-1), op, loc)
                 if check:
                     check(t.space, t.byte_addresses(lanes, cols), False, False)
-                a = sparse.decompress(a, sparse.positions(t.cells[lanes, cols], pos, op, loc), k)
+                where_k = sparse.positions(t.cells[lanes, cols], pos, op, loc)
+                if el == scaled.FP4:  # e2m1's entries name pairs of elements
+                    where_k = sparse.pair_elements(where_k)
+                a = sparse.decompress(a, where_k, k)
             if self.block:  # each CTA's own A scales and its own copy of B's
                 prod = self.scaled_product(t, check, val, f, a, bm, layout)
             else:

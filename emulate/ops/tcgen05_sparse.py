@@ -8,8 +8,13 @@ each B row (twice the dense K). A group's two metadata entries (2 bits each,
 the first in the lower bits) are the logical positions of its two stored
 elements, the first below the second (PTX ISA: the valid codes 0b0100,
 0b1000, 0b1100, 0b1001, 0b1101, 0b1110); any other pair is an error, as the
-PTX ISA leaves its result undefined. The e2m1 kinds' 4:8 pair-wise sparsity
-raises :class:`Unsupported`.
+PTX ISA leaves its result undefined. The e2m1 kinds (mxf4, mxf4nvf4) are 4:8
+*pair-wise* sparse: each group of 8 logical elements is 4 pairs of adjacent
+elements, of which 2 are stored, and a group's two entries are the positions
+of its two stored pairs, with the same codes (:func:`pair_elements`; the
+stored pairs in order, as jax's ``test_mma_block_scaled_sparse_f4`` builds
+its reference, which passes on the GPU). Their metadata lies as the 8-bit
+kinds' below: 128 logical K an instruction, 32 entries a row.
 
 **Metadata in TMEM** (``[$5]``, or ``[$7]`` after the scale factors): 16
 entries a 32-bit cell, entry ``p`` in bits ``2p, 2p + 1``, as jax's
@@ -81,6 +86,14 @@ def positions(cells: np.ndarray, pos: np.ndarray, op: str, where: str) -> np.nda
             "metadata as (lower index, higher index) pairs")
     groups = np.arange(pairs.shape[1])[None, :, None]
     return (4 * groups + pairs).reshape(entries.shape)
+
+
+def pair_elements(where_pairs: np.ndarray) -> np.ndarray:
+    """The logical K positions of stored elements from their pairs'
+    positions (e2m1's pair-wise sparsity): stored pair ``j`` of a row, at
+    pair position ``p``, is stored elements ``2 j`` and ``2 j + 1`` at
+    ``2 p`` and ``2 p + 1``."""
+    return (2 * where_pairs[:, :, None] + np.arange(2)).reshape(where_pairs.shape[0], -1)
 
 
 def decompress(a: np.ndarray, where_k: np.ndarray, k: int) -> np.ndarray:

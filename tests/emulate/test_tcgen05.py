@@ -647,8 +647,10 @@ def scales_for_m64_pair(sa, sb):
 
 
 def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem=False,
-                        collective=False):
-    """A (m, k) and B (n, k), both K-major, by TMA; their scales by TMA and
+                        collective=False, sparse=False):
+    """A (m, k) and B (n, k), both K-major, by TMA (sparse: A (m, k // 2), 4:8
+    pair-wise compressed, and its metadata by TMA and
+    ``async_copy_sparse_metadata_smem_to_tmem``); their scales by TMA and
     ``async_copy_scales_smem_to_tmem``; A maybe through TMEM
     (``async_copy_smem_to_tmem``); one ``tcgen05.mma`` call with a_scale/b_scale
     (collective: over a CTA pair, each CTA its m // 2 rows of A and n // 2 of B's
@@ -668,9 +670,12 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
     ctas = 2 if collective else 1
     mc, nc = m // ctas, n // ctas
 
-    def body(ctx, a, b, sa, sb, out, scratch):
-        (a_smem, b_smem, sa_smem, sb_smem, loaded, done, pair, acc, a_scales, b_scales,
-         a_tmem) = scratch
+    ka = k // 2 if sparse else k  # A's stored K
+
+    def body(ctx, a, b, *rest):
+        meta, sa, sb, out, scratch = rest if sparse else (None, *rest)
+        (a_smem, b_smem, sa_smem, sb_smem, meta_smem, loaded, done, pair, acc, a_scales,
+         b_scales, a_tmem, meta_tmem) = scratch
         index = ir.IndexType.get()
         rank = gpu.cluster_block_id(gpu.Dimension.x) if collective else mu.c(0, index)
         kw = dict(swizzle=swizzle, gmem_transform=mgpu.TileTransform(tiling))
@@ -683,7 +688,9 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
         ctx.async_copy(src_ref=sa, dst_ref=sa_smem, barrier=loaded[2],
                        gmem_slice=(mu.ds(rank, 1),))
         ctx.async_copy(src_ref=sb, dst_ref=sb_smem, barrier=loaded[3])
-        for i in range(4):
+        if sparse:
+            ctx.async_copy(src_ref=meta, dst_ref=meta_smem, barrier=loaded[4])
+        for i in range(5 if sparse else 4):
             loaded[i].wait()
         if collective:
             pair.arrive(orders_tensor_core=True)
@@ -697,10 +704,12 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
                 jtc.async_copy_smem_to_tmem(a_smem, a_tmem, swizzle, collective=collective)
             jtc.async_copy_scales_smem_to_tmem(sa_smem, a_scales, collective=collective)
             jtc.async_copy_scales_smem_to_tmem(sb_smem, b_scales, collective=collective)
+            if sparse:
+                jtc.async_copy_sparse_metadata_smem_to_tmem(meta_smem, meta_tmem)
             jtc.mma(acc, a_tmem if lhs_tmem else a_smem,
                     mgpu.memref_transpose(b_smem, (1, 0, 3, 2)), a_swizzle=swizzle,
                     b_swizzle=swizzle, a_scale=a_scales, b_scale=b_scales, accumulate=False,
-                    collective=collective)  # <mma>
+                    collective=collective, a_sparse_metadata=meta_tmem)  # <mma>
             jtc.commit_arrive(done, collective=collective, ctx=ctx)
         done.wait(orders_tensor_core=True)
         acc.load().store_untiled(
@@ -710,17 +719,19 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
     sa_shape = (ctas, k // block // 4, 32, 16)
     sb_shape = (1, k // block // 4, 64, 16) if m64 else (-(-n // 128), k // block // 4, 32, 16)
     sb_layout = jtc.b_scales_m64_collective_layout() if m64 else jtc.scales_layout()
-    a_s = jax.ShapeDtypeStruct((m, k), in_dtype)
+    meta_shape = (m // 128, k // 4 // 64, 128, 64)  # 2 entries a group of 8 logical K
+    a_s = jax.ShapeDtypeStruct((m, ka), in_dtype)
     b_s = jax.ShapeDtypeStruct((n, k), in_dtype)
-    args = (a_s, b_s, jax.ShapeDtypeStruct(sa_shape, scale_dtype),
-            jax.ShapeDtypeStruct(sb_shape, scale_dtype))
+    args = (a_s, b_s) + ((jax.ShapeDtypeStruct(meta_shape, jnp.uint2),) if sparse else ()) + (
+        jax.ShapeDtypeStruct(sa_shape, scale_dtype), jax.ShapeDtypeStruct(sb_shape, scale_dtype))
     with mlir.make_ir_context(), ir.Location.unknown(), _blackwell():
         scratch = [
-            jax.ShapeDtypeStruct((mc // 8, k // width, 8, width), in_dtype),
+            jax.ShapeDtypeStruct((mc // 8, ka // width, 8, width), in_dtype),
             jax.ShapeDtypeStruct((nc // 8, k // width, 8, width), in_dtype),
             jax.ShapeDtypeStruct((1,) + sa_shape[1:], scale_dtype),
             jax.ShapeDtypeStruct(sb_shape, scale_dtype),
-            mgpu.TMABarrier(4), mgpu.Barrier(1),
+            jax.ShapeDtypeStruct(meta_shape, jnp.uint2) if sparse else None,
+            mgpu.TMABarrier(5 if sparse else 4), mgpu.Barrier(1),
             mgpu.ClusterBarrier(collective_dims=(gpu.Dimension.x,)) if collective else None,
             mgpu.TMEM((mc, n), jnp.float32, collective=collective),
             mgpu.TMEM((max(mc, 128), k // block), scale_dtype, layout=jtc.scales_layout(),
@@ -729,6 +740,8 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
                       layout=sb_layout, collective=collective),
             mgpu.TMEM((mc, k), in_dtype, packing=32 // bits, collective=collective)
             if lhs_tmem else None,
+            mgpu.TMEM((m, k // 4), jnp.uint2, layout=jtc.sparse_meta_layout())
+            if sparse else None,
         ]
         return mgpu.as_gpu_kernel(body, (ctas, 1, 1), (128, 1, 1), args,
                                   jax.ShapeDtypeStruct((m, n), jnp.float32), scratch,
@@ -805,6 +818,36 @@ def test_block_scaled_mma_over_a_pair_with_64_rows_a_cta(n):
     lane quarter reading those of the columns it computes. Within the bound of
     the exact product; far from it without the scales."""
     check_block_scaled(128, n, 256, E5M2, E8M0, 32, 128, collective=True)
+
+
+@pytest.mark.parametrize("scale_dtype, block", [(E8M0, 64), (E8M0, 32), (E4M3, 32)],
+                         ids=["ue8m0-block64", "ue8m0-block32", "ue4m3-block32"])
+def test_sparse_block_scaled_e2m1_mma(scale_dtype, block):
+    """kind::mxf4(nvf4).block_scale with .sp: A 4:8 pair-wise sparse -- each group of
+    8 logical K holds 2 of its 4 element pairs, the metadata naming them (8-bit
+    kinds' TMEM layout); scales over the logical K (128 an instruction: blocks of
+    64 or 32 are scale_vec::2X or 4X)."""
+    m, n, k = 128, 128, 512  # A's stored rows: one 128-byte swizzle span of e2m1
+    fn, _ = block_scaled_kernel(m, n, k, F4, scale_dtype, block, 128, sparse=True)
+    a, b = uniform((m, k // 2), F4), uniform((n, k), F4)
+    pairs = PAIRS[RNG.integers(0, 6, (m, k // 8))]
+    sa, sb = sample_scales((m, k // block), scale_dtype), sample_scales((n, k // block),
+                                                                         scale_dtype)
+    (got,) = emu.run(fn, a, b, metadata_for_tmem(pairs, 1), scales_for_tmem(sa),
+                     scales_for_tmem(sb), arch=BLACKWELL)
+    stored = a.astype(np.float64).reshape(m, k // 8, 2, 2)  # (row, group, pair, element)
+    logical = np.zeros((m, k // 8, 4, 2))
+    np.put_along_axis(logical, pairs[..., None], stored, axis=2)
+    a64 = logical.reshape(m, k) * np.repeat(sa.astype(np.float64), block, axis=1)
+    b64 = b.astype(np.float64) * np.repeat(sb.astype(np.float64), block, axis=1)
+    exact = a64 @ b64.T
+    bound = (k // 128 + 1) * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64).T)
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
+    # the metadata matters: the stored pairs read as the group's first two is far off
+    dense = np.zeros((m, k // 8, 4, 2))
+    dense[:, :, :2] = stored
+    scaled_dense = dense.reshape(m, k) * np.repeat(sa.astype(np.float64), block, axis=1)
+    assert np.abs(got - scaled_dense @ b64.T).max() > 1e3 * bound.max()
 
 
 # --- sparse MMAs (tcgen05.mma.sp) -------------------------------------------------------------
