@@ -50,6 +50,7 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.vocabulary import smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     EstimatorContext,
@@ -319,6 +320,8 @@ def lower_transpose(ctx: PallasContext, x: Operand, *, permutation: Sequence[int
     _rank_ok(ctx, what="transpose")
     if tuple(permutation) == tuple(range(len(permutation))):
         return x
+    if smem_transpose.fits(ctx.avals_in[0], x):
+        return smem_transpose.lower(ctx, x)
     return _lowered(transpose_f)(ctx, x, permutation=tuple(permutation))
 
 
@@ -463,6 +466,13 @@ def estimate_one(ctx: EstimatorContext, x_aval: Aval, *avals: Aval, **params: An
     """transpose, rev, pad: one take of the first operand."""
     del ctx, avals, params
     return _scratch(x_aval)
+
+
+def estimate_transpose(ctx: EstimatorContext, x_aval: Aval, **params: Any) -> Resources:
+    """The fast path's scratch (one block per warpgroup) where it applies, take's otherwise."""
+    if smem_transpose.fits(x_aval):
+        return smem_transpose.estimate(ctx, x_aval)
+    return estimate_one(ctx, x_aval, **params)
 
 
 def estimate_update(ctx: EstimatorContext, x_aval: Aval, update_aval: Aval, *avals: Aval,
