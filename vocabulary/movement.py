@@ -18,7 +18,10 @@ the scratch, so such kernels are refused (SM206), as jax does for
 reductions over all axes.
 
 Built on it (``_lower_fun`` decompositions; exact, since values only move):
-``transpose`` (any permutation of a 1-D/2-D block), ``rev``, ``pad``
+``transpose`` (any permutation of a 1-D/2-D block; 2-D blocks that
+WGMMA's layout tiles take the whole-vector round trip of
+:mod:`smalti.vocabulary.smem_transpose` instead, which several Pallas
+warpgroups may use), ``rev``, ``pad``
 (low/high, negative, interior; the pad value by a select), ``tile``,
 ``dynamic_slice`` and ``dynamic_update_slice`` (traced starts, clamped as
 jax clamps them), ``slice`` with strides or unaligned bounds,
