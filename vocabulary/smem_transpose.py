@@ -42,12 +42,14 @@ from jax._src import core as jax_core
 from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith
+from jax._src.pallas import utils as pallas_utils
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Operand, PallasContext, Resources
+from smalti.vocabulary.primitives import refuse
 
 __all__ = ["fits", "lower", "estimate"]
 
@@ -91,11 +93,18 @@ def _from_global_memory(value: ir.Value, budget: int = 64) -> bool:
     return False
 
 
-def warpgroups(axis_names: pallas_lowering._AxisNames | None) -> int:
-    """The Pallas warpgroups of the kernel being lowered (its thread axis's size)."""
+def warpgroups(axis_names: pallas_lowering._AxisNames | None,
+               mesh_info: pallas_utils.MeshInfo | None = None) -> int:
+    """The Pallas warpgroups of the kernel (its thread axis's size): from the
+    kernel's mesh when lowering, from the axis environment Pallas traces
+    and estimates under otherwise (1 where neither names the axis: the
+    lowering then finds the reserved scratch short, SM206)."""
     if axis_names is None or axis_names.wg is None:
         return 1
-    return int(jax_core.get_axis_env().axis_size(axis_names.wg))
+    if mesh_info is not None and axis_names.wg in mesh_info.axis_names:
+        return int(mesh_info.mesh_shape[mesh_info.axis_names.index(axis_names.wg)])
+    env = jax_core.get_axis_env()
+    return int(env.axis_size(axis_names.wg)) if env.axis_exists(axis_names.wg) else 1
 
 
 def estimate(ctx: EstimatorContext, aval: Aval) -> Resources:
@@ -111,8 +120,15 @@ def lower(ctx: PallasContext, x: Operand) -> ir.Value:
     rows, cols = aval.shape
     x = pallas_lowering._ensure_ir_value(x, dtype)
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
-    count = warpgroups(ctx.module_ctx.axis_names)
-    with ctx.module_ctx.scratch_view(jax.ShapeDtypeStruct((count, rows, cols), dtype)) as ref:
+    module_ctx = ctx.module_ctx
+    count = warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
+    needed = count * int(aval.size) * dtype.itemsize
+    if module_ctx.smem_requested_bytes - module_ctx.smem_used_bytes < needed:
+        raise refuse(ctx, f"its {count} warpgroups need {needed} bytes of scratch SMEM, more "
+                          "than the kernel reserved for it",
+                     fix="call it in a kernel of one warpgroup, or transpose through an SMEM "
+                         "ref of your own (ref.T[...])")
+    with module_ctx.scratch_view(jax.ShapeDtypeStruct((count, rows, cols), dtype)) as ref:
         ref = mgpu_dialect.with_transforms(ref, ir.ArrayAttr.get([
             mgpu_dialect.TileTransformAttr.get((8, SWIZZLE // dtype.itemsize)),
             mgpu_dialect.SwizzleTransformAttr.get(SWIZZLE)]))
@@ -122,10 +138,10 @@ def lower(ctx: PallasContext, x: Operand) -> ir.Value:
         ref = mgpu_utils.memref_slice(ref, mine)
         # the store's own lowering puts these two barriers around it when
         # Pallas inserts barriers (its default)
-        if not ctx.module_ctx.auto_barriers:
+        if not module_ctx.auto_barriers:
             mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
         mgpu_dialect.vector_store(mgpu_dialect.layout_cast(x, wgmma), ref)
-        if not ctx.module_ctx.auto_barriers:
+        if not module_ctx.auto_barriers:
             mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
         loaded = mgpu_dialect.vector_load(mgpu_utils.memref_transpose(ref, (1, 0)))
         mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused

@@ -15,6 +15,7 @@ are what keeps the run clean: without them the checker finds the race.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -30,6 +31,7 @@ import smalti.jax
 import smalti.vocabulary
 from benchmarks.vocabulary import _transforms
 from benchmarks.vocabulary import kernel as tma_kernel
+from smalti.diagnostics import SmaltiNotImplementedError
 from smalti.emulate.profiling import INST, WAVEFRONTS
 from smalti.vocabulary import smem_transpose
 from tests.vocabulary.test_movement import data
@@ -141,3 +143,19 @@ def test_without_its_barriers_the_checker_finds_the_race(pipeline, monkeypatch):
 ])
 def test_fits(shape, dtype, fits):
     assert smem_transpose.fits(jax.core.ShapedArray(shape, dtype)) is fits
+
+
+def test_short_scratch_is_refused(pipeline, monkeypatch):
+    """Were the estimate to reserve one warpgroup's scratch for two, the
+    rule says so (SM206, naming the need) instead of overrunning it."""
+    one = smem_transpose.estimate
+
+    def short(ctx, aval):
+        return one(dataclasses.replace(ctx, axis_names=None), aval)
+
+    monkeypatch.setattr(smem_transpose, "estimate", short)
+    x = data((2, 64, 128), F32, seed=5)
+    with pytest.raises(SmaltiNotImplementedError) as err:
+        _run(pipeline, _blocks_kernel((64, 128), F32, 2), x)
+    assert err.value.code == "SM206" and "2 warpgroups need 65536 bytes" in err.value.message
+    assert "test_smem_transpose.py" in err.value.location
