@@ -22,7 +22,9 @@ Built on it (``_lower_fun`` decompositions; exact, since values only move):
 WGMMA's layout tiles take the whole-vector round trip of
 :mod:`smalti.vocabulary.smem_transpose` instead, which several Pallas
 warpgroups may use), ``rev``, ``pad``
-(low/high, negative, interior; the pad value by a select), ``tile``,
+(low/high, negative, interior; the pad value by a select; a pad whose
+pieces fall on tiles is concatenations with blocks of the pad value by
+jax's rule instead), ``tile``,
 ``dynamic_slice`` and ``dynamic_update_slice`` (traced starts, clamped as
 jax clamps them), ``slice`` with strides or unaligned bounds,
 ``concatenate`` of unaligned pieces (one take per operand and selects) and,
@@ -335,10 +337,54 @@ def lower_rev(ctx: PallasContext, x: Operand, *, dimensions: Sequence[int]) -> L
     return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
 
 
+def _pad_pieces(shape: Shape, config: Sequence[tuple[int, int, int]]
+                ) -> list[tuple[int, list[Shape]]] | None:
+    """A pad as concatenations of the operand with blocks of the pad value,
+    one dim after another: ``[(dim, shapes of its pieces)]``; ``None``
+    unless every padding is non-negative, without interior, and every
+    piece falls on tiles of jax's layouts (:func:`_concatenate_aligned`)."""
+    if any(lo < 0 or hi < 0 or interior for lo, hi, interior in config):
+        return None
+    steps = []
+    current = list(shape)
+    for d, (lo, hi, _) in enumerate(config):
+        if not lo and not hi:
+            continue
+        pieces = [tuple(current[:d] + [n] + current[d + 1:]) for n in (lo, current[d], hi) if n]
+        avals = [jax_core.ShapedArray(p, np.float32) for p in pieces]
+        if not _concatenate_aligned(avals, d):
+            return None
+        steps.append((d, pieces))
+        current[d] += lo + hi
+    return steps
+
+
+def pad_aligned_f(x: jax.Array, value: jax.Array,
+                  padding_config: Sequence[tuple[int, int, int]]) -> jax.Array:
+    """The pad of :func:`_pad_pieces`: blocks of the pad value (splat
+    registers) concatenated to ``x`` by jax's rule, no SMEM."""
+    fill = value.astype(x.dtype)
+    for d, (lo, hi, _) in enumerate(padding_config):
+        if not lo and not hi:
+            continue
+        shape = list(x.shape)
+        parts = [jax.lax.broadcast_in_dim(fill, tuple(shape[:d] + [n] + shape[d + 1:]), ())
+                 if n else None for n in (lo, hi)]
+        parts = [p for p in (parts[0], x, parts[1]) if p is not None]
+        x = jax.lax.concatenate(parts, d)
+    return x
+
+
 def lower_pad(ctx: PallasContext, x: Operand, value: Operand, *,
               padding_config: Sequence[tuple[int, int, int]]) -> Lowered:
+    """Concatenations with blocks of the pad value where every piece falls
+    on tiles (no SMEM) and ``x`` is not loaded from global memory (whose
+    strided layout jax's concatenation cannot take); a take otherwise."""
     _rank_ok(ctx, what="pad")
     config = tuple((int(lo), int(hi), int(interior)) for lo, hi, interior in padding_config)
+    if _pad_pieces(tuple(ctx.avals_in[0].shape), config) is not None and \
+            isinstance(x, ir.Value) and not smem_transpose.from_global_memory(x):
+        return _lowered(pad_aligned_f)(ctx, x, value, padding_config=config)
     return _lowered(pad_f)(ctx, x, value, padding_config=config)
 
 
@@ -466,7 +512,9 @@ def _scratch(*avals: Aval) -> Resources:
 
 
 def estimate_one(ctx: EstimatorContext, x_aval: Aval, *avals: Aval, **params: Any) -> Resources:
-    """transpose, rev, pad: one take of the first operand."""
+    """rev, pad, tile, dynamic_slice: one take of the first operand (an
+    aligned pad takes none, but whether its operand comes from global
+    memory, and so takes, is only known when it is lowered)."""
     del ctx, avals, params
     return _scratch(x_aval)
 

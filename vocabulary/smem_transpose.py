@@ -51,7 +51,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Operand, PallasContext, Resources
 from smalti.vocabulary.primitives import refuse
 
-__all__ = ["fits", "lower", "estimate"]
+__all__ = ["fits", "lower", "estimate", "from_global_memory"]
 
 SWIZZLE = 128  # bytes: a tile row is one swizzle group of 8 x 16 bytes
 WGMMA_ROWS = 64  # the rows of a WGMMA layout's tile
@@ -61,13 +61,13 @@ def fits(aval: Aval, x: ir.Value | None = None) -> bool:
     """Whether the fast path transposes ``aval`` (see the module docstring);
     with the operand ``x``, also whether it can be stored to tiled SMEM."""
     dtype = np.dtype(aval.dtype)
-    if x is not None and (not isinstance(x, ir.Value) or _from_global_memory(x)):
+    if x is not None and (not isinstance(x, ir.Value) or from_global_memory(x)):
         return False
     return (aval.ndim == 2 and dtype != np.bool_ and dtype.itemsize in (2, 4)
             and all(n % WGMMA_ROWS == 0 for n in aval.shape))
 
 
-def _from_global_memory(value: ir.Value, budget: int = 64) -> bool:
+def from_global_memory(value: ir.Value, budget: int = 64) -> bool:
     """Whether ``value`` is computed (through ops on whole vectors) from a
     ``mosaic_gpu.vector_load`` of global memory: Pallas loads those
     optimized, which only a strided register layout can be, and no relayout

@@ -143,6 +143,30 @@ def test_pad_high(pipeline, dtype):
           build=tma_kernel)
 
 
+def test_aligned_pad_both_dims(pipeline):
+    """Tile-aligned pads of a value from swizzled SMEM: concatenations with
+    blocks of the pad value (jax's rule), NaN as the value."""
+    check(pipeline, lambda x: lax.pad(x, jnp.float32(np.nan), ((64, 0, 0), (8, 56, 0))),
+          data((64, 64), F32), build=tma_kernel)
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
+def test_aligned_pad_moves_nothing_through_smem(pipeline, dtype):
+    """The benchmark's pad costs no shared wavefront beyond the identity's
+    (take's round trip costs 3,072), and the fallback pad still does."""
+    from smalti.emulate.profiling import WAVEFRONTS
+
+    x = data((64, 128), dtype)
+    with smalti.jax.installed(pipeline):
+        base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
+        aligned = smalti.emulate.profile(
+            tma_kernel(lambda v: jnp.pad(v[:, :64], ((0, 0), (0, 64))), [x]), x)
+        unaligned = smalti.emulate.profile(
+            tma_kernel(lambda v: jnp.pad(v[:, :64], ((0, 0), (3, 61))), [x]), x)
+    assert aligned[WAVEFRONTS] == base[WAVEFRONTS]
+    assert unaligned[WAVEFRONTS] > base[WAVEFRONTS]
+
+
 def test_pad_value_negative_and_interior(pipeline):
     x = data((64, 64), F32)
     # low and high, one negative, with a NaN pad value
