@@ -368,10 +368,9 @@ def pad_aligned_f(x: jax.Array, value: jax.Array,
         if not lo and not hi:
             continue
         shape = list(x.shape)
-        parts = [jax.lax.broadcast_in_dim(fill, tuple(shape[:d] + [n] + shape[d + 1:]), ())
-                 if n else None for n in (lo, hi)]
-        parts = [p for p in (parts[0], x, parts[1]) if p is not None]
-        x = jax.lax.concatenate(parts, d)
+        low, high = [[jax.lax.broadcast_in_dim(fill, tuple(shape[:d] + [n] + shape[d + 1:]), ())]
+                     if n else [] for n in (lo, hi)]
+        x = jax.lax.concatenate([*low, x, *high], d)
     return x
 
 
