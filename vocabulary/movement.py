@@ -27,7 +27,8 @@ pieces fall on tiles is concatenations with blocks of the pad value by
 jax's rule instead), ``tile``,
 ``dynamic_slice`` and ``dynamic_update_slice`` (traced starts, clamped as
 jax clamps them), ``slice`` with strides or unaligned bounds,
-``concatenate`` of unaligned pieces (one take per operand and selects) and,
+``concatenate`` of unaligned pieces (one take per distinct operand and
+selects) and,
 in a ``jax.jit`` (``jnp.roll``'s ``_roll_static``), slices fused into the
 unaligned concatenation they feed: pieces of odd widths have no register
 layout at all. ``slice`` and ``concatenate`` of pieces on the tiles of
@@ -229,8 +230,10 @@ def pad_f(x: jax.Array, value: jax.Array,
 
 def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] | None = None
                   ) -> jax.Array:
-    """One take per operand, of the positions it covers (clamped elsewhere),
-    chosen by the position along ``dimension``. ``views[k]``, if given, is
+    """One take per distinct operand (operands that are views of one array,
+    as ``jnp.roll``'s two slices, share it: their indices are chosen by the
+    position first), of the positions it covers (clamped elsewhere), chosen
+    by the position along ``dimension``. ``views[k]``, if given, is
     ``(start_indices, strides, shape)``: operand k is that strided slice of
     ``xs[k]`` (a slice fused into the concatenation)."""
     views = views or (None,) * len(xs)
@@ -240,17 +243,30 @@ def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] |
     out_shape = tuple(dims)
     positions = _iotas(out_shape)
     along = positions[dimension]
-    result, start = None, 0
+    sources: dict[int, tuple[jax.Array, jax.Array]] = {}  # id -> (array, its indices)
+    starts: list[tuple[int, int]] = []  # (start, id of the array) per operand
+    start = 0
     for x, view, shape in zip(xs, views, shapes):
         n = shape[dimension]
         local = list(positions)
         local[dimension] = _clamp(along - start, n)
         if view is not None:
-            starts, strides, _ = view
-            local = [int(lo) + i * int(st) for i, lo, st in zip(local, starts, strides)]
-        piece = take(x, _linear(local, x.shape))
-        result = piece if result is None else jax.lax.select(along >= start, piece, result)
+            lows, strides, _ = view
+            local = [int(lo) + i * int(st) for i, lo, st in zip(local, lows, strides)]
+        index = _linear(local, x.shape)
+        if id(x) in sources:  # a later view of the same array: its positions
+            index = jax.lax.select(along >= start, index, sources[id(x)][1])
+        sources[id(x)] = (x, index)
+        starts.append((start, id(x)))
         start += n
+    pieces = {key: take(x, index) for key, (x, index) in sources.items()}
+    result = None
+    for first, key in starts:
+        piece = pieces[key]
+        if result is None or result is piece:  # nothing to choose between
+            result = piece
+            continue
+        result = jax.lax.select(along >= first, piece, result)
     assert result is not None  # a concatenation has operands
     return result
 

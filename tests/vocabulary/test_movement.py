@@ -202,6 +202,26 @@ def test_roll(pipeline, dtype):
     check(pipeline, lambda x: jnp.roll(x, 3, 1), data((64, 128), dtype))
 
 
+def test_views_of_one_array_share_one_take():
+    """jnp.roll's two slices of x, fused into the concatenation: one take of
+    x (indices chosen by position), jnp.roll's answer on the CPU; views of
+    two arrays: a take each."""
+    x, y = data((8, 16), F32), data((8, 16), F32, seed=1)
+    views = (((0, 13), (1, 1), (8, 3)), ((0, 0), (1, 1), (8, 13)))
+
+    def fused(a, b):
+        return movement.concatenate_f(a, b, dimension=1, views=views)
+
+    def takes(f, *args):
+        return sum(e.primitive is movement.take_p for e in jax.make_jaxpr(f)(*args).eqns)
+
+    np.testing.assert_array_equal(np.asarray(fused(x, x)), np.roll(x, 3, 1))
+    assert takes(lambda a: fused(a, a), x) == 1
+    assert takes(fused, x, y) == 2
+    np.testing.assert_array_equal(np.asarray(fused(x, y)),
+                                  np.concatenate([x[:, 13:], y[:, :13]], 1))
+
+
 def test_roll_rows_from_swizzled_smem(pipeline):
     check(pipeline, lambda x: jnp.roll(x, -5, 0), data((64, 128), F32), build=tma_kernel)
 
