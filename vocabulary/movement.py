@@ -153,16 +153,63 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
 
     # the row-major linear index of each element of x
     linear = mgpu_dialect.broadcasted_iota(vec(shape, i32), len(shape) - 1)
+    out_shape = tuple(idx_aval.shape)
     if len(shape) == 2:
         rows = mgpu_dialect.broadcasted_iota(vec(shape, i32), 0)
         linear = arith.addi(arith.muli(rows, splat(shape, i32, shape[1])), linear)
-    out_shape = tuple(idx_aval.shape)
+        if _swizzles(shape, dtype):  # both sides address the scratch swizzled
+            linear = _swizzled(linear, rows, shape, dtype, splat)
+            row_of = _row_of(indices, out_shape, shape[1], splat)
+            indices = _swizzled(indices, row_of, out_shape, dtype, splat)
     zero = arith.constant(ir.IndexType.get(), 0)
     with ctx.module_ctx.scratch_view(jax.ShapeDtypeStruct((n,), dtype)) as ref:
         vector.scatter(None, ref, [zero], linear, splat(shape, i1, 1), x)
         pass_thru = splat(out_shape, element, 0)
         return vector.gather(vec(out_shape, element), ref, [zero], indices,
                              splat(out_shape, i1, 1), pass_thru)
+
+
+# --- take's scratch, swizzled ------------------------------------------------------------------
+#
+# A register layout puts a warp's lanes on a few consecutive elements of
+# several rows (WGMMA's: 8 rows, 4 lanes of 2 columns each), so a scalar
+# access of rows whose length is a multiple of the 32 banks hits each bank
+# 8 times. Where a row is a multiple of 128 bytes, take addresses its
+# scratch with each row's 4-byte words XORed with g(row % 8), which spreads
+# those 8 rows over the banks the 4 lanes leave free (bits 0, 3 and 4 of
+# the word for 32-bit types, whose lanes are 2 words apart; bits 2 to 4 for
+# narrower ones, whose lanes are 1 word apart). The XOR stays within the
+# row's aligned groups of 32 words, so a row-contiguous access keeps its
+# banks. Scatter and gather address the same way: the values are unchanged.
+
+
+def _swizzles(shape: Shape, dtype: np.dtype) -> bool:
+    return len(shape) == 2 and shape[1] * dtype.itemsize % 128 == 0
+
+
+def _row_of(indices: ir.Value, shape: Shape, cols: int, splat: Callable[..., ir.Value]
+            ) -> ir.Value:
+    """The row of each linear index (a shift where ``cols`` is a power of 2)."""
+    i32 = ir.IntegerType.get_signless(32)
+    if cols & (cols - 1) == 0:
+        return arith.shrui(indices, splat(shape, i32, cols.bit_length() - 1))
+    return arith.divui(indices, splat(shape, i32, cols))
+
+
+def _swizzled(linear: ir.Value, rows: ir.Value, shape: Shape, dtype: np.dtype,
+              splat: Callable[..., ir.Value]) -> ir.Value:
+    """``linear`` with its word within the row XORed with g(``rows`` % 8)."""
+    i32 = ir.IntegerType.get_signless(32)
+
+    def c(value: int) -> ir.Value:
+        return splat(shape, i32, value)
+
+    per_word = 4 // dtype.itemsize  # elements per 4-byte bank word
+    if dtype.itemsize == 4:  # g(r) = r0 | r1 << 3 | r2 << 4: bits 0, 3, 4 of r ^ r << 2
+        g = arith.andi(arith.xori(rows, arith.shli(rows, c(2))), c(25))
+    else:  # g(r) = r << 2, in elements: r << 2 << log2(per_word)
+        g = arith.andi(arith.shli(rows, c(2 + per_word.bit_length() - 1)), c(28 * per_word))
+    return arith.xori(linear, g)
 
 
 # --- decompositions on take ----------------------------------------------------------------

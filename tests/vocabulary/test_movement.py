@@ -97,6 +97,28 @@ def test_take_random_permutation(pipeline, dtype):
     check(pipeline, take, x, perm)
 
 
+@pytest.mark.parametrize("fn", [lambda x: x[::-1], lambda x: x[:, ::-1],
+                                lambda x: jnp.roll(x, 3, 1)], ids=["rows", "cols", "roll"])
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
+def test_take_scratch_is_swizzled(pipeline, fn, dtype):
+    """take's scratch rows of 128-byte multiples are swizzled: a flip of the
+    rows or the columns and a roll (WGMMA's 8 rows x 4 lanes per scalar
+    access) cost one wavefront per scalar store and load -- the ideal pass
+    for f32, twice it for 2-byte elements -- where the row-major scratch
+    hit each bank 8 times; the results stay bit for bit jnp's."""
+    from smalti.emulate.profiling import WAVEFRONTS
+
+    x = data((64, 128), dtype)
+    with smalti.jax.installed(pipeline):
+        base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
+        moved = smalti.emulate.profile(tma_kernel(fn, [x]), x)
+    scalar_accesses = 2 * x.size // 32  # a store and a load of each element, per warp
+    assert moved[WAVEFRONTS] - base[WAVEFRONTS] == scalar_accesses
+    want = np.asarray(jax.jit(fn)(x))
+    bits = {2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+    np.testing.assert_array_equal(moved.outputs[0].view(bits), want.view(bits))
+
+
 def test_take_1d_with_repeats(pipeline):
     """Arbitrary indices (repeated, any order) into a 1-D operand, 2-D result."""
     x = data((128,), F32)
