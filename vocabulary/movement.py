@@ -10,8 +10,10 @@ CPU as well as in a kernel.
 
 In a kernel (Warpgroup semantics) ``take`` goes through SMEM: it takes a
 1-D scratch view of ``x.size`` elements, writes ``x`` into it with
-``vector.scatter`` at each element's row-major linear index and reads it
-back with ``vector.gather`` at ``indices`` (rules in
+``vector.scatter`` at each element's row-major linear index (swizzled
+where rows are multiples of 128 bytes, so that a warp's access of several
+rows is free of bank conflicts: "take's scratch, swizzled" below) and
+reads it back with ``vector.gather`` at ``indices`` (swizzled alike) (rules in
 :mod:`smalti.vocabulary.gather_ops`: a scalar store/load per register
 element, between warpgroup barriers). Several Pallas warpgroups would share
 the scratch, so such kernels are refused (SM206), as jax does for
