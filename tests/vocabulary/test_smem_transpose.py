@@ -19,6 +19,7 @@ import dataclasses
 import types
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -95,6 +96,19 @@ def test_transpose_inside_a_computation(pipeline):
     x[~np.isfinite(x)] = 1.0
     (got,) = _run(pipeline, tma_kernel(lambda v: v.T * 2.0 + v, [x]), x)
     np.testing.assert_array_equal(got, x.T * np.float32(2.0) + x)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda v: lax.fori_loop(0, 3, lambda i, a: a.T + 1.0, v),  # the scratch reused
+    lambda v: v.T.T * 2.0,  # the result of one feeds the next
+    lambda v: jnp.zeros_like(v).T + v,  # a splat operand
+], ids=["loop", "twice", "splat"])
+def test_transpose_compositions(pipeline, fn):
+    """Clean under the checker and jnp's answer."""
+    x = data((64, 64), F32, seed=6)
+    x[~np.isfinite(x)] = 3.0
+    (got,) = _run(pipeline, tma_kernel(fn, [x]), x)
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(fn)(x)))
 
 
 @pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
