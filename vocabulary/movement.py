@@ -13,11 +13,13 @@ In a kernel (Warpgroup semantics) ``take`` goes through SMEM: it takes a
 ``vector.scatter`` at each element's row-major linear index (swizzled
 where rows are multiples of 128 bytes, so that a warp's access of several
 rows is free of bank conflicts: "take's scratch, swizzled" below) and
-reads it back with ``vector.gather`` at ``indices`` (swizzled alike) (rules in
-:mod:`smalti.vocabulary.gather_ops`: a scalar store/load per register
-element, between warpgroup barriers). Several Pallas warpgroups would share
-the scratch, so such kernels are refused (SM206), as jax does for
-reductions over all axes.
+reads it back with ``vector.gather`` at ``indices``, swizzled alike (rules
+in :mod:`smalti.vocabulary.gather_ops`: a scalar store/load per register
+element, between warpgroup barriers). In a kernel of several Pallas
+warpgroups each takes through a slice of its own (the estimators reserve
+one per warpgroup, from the thread axis's size), so warpgroup barriers
+suffice; a slice the estimate did not reserve (a caller whose own
+estimate counts one) is SM206.
 
 Built on it (``_lower_fun`` decompositions; exact, since values only move):
 ``transpose`` (any permutation of a 1-D/2-D block; 2-D blocks that
@@ -110,10 +112,9 @@ mlir.register_lowering(take_p, mlir.lower_fun(_take_impl, multiple_results=False
 
 def take_estimate(ctx: EstimatorContext, x_aval: Aval, indices_aval: Aval, **params: Any
                   ) -> Resources:
-    """The scratch ``take`` writes ``x`` into: ``x.size`` elements."""
-    del ctx, indices_aval, params
-    return pallas_lowering.Resources(
-        smem_scratch_bytes=int(x_aval.size) * np.dtype(x_aval.dtype).itemsize)
+    """The scratch ``take`` writes ``x`` into: ``x.size`` elements per warpgroup."""
+    del indices_aval, params
+    return _scratch(ctx, x_aval)
 
 
 # --- Pallas Warpgroup lowering -----------------------------------------------------------
@@ -124,8 +125,12 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
     gather the requested ones back."""
     x_aval, idx_aval = ctx.avals_in
     dtype = np.dtype(x_aval.dtype)
-    if ctx.module_ctx.axis_names is not None and ctx.module_ctx.axis_names.wg is not None:
-        raise refuse(ctx, "several Pallas warpgroups would share its SMEM scratch",
+    module_ctx = ctx.module_ctx
+    count = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
+    needed = count * int(x_aval.size) * dtype.itemsize
+    if count > 1 and module_ctx.smem_requested_bytes - module_ctx.smem_used_bytes < needed:
+        raise refuse(ctx, f"its {count} Pallas warpgroups need {needed} bytes of scratch SMEM "
+                          "(a slice each), more than the kernel reserved for it",
                       fix="call it in a kernel of one warpgroup (no num_threads / thread_name), "
                           "or move the data through an SMEM ref of your own")
     if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
@@ -163,11 +168,15 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
             linear = _swizzled(linear, rows, shape, dtype, splat)
             row_of = _row_of(indices, out_shape, shape[1], splat)
             indices = _swizzled(indices, row_of, out_shape, dtype, splat)
-    zero = arith.constant(ir.IndexType.get(), 0)
-    with ctx.module_ctx.scratch_view(jax.ShapeDtypeStruct((n,), dtype)) as ref:
-        vector.scatter(None, ref, [zero], linear, splat(shape, i1, 1), x)
+    index = ir.IndexType.get()
+    mine = arith.constant(index, 0)  # where this warpgroup's slice starts
+    if count > 1:
+        mine = arith.muli(arith.index_cast(index, mgpu_utils.warpgroup_idx(sync=True)),
+                          arith.constant(index, n))
+    with module_ctx.scratch_view(jax.ShapeDtypeStruct((count * n,), dtype)) as ref:
+        vector.scatter(None, ref, [mine], linear, splat(shape, i1, 1), x)
         pass_thru = splat(out_shape, element, 0)
-        return vector.gather(vec(out_shape, element), ref, [zero], indices,
+        return vector.gather(vec(out_shape, element), ref, [mine], indices,
                              splat(out_shape, i1, 1), pass_thru)
 
 
@@ -564,23 +573,25 @@ def lower_concatenate(ctx: PallasContext, *xs: Operand, dimension: int) -> Lower
 # --- resource estimators: the scratch the takes above need ----------------------------------
 
 
-def _scratch(*avals: Aval) -> Resources:
-    """The largest operand's bytes: the takes run one after another, each
+def _scratch(ctx: EstimatorContext, *avals: Aval) -> Resources:
+    """The largest operand's bytes, once per Pallas warpgroup (each takes
+    through a slice of its own): the takes run one after another, each
     releasing its scratch. Nothing where an operand is not 1-D or 2-D: the
     plugin hands those to jax's rule (its estimate must then not change the
     kernel jax lowers)."""
     if any(a.ndim not in (1, 2) for a in avals):
         return pallas_lowering.Resources(smem_scratch_bytes=0)
     size = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
-    return pallas_lowering.Resources(smem_scratch_bytes=size)
+    count = smem_transpose.warpgroups(getattr(ctx, "axis_names", None))  # no ctx: one
+    return pallas_lowering.Resources(smem_scratch_bytes=count * size)
 
 
 def estimate_one(ctx: EstimatorContext, x_aval: Aval, *avals: Aval, **params: Any) -> Resources:
     """rev, pad, tile, dynamic_slice: one take of the first operand (an
     aligned pad takes none, but whether its operand comes from global
     memory, and so takes, is only known when it is lowered)."""
-    del ctx, avals, params
-    return _scratch(x_aval)
+    del avals, params
+    return _scratch(ctx, x_aval)
 
 
 def estimate_transpose(ctx: EstimatorContext, x_aval: Aval, **params: Any) -> Resources:
@@ -593,27 +604,25 @@ def estimate_transpose(ctx: EstimatorContext, x_aval: Aval, **params: Any) -> Re
 def estimate_update(ctx: EstimatorContext, x_aval: Aval, update_aval: Aval, *avals: Aval,
                     **params: Any) -> Resources:
     """dynamic_update_slice: one take of the update."""
-    del ctx, x_aval, avals, params
-    return _scratch(update_aval)
+    del x_aval, avals, params
+    return _scratch(ctx, update_aval)
 
 
 def estimate_slice(ctx: EstimatorContext, x_aval: Aval, *, start_indices: Sequence[int],
                    limit_indices: Sequence[int], strides: Sequence[int] | None) -> Resources:
     """Nothing where jax's rule slices (see :func:`lower_slice`)."""
-    del ctx
     unit = strides is None or all(s == 1 for s in strides)
     sizes = tuple(hi - lo for lo, hi in zip(start_indices, limit_indices))
     if unit and _jax_may_tile(tuple(x_aval.shape), tuple(start_indices), sizes):
-        return _scratch()
-    return _scratch(x_aval)
+        return _scratch(ctx)
+    return _scratch(ctx, x_aval)
 
 
 def estimate_concatenate(ctx: EstimatorContext, *avals: Aval, dimension: int) -> Resources:
     """Nothing where jax's rule concatenates (see :func:`lower_concatenate`)."""
-    del ctx
     if _concatenate_aligned(avals, dimension):
-        return _scratch()
-    return _scratch(*avals)
+        return _scratch(ctx)
+    return _scratch(ctx, *avals)
 
 
 # --- slices fused into a concatenation (jnp.roll) --------------------------------------------

@@ -110,7 +110,8 @@ def warpgroups(axis_names: pallas_lowering._AxisNames | None,
 def estimate(ctx: EstimatorContext, aval: Aval) -> Resources:
     """One block of scratch per warpgroup."""
     nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
-    return pallas_lowering.Resources(smem_scratch_bytes=warpgroups(ctx.axis_names) * nbytes)
+    count = warpgroups(getattr(ctx, "axis_names", None))  # no ctx: one
+    return pallas_lowering.Resources(smem_scratch_bytes=count * nbytes)
 
 
 def lower(ctx: PallasContext, x: Operand) -> ir.Value:

@@ -311,16 +311,37 @@ def test_jax_lowerings_keep_their_ir(pipeline):
 # --- refusals ------------------------------------------------------------------------------------
 
 
-def test_several_warpgroups_are_refused(pipeline):
-    """Two Pallas warpgroups would share take's scratch: SM206."""
+def _per_warpgroup(fn, n: int = 2):
+    """Each Pallas warpgroup moves its own (64, 64) block, loaded from GMEM."""
     def body(x_ref, o_ref):
-        o_ref[...] = x_ref[...].T
+        wg = lax.axis_index("wg")
+        o_ref[wg] = fn(x_ref[wg])
 
-    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                          num_threads=2, thread_name="wg", compiler_params=WG)
-    with smalti.jax.installed(pipeline), pytest.raises(SmaltiNotImplementedError) as err:
-        smalti.emulate.run(kernel, data((64, 64), F32))
-    assert err.value.code == "SM206" and "warpgroups" in err.value.message
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((n, 64, 64), jnp.float32),
+                        num_threads=n, thread_name="wg", compiler_params=WG)
+
+
+@pytest.mark.parametrize("fn", [lambda v: v.T, lambda v: v[::-1], lambda v: jnp.roll(v, 3, 1)],
+                         ids=["transpose", "flip", "roll"])
+def test_several_warpgroups_take_slices_of_their_own(pipeline, fn):
+    """Two Pallas warpgroups, each through its own slice of take's scratch:
+    clean under the synchronization checker, jnp's answer for each block."""
+    x = data((2, 64, 64), F32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_per_warpgroup(fn), x)
+    want = np.stack([np.asarray(jax.jit(fn)(a)) for a in x])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_warpgroups_sharing_one_slice_race(pipeline, monkeypatch):
+    """The twin: were both warpgroups given the same slice (the count taken
+    as 1), the checker finds them writing and reading each other's bytes."""
+    monkeypatch.setattr(movement.smem_transpose, "warpgroups", lambda *args: 1)
+    x = data((2, 64, 64), F32)
+    with smalti.jax.installed(pipeline), pytest.raises(smalti.emulate.RaceError) as err:
+        smalti.emulate.run(_per_warpgroup(lambda v: v[::-1]), x)
+    assert all("test_movement.py" in r.first.location and "test_movement.py" in r.second.location
+               for r in err.value.races)
 
 
 def test_odd_slices_are_refused_unless_fused(pipeline):
