@@ -183,7 +183,7 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.lax.lax:reduce_xor_p": "reductions:estimate_reduction",
     # data movement (movement.py)
     "smalti.vocabulary.movement:take_p": "movement:take_estimate",
-    "jax._src.lax.lax:transpose_p": "movement:estimate_one",
+    "jax._src.lax.lax:transpose_p": "movement:estimate_transpose",
     "jax._src.lax.lax:rev_p": "movement:estimate_one",
     "jax._src.lax.lax:pad_p": "movement:estimate_one",
     "jax._src.lax.slicing:slice_p": "movement:estimate_slice",

@@ -133,10 +133,22 @@ def _is_true(value: ir.Value) -> bool:
         return isinstance(attr, ir.IntegerAttr) and ir.IntegerAttr(attr).value != 0
 
 
+def _is_zero(value: ir.Value) -> bool:
+    """Whether ``value`` is the constant 0 (an offset nothing needs adding)."""
+    owner = value.owner
+    if not isinstance(owner, (ir.Operation, ir.OpView)):
+        return False
+    operation = owner.operation if isinstance(owner, ir.OpView) else owner
+    if operation.name != "arith.constant":
+        return False
+    attr = operation.attributes["value"]
+    return isinstance(attr, ir.IntegerAttr) and ir.IntegerAttr(attr).value == 0
+
+
 def _address(offset: ir.Value, index: ir.Value) -> ir.Value:
     if not isinstance(index.type, ir.IndexType):
         index = arith.index_cast(ir.IndexType.get(), index)
-    return arith.addi(offset, index)
+    return index if _is_zero(offset) else arith.addi(offset, index)
 
 
 def _guards(mask_register: ir.Value, count: int) -> list[ir.Value | None]:

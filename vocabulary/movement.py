@@ -10,19 +10,29 @@ CPU as well as in a kernel.
 
 In a kernel (Warpgroup semantics) ``take`` goes through SMEM: it takes a
 1-D scratch view of ``x.size`` elements, writes ``x`` into it with
-``vector.scatter`` at each element's row-major linear index and reads it
-back with ``vector.gather`` at ``indices`` (rules in
-:mod:`smalti.vocabulary.gather_ops`: a scalar store/load per register
-element, between warpgroup barriers). Several Pallas warpgroups would share
-the scratch, so such kernels are refused (SM206), as jax does for
-reductions over all axes.
+``vector.scatter`` at each element's row-major linear index (swizzled
+where rows are multiples of 128 bytes, so that a warp's access of several
+rows is free of bank conflicts: "take's scratch, swizzled" below) and
+reads it back with ``vector.gather`` at ``indices``, swizzled alike (rules
+in :mod:`smalti.vocabulary.gather_ops`: a scalar store/load per register
+element, between warpgroup barriers). In a kernel of several Pallas
+warpgroups each takes through a slice of its own (the estimators reserve
+one per warpgroup, from the thread axis's size), so warpgroup barriers
+suffice; a slice the estimate did not reserve (a caller whose own
+estimate counts one) is SM206.
 
 Built on it (``_lower_fun`` decompositions; exact, since values only move):
-``transpose`` (any permutation of a 1-D/2-D block), ``rev``, ``pad``
-(low/high, negative, interior; the pad value by a select), ``tile``,
+``transpose`` (any permutation of a 1-D/2-D block; 2-D blocks that
+WGMMA's layout tiles take the whole-vector round trip of
+:mod:`smalti.vocabulary.smem_transpose` instead, which several Pallas
+warpgroups may use), ``rev``, ``pad``
+(low/high, negative, interior; the pad value by a select; a pad whose
+pieces fall on tiles is concatenations with blocks of the pad value by
+jax's rule instead), ``tile``,
 ``dynamic_slice`` and ``dynamic_update_slice`` (traced starts, clamped as
 jax clamps them), ``slice`` with strides or unaligned bounds,
-``concatenate`` of unaligned pieces (one take per operand and selects) and,
+``concatenate`` of unaligned pieces (one take per distinct operand and
+selects) and,
 in a ``jax.jit`` (``jnp.roll``'s ``_roll_static``), slices fused into the
 unaligned concatenation they feed: pieces of odd widths have no register
 layout at all. ``slice`` and ``concatenate`` of pieces on the tiles of
@@ -50,6 +60,7 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.vocabulary import smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     EstimatorContext,
@@ -101,10 +112,9 @@ mlir.register_lowering(take_p, mlir.lower_fun(_take_impl, multiple_results=False
 
 def take_estimate(ctx: EstimatorContext, x_aval: Aval, indices_aval: Aval, **params: Any
                   ) -> Resources:
-    """The scratch ``take`` writes ``x`` into: ``x.size`` elements."""
-    del ctx, indices_aval, params
-    return pallas_lowering.Resources(
-        smem_scratch_bytes=int(x_aval.size) * np.dtype(x_aval.dtype).itemsize)
+    """The scratch ``take`` writes ``x`` into: ``x.size`` elements per warpgroup."""
+    del indices_aval, params
+    return _scratch(ctx, x_aval)
 
 
 # --- Pallas Warpgroup lowering -----------------------------------------------------------
@@ -115,8 +125,12 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
     gather the requested ones back."""
     x_aval, idx_aval = ctx.avals_in
     dtype = np.dtype(x_aval.dtype)
-    if ctx.module_ctx.axis_names is not None and ctx.module_ctx.axis_names.wg is not None:
-        raise refuse(ctx, "several Pallas warpgroups would share its SMEM scratch",
+    module_ctx = ctx.module_ctx
+    count = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
+    needed = count * int(x_aval.size) * dtype.itemsize
+    if count > 1 and module_ctx.smem_requested_bytes - module_ctx.smem_used_bytes < needed:
+        raise refuse(ctx, f"its {count} Pallas warpgroups need {needed} bytes of scratch SMEM "
+                          "(a slice each), more than the kernel reserved for it",
                       fix="call it in a kernel of one warpgroup (no num_threads / thread_name), "
                           "or move the data through an SMEM ref of your own")
     if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
@@ -146,16 +160,67 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
 
     # the row-major linear index of each element of x
     linear = mgpu_dialect.broadcasted_iota(vec(shape, i32), len(shape) - 1)
+    out_shape = tuple(idx_aval.shape)
     if len(shape) == 2:
         rows = mgpu_dialect.broadcasted_iota(vec(shape, i32), 0)
         linear = arith.addi(arith.muli(rows, splat(shape, i32, shape[1])), linear)
-    out_shape = tuple(idx_aval.shape)
-    zero = arith.constant(ir.IndexType.get(), 0)
-    with ctx.module_ctx.scratch_view(jax.ShapeDtypeStruct((n,), dtype)) as ref:
-        vector.scatter(None, ref, [zero], linear, splat(shape, i1, 1), x)
+        if _swizzles(shape, dtype):  # both sides address the scratch swizzled
+            linear = _swizzled(linear, rows, shape, dtype, splat)
+            row_of = _row_of(indices, out_shape, shape[1], splat)
+            indices = _swizzled(indices, row_of, out_shape, dtype, splat)
+    index = ir.IndexType.get()
+    mine = arith.constant(index, 0)  # where this warpgroup's slice starts
+    if count > 1:
+        mine = arith.muli(arith.index_cast(index, mgpu_utils.warpgroup_idx(sync=True)),
+                          arith.constant(index, n))
+    with module_ctx.scratch_view(jax.ShapeDtypeStruct((count * n,), dtype)) as ref:
+        vector.scatter(None, ref, [mine], linear, splat(shape, i1, 1), x)
         pass_thru = splat(out_shape, element, 0)
-        return vector.gather(vec(out_shape, element), ref, [zero], indices,
+        return vector.gather(vec(out_shape, element), ref, [mine], indices,
                              splat(out_shape, i1, 1), pass_thru)
+
+
+# --- take's scratch, swizzled ------------------------------------------------------------------
+#
+# A register layout puts a warp's lanes on a few consecutive elements of
+# several rows (WGMMA's: 8 rows, 4 lanes of 2 columns each), so a scalar
+# access of rows whose length is a multiple of the 32 banks hits each bank
+# 8 times. Where a row is a multiple of 128 bytes, take addresses its
+# scratch with each row's 4-byte words XORed with g(row % 8), which spreads
+# those 8 rows over the banks the 4 lanes leave free (bits 0, 3 and 4 of
+# the word for 32-bit types, whose lanes are 2 words apart; bits 2 to 4 for
+# narrower ones, whose lanes are 1 word apart). The XOR stays within the
+# row's aligned groups of 32 words, so a row-contiguous access keeps its
+# banks. Scatter and gather address the same way: the values are unchanged.
+
+
+def _swizzles(shape: Shape, dtype: np.dtype) -> bool:
+    return len(shape) == 2 and shape[1] * dtype.itemsize % 128 == 0
+
+
+def _row_of(indices: ir.Value, shape: Shape, cols: int, splat: Callable[..., ir.Value]
+            ) -> ir.Value:
+    """The row of each linear index (a shift where ``cols`` is a power of 2)."""
+    i32 = ir.IntegerType.get_signless(32)
+    if cols & (cols - 1) == 0:
+        return arith.shrui(indices, splat(shape, i32, cols.bit_length() - 1))
+    return arith.divui(indices, splat(shape, i32, cols))
+
+
+def _swizzled(linear: ir.Value, rows: ir.Value, shape: Shape, dtype: np.dtype,
+              splat: Callable[..., ir.Value]) -> ir.Value:
+    """``linear`` with its word within the row XORed with g(``rows`` % 8)."""
+    i32 = ir.IntegerType.get_signless(32)
+
+    def c(value: int) -> ir.Value:
+        return splat(shape, i32, value)
+
+    per_word = 4 // dtype.itemsize  # elements per 4-byte bank word
+    if dtype.itemsize == 4:  # g(r) = r0 | r1 << 3 | r2 << 4: bits 0, 3, 4 of r ^ r << 2
+        g = arith.andi(arith.xori(rows, arith.shli(rows, c(2))), c(25))
+    else:  # g(r) = r << 2, in elements: r << 2 << log2(per_word)
+        g = arith.andi(arith.shli(rows, c(2 + per_word.bit_length() - 1)), c(28 * per_word))
+    return arith.xori(linear, g)
 
 
 # --- decompositions on take ----------------------------------------------------------------
@@ -223,8 +288,10 @@ def pad_f(x: jax.Array, value: jax.Array,
 
 def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] | None = None
                   ) -> jax.Array:
-    """One take per operand, of the positions it covers (clamped elsewhere),
-    chosen by the position along ``dimension``. ``views[k]``, if given, is
+    """One take per distinct operand (operands that are views of one array,
+    as ``jnp.roll``'s two slices, share it: their indices are chosen by the
+    position first), of the positions it covers (clamped elsewhere), chosen
+    by the position along ``dimension``. ``views[k]``, if given, is
     ``(start_indices, strides, shape)``: operand k is that strided slice of
     ``xs[k]`` (a slice fused into the concatenation)."""
     views = views or (None,) * len(xs)
@@ -234,17 +301,30 @@ def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] |
     out_shape = tuple(dims)
     positions = _iotas(out_shape)
     along = positions[dimension]
-    result, start = None, 0
+    sources: dict[int, tuple[jax.Array, jax.Array]] = {}  # id -> (array, its indices)
+    starts: list[tuple[int, int]] = []  # (start, id of the array) per operand
+    start = 0
     for x, view, shape in zip(xs, views, shapes):
         n = shape[dimension]
         local = list(positions)
         local[dimension] = _clamp(along - start, n)
         if view is not None:
-            starts, strides, _ = view
-            local = [int(lo) + i * int(st) for i, lo, st in zip(local, starts, strides)]
-        piece = take(x, _linear(local, x.shape))
-        result = piece if result is None else jax.lax.select(along >= start, piece, result)
+            lows, strides, _ = view
+            local = [int(lo) + i * int(st) for i, lo, st in zip(local, lows, strides)]
+        index = _linear(local, x.shape)
+        if id(x) in sources:  # a later view of the same array: its positions
+            index = jax.lax.select(along >= start, index, sources[id(x)][1])
+        sources[id(x)] = (x, index)
+        starts.append((start, id(x)))
         start += n
+    pieces = {key: take(x, index) for key, (x, index) in sources.items()}
+    result = None
+    for first, key in starts:
+        piece = pieces[key]
+        if result is None or result is piece:  # nothing to choose between
+            result = piece
+            continue
+        result = jax.lax.select(along >= first, piece, result)
     assert result is not None  # a concatenation has operands
     return result
 
@@ -319,6 +399,8 @@ def lower_transpose(ctx: PallasContext, x: Operand, *, permutation: Sequence[int
     _rank_ok(ctx, what="transpose")
     if tuple(permutation) == tuple(range(len(permutation))):
         return x
+    if smem_transpose.fits(ctx.avals_in[0], x):
+        return smem_transpose.lower(ctx, x)
     return _lowered(transpose_f)(ctx, x, permutation=tuple(permutation))
 
 
@@ -329,10 +411,53 @@ def lower_rev(ctx: PallasContext, x: Operand, *, dimensions: Sequence[int]) -> L
     return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
 
 
+def _pad_pieces(shape: Shape, config: Sequence[tuple[int, int, int]]
+                ) -> list[tuple[int, list[Shape]]] | None:
+    """A pad as concatenations of the operand with blocks of the pad value,
+    one dim after another: ``[(dim, shapes of its pieces)]``; ``None``
+    unless every padding is non-negative, without interior, and every
+    piece falls on tiles of jax's layouts (:func:`_concatenate_aligned`)."""
+    if any(lo < 0 or hi < 0 or interior for lo, hi, interior in config):
+        return None
+    steps = []
+    current = list(shape)
+    for d, (lo, hi, _) in enumerate(config):
+        if not lo and not hi:
+            continue
+        pieces = [tuple(current[:d] + [n] + current[d + 1:]) for n in (lo, current[d], hi) if n]
+        avals = [jax_core.ShapedArray(p, np.float32) for p in pieces]
+        if not _concatenate_aligned(avals, d):
+            return None
+        steps.append((d, pieces))
+        current[d] += lo + hi
+    return steps
+
+
+def pad_aligned_f(x: jax.Array, value: jax.Array,
+                  padding_config: Sequence[tuple[int, int, int]]) -> jax.Array:
+    """The pad of :func:`_pad_pieces`: blocks of the pad value (splat
+    registers) concatenated to ``x`` by jax's rule, no SMEM."""
+    fill = value.astype(x.dtype)
+    for d, (lo, hi, _) in enumerate(padding_config):
+        if not lo and not hi:
+            continue
+        shape = list(x.shape)
+        low, high = [[jax.lax.broadcast_in_dim(fill, tuple(shape[:d] + [n] + shape[d + 1:]), ())]
+                     if n else [] for n in (lo, hi)]
+        x = jax.lax.concatenate([*low, x, *high], d)
+    return x
+
+
 def lower_pad(ctx: PallasContext, x: Operand, value: Operand, *,
               padding_config: Sequence[tuple[int, int, int]]) -> Lowered:
+    """Concatenations with blocks of the pad value where every piece falls
+    on tiles (no SMEM) and ``x`` is not loaded from global memory (whose
+    strided layout jax's concatenation cannot take); a take otherwise."""
     _rank_ok(ctx, what="pad")
     config = tuple((int(lo), int(hi), int(interior)) for lo, hi, interior in padding_config)
+    if _pad_pieces(tuple(ctx.avals_in[0].shape), config) is not None and \
+            isinstance(x, ir.Value) and not smem_transpose.from_global_memory(x):
+        return _lowered(pad_aligned_f)(ctx, x, value, padding_config=config)
     return _lowered(pad_f)(ctx, x, value, padding_config=config)
 
 
@@ -448,47 +573,56 @@ def lower_concatenate(ctx: PallasContext, *xs: Operand, dimension: int) -> Lower
 # --- resource estimators: the scratch the takes above need ----------------------------------
 
 
-def _scratch(*avals: Aval) -> Resources:
-    """The largest operand's bytes: the takes run one after another, each
+def _scratch(ctx: EstimatorContext, *avals: Aval) -> Resources:
+    """The largest operand's bytes, once per Pallas warpgroup (each takes
+    through a slice of its own): the takes run one after another, each
     releasing its scratch. Nothing where an operand is not 1-D or 2-D: the
     plugin hands those to jax's rule (its estimate must then not change the
     kernel jax lowers)."""
     if any(a.ndim not in (1, 2) for a in avals):
         return pallas_lowering.Resources(smem_scratch_bytes=0)
     size = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
-    return pallas_lowering.Resources(smem_scratch_bytes=size)
+    count = smem_transpose.warpgroups(getattr(ctx, "axis_names", None))  # no ctx: one
+    return pallas_lowering.Resources(smem_scratch_bytes=count * size)
 
 
 def estimate_one(ctx: EstimatorContext, x_aval: Aval, *avals: Aval, **params: Any) -> Resources:
-    """transpose, rev, pad: one take of the first operand."""
-    del ctx, avals, params
-    return _scratch(x_aval)
+    """rev, pad, tile, dynamic_slice: one take of the first operand (an
+    aligned pad takes none, but whether its operand comes from global
+    memory, and so takes, is only known when it is lowered)."""
+    del avals, params
+    return _scratch(ctx, x_aval)
+
+
+def estimate_transpose(ctx: EstimatorContext, x_aval: Aval, **params: Any) -> Resources:
+    """The fast path's scratch (one block per warpgroup) where it applies, take's otherwise."""
+    if smem_transpose.fits(x_aval):
+        return smem_transpose.estimate(ctx, x_aval)
+    return estimate_one(ctx, x_aval, **params)
 
 
 def estimate_update(ctx: EstimatorContext, x_aval: Aval, update_aval: Aval, *avals: Aval,
                     **params: Any) -> Resources:
     """dynamic_update_slice: one take of the update."""
-    del ctx, x_aval, avals, params
-    return _scratch(update_aval)
+    del x_aval, avals, params
+    return _scratch(ctx, update_aval)
 
 
 def estimate_slice(ctx: EstimatorContext, x_aval: Aval, *, start_indices: Sequence[int],
                    limit_indices: Sequence[int], strides: Sequence[int] | None) -> Resources:
     """Nothing where jax's rule slices (see :func:`lower_slice`)."""
-    del ctx
     unit = strides is None or all(s == 1 for s in strides)
     sizes = tuple(hi - lo for lo, hi in zip(start_indices, limit_indices))
     if unit and _jax_may_tile(tuple(x_aval.shape), tuple(start_indices), sizes):
-        return _scratch()
-    return _scratch(x_aval)
+        return _scratch(ctx)
+    return _scratch(ctx, x_aval)
 
 
 def estimate_concatenate(ctx: EstimatorContext, *avals: Aval, dimension: int) -> Resources:
     """Nothing where jax's rule concatenates (see :func:`lower_concatenate`)."""
-    del ctx
     if _concatenate_aligned(avals, dimension):
-        return _scratch()
-    return _scratch(*avals)
+        return _scratch(ctx)
+    return _scratch(ctx, *avals)
 
 
 # --- slices fused into a concatenation (jnp.roll) --------------------------------------------

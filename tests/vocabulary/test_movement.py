@@ -97,6 +97,28 @@ def test_take_random_permutation(pipeline, dtype):
     check(pipeline, take, x, perm)
 
 
+@pytest.mark.parametrize("fn", [lambda x: x[::-1], lambda x: x[:, ::-1],
+                                lambda x: jnp.roll(x, 3, 1)], ids=["rows", "cols", "roll"])
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
+def test_take_scratch_is_swizzled(pipeline, fn, dtype):
+    """take's scratch rows of 128-byte multiples are swizzled: a flip of the
+    rows or the columns and a roll (WGMMA's 8 rows x 4 lanes per scalar
+    access) cost one wavefront per scalar store and load -- the ideal pass
+    for f32, twice it for 2-byte elements -- where the row-major scratch
+    hit each bank 8 times; the results stay bit for bit jnp's."""
+    from smalti.emulate.profiling import WAVEFRONTS
+
+    x = data((64, 128), dtype)
+    with smalti.jax.installed(pipeline):
+        base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
+        moved = smalti.emulate.profile(tma_kernel(fn, [x]), x)
+    scalar_accesses = 2 * x.size // 32  # a store and a load of each element, per warp
+    assert moved[WAVEFRONTS] - base[WAVEFRONTS] == scalar_accesses
+    want = np.asarray(jax.jit(fn)(x))
+    bits = {2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+    np.testing.assert_array_equal(moved.outputs[0].view(bits), want.view(bits))
+
+
 def test_take_1d_with_repeats(pipeline):
     """Arbitrary indices (repeated, any order) into a 1-D operand, 2-D result."""
     x = data((128,), F32)
@@ -143,6 +165,30 @@ def test_pad_high(pipeline, dtype):
           build=tma_kernel)
 
 
+def test_aligned_pad_both_dims(pipeline):
+    """Tile-aligned pads of a value from swizzled SMEM: concatenations with
+    blocks of the pad value (jax's rule), NaN as the value."""
+    check(pipeline, lambda x: lax.pad(x, jnp.float32(np.nan), ((64, 0, 0), (8, 56, 0))),
+          data((64, 64), F32), build=tma_kernel)
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
+def test_aligned_pad_moves_nothing_through_smem(pipeline, dtype):
+    """The benchmark's pad costs no shared wavefront beyond the identity's
+    (take's round trip costs 3,072), and the fallback pad still does."""
+    from smalti.emulate.profiling import WAVEFRONTS
+
+    x = data((64, 128), dtype)
+    with smalti.jax.installed(pipeline):
+        base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
+        aligned = smalti.emulate.profile(
+            tma_kernel(lambda v: jnp.pad(v[:, :64], ((0, 0), (0, 64))), [x]), x)
+        unaligned = smalti.emulate.profile(
+            tma_kernel(lambda v: jnp.pad(v[:, :64], ((0, 0), (3, 61))), [x]), x)
+    assert aligned[WAVEFRONTS] == base[WAVEFRONTS]
+    assert unaligned[WAVEFRONTS] > base[WAVEFRONTS]
+
+
 def test_pad_value_negative_and_interior(pipeline):
     x = data((64, 64), F32)
     # low and high, one negative, with a NaN pad value
@@ -176,6 +222,26 @@ def test_unaligned_concatenate(pipeline):
 @pytest.mark.parametrize("dtype", (F32, BF16, I32), ids=lambda d: d.name)
 def test_roll(pipeline, dtype):
     check(pipeline, lambda x: jnp.roll(x, 3, 1), data((64, 128), dtype))
+
+
+def test_views_of_one_array_share_one_take():
+    """jnp.roll's two slices of x, fused into the concatenation: one take of
+    x (indices chosen by position), jnp.roll's answer on the CPU; views of
+    two arrays: a take each."""
+    x, y = data((8, 16), F32), data((8, 16), F32, seed=1)
+    views = (((0, 13), (1, 1), (8, 3)), ((0, 0), (1, 1), (8, 13)))
+
+    def fused(a, b):
+        return movement.concatenate_f(a, b, dimension=1, views=views)
+
+    def takes(f, *args):
+        return sum(e.primitive is movement.take_p for e in jax.make_jaxpr(f)(*args).eqns)
+
+    np.testing.assert_array_equal(np.asarray(fused(x, x)), np.roll(x, 3, 1))
+    assert takes(lambda a: fused(a, a), x) == 1
+    assert takes(fused, x, y) == 2
+    np.testing.assert_array_equal(np.asarray(fused(x, y)),
+                                  np.concatenate([x[:, 13:], y[:, :13]], 1))
 
 
 def test_roll_rows_from_swizzled_smem(pipeline):
@@ -245,16 +311,37 @@ def test_jax_lowerings_keep_their_ir(pipeline):
 # --- refusals ------------------------------------------------------------------------------------
 
 
-def test_several_warpgroups_are_refused(pipeline):
-    """Two Pallas warpgroups would share take's scratch: SM206."""
+def _per_warpgroup(fn, n: int = 2):
+    """Each Pallas warpgroup moves its own (64, 64) block, loaded from GMEM."""
     def body(x_ref, o_ref):
-        o_ref[...] = x_ref[...].T
+        wg = lax.axis_index("wg")
+        o_ref[wg] = fn(x_ref[wg])
 
-    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                          num_threads=2, thread_name="wg", compiler_params=WG)
-    with smalti.jax.installed(pipeline), pytest.raises(SmaltiNotImplementedError) as err:
-        smalti.emulate.run(kernel, data((64, 64), F32))
-    assert err.value.code == "SM206" and "warpgroups" in err.value.message
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((n, 64, 64), jnp.float32),
+                        num_threads=n, thread_name="wg", compiler_params=WG)
+
+
+@pytest.mark.parametrize("fn", [lambda v: v.T, lambda v: v[::-1], lambda v: jnp.roll(v, 3, 1)],
+                         ids=["transpose", "flip", "roll"])
+def test_several_warpgroups_take_slices_of_their_own(pipeline, fn):
+    """Two Pallas warpgroups, each through its own slice of take's scratch:
+    clean under the synchronization checker, jnp's answer for each block."""
+    x = data((2, 64, 64), F32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_per_warpgroup(fn), x)
+    want = np.stack([np.asarray(jax.jit(fn)(a)) for a in x])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_warpgroups_sharing_one_slice_race(pipeline, monkeypatch):
+    """The twin: were both warpgroups given the same slice (the count taken
+    as 1), the checker finds them writing and reading each other's bytes."""
+    monkeypatch.setattr(movement.smem_transpose, "warpgroups", lambda *args: 1)
+    x = data((2, 64, 64), F32)
+    with smalti.jax.installed(pipeline), pytest.raises(smalti.emulate.RaceError) as err:
+        smalti.emulate.run(_per_warpgroup(lambda v: v[::-1]), x)
+    assert all("test_movement.py" in r.first.location and "test_movement.py" in r.second.location
+               for r in err.value.races)
 
 
 def test_odd_slices_are_refused_unless_fused(pipeline):

@@ -1,0 +1,149 @@
+"""The fast path of ``transpose`` (``x.T``): a round trip through swizzled
+SMEM in whole vectors, as Mosaic GPU moves tiles, instead of ``take``'s
+scalar one.
+
+How it works: ``x`` (R, C) is stored with one ``vector.store`` into an SMEM
+scratch ref pinned (``mosaic_gpu.with_transforms``) to the
+``(8, 128 / itemsize)`` tiling with the 128-byte swizzle, and read back with
+one ``vector.load`` of the ref's ``memref.transpose`` view (C, R). Layout
+inference gives the store WGMMA's layout and the load the transposed WGMMA
+layout (the tiles' rows, 128 swizzled bytes, are contiguous in the view's
+column pairs), so both transfers are Mosaic GPU's own conflict-free tiled
+transfers (``stmatrix`` / ``ldmatrix`` for 16-bit types); a
+``mosaic_gpu.layout_cast`` back to WGMMA's layout (a shuffle and a permute
+per register) hands the result on in the layout every consumer takes.
+
+Threads read what other threads of their warpgroup wrote, so the store is
+preceded by a warpgroup barrier (earlier reads of the scratch are done),
+the load by one (every write is visible) and followed by one (every read is
+done before the scratch is reused). The first two are the store's own
+(the lowering of ``vector_store`` puts them around it when Pallas inserts
+barriers, its default); under ``unsafe_no_auto_barriers=True``, which
+leaves the user's refs to the user but not this internal scratch, this rule
+emits them. Each Pallas warpgroup of a kernel with
+``num_threads`` gets a scratch slice of its own (the estimator reserves one
+per warpgroup), so warpgroups never share bytes and warpgroup barriers
+suffice.
+
+Where it applies (:func:`fits`, decided when the primitive is lowered): a
+2-D array of a 16- or 32-bit type whose dims are multiples of 64 (both are
+WGMMA tiles' 64 rows, before and after the transpose), not computed from a
+load of global memory (Pallas loads those optimized, which only a strided
+layout can be, and no relayout makes a strided layout tiled: such a value
+cannot reach a tiled SMEM store). Everything else stays on ``take``
+(:mod:`smalti.vocabulary.movement`).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax._src import core as jax_core
+from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith
+from jax._src.pallas import utils as pallas_utils
+from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.vocabulary.annotations import Aval, EstimatorContext, Operand, PallasContext, Resources
+from smalti.vocabulary.primitives import refuse
+
+__all__ = ["fits", "lower", "estimate", "from_global_memory"]
+
+SWIZZLE = 128  # bytes: a tile row is one swizzle group of 8 x 16 bytes
+WGMMA_ROWS = 64  # the rows of a WGMMA layout's tile
+
+
+def fits(aval: Aval, x: ir.Value | None = None) -> bool:
+    """Whether the fast path transposes ``aval`` (see the module docstring);
+    with the operand ``x``, also whether it can be stored to tiled SMEM."""
+    dtype = np.dtype(aval.dtype)
+    if x is not None and (not isinstance(x, ir.Value) or from_global_memory(x)):
+        return False
+    return (aval.ndim == 2 and dtype != np.bool_ and dtype.itemsize in (2, 4)
+            and all(n % WGMMA_ROWS == 0 for n in aval.shape))
+
+
+def from_global_memory(value: ir.Value, budget: int = 64) -> bool:
+    """Whether ``value`` is computed (through ops on whole vectors) from a
+    ``mosaic_gpu.vector_load`` of global memory: Pallas loads those
+    optimized, which only a strided register layout can be, and no relayout
+    turns a strided layout into a tiled one, so the value cannot reach a
+    tiled SMEM store. Conservative: true once ``budget`` ops are walked."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        owner = stack.pop().owner
+        if not isinstance(owner, (ir.Operation, ir.OpView)):
+            continue  # a block argument
+        op = owner.operation if isinstance(owner, ir.OpView) else owner
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if len(seen) > budget:
+            return True
+        if op.name == "mosaic_gpu.vector_load":
+            if ir.MemRefType(op.operands[0].type).memory_space is None:
+                return True
+            continue
+        stack.extend(v for v in op.operands if isinstance(v.type, ir.VectorType))
+    return False
+
+
+def warpgroups(axis_names: pallas_lowering._AxisNames | None,
+               mesh_info: pallas_utils.MeshInfo | None = None) -> int:
+    """The Pallas warpgroups of the kernel (its thread axis's size): from the
+    kernel's mesh when lowering, from the axis environment Pallas traces
+    and estimates under otherwise (1 where neither names the axis: the
+    lowering then finds the reserved scratch short, SM206)."""
+    if axis_names is None or axis_names.wg is None:
+        return 1
+    if mesh_info is not None and axis_names.wg in mesh_info.axis_names:
+        return int(mesh_info.mesh_shape[mesh_info.axis_names.index(axis_names.wg)])
+    env = jax_core.get_axis_env()
+    return int(env.axis_size(axis_names.wg)) if env.axis_exists(axis_names.wg) else 1
+
+
+def estimate(ctx: EstimatorContext, aval: Aval) -> Resources:
+    """One block of scratch per warpgroup."""
+    nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
+    count = warpgroups(getattr(ctx, "axis_names", None))  # no ctx: one
+    return pallas_lowering.Resources(smem_scratch_bytes=count * nbytes)
+
+
+def lower(ctx: PallasContext, x: Operand) -> ir.Value:
+    """``x.T`` through the swizzled scratch (``x`` must :func:`fit <fits>`)."""
+    [aval] = ctx.avals_in
+    dtype = np.dtype(aval.dtype)
+    rows, cols = aval.shape
+    x = pallas_lowering._ensure_ir_value(x, dtype)
+    wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
+    module_ctx = ctx.module_ctx
+    count = warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
+    needed = count * int(aval.size) * dtype.itemsize
+    if module_ctx.smem_requested_bytes - module_ctx.smem_used_bytes < needed:
+        raise refuse(ctx, f"its {count} warpgroups need {needed} bytes of scratch SMEM, more "
+                          "than the kernel reserved for it",
+                     fix="call it in a kernel of one warpgroup, or transpose through an SMEM "
+                         "ref of your own (ref.T[...])")
+    with module_ctx.scratch_view(jax.ShapeDtypeStruct((count, rows, cols), dtype)) as ref:
+        ref = mgpu_dialect.with_transforms(ref, ir.ArrayAttr.get([
+            mgpu_dialect.TileTransformAttr.get((8, SWIZZLE // dtype.itemsize)),
+            mgpu_dialect.SwizzleTransformAttr.get(SWIZZLE)]))
+        mine: int | ir.Value = 0  # this warpgroup's slice
+        if count > 1:
+            mine = arith.index_cast(ir.IndexType.get(), mgpu_utils.warpgroup_idx(sync=True))
+        ref = mgpu_utils.memref_slice(ref, mine)
+        # the store's own lowering puts these two barriers around it when
+        # Pallas inserts barriers (its default)
+        if not module_ctx.auto_barriers:
+            mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+        mgpu_dialect.vector_store(mgpu_dialect.layout_cast(x, wgmma), ref)
+        if not module_ctx.auto_barriers:
+            mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+        loaded = mgpu_dialect.vector_load(mgpu_utils.memref_transpose(ref, (1, 0)))
+        mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return mgpu_dialect.layout_cast(loaded, wgmma)
