@@ -24,6 +24,12 @@ from typing import Any
 #: An H100/H200 (and a B200): SMs, and the opt-in SMEM per block (227 KiB).
 NUM_SMS = 132
 SMEM_PER_BLOCK_OPTIN = 227 * 1024
+#: What one SM of those holds at once (CUDA's occupancy limits for sm_90 and
+#: sm_100): SMEM (of which CUDA reserves 1 KiB per block), threads, blocks.
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_BLOCK = 1024
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +93,17 @@ def _install_hook() -> None:
 
     __getattr__.__wrapped__ = original  # type: ignore[attr-defined]
     device_type.__getattr__ = __getattr__
+
+
+def resident_clusters(cluster_size: int, threads: int, smem: int) -> int:
+    """How many clusters of ``cluster_size`` blocks of ``threads`` threads and
+    ``smem`` bytes of dynamic SMEM the emulated GPU holds at once: its SMs
+    (:func:`current`'s, else :data:`NUM_SMS`) times the blocks one SM holds
+    by CUDA's occupancy limits (registers aside: not known before SASS), at
+    least one cluster."""
+    facts = current()
+    sms = facts.num_sms if facts is not None else NUM_SMS
+    per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // max(threads, 1),
+                 SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK))
+    return max(1, sms * per_sm // cluster_size)
+

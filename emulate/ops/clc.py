@@ -3,11 +3,14 @@ grid not yet launched and does its work itself (jax's
 ``plgpu.dynamic_scheduling_loop``), as ``utils.try_cluster_cancel`` and
 ``utils.query_cluster_cancel`` emit it.
 
-The emulator launches the clusters of a grid one after another, in CUDA's
-order (x fastest); the ones not yet started wait in ``launch.unlaunched``.
-``clusterlaunchcontrol.try_cancel`` takes the next of them, if any -- a
-schedule the hardware may choose: every cluster still waiting could be
-cancelled -- and writes its 16-byte response to SMEM at the same offset in
+The emulator launches the clusters of a grid in CUDA's order (x fastest):
+as many as the GPU holds at once start together (by its SM count and the
+occupancy of one SM, :func:`..device.resident_clusters`; it runs them one
+after another), the rest wait in ``launch.unlaunched`` and start one by one
+as clusters finish. ``clusterlaunchcontrol.try_cancel`` takes the next
+waiting one, if any -- a schedule the hardware may choose: every cluster
+still waiting could be cancelled; a grid that fits on the GPU has none --
+and writes its 16-byte response to SMEM at the same offset in
 every block of the issuing cluster (``multicast::cluster::all``),
 completing 16 transaction bytes on each block's mbarrier at the barrier's
 offset. The response's format is the emulator's own (the PTX ISA keeps it

@@ -1,4 +1,5 @@
-"""``gpu``: the launch (every cluster of the grid, one after another; the
+"""``gpu``: the launch (every cluster of the grid, one after another, the
+ones the GPU holds at once first (:func:`.device.resident_clusters`); the
 blocks of a cluster together, their warpgroups as tasks of one schedule, each
 with all its threads in lockstep), thread/block ids, barriers and dynamic SMEM.
 ``gpu.barrier`` orders nothing in lockstep execution (every earlier step has
@@ -10,6 +11,7 @@ from collections import deque
 
 import numpy as np
 
+from .. import device
 from ..compiler import REGIONS, Op, Step, rule
 from ..deadline import check as check_deadline
 from ..errors import EmulationError
@@ -84,14 +86,18 @@ def launch(o: Op) -> Step:
             raise EmulationError(f"a grid of {grid} blocks in clusters of {cdim} at {loc}")
         ncl = tuple(g // c for g, c in zip(grid, cdim))
         smem = int(uniform(r[smem_s], fr, "dynamic SMEM size", loc)) if smem_s is not None else 0
-        # clusters not yet launched, by the id of their first block, in CUDA's
-        # order; cluster launch control (.clc) may cancel them
+        # The clusters by the id of their first block, in CUDA's order. As many
+        # as the GPU holds start at once (`launched`, run here one after
+        # another); the rest wait for a free SM, and only those can cluster
+        # launch control (.clc) cancel. Each finished cluster lets the next start.
         unlaunched = fr.launch.unlaunched = deque(
             (kx * cdim[0], ky * cdim[1], kz * cdim[2]) for kz in range(ncl[2])
             for ky in range(ncl[1]) for kx in range(ncl[0]))
-        while unlaunched:
+        fit = device.resident_clusters(int(np.prod(cdim)), int(np.prod(bdim)), smem)
+        launched = deque(unlaunched.popleft() for _ in range(min(fit, len(unlaunched))))
+        while launched:
             check_deadline(f"gpu.launch at {loc}")
-            first = unlaunched.popleft()
+            first = launched.popleft()
             kx, ky, kz = (f // c for f, c in zip(first, cdim))
             cl = Cluster((kx, ky, kz), cdim, ncl)
             blocks = []
@@ -105,6 +111,8 @@ def launch(o: Op) -> Step:
             finally:
                 for b in blocks:
                     b.finish()
+            if unlaunched:
+                launched.append(unlaunched.popleft())
         for out in outs:
             r[out] = None
     return step

@@ -273,3 +273,26 @@ def test_one_thread_arriving_for_its_warpgroup_leaves_other_warps_fills_unordere
         assert accesses["red"].location.endswith(add)
         (fill_access,) = (a for name, a in accesses.items() if name != "red")
         assert fill_access.location.endswith(fill) and "warp 0" not in fill_access.agent
+
+
+def test_the_reciprocal_of_every_e8m0_value_is_exact():
+    """``FragmentedArrayTest::test_e8m0_reciprocal`` fails on the CPU by its
+    reference, not the kernel: XLA:CPU computes ``1 / x.astype(f32)`` with
+    f32 subnormals flushed, so 1 / 2^-127 is inf there and 1 / 2^127 is 0,
+    where the GPU (and the emulator) give 2^127 and 2^-127 -- e8m0 holds
+    both. Every one of the 256 codes: 2^(127 - e), NaN for 0xFF."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic import gpu as mgpu
+
+    def kernel(ctx, x_ref, o_ref, smem):
+        x = mgpu.FragmentedArray.load_untiled(x_ref, layout=mgpu.WGMMA_LAYOUT, optimized=False)
+        (1 / x).store_untiled(o_ref, optimized=False)
+
+    block = S((64, 128), jnp.float8_e8m0fnu)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        fn = mgpu.as_gpu_kernel(kernel, (1, 1, 1), (128, 1, 1), block, block, ())
+    codes = (np.arange(64 * 128) % 256).astype(np.uint8).reshape(64, 128)
+    (got,) = emu.run(fn, codes.view(jnp.float8_e8m0fnu), arch=(10, 0))
+    exact = np.where(codes == 255, np.nan, np.exp2(127.0 - codes))
+    np.testing.assert_array_equal(got.astype(np.float64), exact)

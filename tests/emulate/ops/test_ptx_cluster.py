@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from smalti.emulate import device
+
 from .harness import assert_same_bits, covers, run
 from .test_builtin import INIT, init_tma_desc, tma_inputs
 from .test_ptx import cluster_launch, form, side
@@ -66,11 +68,14 @@ def pair_load(row: str) -> str:
             ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), (row, "i32"))}"""
 
 
-def _cancel(blocks: int) -> np.ndarray:
-    """Each block of a grid of clusters of 2: barrier (16 bytes expected),
-    the cluster's leader thread 0 asks to cancel a cluster, each block waits
-    and decodes the response; thread 0 of block b writes (x, y, z, canceled)
-    to out[b]."""
+ONE_BLOCK_AN_SM = 120 * 1024  # dynamic SMEM for which an SM holds one block
+
+
+def _cancel(blocks: int, smem: int = 512) -> np.ndarray:
+    """Each block of a grid of clusters of 2 (``smem`` bytes of dynamic SMEM):
+    barrier (16 bytes expected), the cluster's leader thread 0 asks to
+    cancel a cluster, each block waits and decodes the response; thread 0
+    of block b writes (x, y, z, canceled) to out[b]."""
     body = f"""
       %nbytes = llvm.mlir.constant(16 : i32) : i32
       %resp = llvm.getelementptr %smem[16] : (!llvm.ptr<3>) -> !llvm.ptr<3>, i8
@@ -101,20 +106,39 @@ def _cancel(blocks: int) -> np.ndarray:
         memref.store %qz, %out[%bx, %c2i] : memref<{blocks}x4xi32>
         memref.store %qci, %out[%bx, %c3i] : memref<{blocks}x4xi32>
       }}"""  # noqa: E501 -- MLIR text, one op a line
-    got = run(cluster_launch(LEADER + body, blocks, smem=512),
+    got = run(cluster_launch(LEADER + body, blocks, smem=smem),
               {"out": (f"memref<{blocks}x4xi32>", np.full((blocks, 4), -1, np.int32))},
               host=True, sanitize=True)
     return got["out"]
 
 
 @covers(form(TRY_CANCEL), form(QUERY), form(FENCE_RELEASE), form(FENCE_ACQUIRE))
-def test_each_running_cluster_cancels_the_next_and_both_blocks_read_its_id():
-    """Four clusters of 2, run in CUDA's order: cluster 0 cancels cluster 1
-    (first block (2, 0, 0)) and cluster 2 cluster 3 (block 6); the canceled
+def test_each_running_cluster_cancels_the_next_and_both_blocks_read_its_id(monkeypatch):
+    """Four clusters of 2 on a GPU that holds one (2 SMs, one block each), run
+    in CUDA's order: cluster 0 cancels cluster 1 (first block (2, 0, 0)),
+    then cluster 2 starts and cancels cluster 3 (block 6); the canceled
     clusters never run. Every block of a cluster decodes the same response."""
-    got = _cancel(8)
+    monkeypatch.setattr(device, "NUM_SMS", 2)
+    got = _cancel(8, ONE_BLOCK_AN_SM)
     none = [-1, -1, -1, -1]
     assert got.tolist() == [[2, 0, 0, 1]] * 2 + [none] * 2 + [[6, 0, 0, 1]] * 2 + [none] * 2
+
+
+@covers(form(TRY_CANCEL), form(QUERY))
+def test_only_clusters_waiting_for_an_sm_can_be_canceled(monkeypatch):
+    """One cluster more than the GPU holds (6 SMs of one block: 3 of 4
+    clusters start at once): the first cancels the waiting one (block 6) and
+    the others find nothing -- what jax's test_cluster_launch_control asks."""
+    monkeypatch.setattr(device, "NUM_SMS", 6)
+    got = _cancel(8, ONE_BLOCK_AN_SM)
+    none = [-1, -1, -1, -1]
+    assert got.tolist() == [[6, 0, 0, 1]] * 2 + [[0, 0, 0, 0]] * 4 + [none] * 2
+
+
+@covers(form(TRY_CANCEL), form(QUERY))
+def test_a_grid_the_gpu_holds_at_once_has_nothing_to_cancel():
+    """Eight small blocks on 132 SMs all start together: no cluster waits."""
+    assert _cancel(8).tolist() == [[0, 0, 0, 0]] * 8
 
 
 @covers(form(TRY_CANCEL), form(QUERY))
