@@ -128,7 +128,10 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
     module_ctx = ctx.module_ctx
     count = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
     needed = count * int(x_aval.size) * dtype.itemsize
-    if count > 1 and module_ctx.smem_requested_bytes - module_ctx.smem_used_bytes < needed:
+    # Warpgroup w's slice starts w strides on, the same stride for every take
+    # of the kernel: a warpgroup may be at another take than its neighbour.
+    stride = smem_transpose.slice_stride(module_ctx, count) // dtype.itemsize
+    if count > 1 and stride < int(x_aval.size):
         raise refuse(ctx, f"its {count} Pallas warpgroups need {needed} bytes of scratch SMEM "
                           "(a slice each), more than the kernel reserved for it",
                       fix="call it in a kernel of one warpgroup (no num_threads / thread_name), "
@@ -172,8 +175,9 @@ def lower_take(ctx: PallasContext, x: Operand, indices: Operand) -> ir.Value:
     mine = arith.constant(index, 0)  # where this warpgroup's slice starts
     if count > 1:
         mine = arith.muli(arith.index_cast(index, mgpu_utils.warpgroup_idx(sync=True)),
-                          arith.constant(index, n))
-    with module_ctx.scratch_view(jax.ShapeDtypeStruct((count * n,), dtype)) as ref:
+                          arith.constant(index, stride))
+    span = n if count == 1 else (count - 1) * stride + n
+    with module_ctx.scratch_view(jax.ShapeDtypeStruct((span,), dtype)) as ref:
         vector.scatter(None, ref, [mine], linear, splat(shape, i1, 1), x)
         pass_thru = splat(out_shape, element, 0)
         return vector.gather(vec(out_shape, element), ref, [mine], indices,
@@ -399,7 +403,8 @@ def lower_transpose(ctx: PallasContext, x: Operand, *, permutation: Sequence[int
     _rank_ok(ctx, what="transpose")
     if tuple(permutation) == tuple(range(len(permutation))):
         return x
-    if smem_transpose.fits(ctx.avals_in[0], x):
+    if smem_transpose.fits(ctx.avals_in[0], x) and smem_transpose.fits_slices(
+            ctx, ctx.avals_in[0]):
         return smem_transpose.lower(ctx, x)
     return _lowered(transpose_f)(ctx, x, permutation=tuple(permutation))
 

@@ -169,10 +169,6 @@ def check_block(ctx: PallasContext, shape: tuple[int, ...], axis: int, what: str
     """The block and axis limits every scan and sort shares (SM206)."""
     from smalti.vocabulary.primitives import refuse
 
-    if ctx.module_ctx.axis_names.wg is not None:
-        raise refuse(ctx, f"{what} in a kernel of several Pallas warpgroups",
-                     fix="compute it in a kernel of one warpgroup (no num_threads=), or "
-                         "under plgpu.kernel(..., num_threads=1)")
     if len(shape) not in (1, 2):
         raise refuse(ctx, f"{what} of a {len(shape)}-D value",
                      fix="reshape the block to 1-D or 2-D first")

@@ -23,7 +23,12 @@ leaves the user's refs to the user but not this internal scratch, this rule
 emits them. Each Pallas warpgroup of a kernel with
 ``num_threads`` gets a scratch slice of its own (the estimator reserves one
 per warpgroup), so warpgroups never share bytes and warpgroup barriers
-suffice.
+suffice. Warpgroups are not synchronized with each other, so one may be at
+a later transpose or ``take`` than another: every slice of warpgroup ``w``
+starts at ``w`` times the same stride, the reservation's share of one
+warpgroup (:func:`slice_stride`), whatever its size -- so in a kernel of
+several warpgroups the fast path takes only the arrays whose bytes are that
+share (the largest scratch user), and smaller ones go to ``take``.
 
 Where it applies (:func:`fits`, decided when the primitive is lowered): a
 2-D array of a 16- or 32-bit type whose dims are multiples of 64 (both are
@@ -35,6 +40,8 @@ cannot reach a tiled SMEM store). Everything else stays on ``take``
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import numpy as np
@@ -105,6 +112,22 @@ def warpgroups(axis_names: pallas_lowering._AxisNames | None,
         return int(mesh_info.mesh_shape[mesh_info.axis_names.index(axis_names.wg)])
     env = jax_core.get_axis_env()
     return int(env.axis_size(axis_names.wg)) if env.axis_exists(axis_names.wg) else 1
+
+
+def slice_stride(module_ctx: Any, count: int) -> int:
+    """The bytes between two Pallas warpgroups' slices of the scratch: the
+    reserved scratch still free, split evenly among the ``count``
+    warpgroups -- the same for every take and transpose of the kernel."""
+    return (module_ctx.smem_requested_bytes - module_ctx.smem_used_bytes) // count
+
+
+def fits_slices(ctx: PallasContext, aval: Aval) -> bool:
+    """Whether the fast path's slices of ``aval`` keep to the warpgroups'
+    stride (one warpgroup, or ``aval`` exactly a warpgroup's share)."""
+    module_ctx = ctx.module_ctx
+    count = warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
+    return count == 1 or slice_stride(module_ctx, count) == int(aval.size) * np.dtype(
+        aval.dtype).itemsize
 
 
 def estimate(ctx: EstimatorContext, aval: Aval) -> Resources:

@@ -406,3 +406,24 @@ def test_masked_scatter_and_gather(pipeline):
     with smalti.jax.installed(pipeline):
         (got,) = smalti.emulate.run(_masked_kernel(), x)
     np.testing.assert_array_equal(got, np.where(np.arange(256) >= 128, x[::-1], -1.0))
+
+
+def test_warpgroups_at_takes_of_different_sizes_keep_apart(pipeline):
+    """Each warpgroup flips its (64, 64) block, then a (64, 32) half of it:
+    one warpgroup may be at the second take while the other is still at the
+    first, so each warpgroup's slices start at the same stride whatever the
+    take's size -- clean under the checker, jnp's answer."""
+    def body(x_ref, o_ref, h_ref):
+        wg = lax.axis_index("wg")
+        o_ref[wg] = x_ref[wg][::-1]
+        h_ref[wg] = x_ref[wg, :, :32][:, ::-1]
+
+    out = (jax.ShapeDtypeStruct((2, 64, 64), jnp.float32),
+           jax.ShapeDtypeStruct((2, 64, 32), jnp.float32))
+    kernel = plgpu.kernel(body, out_type=out, num_threads=2, thread_name="wg",
+                          compiler_params=WG)
+    x = data((2, 64, 64), F32)
+    with smalti.jax.installed(pipeline):
+        flipped, half = smalti.emulate.run(kernel, x)
+    np.testing.assert_array_equal(flipped, x[:, ::-1])
+    np.testing.assert_array_equal(half, x[:, :, :32][:, :, ::-1])

@@ -160,8 +160,9 @@ def test_fits(shape, dtype, fits):
 
 
 def test_short_scratch_is_refused(pipeline, monkeypatch):
-    """Were the estimate to reserve one warpgroup's scratch for two, the
-    rule says so (SM206, naming the need) instead of overrunning it."""
+    """Were the estimate to reserve one warpgroup's scratch for two, the fast
+    path does not fit the warpgroups' slices, and take, where it goes, says
+    so (SM206, naming the need) instead of overrunning the scratch."""
     one = smem_transpose.estimate
 
     def short(ctx, aval):
@@ -171,5 +172,5 @@ def test_short_scratch_is_refused(pipeline, monkeypatch):
     x = data((2, 64, 128), F32, seed=5)
     with pytest.raises(SmaltiNotImplementedError) as err:
         _run(pipeline, _blocks_kernel((64, 128), F32, 2), x)
-    assert err.value.code == "SM206" and "2 warpgroups need 65536 bytes" in err.value.message
+    assert err.value.code == "SM206" and "2 Pallas warpgroups need 65536 bytes" in err.value.message
     assert "test_smem_transpose.py" in err.value.location
