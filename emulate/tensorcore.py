@@ -41,6 +41,17 @@ operand's alignment exponent is its exponent field, as for bf16 (-126 at
 the bottom of the range). MMA-Sim (arXiv 2511.10909), fitted to Hopper,
 models tf32 WGMMA the same way (truncate, then the 25-bit fused sum, rounded
 towards zero); the H200 recording here has no tf32 kernel.
+
+How it is computed: :func:`mma` walks the K terms one at a time over
+(M, N) planes -- the largest alignment exponent as a running maximum of
+``E(a[:, k]) + E(b[:, k])``, then each term ``a[:, k] b[:, k]`` multiplied
+by ``2 ** (25 - emax)`` (exact: a power of two, far inside float64's range
+for every operand format here), truncated and added -- so no (M, N, K)
+array is built and no ``ldexp`` runs per term; with K <= 32 the Python loop
+costs less than the memory traffic it saves. Operands or an accumulator
+holding infinities or NaN take :func:`mma_reference`, the four steps
+written over (M, N, K) arrays, which also holds the fast path to the same
+bits in tests.
 """
 
 from __future__ import annotations
@@ -67,6 +78,18 @@ def _round_towards_zero_f32(s: np.ndarray) -> np.ndarray:
     return np.where(away, np.nextafter(f, np.float32(0)), f)
 
 
+def _formats(operands: str | tuple[str, str]) -> tuple[str, str]:
+    return (operands, operands) if isinstance(operands, str) else operands
+
+
+def _round(total: np.ndarray, accumulator: str) -> np.ndarray:
+    """Step 4: the exact sum rounded to the accumulator's type."""
+    with np.errstate(over="ignore"):  # overflow rounds as the accumulator's rounding says
+        if accumulator == "f32":
+            return _round_towards_zero_f32(total)
+        return total.astype(np.float16)
+
+
 def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
         operands: str | tuple[str, str], accumulator: str) -> np.ndarray:
     """One instruction: ``acc + a @ b.T`` as the tensor core rounds it.
@@ -76,14 +99,50 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
     truncated), "e4m3", "e5m2"; fp8 and tf32 follow the f16 rule, unvalidated)
     in float64, signs already applied; ``acc`` is (M, N) in the accumulator's type (``accumulator``:
     "f32" or "f16"), or None when the instruction does not add it (scale-d 0). Returns (M, N) in the
-    accumulator's type.
+    accumulator's type. The same bits as :func:`mma_reference`, term by term
+    over (M, N) planes (see the module's docstring).
     """
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    c = None if acc is None else np.asarray(acc, np.float64)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()
+            and (c is None or np.isfinite(c).all())):
+        return mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
+    out_type = np.float32 if accumulator == "f32" else np.float16
+    a_format, b_format = _formats(operands)
+    ea = _exponents(a, MIN_EXPONENT[a_format]).T  # (K, M)
+    eb = _exponents(b, MIN_EXPONENT[b_format]).T  # (K, N)
+    at, bt = a.T, b.T
+    # step 1: the largest alignment exponent of each output, a running maximum over k
+    emax = np.add.outer(ea[0], eb[0])
+    for k in range(1, a.shape[1]):
+        np.maximum(emax, np.add.outer(ea[k], eb[k]), out=emax)
+    if c is not None:
+        np.maximum(emax, _exponents(c, MIN_EXPONENT[accumulator]), out=emax)
+    # steps 2 and 3 in units of 2 ** (emax - 25): the scale is a power of two
+    # between 2 ** -260 and 2 ** 300, so every scaled term is exact
+    scale = np.ldexp(1.0, ALIGNMENT_BITS - np.where(emax < _NONE // 2, 0, emax))
+    kept = np.zeros(emax.shape) if c is None else np.trunc(c * scale)
+    term = np.empty(emax.shape)
+    for k in range(a.shape[1]):
+        np.multiply.outer(at[k], bt[k], out=term)  # exact products
+        term *= scale
+        np.trunc(term, out=term)
+        kept += term  # exact: integers below 2 ** 32
+    return _round(kept / scale, accumulator).astype(out_type)
+
+
+def mma_reference(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
+                  operands: str | tuple[str, str], accumulator: str) -> np.ndarray:
+    """:func:`mma` (the same arguments and result) written as the four steps
+    over (M, N, K) arrays, with infinities and NaN among the terms as their
+    IEEE sum."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     out_type = np.float32 if accumulator == "f32" else np.float16
     c = np.zeros((a.shape[0], b.shape[0])) if acc is None else np.asarray(acc, np.float64)
     products = a[:, None, :] * b[None, :, :]  # (M, N, K), exact
-    a_format, b_format = (operands, operands) if isinstance(operands, str) else operands
+    a_format, b_format = _formats(operands)
     # A zero operand's exponent is _NONE, so its products align below any other term.
     align = _exponents(a, MIN_EXPONENT[a_format])[:, None, :] + \
         _exponents(b, MIN_EXPONENT[b_format])[None, :, :]
@@ -92,11 +151,7 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
     kept = np.trunc(np.ldexp(products, shift[:, :, None])).sum(axis=2) + \
         np.trunc(np.ldexp(c, shift))
     total = np.ldexp(kept, -shift)  # exact: at most ~32 significant bits
-    with np.errstate(over="ignore"):  # overflow rounds as the accumulator's rounding says
-        if accumulator == "f32":
-            result = _round_towards_zero_f32(total)
-        else:
-            result = total.astype(np.float16)
+    result = _round(total, accumulator)
     if not (np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(c).all()):
         # Infinities and NaN: the IEEE sum of the exact terms.
         special = ~np.isfinite(products).all(axis=2) | ~np.isfinite(c)

@@ -122,3 +122,62 @@ def test_tf32_operands_across_the_f32_range_follow_the_rule():
                      for m in range(8)])
     np.testing.assert_array_equal(got.astype(np.float64), want)
     assert got[0, 0] == np.float32(2.0 ** -126)  # the 2^-252 products fall below the 25 bits
+
+
+FORMATS = {"f16": np.float16, "bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2",
+           "tf32": None}
+
+
+def edge_operands(rng, shape, fmt: str) -> np.ndarray:
+    """Values of ``fmt`` over its whole range (subnormals, the largest finite,
+    zeros of both signs), as float64."""
+    if fmt == "tf32":
+        return tf32(rng.uniform(1, 2, shape) * 2.0 ** rng.integers(-126, 100, shape)
+                    * rng.choice([-1, 1, 0, -0.0], shape, p=[.45, .45, .05, .05]))
+    import ml_dtypes
+    dt = np.dtype(getattr(ml_dtypes, FORMATS[fmt]) if isinstance(FORMATS[fmt], str)
+                  else FORMATS[fmt])
+    info = ml_dtypes.finfo(dt)
+    low, high = int(np.log2(float(info.smallest_subnormal))), int(np.log2(float(info.max)))
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(low - 2, high + 1, shape)
+    x[rng.random(shape) < 0.1] = 0
+    x[rng.random(shape) < 0.05] = -0.0
+    x.flat[:2] = [float(info.max), -float(info.smallest_subnormal)]
+    return np.clip(x, -float(info.max), float(info.max)).astype(dt).astype(np.float64)
+
+
+@pytest.mark.parametrize("operands,accumulator,k", [
+    ("f16", "f32", 16), ("f16", "f16", 16), ("bf16", "f32", 16), ("tf32", "f32", 8),
+    (("e4m3", "e5m2"), "f32", 32), (("e5m2", "e5m2"), "f16", 32)])
+def test_the_plane_by_plane_sum_has_the_reference_bits(operands, accumulator, k):
+    """mma (term by term over (M, N) planes) against mma_reference (the four
+    steps over (M, N, K) arrays), bit for bit: every operand format and
+    accumulator, edge values, no accumulator, all-zero rows and accumulators
+    far above and below the products."""
+    rng = np.random.default_rng(7)
+    fa, fb = (operands, operands) if isinstance(operands, str) else operands
+    acc_type = np.float32 if accumulator == "f32" else np.float16
+    word = np.uint32 if accumulator == "f32" else np.uint16
+    for trial in range(20):
+        a, b = edge_operands(rng, (16, k), fa), edge_operands(rng, (16, k), fb)
+        a[trial % 16] = 0
+        low, high = (-149, 127) if accumulator == "f32" else (-24, 15)
+        c = (rng.standard_normal((16, 16)) * 2.0 ** rng.integers(low, high, (16, 16)))
+        with np.errstate(over="ignore"):
+            c = c.astype(acc_type)
+        c[rng.random((16, 16)) < 0.2] = rng.choice([0.0, -0.0])
+        for acc in (c, None):
+            got = tensorcore.mma(a, b, acc, operands=operands, accumulator=accumulator)
+            want = tensorcore.mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
+            assert got.dtype == want.dtype == acc_type
+            np.testing.assert_array_equal(got.view(word), want.view(word))
+
+
+def test_infinite_terms_take_the_reference_path():
+    a = f16([[np.inf, 1.0] + [0] * 14])
+    b = f16([[1.0, 1.0] + [0] * 14])
+    c = np.full((1, 1), np.nan, np.float32)
+    with np.errstate(invalid="ignore"):
+        assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32")[0, 0] == np.inf
+        assert np.isnan(tensorcore.mma(f16([[1.0] * 16]), f16([[1.0] * 16]), c,
+                                       operands="f16", accumulator="f32")[0, 0])
