@@ -48,7 +48,9 @@ How it is computed: :func:`mma` walks the K terms one at a time over
 by ``2 ** (25 - emax)`` (exact: a power of two, far inside float64's range
 for every operand format here), truncated and added -- so no (M, N, K)
 array is built and no ``ldexp`` runs per term; with K <= 32 the Python loop
-costs less than the memory traffic it saves. Operands or an accumulator
+costs less than the memory traffic it saves. For f16 and fp8 operands the
+terms are formed in float32 (exact for their products, half the traffic)
+wherever the scale is a normal float32; the sum is always float64. Operands or an accumulator
 holding infinities or NaN take :func:`mma_reference`, the four steps
 written over (M, N, K) arrays, which also holds the fast path to the same
 bits in tests.
@@ -63,6 +65,10 @@ ALIGNMENT_BITS = 25
 # The exponent field's value for subnormals, per operand format.
 MIN_EXPONENT = {"f16": -14, "bf16": -126, "tf32": -126, "f32": -126, "e4m3": -6, "e5m2": -14}
 _NONE = np.int64(-(1 << 20))  # the alignment exponent of a zero term: below any other
+# Operand formats whose products and scaled terms float32 holds exactly (see
+# mma), and the scale's exponents float32 holds as normal numbers.
+NARROW = ("f16", "e4m3", "e5m2")
+F32_SHIFTS = (-126, 127)
 
 
 def _exponents(x: np.ndarray, min_exponent: int) -> np.ndarray:
@@ -110,26 +116,35 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
         return mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
     out_type = np.float32 if accumulator == "f32" else np.float16
     a_format, b_format = _formats(operands)
-    ea = _exponents(a, MIN_EXPONENT[a_format]).T  # (K, M)
-    eb = _exponents(b, MIN_EXPONENT[b_format]).T  # (K, N)
-    at, bt = a.T, b.T
+    # exponents fit int32 (_NONE included): half the traffic of int64
+    ea = _exponents(a, MIN_EXPONENT[a_format]).T.astype(np.int32)  # (K, M)
+    eb = _exponents(b, MIN_EXPONENT[b_format]).T.astype(np.int32)  # (K, N)
     # step 1: the largest alignment exponent of each output, a running maximum over k
-    emax = np.add.outer(ea[0], eb[0])
+    emax = np.add(ea[0][:, None], eb[0])
+    plane = np.empty_like(emax)
     for k in range(1, a.shape[1]):
-        np.maximum(emax, np.add.outer(ea[k], eb[k]), out=emax)
+        np.maximum(emax, np.add(ea[k][:, None], eb[k], out=plane), out=emax)
     if c is not None:
         np.maximum(emax, _exponents(c, MIN_EXPONENT[accumulator]), out=emax)
     # steps 2 and 3 in units of 2 ** (emax - 25): the scale is a power of two
     # between 2 ** -260 and 2 ** 300, so every scaled term is exact
-    scale = np.ldexp(1.0, ALIGNMENT_BITS - np.where(emax < _NONE // 2, 0, emax))
+    shift = ALIGNMENT_BITS - np.where(emax < _NONE // 2, 0, emax)
+    scale = np.ldexp(1.0, shift)
     kept = np.zeros(emax.shape) if c is None else np.trunc(c * scale)
-    term = np.empty(emax.shape)
+    at, bt = a.T, b.T
+    if a_format in NARROW and b_format in NARROW and F32_SHIFTS[0] <= shift.min() \
+            and shift.max() <= F32_SHIFTS[1]:
+        # products of f16/fp8 values (at most 22 bits, 2 ** -48 to 2 ** 32)
+        # and the scale are exact in float32; a scaled term >= 1 stays exact,
+        # one that underflows truncates to the same signed zero
+        at, bt, scale = at.astype(np.float32), bt.astype(np.float32), scale.astype(np.float32)
+    term = np.empty(emax.shape, at.dtype)
     for k in range(a.shape[1]):
-        np.multiply.outer(at[k], bt[k], out=term)  # exact products
+        np.multiply(at[k][:, None], bt[k], out=term)  # exact products
         term *= scale
         np.trunc(term, out=term)
-        kept += term  # exact: integers below 2 ** 32
-    return _round(kept / scale, accumulator).astype(out_type)
+        kept += term  # exact, in float64: integers below 2 ** 32
+    return _round(np.ldexp(kept, -shift), accumulator).astype(out_type)
 
 
 def mma_reference(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,

@@ -153,7 +153,8 @@ def test_the_plane_by_plane_sum_has_the_reference_bits(operands, accumulator, k)
     """mma (term by term over (M, N) planes) against mma_reference (the four
     steps over (M, N, K) arrays), bit for bit: every operand format and
     accumulator, edge values, no accumulator, all-zero rows and accumulators
-    far above and below the products."""
+    far above and below the products (so f16 and fp8 terms go through both
+    the float32 and the float64 planes)."""
     rng = np.random.default_rng(7)
     fa, fb = (operands, operands) if isinstance(operands, str) else operands
     acc_type = np.float32 if accumulator == "f32" else np.float16
