@@ -69,6 +69,7 @@ _NONE = np.int64(-(1 << 20))  # the alignment exponent of a zero term: below any
 # mma), and the scale's exponents float32 holds as normal numbers.
 NARROW = ("f16", "e4m3", "e5m2")
 F32_SHIFTS = (-126, 127)
+F32_MIN_NORMAL = 2.0 ** -126
 
 
 def _exponents(x: np.ndarray, min_exponent: int) -> np.ndarray:
@@ -78,7 +79,16 @@ def _exponents(x: np.ndarray, min_exponent: int) -> np.ndarray:
     return np.where(x == 0, _NONE, e)
 
 
+F32_LOW_BITS = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))  # float64's bits f32 keeps
+
+
 def _round_towards_zero_f32(s: np.ndarray) -> np.ndarray:
+    a = np.abs(s)
+    if a.size and a.min() >= F32_MIN_NORMAL and a.max() < 2.0 ** 128:
+        # within float32's normal range, dropping the 29 bits of float64's
+        # significand that float32 lacks is the rounding; the cast is exact
+        return (np.ascontiguousarray(s).view(np.uint64) & F32_LOW_BITS).view(
+            np.float64).astype(np.float32)
     f = s.astype(np.float32)
     away = np.abs(f.astype(np.float64)) > np.abs(s)
     return np.where(away, np.nextafter(f, np.float32(0)), f)

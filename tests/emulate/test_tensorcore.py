@@ -182,3 +182,25 @@ def test_infinite_terms_take_the_reference_path():
         assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32")[0, 0] == np.inf
         assert np.isnan(tensorcore.mma(f16([[1.0] * 16]), f16([[1.0] * 16]), c,
                                        operands="f16", accumulator="f32")[0, 0])
+
+
+def test_rounding_towards_zero_to_f32_across_the_range():
+    """Step 4 for an f32 accumulator, both ways it is computed (the float64
+    bits dropped inside float32's normal range; otherwise rounding to nearest
+    and stepping back): the f32 value nearest zero no farther than the sum."""
+    rng = np.random.default_rng(3)
+    inner = rng.uniform(1, 2, 4000) * 2.0 ** rng.integers(-126, 128, 4000) * \
+        rng.choice([-1, 1], 4000)
+    inner[:4] = [2.0 ** -126, -(2.0 ** 128 - 2.0 ** 75), 1 + 2.0 ** -24, -(1 + 2.0 ** -23)]
+    edges = np.concatenate([inner, [0.0, -0.0, 2.0 ** -140, -(2.0 ** -149) * 1.5, 2.0 ** 130]])
+    with np.errstate(over="ignore"):  # the largest finite f32's step away is infinite
+        for s in (inner, edges):
+            got = tensorcore._round_towards_zero_f32(s)
+            assert got.dtype == np.float32
+            assert (np.abs(got.astype(np.float64)) <= np.abs(s)).all()
+            away = np.nextafter(got, np.copysign(np.float32(np.inf), got)).astype(np.float64)
+            finite = np.abs(s) < float(np.finfo(np.float32).max)
+            assert (np.abs(away[finite]) > np.abs(s[finite])).all()
+            assert (np.signbit(got) == np.signbit(s)).all()
+        assert tensorcore._round_towards_zero_f32(np.array([2.0 ** 130]))[0] == \
+            np.finfo(np.float32).max
