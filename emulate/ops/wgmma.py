@@ -247,9 +247,14 @@ def per_thread_word(v, T: int) -> np.ndarray:
 
 def _per_thread_columns(values: list, T: int) -> np.ndarray:
     """vector<1xT> registers (each per thread (T, 1), or uniform) side by
-    side: (T, len(values)); one concatenation when all are per thread."""
-    if all(isinstance(v, np.ndarray) and v.shape == (T, 1) for v in values):
-        return np.concatenate(values, axis=1)
+    side: (T, len(values)); one concatenation when all are per thread (the
+    usual case: tried first, its shape telling)."""
+    try:
+        out = np.concatenate(values, axis=1)
+        if out.shape == (T, len(values)):
+            return out
+    except (ValueError, TypeError):  # a uniform register among them
+        pass
     return np.stack([_per_thread_scalar(v, T) for v in values], axis=1)
 
 
