@@ -313,7 +313,7 @@ def smalti_kernels():
 AT_SCALE = "at scale"  # in the names of the opt-in lines (--only must name them)
 # their names, by the cluster dimension
 AT_SCALE_LINES = {None: f"hopper_matmul 4096^3 f16 {AT_SCALE}",
-                  "M": f"hopper_matmul 4096^3 f16 {AT_SCALE}, clusters of 2 along M"}
+                  "M": f"hopper_matmul 4096^3 f16 {AT_SCALE}, cluster (2,1)"}
 
 
 def at_scale_kernels():
