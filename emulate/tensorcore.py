@@ -43,14 +43,16 @@ models tf32 WGMMA the same way (truncate, then the 25-bit fused sum, rounded
 towards zero); the H200 recording here has no tf32 kernel.
 
 How it is computed: :func:`mma` walks the K terms one at a time over
-(M, N) planes -- the largest alignment exponent as a running maximum of
-``E(a[:, k]) + E(b[:, k])``, then each term ``a[:, k] b[:, k]`` multiplied
-by ``2 ** (25 - emax)`` (exact: a power of two, far inside float64's range
-for every operand format here), truncated and added -- so no (M, N, K)
-array is built and no ``ldexp`` runs per term; with K <= 32 the Python loop
-costs less than the memory traffic it saves. For f16 and fp8 operands the
-terms are formed in float32 (exact for their products, half the traffic)
-wherever the scale is a normal float32; the sum is always float64. Operands or an accumulator
+(M, N) planes. The largest alignment exponent is a running maximum of
+``E(a[:, k]) + E(b[:, k])`` (for f16 and fp8, one matrix product of powers
+of two instead: :func:`_largest_alignment_by_matmul`); each term
+``a[:, k] b[:, k]`` is multiplied by ``2 ** (25 - emax)`` (exact: a power
+of two, far inside float64's range for every operand format here),
+truncated and added -- so no (M, N, K) array is built and no ``ldexp``
+runs per term; with K <= 32 the Python loop costs less than the memory
+traffic it saves. For f16 and fp8 operands the terms are formed in
+float32 (exact for their products, half the traffic) wherever the scale is
+a normal float32; the sum is always float64. Operands or an accumulator
 holding infinities or NaN take :func:`mma_reference`, the four steps
 written over (M, N, K) arrays, which also holds the fast path to the same
 bits in tests.
@@ -126,24 +128,27 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
         return mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
     out_type = np.float32 if accumulator == "f32" else np.float16
     a_format, b_format = _formats(operands)
-    # exponents fit int32 (_NONE included): half the traffic of int64
-    ea = _exponents(a, MIN_EXPONENT[a_format]).T.astype(np.int32)  # (K, M)
-    eb = _exponents(b, MIN_EXPONENT[b_format]).T.astype(np.int32)  # (K, N)
-    # step 1: the largest alignment exponent of each output, a running maximum over k
-    emax = np.add(ea[0][:, None], eb[0])
-    plane = np.empty_like(emax)
-    for k in range(1, a.shape[1]):
-        np.maximum(emax, np.add(ea[k][:, None], eb[k], out=plane), out=emax)
+    # step 1: the largest alignment exponent of each output
+    narrow = a_format in NARROW and b_format in NARROW
+    if narrow:
+        emax = _largest_alignment_by_matmul(a, b, MIN_EXPONENT[a_format],
+                                            MIN_EXPONENT[b_format])
+    else:  # a running maximum over k; exponents fit int32 (_NONE included)
+        ea = _exponents(a, MIN_EXPONENT[a_format]).T.astype(np.int32)  # (K, M)
+        eb = _exponents(b, MIN_EXPONENT[b_format]).T.astype(np.int32)  # (K, N)
+        emax = np.add(ea[0][:, None], eb[0])
+        plane = np.empty_like(emax)
+        for k in range(1, a.shape[1]):
+            np.maximum(emax, np.add(ea[k][:, None], eb[k], out=plane), out=emax)
     if c is not None:
         np.maximum(emax, _exponents(c, MIN_EXPONENT[accumulator]), out=emax)
     # steps 2 and 3 in units of 2 ** (emax - 25): the scale is a power of two
     # between 2 ** -260 and 2 ** 300, so every scaled term is exact
     shift = ALIGNMENT_BITS - np.where(emax < _NONE // 2, 0, emax)
-    scale = np.ldexp(1.0, shift)
+    scale = _power_of_two(shift)
     kept = np.zeros(emax.shape) if c is None else np.trunc(c * scale)
     at, bt = a.T, b.T
-    if a_format in NARROW and b_format in NARROW and F32_SHIFTS[0] <= shift.min() \
-            and shift.max() <= F32_SHIFTS[1]:
+    if narrow and F32_SHIFTS[0] <= shift.min() and shift.max() <= F32_SHIFTS[1]:
         # products of f16/fp8 values (at most 22 bits, 2 ** -48 to 2 ** 32)
         # and the scale are exact in float32; a scaled term >= 1 stays exact,
         # one that underflows truncates to the same signed zero
@@ -155,6 +160,30 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
         np.trunc(term, out=term)
         kept += term  # exact, in float64: integers below 2 ** 32
     return _round(np.ldexp(kept, -shift), accumulator).astype(out_type)
+
+
+def _power_of_two(e: np.ndarray) -> np.ndarray:
+    """2.0 ** e for integers e in float64's normal range, from the exponent
+    field (a tenth of ``ldexp``'s time)."""
+    return ((e.astype(np.int64) + 1023) << 52).view(np.float64)
+
+
+def _largest_alignment_by_matmul(a: np.ndarray, b: np.ndarray, low_a: int,
+                                 low_b: int) -> np.ndarray:
+    """max over k of E(a[m, k]) + E(b[n, k]) (``_NONE`` where every product is
+    zero) for f16/fp8 operands, by one matrix product: with ``q`` such that
+    K < 2 ** q, the sum S of ``2 ** (q * (E(a) + E(b)))`` over k lies in
+    [2 ** (q emax), K 2 ** (q emax)), below 2 ** (q (emax + 1)) -- and a
+    float64 sum of positive terms is never below its largest term, nor (for
+    K <= 32) rounded anywhere near the next boundary -- so
+    ``floor(log2 S) // q`` is emax. The exponents of these formats (-14 to
+    15) keep every term a normal float64; a zero operand's term is 0."""
+    q = int(a.shape[1]).bit_length()  # 2 ** q > K
+    pa = np.ldexp(1.0, q * _exponents(a, low_a))  # 0 for a zero (_NONE underflows)
+    pb = np.ldexp(1.0, q * _exponents(b, low_b))
+    total = pa @ pb.T
+    _, e = np.frexp(total)  # total = f 2 ** e, f in [0.5, 1)
+    return np.where(total > 0, (e.astype(np.int64) - 1) // q, _NONE)
 
 
 def mma_reference(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,

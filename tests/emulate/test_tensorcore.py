@@ -204,3 +204,25 @@ def test_rounding_towards_zero_to_f32_across_the_range():
             assert (np.signbit(got) == np.signbit(s)).all()
         assert tensorcore._round_towards_zero_f32(np.array([2.0 ** 130]))[0] == \
             np.finfo(np.float32).max
+
+
+@pytest.mark.parametrize("fmt,k", [("f16", 16), ("e4m3", 32), ("e5m2", 32), ("f16", 8)])
+def test_the_largest_alignment_by_one_matrix_product_is_the_maximum(fmt, k):
+    """The f16/fp8 emax (a sum of 2 ** (q (E(a) + E(b))) by one matrix
+    product) against the maximum taken term by term: extreme exponents at
+    both ends, all K terms at the top (the sum's largest), zero operands."""
+    rng = np.random.default_rng(11)
+    a, b = edge_operands(rng, (24, k), fmt), edge_operands(rng, (24, k), fmt)
+    import ml_dtypes
+    info = ml_dtypes.finfo(getattr(ml_dtypes, FORMATS[fmt]) if fmt != "f16" else np.float16)
+    a[0], b[0] = float(info.max), float(info.max)  # every term at the largest exponent
+    a[1], b[1] = float(info.smallest_subnormal), -float(info.smallest_subnormal)
+    a[2] = 0.0  # no nonzero term in row 2
+    low = tensorcore.MIN_EXPONENT[fmt]
+    got = tensorcore._largest_alignment_by_matmul(a, b, low, low)
+    ea, eb = tensorcore._exponents(a, low), tensorcore._exponents(b, low)
+    align = ea[:, None, :] + eb[None, :, :]
+    want = np.where(align.max(axis=2) < tensorcore._NONE // 2, tensorcore._NONE,
+                    align.max(axis=2))
+    np.testing.assert_array_equal(got, want)
+    assert (got[2] == tensorcore._NONE).all() and got[0, 0] == 2 * ea[0, 0]
