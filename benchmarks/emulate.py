@@ -43,10 +43,19 @@ figure is marked ``!``. An emulator without the ``sanitize=`` keyword (before
 the checker) has no column (2): it prints ``n/a`` there, and (1) is its
 plain run. Kernels only smalti lowers have no jax function to interpret.
 
-    .venv/bin/python -m benchmarks.emulate [--quick] [--only TEXT] [--repeat N]
+    .venv/bin/python -m benchmarks.emulate [--quick] [--only TEXT] [--repeat N] [--sample N]
 
 ``--quick`` runs a few of the kernels (a few seconds), for a smoke test;
 ``--only TEXT`` the kernels whose name contains TEXT.
+
+Two more lines run only when ``--only`` names them (``--only "at scale"``):
+the official Hopper matmul at the shape of jax's ops tests (4096 x 4096 x
+4096, f16), without and with clusters of 2. The emulator runs the first
+``--sample N`` clusters of the grid once without and once with its checker
+(default 2; 0: the whole grid), scaled to the whole grid; jax's interpret
+mode is not run at that size: its warm ``detect_races`` figure on the same
+kernel at its smallest shape, times the ratio of the work (block
+tile-steps), stands in as an estimate.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import inspect
 import io
 import logging
@@ -300,6 +310,64 @@ def smalti_kernels():
     del smalti_kernels_
 
 
+AT_SCALE = "at scale"  # in the names of the opt-in lines (--only must name them)
+# their names, by the cluster dimension
+AT_SCALE_LINES = {None: f"hopper_matmul 4096^3 f16 {AT_SCALE}",
+                  "M": f"hopper_matmul 4096^3 f16 {AT_SCALE}, cluster (2,1)"}
+
+
+def at_scale_kernels():
+    """The official Hopper matmul at the shape of jax's own ops tests
+    (``mgpu_matmul_test.py``: 4096 x 4096 x 4096, f16; tiles (128, 128, 64),
+    4 pipeline slots, epilogue tiles (64, 64), two consumer warpgroups along
+    N), without and with clusters of 2 along M (``test_hopper_matmul_cluster``'s
+    configuration). Yields (name, jax function, arguments, the same function
+    on its smallest shape -- one output tile per block of a cluster, 4 k
+    steps -- with its arguments, and how many block tile-steps (output
+    tiles x k steps, per block) the full shape has per one of the small)."""
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as matmul
+
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal((4096, 4096)).astype(np.float16) for _ in range(2))
+    for cluster in (None, matmul.MatmulDimension.M):
+        cfg = matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+                                  epi_tile_m=64, epi_tile_n=64, cluster_dimension=cluster)
+        m = 128 if cluster is None else 256  # one (128, 256) tile per block
+        small = [rng.standard_normal(s).astype(np.float16) for s in ((m, 256), (256, 256))]
+        # full: (4096 / m) * (4096 / 256) cluster tiles of 64 k steps; small: 1 of 4
+        ratio = (4096 // m) * (4096 // 256) * 64 // 4
+        name = AT_SCALE_LINES[None if cluster is None else cluster.name]
+        yield (name, functools.partial(_matmul, matmul, cfg), [a, b],
+               (functools.partial(_matmul, matmul, cfg), small), ratio)
+
+
+def _matmul(matmul: types.ModuleType, cfg: Any, a: np.ndarray, b: np.ndarray):
+    return matmul.matmul(a, b, None, cfg)
+
+
+@contextlib.contextmanager
+def first_clusters(n: int) -> Iterator[list[int]]:
+    """Inside, the emulator launches only the first ``n`` clusters of every
+    grid (0: all) -- for timing a sample of a long grid; the outputs are
+    partial. Yields the list the grids' cluster counts are appended to. (The
+    launch rule queues a grid's clusters in a ``deque``: the sample is that
+    queue cut short.)"""
+    from smalti.emulate.ops import gpu
+
+    queue = gpu.deque
+    counts: list[int] = []
+
+    def sampled(clusters):
+        every = list(clusters)
+        counts.append(len(every))
+        return queue(every[:n] if n else every)
+    gpu.deque = sampled
+    try:
+        yield counts
+    finally:
+        gpu.deque = queue
+
+
 # --- what is timed -------------------------------------------------------------------------
 
 # One kernel launch for the emulator: (module, inputs, outputs or None for the IR's).
@@ -313,6 +381,10 @@ class Case:
     jax_fn: Callable | None = None  # what jax's interpret mode runs; None: nothing
     jax_args: Sequence[np.ndarray] = ()
     arch: tuple[int, int] = (9, 0)
+    # at scale: jax's interpret mode runs this smaller case instead, scaled by
+    # ``ratio`` (see at_scale_kernels)
+    twin: Case | None = None
+    ratio: int = 1
 
 
 def _outputs(avals) -> list[tuple[tuple[int, ...], np.dtype]]:
@@ -350,7 +422,7 @@ QUICK = ("elementwise f32 (128, 128)", "warp-specialized pipeline, 8 x (128, 64)
          "cluster of 4: multicast TMA (64, 64) f16", "smalti: keep_dims mean (128, 128)")
 
 
-def cases(quick: bool = False) -> Iterator[Case]:
+def cases(quick: bool = False, at_scale: bool = False) -> Iterator[Case]:
     def keep(name: str) -> bool:
         return not quick or name in QUICK
 
@@ -365,6 +437,11 @@ def cases(quick: bool = False) -> Iterator[Case]:
     for name, *rest in smalti_kernels():
         if keep(name):
             yield smalti_case(name, *rest)
+    if at_scale:
+        for name, fn, args, (small_fn, small_args), ratio in at_scale_kernels():
+            case = pallas_case(name, fn, args)
+            case.twin, case.ratio = pallas_case(name, small_fn, small_args), ratio
+            yield case
 
 
 def short_error(e: BaseException, width: int = 60) -> str:
@@ -538,6 +615,7 @@ class Row:
     jax_races_cold: Figure = ""  # (4) on its first call: tracing and compiling included
     on_cpu: Figure = ""  # (5)
     reports: dict[str, int] = dataclasses.field(default_factory=dict)
+    note: str = ""  # printed after the line
 
     @property
     def checked_cold(self) -> Figure:
@@ -584,6 +662,43 @@ def measure(case: Case, repeat: int) -> Row:
     return row
 
 
+def measure_at_scale(case: Case, sample: int) -> Row:
+    """A kernel at scale: lowered; emulated once without and once with the
+    checker, on its first ``sample`` clusters (0: all), the figures scaled
+    to the whole grid; jax's interpret mode not run -- its figure on the
+    small twin, warm, with ``detect_races``, times the ratio of the work,
+    stands in as an estimate."""
+    row = Row(case.name)
+    t0 = time.perf_counter()
+    try:
+        launches = case.lower()
+    except Exception as e:  # noqa: BLE001
+        row.lower_s = e
+        return row
+    row.lower_s = time.perf_counter() - t0
+    row.ops = sum(count_ops(module) for module, _, _ in launches)
+    plain, checked = emulator_runs(launches, row.reports)
+    with first_clusters(sample) as counts:
+        figures = fastest([plain] + ([checked] if checked else []), 1)
+    total = counts[0]
+    share = total / min(sample or total, total)
+    row.plain, row.checked = [f * share if isinstance(f, float) else f
+                              for f in figures + ["n/a"]][:2]
+    row.emulate_s = row.checked if checked else row.plain
+    if share != 1:
+        row.note = f"(1), (2): {total // share:.0f} of {total} clusters emulated, times {share:.0f}"
+    row.jax = row.jax_races = "not run"
+    if case.twin is not None:
+        twin = case.twin
+        race_run = jax_run(twin, True, {})
+        first, best = fastest([race_run], 1), fastest([race_run], 1)
+        t = best[0] if isinstance(first[0], float) else first[0]
+        row.jax = row.jax_races = (f"jax not run: ~{t * case.ratio:,.0f} s ({t:.2f} s on the "
+                                   f"small shape x {case.ratio})" if isinstance(t, float)
+                                   else f"jax (small shape): {short_error(t)}")
+    return row
+
+
 COLUMNS = [("kernel", 48), ("ops", 6), ("lower s", 8), ("emulate s", 10), ("(1) emu", 9),
            ("(2) +check", 11), ("(2)/(1)", 8), ("(3) jax", 9), ("(4) +races", 11),
            ("(4)/(2)", 8), ("(5) on_cpu", 11), ("(4)/(5)", 8), ("cold: lower+(2)", 16),
@@ -620,6 +735,8 @@ def format_row(row: Row) -> str:
         tail = [_cell(row.jax, "jax") + (" (both; races reported)" if jax_races else " (both)")]
     elif row.jax == row.jax_races == "n/a":
         tail = ["n/a (no jax function)"]
+    elif isinstance(row.jax, str) and row.jax == row.jax_races:  # at scale: not run
+        tail = [row.jax]
     else:
         tail = [f"{cell:>{width}s}" for (_, width), cell in zip(COLUMNS[7:], [
             _cell(row.jax, "jax"), _cell(row.jax_races, "jax", jax_races),
@@ -645,9 +762,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="only the kernels whose name contains TEXT")
     parser.add_argument("--repeat", type=int, default=3, metavar="N",
                         help="each figure the fastest of N calls (default 3)")
+    parser.add_argument("--sample", type=int, default=2, metavar="N",
+                        help=f"for the lines '{AT_SCALE}' (run only when --only names them): "
+                        "emulate the first N clusters of the grid and scale (0: all; default 2)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.sample < 0:
+        parser.error("--sample must be at least 0")
 
     checker = "" if HAS_CHECKER else " (n/a: this emulator has none)"
     print(f"seconds, fastest of {args.repeat} after a warm-up; (1) the emulator, (2) with its "
@@ -660,11 +782,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     warm_up_jax()
     print(header(), flush=True)
     reported = []
-    for case in cases(args.quick):
+    at_scale = bool(args.only) and any(args.only in name for name in AT_SCALE_LINES.values())
+    for case in cases(args.quick, at_scale):
         if args.only not in case.name:
             continue
-        row = measure(case, args.repeat)
-        print(format_row(row), flush=True)
+        row = (measure_at_scale(case, args.sample) if case.twin is not None
+               else measure(case, args.repeat))
+        print(format_row(row) + (f"  {row.note}" if row.note else ""), flush=True)
         if row.reports:
             reported.append(row)
     if reported:

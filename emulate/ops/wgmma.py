@@ -65,6 +65,7 @@ Scales other than +-1 raise :class:`Unsupported` for every type.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -185,7 +186,7 @@ def compile_wgmma(o: Op, text: str) -> Step:
         if aty == "tf32":
             a, bm = tf32(a, "A", loc), tf32(bm, "B", loc)
         del b
-        rows, cols = _d_positions(n)
+        flat, inverse = _d_order(n)
         use = np.asarray(r[use_slot]).reshape(-1)
         if np.any(use != use[0]):
             raise Unsupported("a WGMMA scale-d that differs between threads", loc)
@@ -193,22 +194,21 @@ def compile_wgmma(o: Op, text: str) -> Step:
             words = np.stack([per_thread_word(r[s], fr.T) for s in tied], axis=1)
             acc = words.view(np.float16).reshape(fr.T, n // 2)
         else:
-            acc = np.stack([_per_thread_scalar(r[s], fr.T) for s in tied], axis=1)  # (T, N/2)
+            acc = _per_thread_columns([r[s] for s in tied], fr.T)  # (T, N/2)
         if is_int:
-            prod = (a.astype(np.int64) @ bm.astype(np.int64).T)[rows, cols]
+            prod = (a.astype(np.int64) @ bm.astype(np.int64).T).reshape(-1)[flat]
             res = (prod + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
         else:  # the tensor core's own rounding (see ..tensorcore)
-            d = np.zeros((64, n), acc.dtype)
-            d[rows, cols] = acc
+            d = acc.reshape(-1)[inverse].reshape(64, n)
             res = tensorcore.mma(a.astype(np.float64) * scale_a, bm.astype(np.float64) * scale_b,
                                  d if use[0] else None, operands=(aty, bty),
-                                 accumulator=dty)[rows, cols]
+                                 accumulator=dty).reshape(-1)[flat]
         if packed:
             words = np.ascontiguousarray(res.astype(np.float16)).view(np.int32)  # (T, N/4)
             r[out] = tuple(words[:, i] for i in range(n_out))
-        else:
-            r[out] = tuple(res[:, i:i + 1].astype(acc_dt) for i in range(n_out))
+        else:  # register i of every thread: row i of the transposed result, as (T, 1)
+            r[out] = tuple(np.ascontiguousarray(res.astype(acc_dt).T)[:, :, None])
         if fr.prof is not None:  # A from registers reads no SMEM
             fr.prof.mma(loc, 64, n, k, (0 if a_in_regs else 64 * k * el.itemsize)
                         + n * k * el_b.itemsize)
@@ -245,6 +245,19 @@ def per_thread_word(v, T: int) -> np.ndarray:
     return v.reshape(T) if v.size == T else np.broadcast_to(v.reshape(-1)[:1], (T,))
 
 
+def _per_thread_columns(values: list, T: int) -> np.ndarray:
+    """vector<1xT> registers (each per thread (T, 1), or uniform) side by
+    side: (T, len(values)); one concatenation when all are per thread (the
+    usual case: tried first, its shape telling)."""
+    try:
+        out = np.concatenate(values, axis=1)
+        if out.shape == (T, len(values)):
+            return out
+    except (ValueError, TypeError):  # a uniform register among them
+        pass
+    return np.stack([_per_thread_scalar(v, T) for v in values], axis=1)
+
+
 def _d_positions(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, column) of accumulator register i of each thread: (128, N/2) each."""
     t = np.arange(128)[:, None]
@@ -253,6 +266,22 @@ def _d_positions(n: int) -> tuple[np.ndarray, np.ndarray]:
     rows = 16 * warp + lane // 4 + 8 * ((i // 2) % 2)
     cols = 8 * (i // 4) + 2 * (lane % 4) + i % 2
     return rows, cols
+
+
+@functools.cache
+def _d_order(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The accumulator fragment as a permutation of the 64 x N tile, computed
+    once per N: (``flat``, (128, N/2): the tile's flat index of each thread's
+    register i; ``inverse``, (64 N,): which register element each tile
+    element is, in the (128, N/2) order) -- every element is exactly one
+    thread's register."""
+    rows, cols = _d_positions(n)
+    flat = rows * n + cols
+    inverse = np.empty(64 * n, np.int64)
+    inverse[flat.reshape(-1)] = np.arange(64 * n)
+    flat.setflags(write=False)
+    inverse.setflags(write=False)
+    return flat, inverse
 
 
 def _a_from_registers(fr: Frame, slots: list[int], el: np.dtype) -> np.ndarray:
@@ -291,22 +320,15 @@ def _operand_check(fr: Frame, site, issued: tuple | None):
     return check
 
 
-def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: int,
-                  where: str, check=None, what: str = "WGMMA") -> np.ndarray:
-    """The (mn, k) operand a matrix descriptor points at (``what``: the
-    instruction reading it, for errors; tcgen05.mma shares the format)."""
-    desc &= (1 << 64) - 1
+@functools.lru_cache(maxsize=1024)
+def _operand_addresses(desc: int, mn: int, k: int, e: int, trans: int) -> np.ndarray:
+    """The SMEM byte address of each element of the (mn, k) operand a
+    (checked) descriptor points at, ``e``-byte elements: decoded once per
+    descriptor -- a pipeline cycles through a few (read-only: shared)."""
     start = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
-    base_offset = (desc >> 49) & 0x7
-    mode = desc >> 62
-    if mode not in SWIZZLES:
-        raise Unsupported(f"a {what} matrix descriptor without swizzle", where)
-    if base_offset:
-        raise Unsupported(f"a {what} matrix descriptor with base offset {base_offset}", where)
-    s = SWIZZLES[mode]
-    e = el.itemsize
+    s = SWIZZLES[desc >> 62]
     i = np.arange(mn, dtype=np.int64)[:, None]
     j = np.arange(k, dtype=np.int64)[None, :]
     if trans == 0:  # K-major
@@ -315,6 +337,21 @@ def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: in
         off = (i * e) % s + (i * e // s) * lbo + (j % 8) * s + (j // 8) * sbo
     # the descriptor holds address bits 4..17 of a shared-window address
     addr = swizzle_addr(start + off, s)
+    addr.setflags(write=False)
+    return addr
+
+
+def _read_operand(fr: Frame, desc: int, mn: int, k: int, el: np.dtype, trans: int,
+                  where: str, check=None, what: str = "WGMMA") -> np.ndarray:
+    """The (mn, k) operand a matrix descriptor points at (``what``: the
+    instruction reading it, for errors; tcgen05.mma shares the format)."""
+    desc &= (1 << 64) - 1
+    base_offset = (desc >> 49) & 0x7
+    if desc >> 62 not in SWIZZLES:
+        raise Unsupported(f"a {what} matrix descriptor without swizzle", where)
+    if base_offset:
+        raise Unsupported(f"a {what} matrix descriptor with base offset {base_offset}", where)
+    addr = _operand_addresses(desc, mn, k, el.itemsize, trans)
     vals = fr.mem["shared"].load(addr, el, None, where)
     if check is not None:
         check(addr, el.itemsize)

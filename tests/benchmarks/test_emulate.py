@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from benchmarks import emulate
 
 
@@ -45,3 +47,22 @@ def test_an_interpret_mode_failure_is_shown_by_its_innermost_error():
     assert emulate.short_error(effects) == "Cannot lower jaxpr with effects"
     assert emulate.short_error(AttributeError()) == "AttributeError"
     assert len(emulate.short_error(ValueError("x" * 200))) == 60
+
+
+def test_a_sample_of_clusters_runs_only_the_first_ones_and_counts_the_grid():
+    """first_clusters (the at-scale lines' sampling): the first n clusters
+    run, the rest are not launched, the grid's count is reported; 0 runs all."""
+    from smalti.emulate import run_module
+
+    name, fn, (x,) = next(k for k in emulate.kernels() if k[0].startswith("8 blocks"))
+    module, avals = emulate.lower(fn, x)
+    outs = [(tuple(a.shape), a.dtype) for a in avals]
+    with emulate.first_clusters(3) as counts:
+        (got,) = run_module(module, [x], outs)
+    assert counts == [8]
+    rows = (got != 0).any(axis=1)
+    assert rows[:3 * 128].all() and not rows[3 * 128:].any()  # blocks 0-2 of 8 wrote
+    with emulate.first_clusters(0) as counts:
+        (whole,) = run_module(module, [x], outs)
+    assert counts == [8]
+    np.testing.assert_array_equal(whole, x * 3 + 1)

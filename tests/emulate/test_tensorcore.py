@@ -122,3 +122,107 @@ def test_tf32_operands_across_the_f32_range_follow_the_rule():
                      for m in range(8)])
     np.testing.assert_array_equal(got.astype(np.float64), want)
     assert got[0, 0] == np.float32(2.0 ** -126)  # the 2^-252 products fall below the 25 bits
+
+
+FORMATS = {"f16": np.float16, "bf16": "bfloat16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2",
+           "tf32": None}
+
+
+def edge_operands(rng, shape, fmt: str) -> np.ndarray:
+    """Values of ``fmt`` over its whole range (subnormals, the largest finite,
+    zeros of both signs), as float64."""
+    if fmt == "tf32":
+        return tf32(rng.uniform(1, 2, shape) * 2.0 ** rng.integers(-126, 100, shape)
+                    * rng.choice([-1, 1, 0, -0.0], shape, p=[.45, .45, .05, .05]))
+    import ml_dtypes
+    dt = np.dtype(getattr(ml_dtypes, FORMATS[fmt]) if isinstance(FORMATS[fmt], str)
+                  else FORMATS[fmt])
+    info = ml_dtypes.finfo(dt)
+    low, high = int(np.log2(float(info.smallest_subnormal))), int(np.log2(float(info.max)))
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(low - 2, high + 1, shape)
+    x[rng.random(shape) < 0.1] = 0
+    x[rng.random(shape) < 0.05] = -0.0
+    x.flat[:2] = [float(info.max), -float(info.smallest_subnormal)]
+    return np.clip(x, -float(info.max), float(info.max)).astype(dt).astype(np.float64)
+
+
+@pytest.mark.parametrize("operands,accumulator,k", [
+    ("f16", "f32", 16), ("f16", "f16", 16), ("bf16", "f32", 16), ("tf32", "f32", 8),
+    (("e4m3", "e5m2"), "f32", 32), (("e5m2", "e5m2"), "f16", 32)])
+def test_the_plane_by_plane_sum_has_the_reference_bits(operands, accumulator, k):
+    """mma (term by term over (M, N) planes) against mma_reference (the four
+    steps over (M, N, K) arrays), bit for bit: every operand format and
+    accumulator, edge values, no accumulator, all-zero rows and accumulators
+    far above and below the products (so f16 and fp8 terms go through both
+    the float32 and the float64 planes)."""
+    rng = np.random.default_rng(7)
+    fa, fb = (operands, operands) if isinstance(operands, str) else operands
+    acc_type = np.float32 if accumulator == "f32" else np.float16
+    word = np.uint32 if accumulator == "f32" else np.uint16
+    for trial in range(20):
+        a, b = edge_operands(rng, (16, k), fa), edge_operands(rng, (16, k), fb)
+        a[trial % 16] = 0
+        low, high = (-149, 127) if accumulator == "f32" else (-24, 15)
+        c = (rng.standard_normal((16, 16)) * 2.0 ** rng.integers(low, high, (16, 16)))
+        with np.errstate(over="ignore"):
+            c = c.astype(acc_type)
+        c[rng.random((16, 16)) < 0.2] = rng.choice([0.0, -0.0])
+        for acc in (c, None):
+            got = tensorcore.mma(a, b, acc, operands=operands, accumulator=accumulator)
+            want = tensorcore.mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
+            assert got.dtype == want.dtype == acc_type
+            np.testing.assert_array_equal(got.view(word), want.view(word))
+
+
+def test_infinite_terms_take_the_reference_path():
+    a = f16([[np.inf, 1.0] + [0] * 14])
+    b = f16([[1.0, 1.0] + [0] * 14])
+    c = np.full((1, 1), np.nan, np.float32)
+    with np.errstate(invalid="ignore"):
+        assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32")[0, 0] == np.inf
+        assert np.isnan(tensorcore.mma(f16([[1.0] * 16]), f16([[1.0] * 16]), c,
+                                       operands="f16", accumulator="f32")[0, 0])
+
+
+def test_rounding_towards_zero_to_f32_across_the_range():
+    """Step 4 for an f32 accumulator, both ways it is computed (the float64
+    bits dropped inside float32's normal range; otherwise rounding to nearest
+    and stepping back): the f32 value nearest zero no farther than the sum."""
+    rng = np.random.default_rng(3)
+    inner = rng.uniform(1, 2, 4000) * 2.0 ** rng.integers(-126, 128, 4000) * \
+        rng.choice([-1, 1], 4000)
+    inner[:4] = [2.0 ** -126, -(2.0 ** 128 - 2.0 ** 75), 1 + 2.0 ** -24, -(1 + 2.0 ** -23)]
+    edges = np.concatenate([inner, [0.0, -0.0, 2.0 ** -140, -(2.0 ** -149) * 1.5, 2.0 ** 130]])
+    with np.errstate(over="ignore"):  # the largest finite f32's step away is infinite
+        for s in (inner, edges):
+            got = tensorcore._round_towards_zero_f32(s)
+            assert got.dtype == np.float32
+            assert (np.abs(got.astype(np.float64)) <= np.abs(s)).all()
+            away = np.nextafter(got, np.copysign(np.float32(np.inf), got)).astype(np.float64)
+            finite = np.abs(s) < float(np.finfo(np.float32).max)
+            assert (np.abs(away[finite]) > np.abs(s[finite])).all()
+            assert (np.signbit(got) == np.signbit(s)).all()
+        assert tensorcore._round_towards_zero_f32(np.array([2.0 ** 130]))[0] == \
+            np.finfo(np.float32).max
+
+
+@pytest.mark.parametrize("fmt,k", [("f16", 16), ("e4m3", 32), ("e5m2", 32), ("f16", 8)])
+def test_the_largest_alignment_by_one_matrix_product_is_the_maximum(fmt, k):
+    """The f16/fp8 emax (a sum of 2 ** (q (E(a) + E(b))) by one matrix
+    product) against the maximum taken term by term: extreme exponents at
+    both ends, all K terms at the top (the sum's largest), zero operands."""
+    rng = np.random.default_rng(11)
+    a, b = edge_operands(rng, (24, k), fmt), edge_operands(rng, (24, k), fmt)
+    import ml_dtypes
+    info = ml_dtypes.finfo(getattr(ml_dtypes, FORMATS[fmt]) if fmt != "f16" else np.float16)
+    a[0], b[0] = float(info.max), float(info.max)  # every term at the largest exponent
+    a[1], b[1] = float(info.smallest_subnormal), -float(info.smallest_subnormal)
+    a[2] = 0.0  # no nonzero term in row 2
+    low = tensorcore.MIN_EXPONENT[fmt]
+    got = tensorcore._largest_alignment_by_matmul(a, b, low, low)
+    ea, eb = tensorcore._exponents(a, low), tensorcore._exponents(b, low)
+    align = ea[:, None, :] + eb[None, :, :]
+    want = np.where(align.max(axis=2) < tensorcore._NONE // 2, tensorcore._NONE,
+                    align.max(axis=2))
+    np.testing.assert_array_equal(got, want)
+    assert (got[2] == tensorcore._NONE).all() and got[0, 0] == 2 * ea[0, 0]
