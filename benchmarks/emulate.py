@@ -350,22 +350,24 @@ def first_clusters(n: int) -> Iterator[list[int]]:
     """Inside, the emulator launches only the first ``n`` clusters of every
     grid (0: all) -- for timing a sample of a long grid; the outputs are
     partial. Yields the list the grids' cluster counts are appended to. (The
-    launch rule queues a grid's clusters in a ``deque``: the sample is that
-    queue cut short.)"""
+    launch rule queues a grid's clusters as ``gpu.cluster_order`` gives
+    them: the sample is that queue cut short.)"""
+    from collections import deque
+
     from smalti.emulate.ops import gpu
 
-    queue = gpu.deque
+    order = gpu.cluster_order
     counts: list[int] = []
 
-    def sampled(clusters):
-        every = list(clusters)
+    def sampled(nclusters, cdim):
+        every = list(order(nclusters, cdim))
         counts.append(len(every))
-        return queue(every[:n] if n else every)
-    gpu.deque = sampled
+        return deque(every[:n] if n else every)
+    gpu.cluster_order = sampled
     try:
         yield counts
     finally:
-        gpu.deque = queue
+        gpu.cluster_order = order
 
 
 # --- what is timed -------------------------------------------------------------------------

@@ -28,6 +28,12 @@ def _dim(o: Op) -> int:
     return DIMS[str(o.attr("dimension")).split()[-1].strip(">").split("<")[-1]]
 
 
+def cluster_order(nclusters: tuple[int, ...], cdim: tuple[int, ...]) -> deque:
+    """The id of each cluster's first block, in CUDA's launch order (x fastest)."""
+    return deque((kx * cdim[0], ky * cdim[1], kz * cdim[2]) for kz in range(nclusters[2])
+                 for ky in range(nclusters[1]) for kx in range(nclusters[0]))
+
+
 @rule("gpu.launch", accumulators=REGIONS)
 def launch(o: Op) -> Step:
     seg = o.segments()
@@ -90,9 +96,7 @@ def launch(o: Op) -> Step:
         # as the GPU holds start at once (`launched`, run here one after
         # another); the rest wait for a free SM, and only those can cluster
         # launch control (.clc) cancel. Each finished cluster lets the next start.
-        unlaunched = fr.launch.unlaunched = deque(
-            (kx * cdim[0], ky * cdim[1], kz * cdim[2]) for kz in range(ncl[2])
-            for ky in range(ncl[1]) for kx in range(ncl[0]))
+        unlaunched = fr.launch.unlaunched = cluster_order(ncl, cdim)
         fit = device.resident_clusters(int(np.prod(cdim)), int(np.prod(bdim)), smem)
         launched = deque(unlaunched.popleft() for _ in range(min(fit, len(unlaunched))))
         while launched:
