@@ -628,16 +628,25 @@ class Row:
         return ""
 
 
-def measure(case: Case, repeat: int) -> Row:
+def lowered_row(case: Case) -> tuple[Row, Any]:
+    """A row with ``case``'s lowering time and op count, and its launches
+    (``None`` where lowering failed: the row then holds the error)."""
     row = Row(case.name)
     t0 = time.perf_counter()
     try:
         launches = case.lower()
     except Exception as e:  # noqa: BLE001
         row.lower_s = e
-        return row
+        return row, None
     row.lower_s = time.perf_counter() - t0
     row.ops = sum(count_ops(module) for module, _, _ in launches)
+    return row, launches
+
+
+def measure(case: Case, repeat: int) -> Row:
+    row, launches = lowered_row(case)
+    if launches is None:
+        return row
 
     plain, checked = emulator_runs(launches, row.reports)
     # The first emulation after lowering, with the emulator's defaults (this
@@ -670,15 +679,9 @@ def measure_at_scale(case: Case, sample: int) -> Row:
     to the whole grid; jax's interpret mode not run -- its figure on the
     small twin, warm, with ``detect_races``, times the ratio of the work,
     stands in as an estimate."""
-    row = Row(case.name)
-    t0 = time.perf_counter()
-    try:
-        launches = case.lower()
-    except Exception as e:  # noqa: BLE001
-        row.lower_s = e
+    row, launches = lowered_row(case)
+    if launches is None:
         return row
-    row.lower_s = time.perf_counter() - t0
-    row.ops = sum(count_ops(module) for module, _, _ in launches)
     plain, checked = emulator_runs(launches, row.reports)
     with first_clusters(sample) as counts:
         figures = fastest([plain] + ([checked] if checked else []), 1)
