@@ -131,17 +131,22 @@ class Space:
             return np.zeros(np.shape(addrs), dtype)
         return region.view(dtype)[idx]
 
-    def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "") -> None:
+    def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "",
+              keep_old: bool = False) -> np.ndarray | None:
+        """Stores ``values`` at ``addrs``; with ``keep_old``, returns what the
+        elements held before (as :meth:`load` would have, for the checker)."""
         addrs, values = per_thread(addrs, values, dtype)
         region, idx, m = self._locate(addrs, dtype.itemsize, mask, where)
         if region is None:
-            return
+            return np.zeros(np.shape(addrs), dtype) if keep_old else None
         vals = np.broadcast_to(values, np.shape(idx))
         view = region.view(dtype)
+        old = view[idx] if keep_old else None
         if m is None:
             view[idx] = vals
         else:
             view[idx[m]] = vals[m]
+        return old
 
     def read_bytes(self, addr: int, n: int, where: str = "") -> np.ndarray:
         r = self.find(addr, addr + n, where)
@@ -203,10 +208,13 @@ class ClusterSpace:
             out = v if sel is None else np.where(sel, v, out)
         return out
 
-    def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "") -> None:
+    def store(self, addrs, values, dtype: np.dtype, mask=None, where: str = "",
+              keep_old: bool = False) -> np.ndarray | None:
         addrs, values = per_thread(addrs, values, dtype)
+        old = self.load(addrs, dtype, mask, where) if keep_old else None
         for space, local, sel in self._each(addrs, mask, where):
             space.store(local, values, dtype, sel, where)
+        return old
 
     def read_bytes(self, addr: int, n: int, where: str = "") -> np.ndarray:
         rank, local = split_cluster_address(addr, len(self.spaces), where)

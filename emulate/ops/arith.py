@@ -218,7 +218,8 @@ def _fastmath(o: Op) -> None:
 
 
 def _int_rule(o: Op, fn) -> Step:
-    fn = _bool_ok(fn, o.name)
+    if o.in_types[0].dtype in (None, np.dtype(np.bool_)):  # i1 (or unknown): decided per call
+        fn = _bool_ok(fn, o.name)
     if o.name not in ("arith.ceildivsi", "arith.ceildivui", "arith.floordivsi"):
         return binary(o, fn)
     (a, b), (out,) = o.ins, o.outs

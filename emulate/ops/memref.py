@@ -5,6 +5,7 @@ does; ``load``/``store``/``atomic_rmw`` touch memory."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -33,13 +34,27 @@ def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
     addr = np.asarray(m.aligned, np.int64) + np.asarray(off, np.int64) * m.itemsize
     if vshape:
         k = len(vshape)
-        grid = np.zeros(vshape, np.int64)
-        for d, (n, s) in enumerate(zip(vshape, m.strides[-k:])):
-            shape = [1] * k
-            shape[d] = n
-            grid = grid + np.arange(n, dtype=np.int64).reshape(shape) * s
-        addr = addr.reshape(addr.shape + (1,) * k) + grid * m.itemsize
+        strides = m.strides[-k:]
+        if all(np.ndim(s) == 0 for s in strides):  # the usual static strides: made once
+            grid = _vector_offsets(vshape, tuple(int(s) for s in strides), m.itemsize)
+        else:
+            grid = _vector_offsets.__wrapped__(vshape, strides, m.itemsize)
+        addr = addr.reshape(addr.shape + (1,) * k) + grid
     return addr
+
+
+@functools.cache
+def _vector_offsets(vshape: tuple, strides: tuple, itemsize: int) -> np.ndarray:
+    """Byte offsets of a vector's elements from its first (cached for static
+    strides: every vector access of a kernel asks again)."""
+    grid = np.zeros(vshape, np.int64)
+    for d, (n, s) in enumerate(zip(vshape, strides)):
+        shape = [1] * len(vshape)
+        shape[d] = n
+        grid = grid + np.arange(n, dtype=np.int64).reshape(shape) * s
+    grid = grid * itemsize
+    grid.flags.writeable = False
+    return grid
 
 
 def access(fr: Frame, m: MemRef, addrs, vrank: int, site, loc: str, values=None):
@@ -70,10 +85,8 @@ def access_space(fr: Frame, space_name: str, dt: np.dtype, addrs, vrank: int, si
         overwritten = None
         if values is None:
             out = generic.merge(out, space.load(a, dt, mask, loc), mask)
-        else:
-            if fr.sync is not None:  # the checker tells an unordered write of equal bytes
-                overwritten = space.load(a, dt, mask, loc)
-            space.store(a, values, dt, mask, loc)
+        else:  # the checker tells an unordered write of equal bytes: it needs the old ones
+            overwritten = space.store(a, values, dt, mask, loc, keep_old=fr.sync is not None)
         if fr.prof is not None:
             fr.prof.access(fr, name, a, vrank, dt.itemsize, values is not None, site, mask=mask)
         if fr.sync is not None:

@@ -744,9 +744,8 @@ def stmatrix(o: Op) -> Step:
             fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
         # the checker tells warps storing equal values (a replicated layout,
         # which jax stores from every warp) and rewrites of the bytes already there
-        overwritten = None if fr.sync is None else \
-            fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
-        fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc)
+        overwritten = fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc,
+                                             keep_old=fr.sync is not None)
         if fr.sync is not None:
             fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True,
                                   values=vals, overwritten=overwritten)
