@@ -58,7 +58,7 @@ from smalti.vocabulary.annotations import (
     Resources,
     Shape,
 )
-from smalti.vocabulary.movement import take
+from smalti.vocabulary.movement import take, take_estimate
 from smalti.vocabulary.primitives import refuse
 
 Mode = slicing.GatherScatterMode
@@ -316,8 +316,9 @@ lower_scatter_max = _scatter_rule("max")
 
 
 def estimate(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Resources:
-    """The largest of the operands: each ``take`` reads one of them, one
-    after another."""
-    del ctx, params
-    sizes = [int(a.size) * np.dtype(a.dtype).itemsize for a in avals]
-    return pallas_lowering.Resources(smem_scratch_bytes=max(sizes, default=0))
+    """The largest of the operands, once per Pallas warpgroup (``take``'s own
+    estimate): each ``take`` reads one of them, one after another."""
+    del params
+    nbytes = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
+    flat = jax_core.ShapedArray((nbytes,), np.uint8)
+    return take_estimate(ctx, flat, jax_core.ShapedArray((nbytes,), np.int32))

@@ -61,7 +61,7 @@ from smalti.vocabulary.annotations import (
     Resources,
 )
 from smalti.vocabulary.indexing import see_through
-from smalti.vocabulary.movement import take
+from smalti.vocabulary.movement import take, take_estimate
 from smalti.vocabulary.primitives import jax_rule, refuse
 
 #: The tile of jax's WGMMA layout: a 3-D shape whose last two dims are
@@ -201,10 +201,6 @@ def _lowered(ctx: PallasContext, fn: Callable[..., Any], *args: Operand) -> Lowe
 
 
 def _check(ctx: PallasContext, what: str, *avals: Aval) -> None:
-    if ctx.module_ctx.axis_names is not None and ctx.module_ctx.axis_names.wg is not None:
-        raise refuse(ctx, f"{what} in a kernel of several Pallas warpgroups (they would share "
-                     "the SMEM scratch its takes go through)",
-                     fix="compute it in a kernel of one warpgroup (no num_threads=)")
     for aval in avals:
         dtype = np.dtype(aval.dtype)
         if dtype == np.bool_ or dtype.itemsize not in (1, 2, 4):
@@ -334,24 +330,31 @@ def _bytes(*avals: Aval) -> int:
     return max(int(a.size) * np.dtype(a.dtype).itemsize for a in avals)
 
 
+def _scratch(ctx: EstimatorContext, nbytes: int) -> Resources:
+    """``nbytes`` of ``take`` scratch, once per Pallas warpgroup (``take``'s
+    own estimate: each warpgroup takes through a slice of its own)."""
+    flat = jax_core.ShapedArray((nbytes,), np.uint8)
+    return take_estimate(ctx, flat, jax_core.ShapedArray((nbytes,), np.int32))
+
+
 def estimate_reshape(ctx: EstimatorContext, aval: Aval, *args: Aval, new_sizes: Sequence[int],
                      **params: Any) -> Resources:
-    del ctx, args, params
+    del args, params
     if not views_reshape(tuple(aval.shape), tuple(new_sizes)):
         return pallas_lowering.Resources(smem_scratch_bytes=0)
-    return pallas_lowering.Resources(smem_scratch_bytes=_bytes(aval))
+    return _scratch(ctx, _bytes(aval))
 
 
 def estimate_broadcast_in_dim(ctx: EstimatorContext, aval: Aval, *args: Aval,
                               shape: Sequence[int], **params: Any) -> Resources:
     """The operand's bytes, or the view's: a reduction of the view takes from it."""
-    del ctx, args, params
+    del args, params
     if not views_broadcast(tuple(aval.shape), tuple(shape)):
         return pallas_lowering.Resources(smem_scratch_bytes=0)
     out = jax_core.ShapedArray(tuple(shape), aval.dtype)
-    return pallas_lowering.Resources(smem_scratch_bytes=_bytes(aval, out))
+    return _scratch(ctx, _bytes(aval, out))
 
 
 def estimate_stack(ctx: EstimatorContext, *avals: Aval, axis: int) -> Resources:
-    del ctx, axis
-    return pallas_lowering.Resources(smem_scratch_bytes=_bytes(*avals) * len(avals))
+    del axis
+    return _scratch(ctx, _bytes(*avals) * len(avals))

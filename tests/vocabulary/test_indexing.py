@@ -21,9 +21,9 @@ import smalti.emulate
 import smalti.jax
 import smalti.vocabulary
 from benchmarks.vocabulary import kernel as tma_kernel
-from smalti.diagnostics import SmaltiNotImplementedError
 from tests.vocabulary.test_movement import WG, data
 from tests.vocabulary.test_movement import check as check_built
+from tests.vocabulary.warpgroups import per_warpgroup_kernel
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -166,17 +166,18 @@ def test_scatter_at_an_argmax(pipeline):
 # --- refusals ---------------------------------------------------------------------------------
 
 
-def test_several_warpgroups_are_refused(pipeline):
-    """Two Pallas warpgroups would share the takes' scratch: SM206, naming it."""
-    def body(x_ref, i_ref, o_ref):
-        o_ref[...] = x_ref[...][rows(i_ref[...])]
-
-    call = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
-                        num_threads=2, thread_name="wg", compiler_params=WG)
-    with smalti.jax.installed(pipeline), pytest.raises(SmaltiNotImplementedError) as err:
-        smalti.emulate.run(call, data((64, 128), F32), per_row(indices(64, 64, 14)))
-    assert err.value.code == "SM206" and "warpgroups" in err.value.message
-    assert "test_indexing.py" in err.value.location
+@pytest.mark.parametrize("fn", [lambda x, b: x[rows(b)],
+                                lambda x, b: x.at[rows(b) // 2].add(1.0)],
+                         ids=["gather", "scatter-add"])
+def test_several_warpgroups_gather_and_scatter(pipeline, fn):
+    """Two Pallas warpgroups, each through its own slice of the takes'
+    scratch: jnp's answer for each block, clean under the checker."""
+    x = data((2, 64, 128), F32)
+    idx = np.stack([per_row(indices(64, 64, 14)), per_row(indices(64, 64, 15))])
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(per_warpgroup_kernel(fn, [x, idx]), x, idx)
+    want = np.stack([np.asarray(jax.jit(fn)(a, b)) for a, b in zip(x, idx)])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_jax_alone_refuses_a_gather(pipeline):
