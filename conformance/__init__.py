@@ -71,6 +71,7 @@ def format_result(result: Result, *, out: TextIO, shown: int = 40) -> None:
     if fallbacks:
         print(f"\n{fallbacks} tests used a rule outside its architecture range "
               "(SM002 warnings, as jax does not check the architecture)", file=out)
+    _print_races(result, out=out, shown=shown)
     if not has_list:
         _print_failure_reasons(result, out=out, shown=shown)
     missing = result.expected_not_passing
@@ -85,6 +86,23 @@ def format_result(result: Result, *, out: TextIO, shown: int = 40) -> None:
 
 
 _WHERE = re.compile(r" at (loc\(.*?\)|\S+:\d+)|0x[0-9a-f]+")
+
+
+def _print_races(result: Result, *, out: TextIO, shown: int) -> None:
+    """The tests whose kernels raced (races reported as warnings,
+    ``--on-race warn``), with their outcome and first race."""
+    racy = sorted((o for o in result.outcomes.values() if o.races), key=lambda o: o.test)
+    if not racy:
+        return
+    passed = sum(1 for o in racy if o.outcome == "passed")
+    print(f"\n{len(racy)} tests' kernels have data races ({passed} of them passed their "
+          "assertions on the emulator's one interleaving; a GPU may compute otherwise):",
+          file=out)
+    for o in racy[:shown]:
+        print(f"  {o.test} ({o.outcome}, {len(o.races)} races)\n      {o.races[0][:300]}",
+              file=out)
+    if len(racy) > shown:
+        print(f"  ... and {len(racy) - shown} more", file=out)
 
 
 def _print_failure_reasons(result: Result, *, out: TextIO, shown: int) -> None:
@@ -108,7 +126,7 @@ def main(paths: Sequence[str], expected_file: str | None, require: int | None,
          pytest_args: Sequence[str], out: TextIO, *, reference: bool = False,
          write_passing: str | None = None, emulate: tuple[int, int] | None = None,
          timeout: float | None = None, shard: tuple[int, int] | None = None,
-         write_outcomes: str | None = None) -> int:
+         write_outcomes: str | None = None, on_race: str | None = None) -> int:
     """``smalti conformance``: 0 if at least ``require`` expected tests passed
     (default: all of them; without a list, if pytest found no failure).
     ``reference``: run under jax's own middle-end; ``write_passing``: write
@@ -116,10 +134,13 @@ def main(paths: Sequence[str], expected_file: str | None, require: int | None,
     ``emulate``: run jax's GPU tests on the CPU, their kernels on the
     emulator as that architecture; ``timeout``: seconds each test may run;
     ``shard``: run only that share of the tests; ``write_outcomes``: write
-    every test's outcome, seconds and why (tab-separated)."""
+    every test's outcome, seconds, why and races reported (tab-separated);
+    ``on_race``: the emulator's race policy (``"warn"``: races are listed,
+    not failures)."""
     expected = read_expected(Path(expected_file)) if expected_file else None
     result = run([Path(p) for p in paths], expected=expected, pytest_args=pytest_args,
-                 reference=reference, emulate=emulate, timeout=timeout, shard=shard)
+                 reference=reference, emulate=emulate, timeout=timeout, shard=shard,
+                 on_race=on_race)
     print(file=out)
     print("under jax's own inference and lowering (the reference)" if reference else
           "under smalti's inference and lowering", file=out)
@@ -132,7 +153,7 @@ def main(paths: Sequence[str], expected_file: str | None, require: int | None,
         Path(write_passing).write_text("".join(t + "\n" for t in passed))
         print(f"\nwrote the {len(passed)} passing tests to {write_passing}", file=out)
     if write_outcomes:
-        rows = [f"{o.test}\t{o.outcome}\t{o.seconds:.2f}\t{o.reason}\n"
+        rows = [f"{o.test}\t{o.outcome}\t{o.seconds:.2f}\t{o.reason}\t{len(o.races)}\n"
                 for o in sorted(result.outcomes.values(), key=lambda o: o.test)]
         Path(write_outcomes).write_text("".join(rows))
         print(f"\nwrote the outcomes of {len(rows)} tests to {write_outcomes}", file=out)

@@ -39,10 +39,11 @@ class Outcome(Fields):
     """How one test ended: ``passed``, ``failed``, ``skipped`` (an error in
     setup or teardown counts as ``failed``), with the first line of why."""
 
-    __slots__ = ("test", "outcome", "reason", "arch_fallbacks", "seconds")
+    __slots__ = ("test", "outcome", "reason", "arch_fallbacks", "seconds", "races")
 
     def __init__(self, test: str, outcome: str, reason: str = "",
-                 arch_fallbacks: int = 0, seconds: float = 0.0) -> None:
+                 arch_fallbacks: int = 0, seconds: float = 0.0,
+                 races: Sequence[str] = ()) -> None:
         self.test = test
         self.outcome = outcome
         self.reason = reason
@@ -50,6 +51,9 @@ class Outcome(Fields):
         self.arch_fallbacks = arch_fallbacks
         #: how long the test's call ran
         self.seconds = seconds
+        #: the data races its kernels reported as warnings (``on_race="warn"``),
+        #: each by its first line
+        self.races = list(races)
 
 
 class FileCount(Fields):
@@ -189,6 +193,9 @@ class _Collector:
         #: tests stopped by the per-test timeout, with it
         self.timed_out: dict[str, float] = {}
         self._fallbacks = 0
+        #: per test, the first lines of the RaceWarnings its kernels issued
+        #: before the test's report
+        self._races: dict[str, list[str]] = {}
         if drop_in is not None:
             drop_in.on_fallbacks = self._count_fallbacks
 
@@ -202,6 +209,17 @@ class _Collector:
         # After setUpClass / setUp have registered their rules.
         if self.drop_in is not None:
             self.drop_in.refresh()
+
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str,
+                                location: Any) -> None:
+        from smalti.emulate import RaceWarning
+
+        if when == "runtest" and issubclass(warning_message.category, RaceWarning):
+            # (pytest hands a test's warnings over when the test is done, after its report)
+            test, first = _test_id(nodeid), str(warning_message.message).splitlines()[0]
+            outcome = self.outcomes.get(test)
+            (outcome.races if outcome is not None else
+             self._races.setdefault(test, [])).append(first)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         test = _test_id(report.nodeid)
@@ -220,7 +238,8 @@ class _Collector:
                 reason = str(report.longrepr[2])
             self.outcomes[test] = Outcome(test, report.outcome, reason.splitlines()[0]
                                           if reason else "", self._fallbacks,
-                                          report.duration if report.when == "call" else 0.0)
+                                          report.duration if report.when == "call" else 0.0,
+                                          self._races.pop(test, ()))
 
 
 class _Shard:
@@ -317,13 +336,16 @@ def _test_id(nodeid: str) -> str:
 def run(paths: Sequence[Path], *, expected: list[str] | None = None,
         pytest_args: Sequence[str] = (), reference: bool = False,
         emulate: tuple[int, int] | None = None, timeout: float | None = None,
-        shard: tuple[int, int] | None = None) -> Result:
+        shard: tuple[int, int] | None = None, on_race: str | None = None) -> Result:
     """Runs the jax test files in ``paths`` with smalti in place of jax's
     middle-end (``reference``: with jax's own, to see what that jax passes);
     ``expected``: the test ids that should pass. ``emulate``: the process
     pretends to have that GPU and runs the tests' kernels on the emulator
     (:mod:`smalti.emulate.pretend`); ``timeout``: seconds a test may run;
-    ``shard``: (index, count), only every count-th test from the index-th."""
+    ``shard``: (index, count), only every count-th test from the index-th;
+    ``on_race``: what an emulated kernel's data race does (the emulator's
+    policy: ``"raise"``, the default, fails the test; ``"warn"`` records it in
+    the test's :attr:`Outcome.races` and lets the test's assertions decide)."""
     import pytest
 
     from smalti.conformance.drop_in import DropIn
@@ -336,7 +358,7 @@ def run(paths: Sequence[Path], *, expected: list[str] | None = None,
     if emulate is not None:
         from smalti.emulate.pretend import pretend_gpu
 
-        gpu = pretend_gpu(emulate)
+        gpu = pretend_gpu(emulate, on_race=on_race)
     with gpu, helpers_preloaded(directories), (
             contextlib.nullcontext() if reference else DropIn()) as drop_in:
         collector = _Collector(drop_in)
@@ -345,6 +367,8 @@ def run(paths: Sequence[Path], *, expected: list[str] | None = None,
             plugins.append(_Timeout(timeout, collector))
         if shard is not None:
             plugins.append(_Shard(*shard))
-        status = pytest.main([*PYTEST_OPTIONS, *pytest_args, *map(str, files)],
+        # every race reported, not once per place in the emulator that warns
+        every_race = ["-W", "always::smalti.emulate.RaceWarning"] if emulate is not None else []
+        status = pytest.main([*PYTEST_OPTIONS, *every_race, *pytest_args, *map(str, files)],
                              plugins=plugins)
     return Result(collector.outcomes, expected, int(status))

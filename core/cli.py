@@ -364,6 +364,11 @@ def cmd_lower(args: argparse.Namespace) -> int:
 def cmd_conformance(args: argparse.Namespace) -> int:
     from smalti import conformance  # imports jax's test machinery: only when asked
 
+    if args.on_race is not None and args.emulate is None:
+        _error(SmaltiValueError(
+            "SM301", f"--on-race {args.on_race} without --emulate: only emulated kernels race",
+            fix="add --emulate[=ARCH], or drop --on-race"))
+        return EXIT_USAGE
     missing = [p for p in [*args.paths, args.expected] if p and not os.path.exists(p)]
     if missing:
         _error(SmaltiValueError(
@@ -374,7 +379,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                             shlex.split(args.pytest_args), sys.stdout, reference=args.jax,
                             write_passing=args.write_passing, emulate=args.emulate,
                             timeout=args.timeout, shard=args.shard,
-                            write_outcomes=args.write_outcomes)
+                            write_outcomes=args.write_outcomes, on_race=args.on_race)
 
 
 # --- smalti explain ----------------------------------------------------------------------
@@ -452,6 +457,10 @@ def make_parser() -> argparse.ArgumentParser:
                              "NVIDIA GPU of ARCH (default 9.0) and the tests' kernels run on "
                              "smalti's emulator (write --emulate=ARCH, or put it after the "
                              "paths)")
+    conformance.add_argument("--on-race", choices=("raise", "warn", "ignore"), default=None,
+                             help="with --emulate: what a kernel's data race does -- raise "
+                             "(fail the test; the default, or SMALTI_EMULATE_ON_RACE), warn "
+                             "(list the test's races and let its assertions decide) or ignore")
     conformance.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
                              help="stop (and fail) a test that runs longer than this")
     conformance.add_argument("--shard", metavar="K/N", type=_shard, default=None,
@@ -459,8 +468,8 @@ def make_parser() -> argparse.ArgumentParser:
                              "N runs with K = 1..N run each test once: on several cores, or "
                              "as a sample of a long suite)")
     conformance.add_argument("--write-outcomes", metavar="FILE",
-                             help="write every test's outcome, seconds and first line of why "
-                             "to FILE, tab-separated")
+                             help="write every test's outcome, seconds, first line of why "
+                             "and number of races reported to FILE, tab-separated")
     conformance.add_argument("--pytest-args", metavar="ARGS", default="",
                              help="more pytest options, as one string (e.g. '-x -k tmem')")
     conformance.set_defaults(run=cmd_conformance)

@@ -169,3 +169,56 @@ def test_conformance_counts_jax_style_gpu_tests_per_file(tmp_path):
     assert ("kernels_test.py::KernelTest::test_wrong_expectation_fails\n      failed: "
             "AssertionError" in done.stdout)  # why the expected one failed
     assert "timed out after 3 s" not in done.stdout  # not expected: not listed
+
+
+#: Two blocks write one output range: a write-after-write race between
+#: blocks, whose lockstep result (the last block's values) the test expects.
+RACY_TEST = '''
+class RacyTest(KernelTest):
+    def test_blocks_write_one_range(self):
+        def body(x, o):
+            i = jax.lax.axis_index("i")
+            o[...] = x[pl.ds(i * 128, 128)]
+        racy = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                            grid=(2,), grid_names=("i",))
+        x = np.arange(256, dtype=np.float32)
+        np.testing.assert_array_equal(racy(x), x[128:])
+'''
+
+
+def _conformance_on(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "racy_test.py").write_text(GPU_TESTS + textwrap.dedent(RACY_TEST))
+    return subprocess.run(
+        [sys.executable, "-m", "smalti.cli", "conformance", str(tmp_path / "racy_test.py"),
+         *args, "--pytest-args", "-k 'test_doubles or test_blocks'"],
+        capture_output=True, text=True, timeout=600)
+
+
+def test_conformance_fails_a_racy_test_by_default(tmp_path):
+    done = _conformance_on(tmp_path, "--emulate=9.0")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "RaceError: 1 data race(s) found" in done.stdout  # why it failed
+    assert "tests' kernels have data races" not in done.stdout
+
+
+def test_conformance_on_race_warn_lists_the_races_beside_the_outcomes(tmp_path):
+    outcomes_file = tmp_path / "outcomes.tsv"
+    done = _conformance_on(tmp_path, "--emulate=9.0", "--on-race", "warn",
+                           "--write-outcomes", str(outcomes_file))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r[0].split("::")[-1]: r for r in
+            (line.split("\t") for line in outcomes_file.read_text().splitlines())}
+    # test, outcome, seconds, why, races reported
+    assert rows["test_blocks_write_one_range"][1] == "passed"
+    assert int(rows["test_blocks_write_one_range"][4]) >= 1
+    assert [r[4] for name, r in rows.items() if name != "test_blocks_write_one_range"] == \
+        ["0"] * (len(rows) - 1)
+    assert "1 tests' kernels have data races (1 of them passed" in done.stdout
+    assert "racy_test.py::RacyTest::test_blocks_write_one_range (passed" in done.stdout
+    assert "data race (write-after-write, gmem)" in done.stdout
+
+
+def test_conformance_on_race_needs_emulate(tmp_path):
+    done = _conformance_on(tmp_path, "--on-race", "warn")
+    assert done.returncode == 2
+    assert "[SM301] --on-race warn without --emulate" in done.stderr
