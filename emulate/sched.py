@@ -91,6 +91,11 @@ class Scheduler:
 
     def _give_back(self, task: Task) -> None:
         task.ready.clear()
+        # The driver may have given up while this task ran (an exception out of
+        # its wait: a test's timeout signal), setting ``abort`` and then every
+        # task's ``ready`` -- perhaps before the clear above: look again.
+        if self.abort:
+            raise _Abort()
         self.back.set()
         task.ready.wait()
         if self.abort:
