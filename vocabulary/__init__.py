@@ -122,6 +122,7 @@ PRIMITIVES: dict[str, str] = {
     # data movement (movement.py)
     "smalti.vocabulary.movement:take_p": "movement:lower_take",
     "smalti.vocabulary.lanes:permute_p": "lanes:lower",
+    "smalti.vocabulary.lane_exchange:exchange_p": "lane_exchange:lower",
     "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
     "jax._src.lax.lax:rev_p": "movement:lower_rev",
     "jax._src.lax.lax:pad_p": "movement:lower_pad",
@@ -185,6 +186,7 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     # data movement (movement.py)
     "smalti.vocabulary.movement:take_p": "movement:take_estimate",
     "smalti.vocabulary.lanes:permute_p": "lanes:estimate",
+    "smalti.vocabulary.lane_exchange:exchange_p": "lane_exchange:estimate",
     "jax._src.lax.lax:transpose_p": "movement:estimate_transpose",
     "jax._src.lax.lax:rev_p": "movement:estimate_one",
     "jax._src.lax.lax:pad_p": "movement:estimate_one",

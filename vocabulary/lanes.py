@@ -10,7 +10,7 @@ thread's output slot ``(j, b)`` reads, for each of the four lanes ``q`` of
 its quad, one slot of one lane of the same quad: register moves (free),
 quad shuffles (``shfl.sync``) and selects.
 
-How (:func:`_route`), per output slot, on 32-bit *words* (a 32-bit element,
+How (:func:`route`), per output slot, on 32-bit *words* (a 32-bit element,
 or the pair of 16-bit elements of a register, so a 16-bit shuffle moves
 two elements):
 
@@ -50,7 +50,9 @@ WGMMA's layout), so it lowers under jax's pipeline and smalti's alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -70,7 +72,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from smalti.vocabulary import smem_transpose
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Lowered, Operand, PallasContext
 
-__all__ = ["permute", "permute_p", "fits", "shifted", "flipped", "xor_partners"]
+__all__ = ["permute", "permute_p", "fits", "shifted", "flipped", "xor_partners", "for_operands"]
 
 QUAD = 4  # lanes holding one row of a WGMMA tile
 TILE_ROWS, TILE_COLS = 64, 8  # WGMMA layout's tile
@@ -93,7 +95,33 @@ def permute(x: jax.Array, columns: Sequence[int]) -> jax.Array:
                          f"array's last axis, got {len(columns)} for shape {x.shape}")
     if columns == tuple(range(n)):
         return x
+    if not registers_allowed():
+        return _take_f(x, columns=columns)
     return permute_p.bind(x, columns=columns)
+
+
+_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("smalti_lanes", default=True)
+
+
+def registers_allowed() -> bool:
+    """Whether the rule being lowered lets :func:`permute` (and the other
+    register paths) pin WGMMA's layout: see :func:`for_operands`."""
+    return _ALLOWED.get()
+
+
+@contextlib.contextmanager
+def for_operands(*operands: Operand) -> Iterator[None]:
+    """Within: the register paths are taken only if no operand of the rule
+    being lowered comes from a plain load of global memory. Their WGMMA
+    layout would otherwise reach that load through the elementwise ops that
+    combine the operand with results (a strided load cannot be relaid out),
+    so such a rule's decomposition takes ``take`` throughout."""
+    token = _ALLOWED.set(_ALLOWED.get() and not any(
+        isinstance(v, ir.Value) and smem_transpose.from_global_memory(v) for v in operands))
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
 
 
 def shifted(n: int, s: int) -> tuple[int, ...]:
@@ -199,7 +227,7 @@ def estimate(ctx: EstimatorContext, x_aval: Aval, **params: Any) -> Any:
 # --- the register permutation ------------------------------------------------------------------
 
 
-class _Quad:
+class Quad:
     """Per-thread values shared by every slot of one permutation: the lane
     in the quad, lane predicates and shuffle lane indices (built once)."""
 
@@ -293,7 +321,7 @@ def _lane_map(senders: Sequence[int], served: Sequence[int]) -> tuple[int, ...]:
     return tuple(senders[q] if q in served else senders[served[0]] for q in range(QUAD))
 
 
-def _route(quad: _Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, int]],
+def route(quad: Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, int]],
            shuffled: dict[tuple[Any, ...], ir.Value]) -> ir.Value:
     """The word each lane ``q`` wants: ``words[w]`` of lane ``l`` for
     ``(l, w) = sources[q]``; ``shuffled`` caches shuffles of a row group."""
@@ -315,7 +343,7 @@ def _route(quad: _Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, 
     return value
 
 
-def _extract(v: ir.Value, i: int) -> ir.Value:
+def extract(v: ir.Value, i: int) -> ir.Value:
     return vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
 
 
@@ -325,15 +353,15 @@ def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...]) -> fa.Fr
     element = ir.VectorType(regs.flat[0].type).element_type
     narrow = mgpu_utils.bitwidth(element) == 16
     i32 = ir.IntegerType.get_signless(32)
-    quad = _Quad()
+    quad = Quad()
     moved = np.moveaxis(regs, 1, -1)  # row groups x registers of one row
     out = np.empty_like(moved)
     for group in np.ndindex(moved.shape[:-1]):
         row = list(moved[group])
         if narrow:  # one word per register
-            words = [_extract(vector.bitcast(ir.VectorType.get((1,), i32), r), 0) for r in row]
+            words = [extract(vector.bitcast(ir.VectorType.get((1,), i32), r), 0) for r in row]
         else:
-            words = [mgpu_utils.bitcast(_extract(r, b), i32) for r in row for b in range(2)]
+            words = [mgpu_utils.bitcast(extract(r, b), i32) for r in row for b in range(2)]
         shuffled: dict[tuple[Any, ...], ir.Value] = {}
         for j in range(len(row)):
             elements = []
@@ -341,14 +369,14 @@ def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...]) -> fa.Fr
                 srcs = [columns[TILE_COLS * j + 2 * q + b] for q in range(QUAD)]
                 lanes = [(s // 2) % QUAD for s in srcs]
                 if narrow:
-                    got = _route(quad, words, [(ln, s // TILE_COLS) for ln, s in zip(lanes, srcs)],
+                    got = route(quad, words, [(ln, s // TILE_COLS) for ln, s in zip(lanes, srcs)],
                                  shuffled)
                     pair = vector.bitcast(ir.VectorType.get((2,), element),
                                           vector.broadcast(ir.VectorType.get((1,), i32), got))
-                    halves = {h: _extract(pair, h) for h in sorted({s % 2 for s in srcs})}
+                    halves = {h: extract(pair, h) for h in sorted({s % 2 for s in srcs})}
                     elements.append(quad.choose([halves[s % 2] for s in srcs]))
                 else:
-                    got = _route(quad, words, [(ln, 2 * (s // TILE_COLS) + s % 2)
+                    got = route(quad, words, [(ln, 2 * (s // TILE_COLS) + s % 2)
                                                for ln, s in zip(lanes, srcs)], shuffled)
                     elements.append(mgpu_utils.bitcast(got, element))
             out[group + (j,)] = vector.from_elements(ir.VectorType.get((2,), element), elements)

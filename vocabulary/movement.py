@@ -437,7 +437,8 @@ def lower_rev(ctx: PallasContext, x: Operand, *, dimensions: Sequence[int]) -> L
     _rank_ok(ctx, what="rev")
     if not dimensions:
         return x
-    return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
+    with lanes.for_operands(x):
+        return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
 
 
 def _pad_pieces(shape: Shape, config: Sequence[tuple[int, int, int]]
@@ -739,4 +740,5 @@ def lower_jit(ctx: PallasContext, *args: Operand, jaxpr: Any, **params: Any) -> 
     found = _fusable(inner) if not getattr(jaxpr, "consts", ()) else {}
     if not found:
         return jax_rule(ctx)(ctx, *args, jaxpr=jaxpr, **params)
-    return pallas_lowering._lower_fun(_fused_body(inner, found))(ctx, *args)
+    with lanes.for_operands(*args):
+        return pallas_lowering._lower_fun(_fused_body(inner, found))(ctx, *args)

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smalti.vocabulary import lane_exchange, lanes
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -134,14 +135,6 @@ def sort_key(x: jnp.ndarray) -> jnp.ndarray:
 # --- the network ------------------------------------------------------------------------------
 
 
-def _less(a: list[jnp.ndarray], b: list[jnp.ndarray]) -> jnp.ndarray:
-    """Lexicographic a < b of lists of int32 words."""
-    lt = a[-1] < b[-1]
-    for x, y in zip(a[-2::-1], b[-2::-1]):
-        lt = jnp.where(x == y, lt, x < y)
-    return lt
-
-
 def _stages(p: int, runs: int | None = None) -> Iterator[tuple[int, int]]:
     """The bitonic network sorting runs of ``runs`` (default ``p``; powers
     of two) elements, all ascending: for each merge of runs of ``k``, first
@@ -177,11 +170,14 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     power_of_two = st & (st - 1) == 0
     for mask, half in (_stages(shape[axis]) if stages is None else stages):
         # the partner's linear index: only the bits of pos * st change
+        if len(shape) == 2 and axis == 1:  # along the minor axis: in registers
+            words = lane_exchange.compare_exchange(words, mask=mask, half=half)
+            continue
         partner = lin ^ (mask * st) if power_of_two else lin + ((pos ^ mask) - pos) * st
         theirs = [take(w, partner) for w in words]
         keep_min = (pos & half) == 0
         # distinct elements: theirs > mine is not(theirs < mine)
-        swap = _less(theirs, words) == keep_min
+        swap = lane_exchange.less(theirs, words) == keep_min
         words = [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
     return words
 
@@ -206,7 +202,7 @@ def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
         start = (pos - offset) * 2  # of the pair of runs
         first = [_gather_along(w, start + offset, axis) for w in words]
         second = [_gather_along(w, start + (2 * r - 1) - offset, axis) for w in words]
-        less = _less(first, second)
+        less = lane_exchange.less(first, second)
         words = [jnp.where(less, a, b) for a, b in zip(first, second)]
         words = bitonic_sort(words, axis, _half_cleaners(r))
     return words
@@ -375,7 +371,8 @@ def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable
     _check_dtypes(ctx, "sort")
     check_block(ctx, tuple(ctx.avals_in[0].shape), dimension, "sort")
     fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys))
-    return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
+    with lanes.for_operands(*operands):
+        return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
 
 
 def lower_top_k(ctx: PallasContext, x: Operand, *, k: int, axis: int = -1,
@@ -389,7 +386,8 @@ def lower_top_k(ctx: PallasContext, x: Operand, *, k: int, axis: int = -1,
     check_block(ctx, tuple(aval.shape), axis, "top_k")
     if int(k) == 1 and len(aval.shape) == 2:
         return _lower_fun(partial(top_1_f, axis=axis))(ctx, x)
-    return _lower_fun(partial(top_k_f, k=int(k), axis=axis))(ctx, x)
+    with lanes.for_operands(x):
+        return _lower_fun(partial(top_k_f, k=int(k), axis=axis))(ctx, x)
 
 
 def _padded_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
