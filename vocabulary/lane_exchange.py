@@ -112,6 +112,13 @@ def estimate(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Any:
 # --- in registers ------------------------------------------------------------------------------
 
 
+def _routed(quad: lanes.Quad, words: list[ir.Value], sources: list[tuple[int, int]],
+            cache: dict[tuple[Any, ...], ir.Value]) -> ir.Value:
+    value = lanes.route(quad, words, sources, cache)
+    assert value is not None  # every lane has a partner
+    return value
+
+
 def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half: int
                         ) -> tuple[fa.FragmentedArray, ...]:
     i32 = ir.IntegerType.get_signless(32)
@@ -133,7 +140,7 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 sources = [((s // 2) % lanes.QUAD, 2 * (s // lanes.TILE_COLS) + s % 2)
                            for s in srcs]
                 mine = [w[slot] for w in mine_words]
-                theirs = [lanes.route(quad, w, sources, c) for w, c in zip(mine_words, caches)]
+                theirs = [_routed(quad, w, sources, c) for w, c in zip(mine_words, caches)]
                 lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
                 for t, m in zip(theirs[-2::-1], mine[-2::-1]):
                     lt = arith.select(arith.cmpi(pred.eq, t, m), lt,

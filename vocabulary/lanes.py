@@ -83,21 +83,24 @@ QUAD_SEGMENT = 0x1C1F
 permute_p = jax_core.Primitive("smalti_lane_permute")
 
 
-def permute(x: jax.Array, columns: Sequence[int]) -> jax.Array:
+def permute(x: jax.Array, columns: Sequence[int], fill: float | int | None = None
+            ) -> jax.Array:
     """``x[..., columns]`` for a static ``columns`` as long as ``x``'s last
-    axis (each in ``[0, x.shape[-1])``): in registers where :func:`fits`,
-    a ``take`` otherwise."""
+    axis (each in ``[0, x.shape[-1])``, or ``-1`` for the scalar ``fill``):
+    in registers where :func:`fits`, a ``take`` otherwise."""
     x = jnp.asarray(x)
     columns = tuple(int(c) for c in columns)
     n = x.shape[-1]
-    if x.ndim not in (1, 2) or len(columns) != n or any(not 0 <= c < n for c in columns):
-        raise ValueError(f"permute: columns must be {n} indices in [0, {n}) of a 1-D or 2-D "
-                         f"array's last axis, got {len(columns)} for shape {x.shape}")
+    if x.ndim not in (1, 2) or len(columns) != n or any(
+            not (0 <= c < n or (c == -1 and fill is not None)) for c in columns):
+        raise ValueError(f"permute: columns must be {n} indices in [0, {n}) (or -1 with a "
+                         f"fill) of a 1-D or 2-D array's last axis, got {len(columns)} for "
+                         f"shape {x.shape}")
     if columns == tuple(range(n)):
         return x
     if not registers_allowed():
-        return _take_f(x, columns=columns)
-    return permute_p.bind(x, columns=columns)
+        return _take_f(x, columns=columns, fill=fill)
+    return permute_p.bind(x, columns=columns, fill=fill)
 
 
 _ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("smalti_lanes", default=True)
@@ -124,9 +127,10 @@ def for_operands(*operands: Operand) -> Iterator[None]:
         _ALLOWED.reset(token)
 
 
-def shifted(n: int, s: int) -> tuple[int, ...]:
-    """The columns of a roll by ``s`` (output ``c`` reads ``(c - s) mod n``)."""
-    return tuple((c - s) % n for c in range(n))
+def shifted(n: int, s: int, wrap: bool = True) -> tuple[int, ...]:
+    """The columns of a roll by ``s`` (output ``c`` reads ``(c - s) mod n``);
+    with ``wrap=False`` a shift (``-1`` where ``c - s`` is outside the row)."""
+    return tuple((c - s) % n if wrap or 0 <= c - s < n else -1 for c in range(n))
 
 
 def flipped(n: int) -> tuple[int, ...]:
@@ -139,13 +143,15 @@ def xor_partners(n: int, mask: int) -> tuple[int, ...]:
 
 
 @permute_p.def_abstract_eval
-def _abstract_eval(x: Aval, *, columns: tuple[int, ...]) -> Aval:
-    del columns
+def _abstract_eval(x: Aval, *, columns: tuple[int, ...], fill: Any) -> Aval:
+    del columns, fill
     return jax_core.ShapedArray(x.shape, x.dtype)
 
 
-def _impl(x: jax.Array, *, columns: tuple[int, ...]) -> jax.Array:
-    return jnp.take(x, np.asarray(columns, np.int32), axis=-1)
+def _impl(x: jax.Array, *, columns: tuple[int, ...], fill: Any) -> jax.Array:
+    cols = np.asarray(columns, np.int32)
+    taken = jnp.take(x, np.maximum(cols, 0), axis=-1)
+    return taken if fill is None else jnp.where(cols >= 0, taken, jnp.asarray(fill, x.dtype))
 
 
 permute_p.def_impl(_impl)
@@ -190,21 +196,27 @@ def _source_columns(n: int, shape: tuple[int, ...], columns: tuple[int, ...]) ->
     return source
 
 
-def _take_f(x: jax.Array, *, columns: tuple[int, ...]) -> jax.Array:
+def _take_f(x: jax.Array, *, columns: tuple[int, ...], fill: Any = None) -> jax.Array:
     from smalti.vocabulary.movement import take
 
     n = x.shape[-1]
     cols = _source_columns(n, x.shape, columns)
-    if x.ndim == 1:
-        return take(x, cols)
-    return take(x, jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) * n + cols)
+    valid = cols >= 0
+    cols = jnp.maximum(cols, 0)
+    if x.ndim == 2:
+        cols = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) * n + cols
+    taken = take(x, cols)
+    if fill is None:
+        return taken
+    return jnp.where(valid, taken, jnp.asarray(fill, x.dtype))
 
 
-def lower(ctx: PallasContext, x: Operand, *, columns: tuple[int, ...]) -> Lowered:
+def lower(ctx: PallasContext, x: Operand, *, columns: tuple[int, ...], fill: Any) -> Lowered:
     """In registers where :func:`fits`; ``take`` otherwise."""
     [aval] = ctx.avals_in
     if not fits(aval, x):
-        return pallas_lowering._lower_fun(lambda v: _take_f(v, columns=columns))(ctx, x)
+        return pallas_lowering._lower_fun(
+            lambda v: _take_f(v, columns=columns, fill=fill))(ctx, x)
     layout = plgpu.Layout.WGMMA
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
     x = mgpu_dialect.layout_cast(pallas_lowering._ensure_ir_value(x, aval.dtype), wgmma)
@@ -212,7 +224,7 @@ def lower(ctx: PallasContext, x: Operand, *, columns: tuple[int, ...]) -> Lowere
     @plgpu.inline_mgpu(arg_types=(layout,),
                        return_type=plgpu.ShapeDtypeStruct(aval.shape, aval.dtype, layout))
     def body(_: Any, value: fa.FragmentedArray) -> fa.FragmentedArray:
-        return _permute_registers(value, columns)
+        return _permute_registers(value, columns, fill)
 
     return pallas_lowering._lower_fun(body)(ctx, x)
 
@@ -295,10 +307,11 @@ class Quad:
                               nvvm.ShflKind.idx)
 
 
-def _rounds(senders: Sequence[int]) -> list[list[int]]:
-    """The receivers (lanes) split into rounds in which no lane sends twice."""
+def _rounds(senders: Sequence[int], receivers: Sequence[int]) -> list[list[int]]:
+    """The ``receivers`` (lanes) split into rounds in which no lane sends twice."""
     rounds: list[list[int]] = []
-    for q, s in enumerate(senders):
+    for q in receivers:
+        s = senders[q]
         for r in rounds:
             if all(senders[o] != s for o in r):
                 r.append(q)
@@ -321,17 +334,21 @@ def _lane_map(senders: Sequence[int], served: Sequence[int]) -> tuple[int, ...]:
     return tuple(senders[q] if q in served else senders[served[0]] for q in range(QUAD))
 
 
-def route(quad: Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, int]],
-           shuffled: dict[tuple[Any, ...], ir.Value]) -> ir.Value:
+def route(quad: Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, int] | None],
+          shuffled: dict[tuple[Any, ...], ir.Value]) -> ir.Value | None:
     """The word each lane ``q`` wants: ``words[w]`` of lane ``l`` for
-    ``(l, w) = sources[q]``; ``shuffled`` caches shuffles of a row group."""
-    senders = [s for s, _ in sources]
+    ``(l, w) = sources[q]`` (anything where that is ``None``; ``None`` where
+    all are); ``shuffled`` caches shuffles of a row group."""
+    wanted = [q for q in range(QUAD) if sources[q] is not None]
+    senders = [s[0] if s is not None else -1 for s in sources]
     value: ir.Value | None = None
-    for served in _rounds(senders):
+    for served in _rounds(senders, wanted):
         lanes = _lane_map(senders, served)
         sent: list[int | None] = [None] * QUAD  # the word each sender lane sends
         for q in served:
-            sent[senders[q]] = sources[q][1]
+            source = sources[q]
+            assert source is not None
+            sent[source[0]] = source[1]
         common = max((w for w in sent if w is not None), key=sent.count)
         key = (tuple(common if w is None else w for w in sent), lanes)
         if key not in shuffled:
@@ -339,7 +356,6 @@ def route(quad: Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, in
         got = shuffled[key]
         value = got if value is None else arith.select(
             quad.lanes_in(frozenset(served)), got, value)
-    assert value is not None
     return value
 
 
@@ -347,12 +363,15 @@ def extract(v: ir.Value, i: int) -> ir.Value:
     return vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
 
 
-def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...]) -> fa.FragmentedArray:
+def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...], fill: Any
+                       ) -> fa.FragmentedArray:
     """``x[:, columns]`` of a WGMMA-layout array (the module docstring's method)."""
     regs = x.registers  # (rows / 64, cols / 8, 1, 1, 2, 1, 1, 1, 1) of vector<2 x T>
     element = ir.VectorType(regs.flat[0].type).element_type
     narrow = mgpu_utils.bitwidth(element) == 16
     i32 = ir.IntegerType.get_signless(32)
+    filler = None if fill is None else mgpu_utils.c(
+        float(fill) if isinstance(element, ir.FloatType) else int(fill), element)
     quad = Quad()
     moved = np.moveaxis(regs, 1, -1)  # row groups x registers of one row
     out = np.empty_like(moved)
@@ -367,18 +386,23 @@ def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...]) -> fa.Fr
             elements = []
             for b in range(2):
                 srcs = [columns[TILE_COLS * j + 2 * q + b] for q in range(QUAD)]
-                lanes = [(s // 2) % QUAD for s in srcs]
-                if narrow:
-                    got = route(quad, words, [(ln, s // TILE_COLS) for ln, s in zip(lanes, srcs)],
-                                 shuffled)
-                    pair = vector.bitcast(ir.VectorType.get((2,), element),
-                                          vector.broadcast(ir.VectorType.get((1,), i32), got))
-                    halves = {h: extract(pair, h) for h in sorted({s % 2 for s in srcs})}
-                    elements.append(quad.choose([halves[s % 2] for s in srcs]))
+                if narrow:  # the word, then the half
+                    got = route(quad, words, [None if s < 0 else ((s // 2) % QUAD, s // TILE_COLS)
+                                              for s in srcs], shuffled)
+                    halves = {}
+                    if got is not None:
+                        pair = vector.bitcast(ir.VectorType.get((2,), element),
+                                              vector.broadcast(ir.VectorType.get((1,), i32), got))
+                        halves = {h: extract(pair, h) for h in sorted({s % 2 for s in srcs
+                                                                        if s >= 0})}
+                    elements.append(quad.choose([filler if s < 0 else halves[s % 2]
+                                                 for s in srcs]))
                 else:
-                    got = route(quad, words, [(ln, 2 * (s // TILE_COLS) + s % 2)
-                                               for ln, s in zip(lanes, srcs)], shuffled)
-                    elements.append(mgpu_utils.bitcast(got, element))
+                    got = route(quad, words, [None if s < 0 else ((s // 2) % QUAD,
+                                                                  2 * (s // TILE_COLS) + s % 2)
+                                              for s in srcs], shuffled)
+                    value = None if got is None else mgpu_utils.bitcast(got, element)
+                    elements.append(quad.choose([filler if s < 0 else value for s in srcs]))
             out[group + (j,)] = vector.from_elements(ir.VectorType.get((2,), element), elements)
     return fa.FragmentedArray(_registers=np.moveaxis(out, -1, 1), _layout=x.layout,
                               _is_signed=x.is_signed)
