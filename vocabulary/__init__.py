@@ -123,6 +123,7 @@ PRIMITIVES: dict[str, str] = {
     "smalti.vocabulary.movement:take_p": "movement:lower_take",
     "smalti.vocabulary.lanes:permute_p": "lanes:lower",
     "smalti.vocabulary.lane_exchange:exchange_p": "lane_exchange:lower",
+    "smalti.vocabulary.lanes:iota_p": "lanes:lower_iota",
     "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
     "jax._src.lax.lax:rev_p": "movement:lower_rev",
     "jax._src.lax.lax:pad_p": "movement:lower_pad",

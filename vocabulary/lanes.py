@@ -72,7 +72,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from smalti.vocabulary import smem_transpose
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Lowered, Operand, PallasContext
 
-__all__ = ["permute", "permute_p", "fits", "shifted", "flipped", "xor_partners", "for_operands"]
+__all__ = ["permute", "permute_p", "fits", "shifted", "flipped", "xor_partners", "for_operands",
+           "iota", "in_registers"]
 
 QUAD = 4  # lanes holding one row of a WGMMA tile
 TILE_ROWS, TILE_COLS = 64, 8  # WGMMA layout's tile
@@ -103,13 +104,23 @@ def permute(x: jax.Array, columns: Sequence[int], fill: float | int | None = Non
     return permute_p.bind(x, columns=columns, fill=fill)
 
 
-_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("smalti_lanes", default=True)
+#: Whether the rule being lowered lets the register paths pin WGMMA's layout
+#: (see :func:`for_operands`); ``None`` outside such a rule, where
+#: :func:`permute`'s own rule decides from its operand.
+_ALLOWED: contextvars.ContextVar[bool | None] = contextvars.ContextVar("smalti_lanes",
+                                                                       default=None)
 
 
 def registers_allowed() -> bool:
-    """Whether the rule being lowered lets :func:`permute` (and the other
-    register paths) pin WGMMA's layout: see :func:`for_operands`."""
-    return _ALLOWED.get()
+    """Whether :func:`permute` (and the other register paths) may be bound."""
+    return _ALLOWED.get() is not False
+
+
+def in_registers(shape: tuple[int, ...], dtype: Any = np.int32) -> bool:
+    """Whether a value of ``shape`` computed inside a :func:`for_operands`
+    that allows registers is in WGMMA's layout: iotas and slices of it may
+    then be built in registers too (:func:`iota`)."""
+    return _ALLOWED.get() is True and fits(jax_core.ShapedArray(shape, np.dtype(dtype)))
 
 
 @contextlib.contextmanager
@@ -119,7 +130,7 @@ def for_operands(*operands: Operand) -> Iterator[None]:
     layout would otherwise reach that load through the elementwise ops that
     combine the operand with results (a strided load cannot be relaid out),
     so such a rule's decomposition takes ``take`` throughout."""
-    token = _ALLOWED.set(_ALLOWED.get() and not any(
+    token = _ALLOWED.set(_ALLOWED.get() is not False and not any(
         isinstance(v, ir.Value) and smem_transpose.from_global_memory(v) for v in operands))
     try:
         yield
@@ -166,6 +177,78 @@ def fits(aval: Aval, x: ir.Value | None = None) -> bool:
         return False
     return (aval.ndim == 2 and dtype != np.bool_ and dtype.itemsize in (2, 4)
             and aval.shape[0] % TILE_ROWS == 0 and aval.shape[1] % TILE_COLS == 0)
+
+
+iota_p = jax_core.Primitive("smalti_lane_iota")
+
+
+def iota(shape: tuple[int, ...], dimension: int) -> jax.Array:
+    """``lax.broadcasted_iota(int32, shape, dimension)`` of a 2-D ``shape``,
+    built in WGMMA's layout from the thread's index (an add per register
+    holding distinct columns) where :func:`in_registers`; jax's iota
+    otherwise."""
+    if not in_registers(tuple(shape)):
+        return jax.lax.broadcasted_iota(jnp.int32, shape, dimension)
+    return iota_p.bind(shape=tuple(shape), dimension=int(dimension))
+
+
+@iota_p.def_abstract_eval
+def _iota_abstract_eval(*, shape: tuple[int, ...], dimension: int) -> Aval:
+    del dimension
+    return jax_core.ShapedArray(shape, np.dtype(np.int32))
+
+
+def _iota_impl(*, shape: tuple[int, ...], dimension: int) -> jax.Array:
+    return jax.lax.broadcasted_iota(jnp.int32, shape, dimension)
+
+
+iota_p.def_impl(_iota_impl)
+mlir.register_lowering(iota_p, mlir.lower_fun(_iota_impl, multiple_results=False))
+
+
+def lower_iota(ctx: PallasContext, *, shape: tuple[int, ...], dimension: int) -> Lowered:
+    layout = plgpu.Layout.WGMMA
+
+    @plgpu.inline_mgpu(return_type=plgpu.ShapeDtypeStruct(shape, jnp.int32, layout))
+    def body(_: Any) -> fa.FragmentedArray:
+        return _iota_registers(shape, dimension)
+
+    return pallas_lowering._lower_fun(body)(ctx)
+
+
+def _iota_registers(shape: tuple[int, ...], dimension: int) -> fa.FragmentedArray:
+    """Row ``64 g + 16 w + 8 h + l // 4`` and column ``8 j + 2 (l % 4) + b``
+    of element ``b`` of register ``(g, j, h)`` of lane ``l`` of warp ``w``."""
+    i32 = ir.IntegerType.get_signless(32)
+    pair = ir.VectorType.get((2,), i32)
+    layout = fa.WGMMA_LAYOUT
+    regs = np.empty(layout.registers_shape(shape), dtype=object)
+    tid = arith.andi(mgpu_utils.thread_idx(), mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE - 1, i32))
+
+    def shift(v: ir.Value, right: int, left: int) -> ir.Value:
+        v = arith.shrui(v, mgpu_utils.c(right, i32)) if right else v
+        return arith.shli(v, mgpu_utils.c(left, i32)) if left else v
+
+    if dimension == 1:  # 2 (l % 4), then + 8 j + (0, 1)
+        base = vector.broadcast(pair, shift(arith.andi(tid, mgpu_utils.c(QUAD - 1, i32)), 0, 1))
+        offsets = {j: arith.addi(base, _constant(pair, [TILE_COLS * j, TILE_COLS * j + 1]))
+                   for j in range(regs.shape[1])}
+        for index in np.ndindex(regs.shape):
+            regs[index] = offsets[index[1]]
+    else:  # 16 w + l // 4, then + 64 g + 8 h
+        row = arith.ori(shift(tid, 5, 4), arith.andi(shift(tid, 2, 0), mgpu_utils.c(7, i32)))
+        base = vector.broadcast(pair, row)
+        offsets = {}
+        for index in np.ndindex(regs.shape):
+            key = TILE_ROWS * index[0] + TILE_COLS * index[4]
+            if key not in offsets:
+                offsets[key] = arith.addi(base, _constant(pair, [key, key])) if key else base
+            regs[index] = offsets[key]
+    return fa.FragmentedArray(_registers=regs, _layout=layout, _is_signed=True)
+
+
+def _constant(t: ir.VectorType, values: list[int]) -> ir.Value:
+    return arith.constant(t, ir.DenseElementsAttr.get(np.asarray(values, np.int32), type=t))
 
 
 # --- Pallas lowering ------------------------------------------------------------------------

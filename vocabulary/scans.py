@@ -69,7 +69,10 @@ SIXTEEN_BIT_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 def positions(shape: tuple[int, ...], axis: int) -> jnp.ndarray:
-    """Each element's index along ``axis`` (int32)."""
+    """Each element's index along ``axis`` (int32): built in registers
+    where the block is (:func:`smalti.vocabulary.lanes.iota`)."""
+    if len(shape) == 2:
+        return lanes.iota(shape, axis)
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
 

@@ -162,17 +162,22 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     along ``axis``, whose length must be a power of two: a bitonic network
     (``stages``, default :func:`_stages` of the whole axis), one ``take``
     per word and stage. Elements must differ in some word, or be equal
-    values (then which one lands where does not matter)."""
+    values (then which one lands where does not matter). Along the minor
+    axis of a 2-D block each stage is a
+    :func:`~smalti.vocabulary.lane_exchange.compare_exchange` instead (in
+    registers where it fits)."""
     shape = words[0].shape
+    stages = _stages(shape[axis]) if stages is None else stages
+    if len(shape) == 2 and axis == 1:
+        for mask, half in stages:
+            words = lane_exchange.compare_exchange(words, mask=mask, half=half)
+        return words
     pos = positions(shape, axis)
     lin = linear(shape)
     st = stride(shape, axis)
     power_of_two = st & (st - 1) == 0
-    for mask, half in (_stages(shape[axis]) if stages is None else stages):
+    for mask, half in stages:
         # the partner's linear index: only the bits of pos * st change
-        if len(shape) == 2 and axis == 1:  # along the minor axis: in registers
-            words = lane_exchange.compare_exchange(words, mask=mask, half=half)
-            continue
         partner = lin ^ (mask * st) if power_of_two else lin + ((pos ^ mask) - pos) * st
         theirs = [take(w, partner) for w in words]
         keep_min = (pos & half) == 0
@@ -193,6 +198,8 @@ def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
     length = words[0].shape[axis]
     if 2 * r > length:
         return bitonic_sort(words, axis)
+    if len(words[0].shape) == 2 and axis == 1:
+        return _smallest_minor(words, r)
     words = bitonic_sort(words, axis, _stages(length, r))
     while length > r:
         length //= 2
@@ -205,6 +212,25 @@ def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
         less = lane_exchange.less(first, second)
         words = [jnp.where(less, a, b) for a, b in zip(first, second)]
         words = bitonic_sort(words, axis, _half_cleaners(r))
+    return words
+
+
+def _smallest_minor(words: list[jnp.ndarray], r: int) -> list[jnp.ndarray]:
+    """:func:`smallest` along the minor axis in full-width
+    :func:`~smalti.vocabulary.lane_exchange.compare_exchange` stages (no
+    gathers): after sorting runs of ``r``, round ``t`` merges the run at
+    each multiple of ``2 span`` (``span = 2**(t-1) r``) with the one
+    ``span`` on, reversed (partner ``c ^ (span | (r - 1))``, which keeps the
+    smaller where bit ``span`` is clear), then half-cleans it; the other
+    columns hold words no later round reads. The ``r`` smallest end at the
+    start of each row."""
+    length = words[0].shape[1]
+    words = bitonic_sort(words, 1, _stages(length, r))
+    span = r
+    while span < length:
+        words = lane_exchange.compare_exchange(words, mask=span | (r - 1), half=span)
+        words = bitonic_sort(words, 1, _half_cleaners(r))
+        span *= 2
     return words
 
 
@@ -233,6 +259,8 @@ def _read(word: jnp.ndarray, axis: int, out_shape: tuple[int, ...]) -> jnp.ndarr
     where that is all of it)."""
     if tuple(word.shape) == tuple(out_shape):
         return word
+    if axis == 1 and lanes.in_registers(tuple(word.shape)) and out_shape[1] % 8 == 0:
+        return lax.slice(word, (0, 0), tuple(out_shape))  # whole registers: jax's rule
     pos = positions(out_shape, axis)
     if len(out_shape) == 1:
         return take(word, pos)
