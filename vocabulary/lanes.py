@@ -368,10 +368,11 @@ class Quad:
             self._index[sources] = value
         return self._index[sources]
 
-    def choose(self, by_lane: Sequence[ir.Value]) -> ir.Value:
-        """The value ``by_lane[q]`` for this thread's lane ``q``: selects on
-        the lane (one per distinct value beyond the first)."""
-        distinct = list(dict.fromkeys(by_lane))
+    def choose(self, by_lane: Sequence[ir.Value | None]) -> ir.Value:
+        """The value ``by_lane[q]`` (never ``None``) for this thread's lane
+        ``q``: selects on the lane (one per distinct value beyond the first)."""
+        assert all(v is not None for v in by_lane), "a lane without a value"
+        distinct = [v for v in dict.fromkeys(by_lane) if v is not None]
         value = distinct[0]
         for other in distinct[1:]:
             lanes = frozenset(q for q in range(QUAD) if by_lane[q] == other)

@@ -251,3 +251,13 @@ def test_movement_costs(pipeline, name, most):
     moved, base = _profile(pipeline, fn, x), _profile(pipeline, lambda v: v, x)
     assert moved[WAVEFRONTS] == base[WAVEFRONTS]
     assert (moved[INST] - base[INST]) * 32 / x.size <= most
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (128, 64)])
+@pytest.mark.parametrize("dimension", [0, 1])
+def test_iota_in_registers(pipeline, shape, dimension):
+    """The register iota: each element's row or column."""
+    x = RNG.integers(-1000, 1000, shape).astype(I32)
+    fn = lambda v: v + lanes.iota_p.bind(shape=v.shape, dimension=dimension)  # noqa: E731
+    got = _profile(pipeline, fn, x).outputs[0]
+    np.testing.assert_array_equal(got, x + np.asarray(lax.broadcasted_iota(I32, shape, dimension)))
