@@ -27,7 +27,7 @@ import smalti.jax
 import smalti.vocabulary
 from benchmarks.vocabulary import kernel as tma_kernel
 from smalti.diagnostics import SmaltiNotImplementedError
-from smalti.vocabulary import movement
+from smalti.vocabulary import lanes, movement
 from smalti.vocabulary.movement import take
 
 WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
@@ -108,7 +108,6 @@ def test_take_scratch_is_swizzled(pipeline, monkeypatch, fn, dtype):
     hit each bank 8 times; the results stay bit for bit jnp's. (The
     register moves, which flip and roll columns without SMEM, are off.)"""
     from smalti.emulate.profiling import WAVEFRONTS
-    from smalti.vocabulary import lanes
 
     monkeypatch.setattr(lanes, "registers_allowed", lambda: False)
 
@@ -229,20 +228,21 @@ def test_roll(pipeline, dtype):
 
 
 def test_views_of_one_array_share_one_take():
-    """jnp.roll's two slices of x, fused into the concatenation: one take of
-    x (indices chosen by position), jnp.roll's answer on the CPU; views of
-    two arrays: a take each."""
+    """jnp.roll's two slices of x, fused into the concatenation: one move of
+    x (a static permutation of its columns, whose fallback is one take),
+    jnp.roll's answer on the CPU; views of two arrays: a take each."""
     x, y = data((8, 16), F32), data((8, 16), F32, seed=1)
     views = (((0, 13), (1, 1), (8, 3)), ((0, 0), (1, 1), (8, 13)))
 
     def fused(a, b):
         return movement.concatenate_f(a, b, dimension=1, views=views)
 
-    def takes(f, *args):
-        return sum(e.primitive is movement.take_p for e in jax.make_jaxpr(f)(*args).eqns)
+    def takes(f, *args, primitive=movement.take_p):
+        return sum(e.primitive is primitive for e in jax.make_jaxpr(f)(*args).eqns)
 
     np.testing.assert_array_equal(np.asarray(fused(x, x)), np.roll(x, 3, 1))
-    assert takes(lambda a: fused(a, a), x) == 1
+    assert takes(lambda a: fused(a, a), x, primitive=lanes.permute_p) == 1
+    assert takes(lambda a: fused(a, a), x) == 0
     assert takes(fused, x, y) == 2
     np.testing.assert_array_equal(np.asarray(fused(x, y)),
                                   np.concatenate([x[:, 13:], y[:, :13]], 1))
