@@ -26,9 +26,15 @@ two elements):
 
 Shuffles and lane predicates are shared between the slots of a row group
 (the same word sent along the same lanes is shuffled once). The bitonic
-partners ``c ^ d`` cost nothing for ``d = 1`` and ``d >= 8`` and one
-shuffle per word for ``d = 2, 4``; a flip one shuffle per word; a roll by
-``8 a + r`` a shuffle and a select per word (none where ``r = 0``).
+partners ``c ^ m`` cost one shuffle per word where ``m`` has bit 2 or 4
+set (the lane's bits), nothing otherwise; a flip one shuffle per word; a
+roll by ``8 a + r`` a shuffle and a select per word (none where ``r = 0``).
+A column ``-1`` is the static ``fill`` (a shift, as the scans use): a
+constant, a select where only some lanes of a slot take it.
+
+Inside a rule that decided the register paths apply to its operands
+(:func:`for_operands`), iotas of such blocks are built in registers too
+(:func:`iota`: an add per register of distinct columns, shared by rows).
 
 Nothing is written to memory, so it is race-free with any number of Pallas
 warpgroups, and exact (values only move).
