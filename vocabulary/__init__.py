@@ -121,6 +121,9 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.lax:not_p": "reductions:lower_not",
     # data movement (movement.py)
     "smalti.vocabulary.movement:take_p": "movement:lower_take",
+    "smalti.vocabulary.lanes:permute_p": "lanes:lower",
+    "smalti.vocabulary.lane_exchange:exchange_p": "lane_exchange:lower",
+    "smalti.vocabulary.lanes:iota_p": "lanes:lower_iota",
     "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
     "jax._src.lax.lax:rev_p": "movement:lower_rev",
     "jax._src.lax.lax:pad_p": "movement:lower_pad",
@@ -183,6 +186,8 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.lax.lax:reduce_xor_p": "reductions:estimate_reduction",
     # data movement (movement.py)
     "smalti.vocabulary.movement:take_p": "movement:take_estimate",
+    "smalti.vocabulary.lanes:permute_p": "lanes:estimate",
+    "smalti.vocabulary.lane_exchange:exchange_p": "lane_exchange:estimate",
     "jax._src.lax.lax:transpose_p": "movement:estimate_transpose",
     "jax._src.lax.lax:rev_p": "movement:estimate_one",
     "jax._src.lax.lax:pad_p": "movement:estimate_one",

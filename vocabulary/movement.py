@@ -60,7 +60,7 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti.vocabulary import smem_transpose
+from smalti.vocabulary import lanes, smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     EstimatorContext,
@@ -261,6 +261,8 @@ def transpose_f(x: jax.Array, permutation: tuple[int, ...]) -> jax.Array:
 
 
 def rev_f(x: jax.Array, dimensions: tuple[int, ...]) -> jax.Array:
+    if x.ndim == 2 and tuple(dimensions) == (1,):  # a flip of the minor axis: in registers
+        return lanes.permute(x, lanes.flipped(x.shape[1]))
     source = [(n - 1) - i if d in dimensions else i
               for d, (i, n) in enumerate(zip(_iotas(x.shape), x.shape))]
     return take(x, _linear(source, x.shape))
@@ -290,6 +292,25 @@ def pad_f(x: jax.Array, value: jax.Array,
     return jax.lax.select(valid, taken, fill)
 
 
+def _minor_gather(xs: Sequence[jax.Array], views: Sequence[View | None], dimension: int
+                  ) -> tuple[int, ...] | None:
+    """The static columns of ``xs[0]`` that the concatenation reads, where
+    every operand is a unit-stride slice of whole rows of that one 2-D array
+    along its minor axis and the result has its shape (``jnp.roll``);
+    ``None`` otherwise."""
+    x = xs[0]
+    if x.ndim != 2 or dimension != 1 or any(v is None or y is not x for y, v in zip(xs, views)):
+        return None
+    columns: list[int] = []
+    for view in views:
+        assert view is not None
+        (row, col), (row_step, col_step), (rows, cols) = view
+        if row or row_step != 1 or col_step != 1 or rows != x.shape[0]:
+            return None
+        columns.extend(range(col, col + cols))
+    return tuple(columns) if len(columns) == x.shape[1] else None
+
+
 def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] | None = None
                   ) -> jax.Array:
     """One take per distinct operand (operands that are views of one array,
@@ -299,6 +320,9 @@ def concatenate_f(*xs: jax.Array, dimension: int, views: Sequence[View | None] |
     ``(start_indices, strides, shape)``: operand k is that strided slice of
     ``xs[k]`` (a slice fused into the concatenation)."""
     views = views or (None,) * len(xs)
+    columns = _minor_gather(xs, views, dimension)
+    if columns is not None:  # jnp.roll along the minor axis: in registers
+        return lanes.permute(xs[0], columns)
     shapes = [x.shape if v is None else v[2] for x, v in zip(xs, views)]
     dims = list(shapes[0])
     dims[dimension] = sum(shape[dimension] for shape in shapes)
@@ -413,7 +437,8 @@ def lower_rev(ctx: PallasContext, x: Operand, *, dimensions: Sequence[int]) -> L
     _rank_ok(ctx, what="rev")
     if not dimensions:
         return x
-    return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
+    with lanes.for_operands(x):
+        return _lowered(rev_f)(ctx, x, dimensions=tuple(dimensions))
 
 
 def _pad_pieces(shape: Shape, config: Sequence[tuple[int, int, int]]
@@ -715,4 +740,5 @@ def lower_jit(ctx: PallasContext, *args: Operand, jaxpr: Any, **params: Any) -> 
     found = _fusable(inner) if not getattr(jaxpr, "consts", ()) else {}
     if not found:
         return jax_rule(ctx)(ctx, *args, jaxpr=jaxpr, **params)
-    return pallas_lowering._lower_fun(_fused_body(inner, found))(ctx, *args)
+    with lanes.for_operands(*args):
+        return pallas_lowering._lower_fun(_fused_body(inner, found))(ctx, *args)

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smalti.vocabulary import lanes
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -68,7 +69,10 @@ SIXTEEN_BIT_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 def positions(shape: tuple[int, ...], axis: int) -> jnp.ndarray:
-    """Each element's index along ``axis`` (int32)."""
+    """Each element's index along ``axis`` (int32): built in registers
+    where the block is (:func:`smalti.vocabulary.lanes.iota`)."""
+    if len(shape) == 2:
+        return lanes.iota(shape, axis)
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
@@ -88,11 +92,24 @@ def stride(shape: tuple[int, ...], axis: int) -> int:
 # --- the scan -----------------------------------------------------------------------------
 
 
-def scan(x: jnp.ndarray, combine: Callable, *, axis: int, reverse: bool) -> jnp.ndarray:
+def scan(x: jnp.ndarray, combine: Callable, *, axis: int, reverse: bool,
+         fill: float | int | None = None) -> jnp.ndarray:
     """Inclusive scan of ``x`` along ``axis`` with the associative ``combine``
-    (Hillis--Steele: ``ceil(log2 n)`` takes)."""
+    (Hillis--Steele: ``ceil(log2 n)`` steps). Along the minor axis of a
+    2-D block each step's move is a :func:`~smalti.vocabulary.lanes.permute`
+    (in registers where it fits); there, ``fill`` (an identity of
+    ``combine``: ``combine(fill, v)`` is ``v`` bit for bit) is shifted in
+    instead of selecting the elements that have no neighbour ``s`` away."""
     shape = x.shape
     n = shape[axis]
+    minor = len(shape) == 2 and axis == 1
+    if minor and fill is not None:  # in registers, the identity shifted in: no select
+        s = 1
+        while s < n:
+            x = combine(lanes.permute(x, lanes.shifted(n, -s if reverse else s, wrap=False),
+                                      fill), x)
+            s *= 2
+        return x
     pos = positions(shape, axis)
     lin = linear(shape)
     if reverse:  # distance to the end, neighbours after
@@ -102,8 +119,11 @@ def scan(x: jnp.ndarray, combine: Callable, *, axis: int, reverse: bool) -> jnp.
     s = 1
     while s < n:
         has = dist >= s
-        source = jnp.where(has, lin + step * s, lin)
-        x = jnp.where(has, combine(take(x, source), x), x)
+        if minor:
+            moved = lanes.permute(x, lanes.shifted(n, -s if reverse else s))
+        else:
+            moved = take(x, jnp.where(has, lin + step * s, lin))
+        x = jnp.where(has, combine(moved, x), x)
         s *= 2
     return x
 
@@ -152,13 +172,29 @@ def compute_dtype(name: str, dtype: np.dtype) -> np.dtype:
     return dtype
 
 
+def identity(name: str, dtype: np.dtype) -> float | int | None:
+    """A value ``e`` with ``combine(e, v) == v`` bit for bit for every ``v``
+    (a signalling NaN aside, which comes out quiet): ``-0.0`` for float sums
+    (``+0.0 + -0.0`` is ``+0.0``), the ends of the range for max and min
+    (``max_f``/``min_f`` keep ``v`` against them, NaN and zeros included);
+    ``None`` for cumlogsumexp (whose combine does not keep ``-0.0``)."""
+    floating = jnp.issubdtype(dtype, jnp.floating)
+    info = None if floating else np.iinfo(dtype)
+    return {
+        "cumsum": -0.0 if floating else 0,
+        "cumprod": 1.0 if floating else 1,
+        "cummax": -np.inf if info is None else int(info.min),
+        "cummin": np.inf if info is None else int(info.max),
+    }.get(name)
+
+
 def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.ndarray:
     """``lax.<name>(x, axis, reverse)`` as a scan of ``take`` steps (computed
     in :func:`compute_dtype`, converted back once)."""
     wide = compute_dtype(name, x.dtype)
     y = x.astype(wide) if wide != x.dtype else x
     combine = (FLOAT_COMBINE if jnp.issubdtype(wide, jnp.floating) else COMBINE)[name]
-    y = scan(y, combine, axis=axis, reverse=reverse)
+    y = scan(y, combine, axis=axis, reverse=reverse, fill=identity(name, wide))
     return y.astype(x.dtype) if wide != x.dtype else y
 
 
@@ -204,7 +240,8 @@ def _rule(name: str) -> Callable[..., Lowered]:
         _check_dtype(ctx, name, aval.dtype)
         check_block(ctx, tuple(aval.shape), axis, name)
         fn = partial(cumulative, name=name, axis=int(axis), reverse=bool(reverse))
-        return _lower_fun(fn)(ctx, x)
+        with lanes.for_operands(x):
+            return _lower_fun(fn)(ctx, x)
 
     rule.__name__ = rule.__qualname__ = f"lower_{name}"
     return rule

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from smalti.vocabulary import lane_exchange, lanes
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -134,14 +135,6 @@ def sort_key(x: jnp.ndarray) -> jnp.ndarray:
 # --- the network ------------------------------------------------------------------------------
 
 
-def _less(a: list[jnp.ndarray], b: list[jnp.ndarray]) -> jnp.ndarray:
-    """Lexicographic a < b of lists of int32 words."""
-    lt = a[-1] < b[-1]
-    for x, y in zip(a[-2::-1], b[-2::-1]):
-        lt = jnp.where(x == y, lt, x < y)
-    return lt
-
-
 def _stages(p: int, runs: int | None = None) -> Iterator[tuple[int, int]]:
     """The bitonic network sorting runs of ``runs`` (default ``p``; powers
     of two) elements, all ascending: for each merge of runs of ``k``, first
@@ -169,19 +162,27 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     along ``axis``, whose length must be a power of two: a bitonic network
     (``stages``, default :func:`_stages` of the whole axis), one ``take``
     per word and stage. Elements must differ in some word, or be equal
-    values (then which one lands where does not matter)."""
+    values (then which one lands where does not matter). Along the minor
+    axis of a 2-D block each stage is a
+    :func:`~smalti.vocabulary.lane_exchange.compare_exchange` instead (in
+    registers where it fits)."""
     shape = words[0].shape
+    stages = _stages(shape[axis]) if stages is None else stages
+    if len(shape) == 2 and axis == 1:
+        for mask, half in stages:
+            words = lane_exchange.compare_exchange(words, mask=mask, half=half)
+        return words
     pos = positions(shape, axis)
     lin = linear(shape)
     st = stride(shape, axis)
     power_of_two = st & (st - 1) == 0
-    for mask, half in (_stages(shape[axis]) if stages is None else stages):
+    for mask, half in stages:
         # the partner's linear index: only the bits of pos * st change
         partner = lin ^ (mask * st) if power_of_two else lin + ((pos ^ mask) - pos) * st
         theirs = [take(w, partner) for w in words]
         keep_min = (pos & half) == 0
         # distinct elements: theirs > mine is not(theirs < mine)
-        swap = _less(theirs, words) == keep_min
+        swap = lane_exchange.less(theirs, words) == keep_min
         words = [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
     return words
 
@@ -197,6 +198,8 @@ def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
     length = words[0].shape[axis]
     if 2 * r > length:
         return bitonic_sort(words, axis)
+    if len(words[0].shape) == 2 and axis == 1:
+        return _smallest_minor(words, r)
     words = bitonic_sort(words, axis, _stages(length, r))
     while length > r:
         length //= 2
@@ -206,9 +209,28 @@ def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
         start = (pos - offset) * 2  # of the pair of runs
         first = [_gather_along(w, start + offset, axis) for w in words]
         second = [_gather_along(w, start + (2 * r - 1) - offset, axis) for w in words]
-        less = _less(first, second)
+        less = lane_exchange.less(first, second)
         words = [jnp.where(less, a, b) for a, b in zip(first, second)]
         words = bitonic_sort(words, axis, _half_cleaners(r))
+    return words
+
+
+def _smallest_minor(words: list[jnp.ndarray], r: int) -> list[jnp.ndarray]:
+    """:func:`smallest` along the minor axis in full-width
+    :func:`~smalti.vocabulary.lane_exchange.compare_exchange` stages (no
+    gathers): after sorting runs of ``r``, round ``t`` merges the run at
+    each multiple of ``2 span`` (``span = 2**(t-1) r``) with the one
+    ``span`` on, reversed (partner ``c ^ (span | (r - 1))``, which keeps the
+    smaller where bit ``span`` is clear), then half-cleans it; the other
+    columns hold words no later round reads. The ``r`` smallest end at the
+    start of each row."""
+    length = words[0].shape[1]
+    words = bitonic_sort(words, 1, _stages(length, r))
+    span = r
+    while span < length:
+        words = lane_exchange.compare_exchange(words, mask=span | (r - 1), half=span)
+        words = bitonic_sort(words, 1, _half_cleaners(r))
+        span *= 2
     return words
 
 
@@ -237,6 +259,8 @@ def _read(word: jnp.ndarray, axis: int, out_shape: tuple[int, ...]) -> jnp.ndarr
     where that is all of it)."""
     if tuple(word.shape) == tuple(out_shape):
         return word
+    if axis == 1 and lanes.in_registers(tuple(word.shape)) and out_shape[1] % 8 == 0:
+        return lax.slice(word, (0, 0), tuple(out_shape))  # whole registers: jax's rule
     pos = positions(out_shape, axis)
     if len(out_shape) == 1:
         return take(word, pos)
@@ -375,7 +399,8 @@ def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable
     _check_dtypes(ctx, "sort")
     check_block(ctx, tuple(ctx.avals_in[0].shape), dimension, "sort")
     fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys))
-    return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
+    with lanes.for_operands(*operands):
+        return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
 
 
 def lower_top_k(ctx: PallasContext, x: Operand, *, k: int, axis: int = -1,
@@ -389,7 +414,8 @@ def lower_top_k(ctx: PallasContext, x: Operand, *, k: int, axis: int = -1,
     check_block(ctx, tuple(aval.shape), axis, "top_k")
     if int(k) == 1 and len(aval.shape) == 2:
         return _lower_fun(partial(top_1_f, axis=axis))(ctx, x)
-    return _lower_fun(partial(top_k_f, k=int(k), axis=axis))(ctx, x)
+    with lanes.for_operands(x):
+        return _lower_fun(partial(top_k_f, k=int(k), axis=axis))(ctx, x)
 
 
 def _padded_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:

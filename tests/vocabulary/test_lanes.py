@@ -1,0 +1,263 @@
+"""Moves along a block's minor axis in registers (:mod:`smalti.vocabulary.lanes`,
+:mod:`smalti.vocabulary.lane_exchange`) on the emulator.
+
+Kernels bring blocks into 128-byte-swizzled SMEM by TMA (values in WGMMA's
+layout, where the register path applies) or load them plainly from global
+memory (where it does not: ``take`` moves them). Every result is compared
+with numpy / jnp bit for bit (values only move; NaN payloads and signed
+zeros included); scans and sorts, whose register path computes the same
+combining tree as the ``take`` path, are compared bit for bit with that
+path too. The profiler shows the register path adds no shared-memory
+traffic to the identity kernel (the checker runs on every kernel, with one
+and two Pallas warpgroups); the lowered module is accepted by jax's own
+middle-end as well as smalti's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import smalti
+import smalti.emulate
+import smalti.jax
+import smalti.vocabulary
+from benchmarks.vocabulary import _transforms
+from benchmarks.vocabulary import kernel as tma_kernel
+from smalti.emulate.profiling import INST, WAVEFRONTS
+from smalti.vocabulary import lanes
+from tests.official import capture_modules
+from tests.vocabulary.test_movement import data, plain_kernel
+
+F32, F16, I32 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+U16 = np.dtype(np.uint16)
+DTYPES = (F32, F16, BF16, I32, U16)
+RNG = np.random.default_rng(41)
+
+COLUMNS = {
+    "flip": lanes.flipped(128),
+    "roll 3": lanes.shifted(128, 3),
+    "roll -21": lanes.shifted(128, -21),
+    "roll 8": lanes.shifted(128, 8),
+    **{f"xor {m}": lanes.xor_partners(128, m) for m in (1, 2, 4, 8, 3, 7, 127)},
+    "permutation": tuple(int(c) for c in RNG.permutation(128)),
+    "any map": tuple(int(c) for c in RNG.integers(0, 128, 128)),  # repeats: several rounds
+}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).view({2: np.uint16, 4: np.uint32}[np.dtype(a.dtype).itemsize])
+
+
+def _want(x: np.ndarray, columns, fill=None) -> np.ndarray:
+    cols = np.asarray(columns)
+    got = x[..., np.maximum(cols, 0)]
+    return got if fill is None else np.where(cols >= 0, got, np.asarray(fill, x.dtype))
+
+
+def _inputs(shape, dtype):
+    if np.dtype(dtype) == U16:
+        return RNG.integers(0, 2 ** 16, shape).astype(U16)
+    return data(shape, dtype, seed=5)
+
+
+def _profile(pipeline, fn, x):
+    with smalti.jax.installed(pipeline):
+        return smalti.emulate.profile(tma_kernel(fn, [x]), x)
+
+
+@pytest.mark.parametrize("name", COLUMNS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_permute_in_registers(pipeline, name, dtype):
+    """Any static map of the columns, bit for bit, with no shared-memory
+    traffic beyond the identity kernel's (nothing goes through SMEM)."""
+    x = _inputs((64, 128), dtype)
+    columns = COLUMNS[name]
+    moved = _profile(pipeline, lambda v: lanes.permute(v, columns), x)
+    base = _profile(pipeline, lambda v: v, x)
+    np.testing.assert_array_equal(_bits(moved.outputs[0]), _bits(_want(x, columns)))
+    assert moved[WAVEFRONTS] == base[WAVEFRONTS]
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 64), (64, 256), (128, 128)])
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
+def test_permute_shapes(pipeline, shape, dtype):
+    x = _inputs(shape, dtype)
+    n = shape[1]
+    for columns in (lanes.flipped(n), lanes.shifted(n, 5), tuple(RNG.permutation(n))):
+        moved = _profile(pipeline, lambda v, c=columns: lanes.permute(v, c), x)
+        np.testing.assert_array_equal(_bits(moved.outputs[0]), _bits(_want(x, columns)))
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16, I32), ids=lambda d: d.name)
+@pytest.mark.parametrize("s", [1, -3, 8, -64])
+def test_shift_with_fill(pipeline, dtype, s):
+    """A shift (no wrap-around) with the vacated columns filled."""
+    x = _inputs((64, 128), dtype)
+    fill = 7 if dtype == I32 else -0.0
+    columns = lanes.shifted(128, s, wrap=False)
+    moved = _profile(pipeline, lambda v: lanes.permute(v, columns, fill), x)
+    np.testing.assert_array_equal(_bits(moved.outputs[0]), _bits(_want(x, columns, fill)))
+
+
+@pytest.mark.parametrize("name", ["flip", "roll 3", "any map"])
+def test_plain_loads_take_the_take_path(pipeline, name):
+    """A block loaded plainly from global memory (a strided layout no
+    relayout makes WGMMA's) is moved by take, with the same result."""
+    x = _inputs((64, 128), F32)
+    columns = COLUMNS[name]
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(plain_kernel(lambda v: lanes.permute(v, columns), [x]), x)
+    np.testing.assert_array_equal(_bits(got), _bits(_want(x, columns)))
+
+
+@pytest.mark.parametrize("shape, dtype, fits", [
+    ((64, 128), F32, True), ((64, 8), BF16, True), ((128, 40), I32, True), ((64, 128), U16, True),
+    ((64, 4), F32, False),  # not a whole WGMMA tile's 8 columns
+    ((32, 128), F32, False), ((64, 128), np.dtype(np.int8), False),
+    ((64, 128), np.dtype(np.bool_), False), ((128,), F32, False), ((2, 64, 64), F32, False),
+])
+def test_fits(shape, dtype, fits):
+    assert lanes.fits(jax.core.ShapedArray(shape, dtype)) is fits
+
+
+def test_other_shapes_fall_back_to_take(pipeline):
+    """1-D and narrow blocks: take, the same answer."""
+    for shape in [(128,), (64, 4)]:
+        x = _inputs(shape, F32)
+        columns = lanes.flipped(shape[-1])
+        with smalti.jax.installed(pipeline):
+            (got,) = smalti.emulate.run(
+                plain_kernel(lambda v, c=columns: lanes.permute(v, c), [x]), x)
+        np.testing.assert_array_equal(_bits(got), _bits(_want(x, columns)))
+
+
+def test_lowers_under_jax_middle_end_too(pipeline):
+    """The register path is a custom_primitive in WGMMA's layout: jax's own
+    layout inference and dialect lowering accept it and emit the same
+    shuffles smalti's does."""
+    x = _inputs((64, 128), BF16)
+    k = tma_kernel(lambda v: lanes.permute(v, lanes.shifted(128, 3)), [x])
+    sds = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    with smalti.jax.installed(pipeline):
+        [ours] = capture_modules(k, sds)
+        mine = mgpu_core.lower_mgpu_module
+        mgpu_core.lower_mgpu_module = smalti.jax._state["original"]
+        try:
+            [theirs] = capture_modules(k, sds)
+        finally:
+            mgpu_core.lower_mgpu_module = mine
+    assert ours.count("nvvm.shfl.sync") == theirs.count("nvvm.shfl.sync") > 0
+
+
+def _blocks_kernel(fn, shape, dtype, warpgroups):
+    """Each Pallas warpgroup moves its own block (of ``x[wg]``) in registers."""
+    t = _transforms(dtype)
+
+    def body(x_gmem, o_gmem, x_smem, o_smem, bar):
+        wg = lax.axis_index("wg")
+        plgpu.copy_gmem_to_smem(x_gmem.at[wg], x_smem.at[wg], bar.at[wg])
+        plgpu.barrier_wait(bar.at[wg])
+        o_smem.at[wg][...] = fn(x_smem.at[wg][...])
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem.at[wg], o_gmem.at[wg])
+        plgpu.wait_smem_to_gmem(0)
+
+    n = warpgroups
+    return plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((n, *shape), dtype),
+        scratch_types=[plgpu.SMEM((n, *shape), dtype, transforms=t),
+                       plgpu.SMEM((n, *shape), dtype, transforms=t),
+                       plgpu.Barrier(num_barriers=n)],
+        num_threads=n, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(
+            lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+
+
+VOCABULARY = {
+    "flip": (lambda v: jnp.flip(v, 1), lambda v: v[:, ::-1]),
+    "roll": (lambda v: jnp.roll(v, 3, 1), lambda v: np.roll(v, 3, 1)),
+    "sort": (lambda v: jnp.sort(v, 1), None),
+    "argsort": (lambda v: jnp.argsort(v, 1).astype(v.dtype), None),
+    "cummax": (lambda v: lax.cummax(v, 1), None),
+}
+
+
+@pytest.mark.parametrize("warpgroups", [1, 2])
+@pytest.mark.parametrize("name", VOCABULARY)
+def test_warpgroups_are_race_free(pipeline, name, warpgroups):
+    """Clean under the synchronization checker (emulate.run raises on a
+    race) with one and two Pallas warpgroups; jnp's answer for each block."""
+    fn, _ = VOCABULARY[name]
+    x = data((warpgroups, 64, 128), F32, seed=9)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
+    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _without_registers(monkeypatch):
+    monkeypatch.setattr(lanes, "registers_allowed", lambda: False)
+
+
+SAME_AS_TAKE = {
+    "cumsum": lambda v: jnp.cumsum(v, 1),
+    "cumsum rev": lambda v: lax.cumsum(v, 1, reverse=True),
+    "cumprod": lambda v: jnp.cumprod(v * 0.01 + 1, 1),
+    "cummax": lambda v: lax.cummax(v, 1),
+    "cummin rev": lambda v: lax.cummin(v, 1, reverse=True),
+    "cumlogsumexp": lambda v: lax.cumlogsumexp(v, 1),
+    "sort": lambda v: jnp.sort(v, 1),
+    "argsort": lambda v: jnp.argsort(v, 1).astype(jnp.int32),
+    "top_k": lambda v: lax.top_k(v, 8)[1],
+    "sort 2": lambda v: lax.sort((v, -v), dimension=1, num_keys=1)[1],
+}
+
+
+@pytest.mark.parametrize("name, dtype", [
+    (name, dtype) for name in SAME_AS_TAKE for dtype in (F32, BF16, I32)
+    if not (name == "cumlogsumexp" and dtype == I32)],  # it takes floats only
+    ids=str)
+def test_scans_and_sorts_same_bits_as_take(pipeline, monkeypatch, name, dtype):
+    """In registers and through take: the same combining tree and network,
+    so the same bits (jnp's own answer is checked by test_scans_sort.py);
+    and the register path moves nothing through SMEM for the scans."""
+    fn = SAME_AS_TAKE[name]
+    x = _inputs((64, 128), dtype)
+    fast = _profile(pipeline, fn, x)
+    _without_registers(monkeypatch)
+    slow = _profile(pipeline, fn, x)
+    np.testing.assert_array_equal(_bits(fast.outputs[0]), _bits(slow.outputs[0]))
+    assert fast[INST] < slow[INST]
+    if name.startswith("cum") and name != "cumlogsumexp":
+        base = _profile(pipeline, lambda v: v, x)
+        assert fast[WAVEFRONTS] == base[WAVEFRONTS]
+
+
+@pytest.mark.parametrize("name, most", [("flip", 1.5), ("roll", 4)])
+def test_movement_costs(pipeline, name, most):
+    """Issue 37's target for movement: at most 4 extra thread-instructions
+    per element (flip: one shuffle per element, roll: a shuffle and a
+    select), no extra shared-memory wavefronts."""
+    fn, _ = VOCABULARY[name]
+    x = _inputs((64, 128), F32)
+    moved, base = _profile(pipeline, fn, x), _profile(pipeline, lambda v: v, x)
+    assert moved[WAVEFRONTS] == base[WAVEFRONTS]
+    assert (moved[INST] - base[INST]) * 32 / x.size <= most
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (128, 64)])
+@pytest.mark.parametrize("dimension", [0, 1])
+def test_iota_in_registers(pipeline, shape, dimension):
+    """The register iota: each element's row or column."""
+    x = RNG.integers(-1000, 1000, shape).astype(I32)
+    fn = lambda v: v + lanes.iota_p.bind(shape=v.shape, dimension=dimension)  # noqa: E731
+    got = _profile(pipeline, fn, x).outputs[0]
+    np.testing.assert_array_equal(got, x + np.asarray(lax.broadcasted_iota(I32, shape, dimension)))
