@@ -79,6 +79,9 @@ class Launch:
         self.params: dict[int, Region] = {}  # kernel parameter blocks by identity
         self.sync: Checker | None = None  # the synchronization checker, if on
         self.prof = None  # the profiler (.profiling.Profiler), if profiling
+        # several processes (.workers): the parent's plan, or a worker's share of the grid
+        self.parallel = None
+        self.share = None
 
 
 TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes
