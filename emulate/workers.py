@@ -55,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
+from .deadline import DeadlineExceeded, remaining
 from .deadline import check as check_deadline
-from .deadline import remaining
 
 ENV = "SMALTI_EMULATE_WORKERS"
 # A worker's start (a fresh interpreter importing jax and smalti), measured on
@@ -249,7 +249,7 @@ class Parallel:
     def run(self, order: list, run_one: Callable[[Any], None], launch: Any, where: str) -> None:
         """Runs every cluster of ``order`` (first blocks' ids) by ``run_one``,
         here or in workers, leaving ``launch`` as the sequential run would."""
-        from .pool import POOL, gather
+        from .pool import POOL, gather, unpack_error
 
         def here(indices: range) -> None:
             for i in indices:
@@ -269,6 +269,8 @@ class Parallel:
             here(range(1, n))
             return
         cuts = [1 + (n - 1) * j // k for j in range(k + 1)]
+        last_run.update(workers=k, first_s=t0, mode="shared: running",
+                        shares=[hi - lo for lo, hi in zip(cuts, cuts[1:])])
         workers = POOL.take(k - 1)
         text = self.program.text
         for w, lo, hi in zip(workers, cuts[1:], cuts[2:]):
@@ -279,8 +281,10 @@ class Parallel:
             replies = gather(workers, lambda: check_deadline(where))
         finally:
             POOL.give_back(workers)
-        last_run.update(workers=k, first_s=t0, shares=[hi - lo for lo, hi in
-                                                        zip(cuts, cuts[1:])])
+        for r in replies:  # the deadline is everyone's: stop
+            if not isinstance(r, BaseException) and r.error is not None and issubclass(
+                    r.error[1][0], DeadlineExceeded):
+                raise unpack_error(r.error[1])
         if any(isinstance(r, BaseException) for r in replies) or any(
                 r.error is not None and r.error[0] < 0 for r in replies):
             last_run.update(mode="fallback: a worker failed before its clusters")

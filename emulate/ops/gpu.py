@@ -116,8 +116,8 @@ def launch(o: Op) -> Step:
         share, parallel = fr.launch.share, fr.launch.parallel
         if share is not None:  # a worker process's part of the grid (..workers)
             for index, first in share.clusters:
-                check_deadline(where)
                 share.begin(index, fr.launch.sync)
+                check_deadline(where)
                 run_one(first)
         elif parallel is not None:
             parallel.run(list(unlaunched), run_one, fr.launch, where)

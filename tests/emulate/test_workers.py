@@ -4,6 +4,7 @@ where that cannot be promised."""
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import jax
@@ -17,7 +18,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import smalti.emulate as emu
 from smalti.diagnostics import SmaltiValueError
 from smalti.emulate import workers
+from smalti.emulate.deadline import DeadlineExceeded, deadline
+from smalti.emulate.pool import unpack_error
 from smalti.emulate.runner import Program
+from smalti.emulate.worker import run_job
 from tests.emulate.kernels import K, normal
 
 S = jax.ShapeDtypeStruct
@@ -249,3 +253,33 @@ def test_the_environment_sets_the_default(monkeypatch):
     monkeypatch.setenv(workers.ENV, " 3 ")
     assert workers.resolve(None) == 3
     assert workers.resolve(2) == 2 and workers.resolve("auto") == workers.cores()
+
+
+def slow_grid_kernel(steps: int):
+    def body(x_gmem, o_gmem):
+        i = lax.axis_index("x")
+        v = lax.fori_loop(0, steps, lambda k, v: v * 1.5, x_gmem[pl.ds(i * ROWS, ROWS)])
+        o_gmem[pl.ds(i * ROWS, ROWS)] = v
+    return K(body, S((BLOCKS * ROWS, 128), jnp.float32), grid=(BLOCKS,), grid_names=("x",))
+
+
+def test_the_deadline_holds_while_workers_run():
+    fn = slow_grid_kernel(400)
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded), deadline(0.5):
+        emu.run(fn, X, workers=3)
+    assert workers.last_run["workers"] == 3 and time.monotonic() - start < 10
+    (out,) = emu.run(grid_kernel(), X, workers=3)  # the pool recovers
+    assert workers.last_run["mode"] == "parallel"
+    np.testing.assert_array_equal(out, X + 1)
+
+
+def test_a_worker_stops_at_its_own_deadline():
+    module, avals = emu.lower(slow_grid_kernel(400), X)
+    prog = Program(module)
+    job = workers.Job(prog.text, [X], [(tuple(a.shape), np.dtype(a.dtype)) for a in avals],
+                      None, "warn", [(5, (5, 0, 0)), (6, (6, 0, 0))], 1e-6)
+    reply = run_job(job, {})
+    index, packed = reply.error
+    err = unpack_error(packed)
+    assert index == 5 and isinstance(err, DeadlineExceeded) and "deadline" in str(err)
