@@ -120,17 +120,19 @@ class Pool:
 
     def __init__(self) -> None:
         self.idle: list[Worker] = []
+        self.lock = threading.Lock()  # launches from several threads take in turn
 
     def warm(self, n: int) -> int:
         """How many of ``n`` workers are started already."""
         return min(n, len(self.idle))
 
     def take(self, n: int) -> list[Worker]:
-        alive = [w for w in self.idle if w.proc.poll() is None]
-        for w in self.idle:
-            if w not in alive:
-                w.kill()
-        taken, self.idle = alive[:n], alive[n:]
+        with self.lock:
+            alive = [w for w in self.idle if w.proc.poll() is None]
+            for w in self.idle:
+                if w not in alive:
+                    w.kill()
+            taken, self.idle = alive[:n], alive[n:]
         return taken + [Worker() for _ in range(n - len(taken))]
 
     def give_back(self, workers: list[Worker]) -> None:
@@ -138,7 +140,8 @@ class Pool:
             if w.busy or w.proc.poll() is not None:
                 w.kill()
             else:
-                self.idle.append(w)
+                with self.lock:
+                    self.idle.append(w)
 
     def close(self) -> None:
         for w in self.idle:

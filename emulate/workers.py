@@ -86,24 +86,24 @@ def resolve(workers: int | str | None) -> int:
     environment variable's, else ``"auto"``: the cores this process may use)."""
     from smalti.diagnostics import SmaltiValueError
 
-    given = workers if workers is not None else os.environ.get(ENV, "auto")
+    given: Any = workers if workers is not None else os.environ.get(ENV, "auto")
     where = f"workers={workers!r}" if workers is not None else f"{ENV}={given!r}"
+    count: Any = given
     if isinstance(given, str):
         text = given.strip().lower()
         if text == "auto":
             return cores()
         try:
-            given = int(text)
+            count = int(text)
         except ValueError:
-            given = None
-    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            count = None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise SmaltiValueError(
             "SM303", f"{where}: the emulator's worker count must be a whole number of "
-            "processes, at least 1, or 'auto'", values={"given": repr(given if given is not None
-                                                                   else workers)},
+            "processes, at least 1, or 'auto'", values={"given": repr(given)},
             fix=["1 runs the grid in this process; 'auto' (the default) uses every core",
                  f"unset {ENV}, or set it to a number such as 2"])
-    return given
+    return count
 
 
 def sequential_reason(module: Any) -> str | None:
@@ -202,8 +202,8 @@ def conflict(parts: list[list]) -> bool:
     """Whether a GMEM byte one process wrote was touched by another."""
     for per_region in zip(*parts):
         size = per_region[0][0].size * 8
-        writers = np.zeros(size, np.int32)
-        touchers = np.zeros(size, np.int32)
+        writers = np.zeros(size, np.uint16)  # processes, per byte
+        touchers = np.zeros(size, np.uint16)
         for w, r, _ in per_region:
             wb = np.unpackbits(w).astype(bool)
             writers += wb
@@ -227,17 +227,17 @@ def plan(program: Any, count: int, inputs: Sequence, outputs: list,
                     dict(aliases) if aliases else None, on_uninitialized)
 
 
+@dataclass
 class Parallel:
-    """One launch's parallel run (the module docstring's steps)."""
+    """One launch's parallel run (the module docstring's steps): the program,
+    how many processes, and what a worker needs to run it again."""
 
-    def __init__(self, program: Any, count: int, inputs: list, outputs: list,
-                 aliases: dict | None, on_uninitialized: str) -> None:
-        self.program = program
-        self.count = count
-        self.inputs = inputs
-        self.outputs = outputs
-        self.aliases = aliases
-        self.on_uninitialized = on_uninitialized
+    program: Any
+    count: int
+    inputs: list
+    outputs: list
+    aliases: dict | None
+    on_uninitialized: str
 
     def worth(self, t0: float, rest: int, k: int) -> bool:
         from .pool import POOL
