@@ -7,12 +7,14 @@ kept, by text), the launch's inputs, the host code run again -- in which
 the launch runs only the job's clusters (:class:`.workers.Share`). The
 checker runs with ``on_race="ignore"``: the parent applies the policy to
 the merged reports. Reads of uninitialized SMEM are recorded, not warned
-about here: the parent warns, in the sequential run's order."""
+about here: the parent warns, in the sequential run's order. A worker whose
+parent is gone ends itself."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -70,8 +72,17 @@ def run_job(job: Job, cache: dict[str, Any]) -> Reply:
                  time.perf_counter() - start)
 
 
+def _orphaned(parent: int) -> None:
+    """Ends the process once its parent is gone (killed mid-job: nobody
+    would read the reply, and the job may run for minutes)."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
 def serve() -> None:
     """Answers jobs from stdin until it closes."""
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # prints go to stderr
     stdin = sys.stdin.buffer

@@ -283,3 +283,12 @@ def test_a_worker_stops_at_its_own_deadline():
     index, packed = reply.error
     err = unpack_error(packed)
     assert index == 5 and isinstance(err, DeadlineExceeded) and "deadline" in str(err)
+
+
+def test_clusters_of_two_blocks_are_shared_whole():
+    from tests.emulate.test_cluster import exchange_kernel
+
+    x = np.random.default_rng(3).standard_normal((5, 2, 64, 64)).astype(np.float16)
+    out, _, mode = same(exchange_kernel(5), x)
+    assert mode == "parallel" and workers.last_run["clusters"] == 5
+    np.testing.assert_array_equal(out[0], x[:, ::-1])
