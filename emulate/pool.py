@@ -25,7 +25,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -91,10 +90,6 @@ class Worker:
         self._sender = threading.Thread(target=send_it, daemon=True)
         self._sender.start()
 
-    def ready(self) -> bool:
-        assert self.proc.stdout is not None
-        return bool(select.select([self.proc.stdout], [], [], 0)[0])
-
     def result(self) -> Any:
         assert self.proc.stdout is not None
         try:
@@ -156,23 +151,25 @@ class Pool:
         self.idle = []
 
 
-def gather(workers: list[Worker], check: Callable[[], None], poll_s: float = 0.05) -> list:
-    """Each worker's reply, in order; ``check`` runs between polls (it raises
-    to give up: the deadline). A worker that died answers ``EOFError``."""
+def gather(workers: list[Worker], check: Callable[[], None], poll_s: float = 0.1) -> list:
+    """Each worker's reply, in order; ``check`` runs at least every
+    ``poll_s`` (it raises to give up: the deadline). A worker that died
+    answers ``EOFError``."""
     replies: list = [None] * len(workers)
     waiting = set(range(len(workers)))
     while waiting:
         check()
-        for i in sorted(waiting):
-            w = workers[i]
-            if w.ready() or w.proc.poll() is not None:
-                try:
-                    replies[i] = w.result()
-                except EOFError as e:
-                    replies[i] = e
-                waiting.discard(i)
-        if waiting:
-            time.sleep(poll_s)
+        pipes = {workers[i].proc.stdout: i for i in waiting}
+        ready = select.select(list(pipes), [], [], poll_s)[0]
+        for i in [pipes[p] for p in ready] + [i for i in waiting
+                                               if workers[i].proc.poll() is not None]:
+            if i not in waiting:
+                continue
+            try:
+                replies[i] = workers[i].result()
+            except EOFError as e:
+                replies[i] = e
+            waiting.discard(i)
     return replies
 
 

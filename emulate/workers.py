@@ -59,8 +59,9 @@ from .deadline import DeadlineExceeded, remaining
 from .deadline import check as check_deadline
 
 ENV = "SMALTI_EMULATE_WORKERS"
-# A worker's start (a fresh interpreter importing jax and smalti), measured on
-# the 2-core development machine: ~1.5 s; the decision counts it double.
+# A worker's start (a fresh interpreter importing jax and smalti, then its first
+# job): 0.93-1.06 s measured on the 2-core development machine at load 1-2;
+# counted double. A started worker's job costs some 5 ms beyond its own work.
 START_S = 2.0
 
 # ops, PTX and intrinsics whose effect depends on the order blocks run in
