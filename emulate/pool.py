@@ -90,6 +90,11 @@ class Worker:
         self._sender = threading.Thread(target=send_it, daemon=True)
         self._sender.start()
 
+    def fileno(self) -> int:
+        """The reply pipe's (what ``select`` waits on)."""
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
     def result(self) -> Any:
         assert self.proc.stdout is not None
         try:
@@ -159,10 +164,9 @@ def gather(workers: list[Worker], check: Callable[[], None], poll_s: float = 0.1
     waiting = set(range(len(workers)))
     while waiting:
         check()
-        pipes = {workers[i].proc.stdout: i for i in waiting}
-        ready = select.select(list(pipes), [], [], poll_s)[0]
-        for i in [pipes[p] for p in ready] + [i for i in waiting
-                                               if workers[i].proc.poll() is not None]:
+        ready = select.select([workers[i] for i in waiting], [], [], poll_s)[0]
+        for i in [workers.index(w) for w in ready] + [i for i in waiting
+                                                      if workers[i].proc.poll() is not None]:
             if i not in waiting:
                 continue
             try:
