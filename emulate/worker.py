@@ -13,6 +13,7 @@ parent is gone ends itself."""
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import threading
 import time
@@ -72,6 +73,20 @@ def run_job(job: Job, cache: dict[str, Any]) -> Reply:
                  time.perf_counter() - start)
 
 
+def _plain(reply: Reply) -> Reply:
+    """``reply`` with its error as a plain one when the error's attributes
+    do not pickle (an MLIR object, say): the class kept if its args do."""
+    index, (cls, args, _) = reply.error or (-1, (RuntimeError, (), {}))
+    try:
+        pickle.dumps((cls, args))
+        packed: tuple = (cls, args, {})
+    except (pickle.PicklingError, TypeError, AttributeError):
+        text = str(args[0]) if len(args) == 1 else str(args)
+        packed = (RuntimeError, (f"{cls.__name__}: {text}",), {})
+    return Reply(reply.races, reply.uninitialized, reply.touched, (index, packed),
+                 reply.seconds)
+
+
 def _orphaned(parent: int) -> None:
     """Ends the process once its parent is gone (killed mid-job: nobody
     would read the reply, and the job may run for minutes)."""
@@ -93,4 +108,8 @@ def serve() -> None:
                 job = receive(stdin)
             except EOFError:
                 return
-            send(out, run_job(job, cache))
+            reply = run_job(job, cache)
+            try:
+                send(out, reply)
+            except (pickle.PicklingError, TypeError, AttributeError):
+                send(out, _plain(reply))

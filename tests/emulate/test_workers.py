@@ -19,7 +19,7 @@ import smalti.emulate as emu
 from smalti.diagnostics import SmaltiValueError
 from smalti.emulate import workers
 from smalti.emulate.deadline import DeadlineExceeded, deadline
-from smalti.emulate.pool import unpack_error
+from smalti.emulate.pool import pack_error, unpack_error
 from smalti.emulate.runner import Program
 from smalti.emulate.worker import run_job
 from tests.emulate.kernels import K, normal
@@ -297,3 +297,19 @@ def test_clusters_of_two_blocks_are_shared_whole():
     out, _, mode = same(exchange_kernel(5), x)
     assert mode == "parallel" and workers.last_run["clusters"] == 5
     np.testing.assert_array_equal(out[0], x[:, ::-1])
+
+
+class Odd(Exception):
+    pass
+
+
+def test_an_error_whose_attributes_do_not_pickle_comes_back_plain():
+    from smalti.emulate.worker import _plain
+
+    e = Odd("what went wrong")
+    e.handle = lambda: None  # no pickle for a lambda
+    reply = workers.Reply([], [], [], (4, pack_error(e)), 0.0)
+    index, packed = _plain(reply).error
+    err = unpack_error(packed)
+    assert index == 4 and type(err) is Odd and str(err) == "what went wrong"
+    assert not hasattr(err, "handle")
