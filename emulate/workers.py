@@ -31,17 +31,21 @@ clusters -- in CUDA's order, numbered 0 to n-1 -- like this:
    died), the workers' results are dropped and the parent, whose state is
    the sequential run's after its own share, runs the remaining clusters
    itself: the result, reports and errors are then the sequential run's
-   because it *is* the sequential run.
+   because it *is* the sequential run. A worker past the deadline (it gets
+   what is left of the caller's) stops the run, as the parent does.
 
 Only where the clusters' order cannot show (:func:`sequential_reason`):
-one ``gpu.launch``; no atomics or strong loads on GMEM (semaphores between
-blocks), no TMA reductions (their float sums depend on the order), no
+one ``gpu.launch``; no atomics, strong loads or acquire/release fences (on
+GMEM, semaphores between blocks; the scan does not tell the spaces apart,
+so SMEM atomics keep a grid here too), no TMA reductions (their float sums depend on the order), no
 cluster launch control (it cancels clusters not yet started), no clocks (one
 counter per launch), no ``gpu.printf`` (its output is in launch order).
 Without the checker (``sanitize=False``) nothing records which bytes a
 worker touched, so a conflict could not be seen: such runs stay sequential,
 and so does :func:`smalti.emulate.profile`. ``last_run`` says what the last
-launch did (for tests and the benchmark).
+launch did (for tests and the benchmark). Known difference: a per-thread
+``llvm.alloca`` in GMEM gets its address from a counter every earlier block
+advanced, so an error that prints such an address can name another one.
 """
 
 from __future__ import annotations
