@@ -44,9 +44,12 @@ the checker) has no column (2): it prints ``n/a`` there, and (1) is its
 plain run. Kernels only smalti lowers have no jax function to interpret.
 
     .venv/bin/python -m benchmarks.emulate [--quick] [--only TEXT] [--repeat N] [--sample N]
+                                           [--workers N]
 
 ``--quick`` runs a few of the kernels (a few seconds), for a smoke test;
-``--only TEXT`` the kernels whose name contains TEXT.
+``--only TEXT`` the kernels whose name contains TEXT; ``--workers N`` sets
+how many processes may share a grid's clusters (``SMALTI_EMULATE_WORKERS``;
+the checked runs only: see ``smalti.emulate.workers``).
 
 Two more lines run only when ``--only`` names them (``--only "at scale"``):
 the official Hopper matmul at the shape of jax's ops tests (4096 x 4096 x
@@ -67,6 +70,7 @@ import functools
 import inspect
 import io
 import logging
+import os
 import re
 import sys
 import time
@@ -692,6 +696,10 @@ def measure_at_scale(case: Case, sample: int) -> Row:
     row.emulate_s = row.checked if checked else row.plain
     if share != 1:
         row.note = f"(1), (2): {total // share:.0f} of {total} clusters emulated, times {share:.0f}"
+    shared = getattr(getattr(smalti_emulate, "workers", None), "last_run", {})
+    if shared.get("workers", 1) > 1:  # the checked run's clusters on several processes
+        row.note += (f"; (2) on {shared['workers']} processes ({shared['mode']}, clusters "
+                     f"{'+'.join(map(str, [1] + shared['shares']))})")
     row.jax = row.jax_races = "not run"
     if case.twin is not None:
         twin = case.twin
@@ -767,6 +775,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="only the kernels whose name contains TEXT")
     parser.add_argument("--repeat", type=int, default=3, metavar="N",
                         help="each figure the fastest of N calls (default 3)")
+    parser.add_argument("--workers", metavar="N", default=None,
+                        help="processes a grid's clusters may run on (sets SMALTI_EMULATE_WORKERS;"
+                        " default: its value, else auto: the cores); (1) without the checker "
+                        "always runs in one process")
     parser.add_argument("--sample", type=int, default=2, metavar="N",
                         help=f"for the lines '{AT_SCALE}' (run only when --only names them): "
                         "emulate the first N clusters of the grid and scale (0: all; default 2)")
@@ -775,6 +787,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--repeat must be at least 1")
     if args.sample < 0:
         parser.error("--sample must be at least 0")
+    if args.workers is not None:
+        os.environ["SMALTI_EMULATE_WORKERS"] = args.workers
 
     checker = "" if HAS_CHECKER else " (n/a: this emulator has none)"
     print(f"seconds, fastest of {args.repeat} after a warm-up; (1) the emulator, (2) with its "

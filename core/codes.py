@@ -2,7 +2,7 @@
 
 Codes are stable: once published, a code keeps its meaning. ``SM0xx`` are
 plugin and pipeline errors, ``SM1xx`` layout inference, ``SM2xx`` lowering,
-``SM3xx`` the command line.
+``SM3xx`` the command line and settings.
 """
 
 from __future__ import annotations
@@ -773,6 +773,19 @@ without a file lowers the built-in example end to end.
         """
 `smalti explain CODE` was given a code smalti does not define. Run
 `smalti explain` without an argument to list every code.
+""",
+    ),
+    Code(
+        "SM303",
+        "A bad worker count for the emulator",
+        """
+The emulator runs a grid's clusters on several processes when the grid is
+big enough (`smalti.emulate.run(..., workers=N)`, `run_module`, `on_cpu`,
+or the environment variable `SMALTI_EMULATE_WORKERS`). The value must be a
+whole number of processes, at least 1 (1: every cluster in the calling
+process, one after another), or `auto`, the default: as many as the cores
+the process may use. Anything else -- 0, a negative number, a fraction, a
+word -- is refused with this code, naming where the value came from.
 """,
     ),
 ]

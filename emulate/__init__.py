@@ -121,7 +121,7 @@ def lower(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tup
 
 def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
         on_race: str | None = None, on_uninitialized: str | None = None,
-        sanitize: bool = True) -> tuple[np.ndarray, ...]:
+        sanitize: bool = True, workers: int | str | None = None) -> tuple[np.ndarray, ...]:
     """Emulates ``f(*args)``, a jax function whose body is one Mosaic GPU kernel
     call, and returns the kernel's outputs as numpy arrays.
 
@@ -131,14 +131,19 @@ def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
     ``on_uninitialized`` likewise for reads of SMEM nothing wrote
     (:class:`UninitializedRead`; default ``"warn"``). The environment
     variables ``SMALTI_EMULATE_ON_RACE`` and ``SMALTI_EMULATE_ON_UNINITIALIZED``
-    set the defaults."""
+    set the defaults. ``workers``: how many processes may share a grid's
+    clusters (default ``SMALTI_EMULATE_WORKERS``, else ``"auto"``: the
+    cores; ``1``: this process only) -- the results are the same either way
+    (:mod:`smalti.emulate.workers`)."""
     from .runner import run_module as _run
+    from .workers import resolve
 
     race, uninit = _policies(on_race, on_uninitialized)
+    count = resolve(workers)
     module, out_avals = lower(f, *args, arch=arch)
     outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
     return _run(module, [np.asarray(a) for a in args], outs, on_race=race,
-                on_uninitialized=uninit, sanitize=sanitize)
+                on_uninitialized=uninit, sanitize=sanitize, workers=count)
 
 
 def profile(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
@@ -149,7 +154,8 @@ def profile(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
     (ncu metric names where ncu has the metric, ``smalti__...`` otherwise)
     and ``by_line`` (the counters per kernel source ``file:line``);
     ``str(profile)`` is a table. How each counter is counted:
-    :mod:`smalti.emulate.profiling`."""
+    :mod:`smalti.emulate.profiling`. It runs in this process only (the
+    counters are not merged across worker processes)."""
     from .profiling import Profiler
     from .runner import run_module as _run
 
@@ -163,33 +169,36 @@ def profile(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
 
 
 def run_module(module: Any, inputs, outputs=None, *, on_race: str | None = None,
-               on_uninitialized: str | None = None, sanitize: bool = True
-               ) -> tuple[np.ndarray, ...]:
+               on_uninitialized: str | None = None, sanitize: bool = True,
+               workers: int | str | None = None) -> tuple[np.ndarray, ...]:
     """Runs an already lowered module; ``outputs`` lists (shape, dtype) pairs
     (by default: the kernel arguments after the inputs, as typed in the IR).
-    The checker's settings are :func:`run`'s."""
+    The checker's and the workers' settings are :func:`run`'s."""
     from .runner import run_module as _run
+    from .workers import resolve
 
     race, uninit = _policies(on_race, on_uninitialized)
     return _run(module, inputs, outputs, on_race=race, on_uninitialized=uninit,
-                sanitize=sanitize)
+                sanitize=sanitize, workers=resolve(workers))
 
 
 def on_cpu(arch: tuple[int, int] = (9, 0), *, on_race: str | None = None,
-           on_uninitialized: str | None = None, sanitize: bool = True, **kwargs: Any):
+           on_uninitialized: str | None = None, sanitize: bool = True,
+           workers: int | str | None = None, **kwargs: Any):
     """A context inside which every Mosaic GPU kernel a jax program launches
-    on the CPU backend runs on the emulator (:mod:`.on_cpu`)."""
+    on the CPU backend runs on the emulator (:mod:`.on_cpu`); the settings
+    are :func:`run`'s."""
     from .cpu_mode import on_cpu as mode
 
     return mode(arch, on_race=on_race, on_uninitialized=on_uninitialized, sanitize=sanitize,
-                **kwargs)
+                workers=workers, **kwargs)
 
 
 def set_on_cpu(arch: tuple[int, int] | None = (9, 0), *, on_race: str | None = None,
                on_uninitialized: str | None = None, sanitize: bool = True,
-               **kwargs: Any) -> None:
+               workers: int | str | None = None, **kwargs: Any) -> None:
     """:func:`on_cpu` process-wide; ``set_on_cpu(None)`` turns it off."""
     from .cpu_mode import set_on_cpu as set_mode
 
     set_mode(arch, on_race=on_race, on_uninitialized=on_uninitialized, sanitize=sanitize,
-             **kwargs)
+             workers=workers, **kwargs)

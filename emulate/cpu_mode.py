@@ -73,6 +73,7 @@ class Settings:
     on_uninitialized: str = "warn"
     sanitize: bool = True
     num_sms: int = device.NUM_SMS
+    workers: int = 1  # processes a grid's clusters may run on (..workers)
 
     @property
     def facts(self) -> device.GpuFacts:
@@ -108,27 +109,31 @@ def _current_facts() -> device.GpuFacts | None:
 
 def settings(arch: Sequence[int] = (9, 0), *, on_race: str | None = None,
              on_uninitialized: str | None = None, sanitize: bool = True,
-             num_sms: int = device.NUM_SMS) -> Settings:
-    """:class:`Settings` with the checker's policies resolved as
-    :func:`smalti.emulate.run` resolves them (environment defaults)."""
+             num_sms: int = device.NUM_SMS, workers: int | str | None = None) -> Settings:
+    """:class:`Settings` with the checker's policies and the worker count
+    resolved as :func:`smalti.emulate.run` resolves them (environment defaults)."""
     from . import _policies
+    from .workers import resolve
 
     race, uninit = _policies(on_race, on_uninitialized)
     major, minor = (int(a) for a in arch)
-    return Settings((major, minor), race, uninit, bool(sanitize), int(num_sms))
+    return Settings((major, minor), race, uninit, bool(sanitize), int(num_sms),
+                    resolve(workers))
 
 
 @contextlib.contextmanager
 def on_cpu(arch: Sequence[int] = (9, 0), *, on_race: str | None = None,
            on_uninitialized: str | None = None, sanitize: bool = True,
-           num_sms: int = device.NUM_SMS) -> Iterator[Settings]:
+           num_sms: int = device.NUM_SMS, workers: int | str | None = None
+           ) -> Iterator[Settings]:
     """Inside: every Mosaic GPU kernel a jax program launches on the CPU
     backend runs on the emulator, as ``arch`` (see the module's docstring).
     ``on_race``/``on_uninitialized``/``sanitize`` as :func:`smalti.emulate.run`
-    takes them; ``num_sms``: the SM count devices report."""
+    takes them; ``num_sms``: the SM count devices report; ``workers``: the
+    processes a grid's clusters may run on (:func:`smalti.emulate.run`'s)."""
     state = _config()
     new = settings(arch, on_race=on_race, on_uninitialized=on_uninitialized,
-                   sanitize=sanitize, num_sms=num_sms)
+                   sanitize=sanitize, num_sms=num_sms, workers=workers)
     previous = state.swap_local(new)
     try:
         yield new
@@ -138,13 +143,13 @@ def on_cpu(arch: Sequence[int] = (9, 0), *, on_race: str | None = None,
 
 def set_on_cpu(arch: Sequence[int] | None = (9, 0), *, on_race: str | None = None,
                on_uninitialized: str | None = None, sanitize: bool = True,
-               num_sms: int = device.NUM_SMS) -> None:
+               num_sms: int = device.NUM_SMS, workers: int | str | None = None) -> None:
     """:func:`on_cpu` process-wide (jax's global configuration value, as
     ``set_gpu_interpret_mode`` sets jax's); ``set_on_cpu(None)`` turns it off."""
     state = _config()
     state.set_global(None if arch is None else settings(
         arch, on_race=on_race, on_uninitialized=on_uninitialized, sanitize=sanitize,
-        num_sms=num_sms))
+        num_sms=num_sms, workers=workers))
 
 
 # --- the lowering rules ----------------------------------------------------------------------
@@ -275,7 +280,8 @@ class EmulatedKernel:
             self.launches += 1
             return self.program.run(operands, self.outputs, aliases=self.aliases,
                                     on_race=self.settings.on_race,
-                                    on_uninitialized=self.settings.on_uninitialized)
+                                    on_uninitialized=self.settings.on_uninitialized,
+                                    workers=self.settings.workers)
 
 
 def kernel_error(message: str) -> str | None:

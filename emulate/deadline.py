@@ -42,6 +42,12 @@ def deadline(seconds: float | None) -> Iterator[None]:
         _deadline = saved
 
 
+def remaining() -> float | None:
+    """Seconds left before the deadline (``None``: none set) -- what a worker
+    process (:mod:`.workers`) is given as its own."""
+    return None if _deadline is None else max(_deadline - time.monotonic(), 1e-3)
+
+
 def check(where: str) -> None:
     """Raises :class:`DeadlineExceeded` if the deadline has passed; ``where``
     names the point (an op and its location) for the message."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -79,6 +79,9 @@ class Launch:
         self.params: dict[int, Region] = {}  # kernel parameter blocks by identity
         self.sync: Checker | None = None  # the synchronization checker, if on
         self.prof = None  # the profiler (.profiling.Profiler), if profiling
+        # several processes (.workers): the parent's plan, or a worker's share of the grid
+        self.parallel: Any = None
+        self.share: Any = None
 
 
 TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes

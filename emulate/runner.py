@@ -11,7 +11,10 @@ an unrequested profiler buffer."""
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -100,21 +103,56 @@ class Program:
         self.kargs = _kernel_args(func)
         self.sanitize = sanitize
         self.profiled = profiled
+        start = time.perf_counter()
         comp = Compiler(checked=sanitize, profiled=profiled)
         self.body = comp.block(func.regions[0].blocks[0])
         comp.finish()
         self.nslots = comp.nslots
+        self.compile_s = time.perf_counter() - start  # what a worker pays again (.workers)
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The module as a worker process re-parses it: generic form, every
+        op's location (the checker's reports name them)."""
+        return self.module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+
+    @functools.cached_property
+    def sequential_reason(self) -> str | None:
+        """Why this module's clusters may not run on several processes, or None."""
+        from .workers import sequential_reason
+
+        return sequential_reason(self.module)
 
     def run(self, inputs: Sequence[np.ndarray],
             outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
             aliases: Mapping[int, int] | None = None, on_race: str = "raise",
-            on_uninitialized: str = "warn", profiler=None) -> tuple[np.ndarray, ...]:
+            on_uninitialized: str = "warn", profiler=None,
+            workers: int | str | None = None) -> tuple[np.ndarray, ...]:
         """Runs the kernel on ``inputs``; returns the output buffers, each of
         the given (shape, dtype) -- by default, the types of the kernel
         arguments after the inputs. ``aliases`` maps an output's index to the
         input whose buffer it is. The checker reports by the two policies; a
         ``profiler`` (:class:`.profiling.Profiler`, with ``profiled``) counts
-        the run."""
+        the run. ``workers``: how many processes may run the grid's clusters
+        (:mod:`.workers`; ``None``: ``SMALTI_EMULATE_WORKERS``, else the cores)."""
+        from . import workers as parallel
+
+        count = parallel.resolve(workers) if profiler is None else 1  # counters: one process
+        started = self.start(inputs, outputs, aliases=aliases, on_race=on_race,
+                             on_uninitialized=on_uninitialized, profiler=profiler)
+        parallel.last_run.clear()
+        parallel.last_run["mode"] = "sequential: workers=1"
+        if count > 1:
+            started.launch.parallel = parallel.plan(self, count, inputs, started.outputs,
+                                                    aliases, on_uninitialized)
+        self.execute(started)
+        return self.collect(started)
+
+    def start(self, inputs: Sequence[np.ndarray],
+              outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
+              aliases: Mapping[int, int] | None = None, on_race: str = "raise",
+              on_uninitialized: str = "warn", profiler=None) -> Started:
+        """The launch's memory, the buffers in it, the host frame: all but running."""
         if profiler is not None and not self.profiled:
             raise ValueError("a profiler for a Program compiled without profiled=True")
         kargs = self.kargs
@@ -177,21 +215,28 @@ class Program:
         token_slot, buffers_slot = self.body.args
         regs[token_slot] = np.asarray(0, np.int64)
         regs[buffers_slot] = np.asarray(table.base, np.int64)
-        frame = Frame(regs, launch)
+        returned = regions[len(inputs):] + regions[len(inputs) - inout:len(inputs)]
+        return Started(launch, Frame(regs, launch), returned, list(outputs))
+
+    def execute(self, started: Started) -> None:
+        """Runs the module's code (host code, the launch) in ``started``'s frame."""
+        launch, on_race = started.launch, getattr(started.launch.sync, "on_race", "ignore")
         try:
             with np.errstate(all="ignore"):
-                self.body.run(frame)
+                self.body.run(started.frame)
         except (EmulationError, Unsupported) as e:
             if launch.sync is not None and launch.sync.races and on_race != "ignore":
                 races = list(launch.sync.races.values())
                 e.add_note(f"before this, the checker found {len(races)} data race(s), which "
                            "may have caused it:\n" + "\n".join(str(r) for r in races[:3]))
             raise
-        if launch.sync is not None:
-            launch.sync.finish()
+
+    def collect(self, started: Started) -> tuple[np.ndarray, ...]:
+        """Applies the race policy; the output buffers' contents."""
+        if started.launch.sync is not None:
+            started.launch.sync.finish()
         out = []
-        returned = regions[len(inputs):] + regions[len(inputs) - inout:len(inputs)]
-        for (r, dt, shape), (_, want) in zip(returned, outputs):
+        for (r, dt, shape), (_, want) in zip(started.returned, started.outputs):
             if np.dtype(want).itemsize == dt.itemsize and \
                     subbyte.bits_of(want) == subbyte.bits_of(dt):
                 dt = np.dtype(want)  # the same bits as the caller's type (an in-out u32 for i32)
@@ -200,6 +245,17 @@ class Program:
                 continue
             out.append(r.data[:_nbytes(shape, dt)].copy().view(dt).reshape(shape))
         return tuple(out)
+
+
+@dataclass
+class Started:
+    """A run set up by :meth:`Program.start`: its launch, host frame, the
+    regions returned (outputs, then in-out inputs) and the outputs' types."""
+
+    launch: Launch
+    frame: Frame
+    returned: list
+    outputs: list
 
 
 def _nbytes(shape: tuple, dtype: Any) -> int:
@@ -224,9 +280,9 @@ def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
                aliases: Mapping[int, int] | None = None, on_race: str = "raise",
                on_uninitialized: str = "warn", sanitize: bool = True,
-               profiler=None) -> tuple[np.ndarray, ...]:
+               profiler=None, workers: int | str | None = None) -> tuple[np.ndarray, ...]:
     """Compiles ``module`` (a Lane-level Mosaic GPU module) and runs it once
     (see :meth:`Program.run`)."""
     return Program(module, sanitize=sanitize, profiled=profiler is not None).run(
         inputs, outputs, aliases=aliases, on_race=on_race, on_uninitialized=on_uninitialized,
-        profiler=profiler)
+        profiler=profiler, workers=workers)

@@ -1,5 +1,6 @@
 """``gpu``: the launch (every cluster of the grid, one after another, the
-ones the GPU holds at once first (:func:`.device.resident_clusters`); the
+ones the GPU holds at once first (:func:`.device.resident_clusters`), or
+shared among processes (:mod:`..workers`); the
 blocks of a cluster together, their warpgroups as tasks of one schedule, each
 with all its threads in lockstep), thread/block ids, barriers and dynamic SMEM.
 ``gpu.barrier`` orders nothing in lockstep execution (every earlier step has
@@ -92,16 +93,11 @@ def launch(o: Op) -> Step:
             raise EmulationError(f"a grid of {grid} blocks in clusters of {cdim} at {loc}")
         ncl = tuple(g // c for g, c in zip(grid, cdim))
         smem = int(uniform(r[smem_s], fr, "dynamic SMEM size", loc)) if smem_s is not None else 0
-        # The clusters by the id of their first block, in CUDA's order. As many
-        # as the GPU holds start at once (`launched`, run here one after
-        # another); the rest wait for a free SM, and only those can cluster
-        # launch control (.clc) cancel. Each finished cluster lets the next start.
+        # The clusters by the id of their first block, in CUDA's order: one
+        # after another here, or shared among processes (..workers).
         unlaunched = fr.launch.unlaunched = cluster_order(ncl, cdim)
-        fit = device.resident_clusters(int(np.prod(cdim)), int(np.prod(bdim)), smem)
-        launched = deque(unlaunched.popleft() for _ in range(min(fit, len(unlaunched))))
-        while launched:
-            check_deadline(f"gpu.launch at {loc}")
-            first = launched.popleft()
+
+        def run_one(first: tuple[int, int, int]) -> None:
             kx, ky, kz = (f // c for f, c in zip(first, cdim))
             cl = Cluster((kx, ky, kz), cdim, ncl)
             blocks = []
@@ -115,8 +111,28 @@ def launch(o: Op) -> Step:
             finally:
                 for b in blocks:
                     b.finish()
-            if unlaunched:
-                launched.append(unlaunched.popleft())
+
+        where = f"gpu.launch at {loc}"
+        share, parallel = fr.launch.share, fr.launch.parallel
+        if share is not None:  # a worker process's part of the grid (..workers)
+            for index, first in share.clusters:
+                share.begin(index, fr.launch.sync)
+                check_deadline(where)
+                run_one(first)
+        elif parallel is not None:
+            parallel.run(list(unlaunched), run_one, fr.launch, where)
+        else:
+            # As many as the GPU holds start at once (`launched`, run here one
+            # after another); the rest wait for a free SM, and only those can
+            # cluster launch control (.clc) cancel. Each finished cluster lets
+            # the next start.
+            fit = device.resident_clusters(int(np.prod(cdim)), int(np.prod(bdim)), smem)
+            launched = deque(unlaunched.popleft() for _ in range(min(fit, len(unlaunched))))
+            while launched:
+                check_deadline(where)
+                run_one(launched.popleft())
+                if unlaunched:
+                    launched.append(unlaunched.popleft())
         for out in outs:
             r[out] = None
     return step

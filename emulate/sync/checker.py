@@ -600,6 +600,23 @@ class Checker:
         elif len(self.races) < MAX_REPORTS:
             self.races[key] = race()
 
+    def absorb_race(self, key: tuple, race: Race) -> None:
+        """A race another process's checker found (:mod:`..workers`), taken in
+        as :meth:`_keep` would have kept it: counts add up."""
+        old = self.races.get(key)
+        if old is not None:
+            self.races[key] = dataclasses.replace(old, count=old.count + race.count)
+        elif len(self.races) < MAX_REPORTS:
+            self.races[key] = race
+
+    def absorb_uninitialized(self, key: tuple, report: UninitializedRead) -> None:
+        """An uninitialized read another process found, warned about here."""
+        if key in self.uninitialized or len(self.uninitialized) >= MAX_REPORTS:
+            return
+        self.uninitialized[key] = report
+        if self.on_uninitialized == "warn":
+            warnings.warn(UninitializedReadWarning(report), stacklevel=2)
+
     def _fix(self, f: int, s: int, a: Access, b: Access, unfenced: bool) -> str:
         S = self.sites
         same_cluster = S.cluster[f] == S.cluster[s]
