@@ -58,8 +58,9 @@ from smalti.vocabulary.annotations import (
     Resources,
     Shape,
 )
-from smalti.vocabulary.movement import take, take_estimate
+from smalti.vocabulary.movement import take
 from smalti.vocabulary.primitives import refuse
+from smalti.vocabulary.scans import take_scratch
 
 Mode = slicing.GatherScatterMode
 #: A coordinate along one dim: an int32 array, or 0 along a unit dim.
@@ -320,5 +321,4 @@ def estimate(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Resources:
     estimate): each ``take`` reads one of them, one after another."""
     del params
     nbytes = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
-    flat = jax_core.ShapedArray((nbytes,), np.uint8)
-    return take_estimate(ctx, flat, jax_core.ShapedArray((nbytes,), np.int32))
+    return take_scratch(ctx, (nbytes,), np.uint8)

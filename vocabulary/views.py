@@ -61,8 +61,9 @@ from smalti.vocabulary.annotations import (
     Resources,
 )
 from smalti.vocabulary.indexing import see_through
-from smalti.vocabulary.movement import take, take_estimate
+from smalti.vocabulary.movement import take
 from smalti.vocabulary.primitives import jax_rule, refuse
+from smalti.vocabulary.scans import take_scratch
 
 #: The tile of jax's WGMMA layout: a 3-D shape whose last two dims are
 #: multiples of it may have a tiled layout (jax's rules handle it).
@@ -331,10 +332,8 @@ def _bytes(*avals: Aval) -> int:
 
 
 def _scratch(ctx: EstimatorContext, nbytes: int) -> Resources:
-    """``nbytes`` of ``take`` scratch, once per Pallas warpgroup (``take``'s
-    own estimate: each warpgroup takes through a slice of its own)."""
-    flat = jax_core.ShapedArray((nbytes,), np.uint8)
-    return take_estimate(ctx, flat, jax_core.ShapedArray((nbytes,), np.int32))
+    """``nbytes`` of ``take`` scratch, once per Pallas warpgroup."""
+    return take_scratch(ctx, (nbytes,), np.uint8)
 
 
 def estimate_reshape(ctx: EstimatorContext, aval: Aval, *args: Aval, new_sizes: Sequence[int],
