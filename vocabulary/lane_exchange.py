@@ -1,4 +1,4 @@
-"""A bitonic network's stage along a block's minor axis in registers:
+"""A bitonic network's stage along a block's minor axis (or its rows) in registers:
 ``compare_exchange(words, mask=m, half=h)`` gives each element (a list of
 int32 *words*, compared lexicographically) the smaller or the larger of it
 and its partner ``c ^ m``: the smaller where bit ``h`` of its column ``c``
@@ -13,6 +13,15 @@ statically for each register slot (bit ``h`` of ``c = 8 j + 2 q + b``),
 except for ``h`` in 2 and 4, where it is the lane's bit: one ``xori`` with
 a lane predicate then. No memory is touched: race-free with any number of
 warpgroups; exact (words only move).
+
+With ``axis=0`` the stage is along the rows: the partner's words come from
+:func:`smalti.vocabulary.rows.permute_registers` (a ``shfl.bfly`` per word
+and register moves within a warp, the SMEM round trip across warps), and
+which of the two an element keeps is bit ``h`` of its row: static per
+register for bit 3 and bits 6+, the thread's own row otherwise (one
+``xori``). The round trip writes and reads the warpgroup's scratch slice
+between warpgroup barriers, so that path is race-free with several
+warpgroups too.
 
 Where it applies is :func:`smalti.vocabulary.lanes.fits` of an int32
 block; elsewhere it is the same stage written with
@@ -35,9 +44,11 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from smalti.vocabulary import lanes
+from smalti.vocabulary import rows as row_moves
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Lowered, Operand, PallasContext
 
 __all__ = ["compare_exchange", "exchange_p", "less"]
@@ -54,29 +65,31 @@ def less(a: list[jax.Array], b: list[jax.Array]) -> jax.Array:
     return lt
 
 
-def compare_exchange(words: list[jax.Array], *, mask: int, half: int) -> list[jax.Array]:
-    """One stage of a bitonic network along the last axis of 2-D int32
-    ``words`` (a power of two long): see the module docstring. Elements must
-    differ in some word, or be equal values."""
+def compare_exchange(words: list[jax.Array], *, mask: int, half: int, axis: int = 1
+                     ) -> list[jax.Array]:
+    """One stage of a bitonic network along ``axis`` of 2-D int32 ``words``
+    (a power of two long): see the module docstring. Elements must differ
+    in some word, or be equal values."""
     if not lanes.registers_allowed():
-        return exchange_f(*words, mask=int(mask), half=int(half))
-    return exchange_p.bind(*words, mask=int(mask), half=int(half))
+        return exchange_f(*words, mask=int(mask), half=int(half), axis=int(axis))
+    return exchange_p.bind(*words, mask=int(mask), half=int(half), axis=int(axis))
 
 
-def exchange_f(*words: jax.Array, mask: int, half: int) -> list[jax.Array]:
-    """The stage in jnp over :func:`~smalti.vocabulary.lanes.permute`."""
-    n = words[0].shape[-1]
-    columns = lanes.xor_partners(n, mask)
-    theirs = [lanes.permute(w, columns) for w in words]
-    keep_min = (jax.lax.broadcasted_iota(jnp.int32, words[0].shape, 1) & half) == 0
+def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1) -> list[jax.Array]:
+    """The stage in jnp over :func:`~smalti.vocabulary.lanes.permute` (columns)
+    or :func:`~smalti.vocabulary.rows.permute` (rows)."""
+    n = words[0].shape[axis]
+    move = lanes.permute if axis == 1 else row_moves.permute
+    theirs = [move(w, lanes.xor_partners(n, mask)) for w in words]
+    keep_min = (jax.lax.broadcasted_iota(jnp.int32, words[0].shape, axis) & half) == 0
     # distinct elements: theirs > mine is not(theirs < mine)
     swap = less(theirs, list(words)) == keep_min
     return [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
 
 
 @exchange_p.def_abstract_eval
-def _abstract_eval(*avals: Aval, mask: int, half: int) -> list[Aval]:
-    del mask, half
+def _abstract_eval(*avals: Aval, mask: int, half: int, axis: int) -> list[Aval]:
+    del mask, half, axis
     return [jax_core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
@@ -84,11 +97,19 @@ exchange_p.def_impl(exchange_f)
 mlir.register_lowering(exchange_p, mlir.lower_fun(exchange_f, multiple_results=True))
 
 
-def lower(ctx: PallasContext, *words: Operand, mask: int, half: int) -> Lowered:
-    """In registers where every word :func:`fits <smalti.vocabulary.lanes.fits>`."""
+def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int) -> Lowered:
+    """In registers (and, for rows across warps, the scratch) where every
+    word :func:`fits <smalti.vocabulary.lanes.fits>`."""
+    scratch = None
+    if axis == 0:
+        mapping = row_moves.RowMap(0, mask=mask)
+        scratch = row_moves.scratch_for(ctx, ctx.avals_in[0])
+        if scratch is None and not row_moves.in_registers(mapping):
+            return pallas_lowering._lower_fun(
+                lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis))(ctx, *words)
     if not all(lanes.fits(a, w) for a, w in zip(ctx.avals_in, words)):
         return pallas_lowering._lower_fun(
-            lambda *ws: exchange_f(*ws, mask=mask, half=half))(ctx, *words)
+            lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis))(ctx, *words)
     [aval, *_] = ctx.avals_in
     layout = plgpu.Layout.WGMMA
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
@@ -99,6 +120,8 @@ def lower(ctx: PallasContext, *words: Operand, mask: int, half: int) -> Lowered:
     @plgpu.inline_mgpu(arg_types=((layout,) * len(words),),
                        return_type=(result,) * len(words))
     def body(_: Any, values: tuple[fa.FragmentedArray, ...]) -> tuple[fa.FragmentedArray, ...]:
+        if axis == 0:
+            return _exchange_rows(values, mask, half, scratch)
         return _exchange_registers(values, mask, half)
 
     return pallas_lowering._lower_fun(lambda *ws: list(body(ws)))(ctx, *words)
@@ -162,3 +185,47 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                                                              kept[i])
     return tuple(fa.FragmentedArray(_registers=np.moveaxis(o, -1, 1), _layout=v.layout,
                                     _is_signed=v.is_signed) for o, v in zip(outs, values))
+
+
+def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
+                   scratch: row_moves.Scratch | None) -> tuple[fa.FragmentedArray, ...]:
+    """The stage along the rows: the partners' words from
+    :func:`smalti.vocabulary.rows.permute_registers` (shuffles within a
+    warp, the scratch across warps), then per register the compare and a
+    select per word. Which of the two an element keeps is bit ``half`` of
+    its row ``64 g + 16 w + 8 h + l // 4``: static per register for bit 3
+    and bits 6+, the thread's own row bit otherwise (one ``xori``)."""
+    mapping = row_moves.RowMap(0, mask=mask)
+    theirs_all = [row_moves.permute_registers(v, mapping, None, scratch) for v in values]
+    pred = arith.CmpIPredicate
+    i32 = ir.IntegerType.get_signless(32)
+    by_thread = None
+    if half & row_moves.THREAD_ROW_BITS:  # the thread's row bit: it keeps the larger where set
+        own = row_moves.own_row(arith.andi(mgpu_utils.thread_idx(),
+                                           mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE - 1, i32)))
+        by_thread = arith.cmpi(pred.ne, arith.andi(own, mgpu_utils.c(half, i32)),
+                               mgpu_utils.c(0, i32))
+    outs = [np.empty_like(v.registers) for v in values]
+    for idx in np.ndindex(values[0].registers.shape):
+        register_row = 64 * idx[0] + 8 * idx[4]
+        kept: list[list[ir.Value]] = [[] for _ in values]
+        pairs_in = [v.registers.item(idx) for v in values]
+        pairs_out = [t.registers.item(idx) for t in theirs_all]
+        for b in range(2):
+            mine = [lanes.extract(p, b) for p in pairs_in]
+            theirs = [lanes.extract(p, b) for p in pairs_out]
+            lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
+            for t, m in zip(theirs[-2::-1], mine[-2::-1]):
+                lt = arith.select(arith.cmpi(pred.eq, t, m), lt, arith.cmpi(pred.slt, t, m))
+            if by_thread is not None:  # lt flipped where the thread keeps the larger
+                lt = arith.xori(lt, by_thread)
+            if by_thread is not None or not register_row & half:  # swap where theirs < mine
+                pairs = list(zip(theirs, mine))
+            else:  # swap where not theirs < mine
+                pairs = list(zip(mine, theirs))
+            for i, (if_lt, otherwise) in enumerate(pairs):
+                kept[i].append(arith.select(lt, if_lt, otherwise))
+        for i in range(len(values)):
+            outs[i][idx] = vector.from_elements(ir.VectorType.get((2,), i32), kept[i])
+    return tuple(fa.FragmentedArray(_registers=o, _layout=v.layout, _is_signed=v.is_signed)
+                 for o, v in zip(outs, values))

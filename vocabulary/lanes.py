@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -92,17 +92,19 @@ permute_p = jax_core.Primitive("smalti_lane_permute")
 
 def permute(x: jax.Array, columns: Sequence[int], fill: float | int | None = None
             ) -> jax.Array:
-    """``x[..., columns]`` for a static ``columns`` as long as ``x``'s last
-    axis (each in ``[0, x.shape[-1])``, or ``-1`` for the scalar ``fill``):
-    in registers where :func:`fits`, a ``take`` otherwise."""
+    """``x[..., columns]`` for a static ``columns`` (each in ``[0,
+    x.shape[-1])``, or ``-1`` for the scalar ``fill``; as many as the result
+    has columns: slices, tiles and repeats are permutes too): in registers
+    where :func:`fits` and the result has whole registers (a multiple of 8
+    columns), a ``take`` otherwise."""
     x = jnp.asarray(x)
     columns = tuple(int(c) for c in columns)
     n = x.shape[-1]
-    if x.ndim not in (1, 2) or len(columns) != n or any(
+    if x.ndim not in (1, 2) or not columns or any(
             not (0 <= c < n or (c == -1 and fill is not None)) for c in columns):
-        raise ValueError(f"permute: columns must be {n} indices in [0, {n}) (or -1 with a "
-                         f"fill) of a 1-D or 2-D array's last axis, got {len(columns)} for "
-                         f"shape {x.shape}")
+        raise ValueError(f"permute: columns must be indices in [0, {n}) (or -1 with a fill) "
+                         f"of a 1-D or 2-D array's last axis, got {len(columns)} of them "
+                         f"for shape {x.shape}")
     if columns == tuple(range(n)):
         return x
     if not registers_allowed():
@@ -161,8 +163,8 @@ def xor_partners(n: int, mask: int) -> tuple[int, ...]:
 
 @permute_p.def_abstract_eval
 def _abstract_eval(x: Aval, *, columns: tuple[int, ...], fill: Any) -> Aval:
-    del columns, fill
-    return jax_core.ShapedArray(x.shape, x.dtype)
+    del fill
+    return jax_core.ShapedArray((*x.shape[:-1], len(columns)), x.dtype)
 
 
 def _impl(x: jax.Array, *, columns: tuple[int, ...], fill: Any) -> jax.Array:
@@ -260,13 +262,15 @@ def _constant(t: ir.VectorType, values: list[int]) -> ir.Value:
 # --- Pallas lowering ------------------------------------------------------------------------
 
 
-def _source_columns(n: int, shape: tuple[int, ...], columns: tuple[int, ...]) -> jax.Array:
-    """``columns`` as int32 iota arithmetic of ``shape`` (a kernel cannot
-    capture a constant array): ``c ^ m`` where it is a xor, else a select
-    per run of consecutive columns with a slope of 1 or -1."""
-    c = jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+def _source_columns(n: int, shape: tuple[int, ...], columns: tuple[int, ...],
+                    axis: int = -1) -> jax.Array:
+    """``columns`` (indices along ``axis``) as int32 iota arithmetic of
+    ``shape`` (a kernel cannot capture a constant array): ``c ^ m`` where it
+    is a xor, else a select per run of consecutive indices with a slope of 1
+    or -1."""
+    c = jax.lax.broadcasted_iota(jnp.int32, shape, axis % len(shape))
     mask = columns[0]
-    if all(columns[i] == i ^ mask for i in range(n)):
+    if all(columns[i] == i ^ mask for i in range(len(columns))):
         return c ^ mask
     runs: list[tuple[int, int, int]] = []  # (first column, slope, source of the first)
     for i, src in enumerate(columns):
@@ -289,11 +293,11 @@ def _take_f(x: jax.Array, *, columns: tuple[int, ...], fill: Any = None) -> jax.
     from smalti.vocabulary.movement import take
 
     n = x.shape[-1]
-    cols = _source_columns(n, x.shape, columns)
+    cols = _source_columns(n, (*x.shape[:-1], len(columns)), columns)
     valid = cols >= 0
     cols = jnp.maximum(cols, 0)
     if x.ndim == 2:
-        cols = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) * n + cols
+        cols = jax.lax.broadcasted_iota(jnp.int32, cols.shape, 0) * n + cols
     taken = take(x, cols)
     if fill is None:
         return taken
@@ -303,23 +307,36 @@ def _take_f(x: jax.Array, *, columns: tuple[int, ...], fill: Any = None) -> jax.
 def lower(ctx: PallasContext, x: Operand, *, columns: tuple[int, ...], fill: Any) -> Lowered:
     """In registers where :func:`fits`; ``take`` otherwise."""
     [aval] = ctx.avals_in
-    if not fits(aval, x):
+    [out_aval] = ctx.avals_out
+    if not (fits(aval, x) and fits(out_aval)):
         return pallas_lowering._lower_fun(
             lambda v: _take_f(v, columns=columns, fill=fill))(ctx, x)
+    return on_registers(ctx, x, out_aval.shape,
+                        lambda value: _permute_registers(value, columns, fill))
+
+
+def on_registers(ctx: PallasContext, x: Operand, out_shape: tuple[int, ...],
+                 fn: Callable[[fa.FragmentedArray], fa.FragmentedArray]) -> Lowered:
+    """``fn`` of the rule's one operand ``x`` as WGMMA-layout registers, a
+    result of ``out_shape`` in the same layout and type: the
+    ``plgpu.inline_mgpu`` body every register path of the vocabulary is."""
+    [aval] = ctx.avals_in
     layout = plgpu.Layout.WGMMA
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
     x = mgpu_dialect.layout_cast(pallas_lowering._ensure_ir_value(x, aval.dtype), wgmma)
 
     @plgpu.inline_mgpu(arg_types=(layout,),
-                       return_type=plgpu.ShapeDtypeStruct(aval.shape, aval.dtype, layout))
+                       return_type=plgpu.ShapeDtypeStruct(tuple(out_shape), aval.dtype, layout))
     def body(_: Any, value: fa.FragmentedArray) -> fa.FragmentedArray:
-        return _permute_registers(value, columns, fill)
+        return fn(value)
 
     return pallas_lowering._lower_fun(body)(ctx, x)
 
 
 def estimate(ctx: EstimatorContext, x_aval: Aval, **params: Any) -> Any:
-    """take's scratch: the fallback's (see the module docstring)."""
+    """take's scratch, one block per Pallas warpgroup: the fallback's (see the
+    module docstring), and what the SMEM round trips of
+    :mod:`smalti.vocabulary.rows` and :mod:`smalti.vocabulary.lane_scan` use."""
     from smalti.vocabulary.movement import estimate_one
 
     return estimate_one(ctx, x_aval, **params)
@@ -464,7 +481,7 @@ def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...], fill: An
         float(fill) if isinstance(element, ir.FloatType) else int(fill), element)
     quad = Quad()
     moved = np.moveaxis(regs, 1, -1)  # row groups x registers of one row
-    out = np.empty_like(moved)
+    out = np.empty((*moved.shape[:-1], len(columns) // TILE_COLS), dtype=object)
     for group in np.ndindex(moved.shape[:-1]):
         row = list(moved[group])
         if narrow:  # one word per register
@@ -472,7 +489,7 @@ def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...], fill: An
         else:
             words = [mgpu_utils.bitcast(extract(r, b), i32) for r in row for b in range(2)]
         shuffled: dict[tuple[Any, ...], ir.Value] = {}
-        for j in range(len(row)):
+        for j in range(out.shape[-1]):
             elements = []
             for b in range(2):
                 srcs = [columns[TILE_COLS * j + 2 * q + b] for q in range(QUAD)]
@@ -495,4 +512,4 @@ def _permute_registers(x: fa.FragmentedArray, columns: tuple[int, ...], fill: An
                     elements.append(quad.choose([filler if s < 0 else value for s in srcs]))
             out[group + (j,)] = vector.from_elements(ir.VectorType.get((2,), element), elements)
     return fa.FragmentedArray(_registers=np.moveaxis(out, -1, 1), _layout=x.layout,
-                              _is_signed=x.is_signed)
+                              _is_signed=x.is_signed)  # the layout does not depend on the shape

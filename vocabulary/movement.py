@@ -61,6 +61,7 @@ from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.vocabulary import lanes, smem_transpose
+from smalti.vocabulary import rows as row_moves
 from smalti.vocabulary.annotations import (
     Aval,
     EstimatorContext,
@@ -261,8 +262,12 @@ def transpose_f(x: jax.Array, permutation: tuple[int, ...]) -> jax.Array:
 
 
 def rev_f(x: jax.Array, dimensions: tuple[int, ...]) -> jax.Array:
-    if x.ndim == 2 and tuple(dimensions) == (1,):  # a flip of the minor axis: in registers
-        return lanes.permute(x, lanes.flipped(x.shape[1]))
+    if x.ndim == 2:  # the minor axis in registers, rows a vector per register through SMEM
+        if 1 in dimensions:
+            x = lanes.permute(x, lanes.flipped(x.shape[1]))
+        if 0 in dimensions:
+            x = row_moves.permute(x, lanes.flipped(x.shape[0]))
+        return x
     source = [(n - 1) - i if d in dimensions else i
               for d, (i, n) in enumerate(zip(_iotas(x.shape), x.shape))]
     return take(x, _linear(source, x.shape))
@@ -362,6 +367,8 @@ def slice_f(x: jax.Array, start_indices: Shape, limit_indices: Shape,
     strides = strides or (1,) * x.ndim
     out_shape = tuple(max(0, -(-(hi - lo) // s))
                       for lo, hi, s in zip(start_indices, limit_indices, strides))
+    if x.ndim == 2 and out_shape[0] == x.shape[0] and out_shape[1]:  # columns only: in registers
+        return lanes.permute(x, range(start_indices[1], limit_indices[1], strides[1]))
     source = [i * int(s) + int(lo) if s != 1 else i + int(lo)  # no multiply by 1
               for i, lo, s in zip(_iotas(out_shape), start_indices, strides)]
     return take(x, _linear(source, x.shape))
@@ -369,6 +376,8 @@ def slice_f(x: jax.Array, start_indices: Shape, limit_indices: Shape,
 
 def tile_f(x: jax.Array, reps: tuple[int, ...]) -> jax.Array:
     out_shape = tuple(n * r for n, r in zip(x.shape, reps))
+    if x.ndim == 2 and reps[0] == 1:  # along the columns: in registers
+        return lanes.permute(x, [c % x.shape[1] for c in range(out_shape[1])])
     source = [jax.lax.rem(i, jnp.int32(n)) if r != 1 else i
               for i, n, r in zip(_iotas(out_shape), x.shape, reps)]
     return take(x, _linear(source, x.shape))
@@ -495,7 +504,8 @@ def lower_tile(ctx: PallasContext, x: Operand, *, reps: Sequence[int]) -> Lowere
     _rank_ok(ctx, what="tile")
     if all(r == 1 for r in reps):
         return x
-    return _lowered(tile_f)(ctx, x, reps=tuple(reps))
+    with lanes.for_operands(x):
+        return _lowered(tile_f)(ctx, x, reps=tuple(reps))
 
 
 def lower_dynamic_slice(ctx: PallasContext, x: Operand, *starts: Operand,
@@ -568,9 +578,10 @@ def lower_slice(ctx: PallasContext, x: Operand, *, start_indices: Sequence[int],
                  "slices feeding a concatenation there are fused into it",
                  "or slice whole multiples of 8 columns (64 rows), or take() the elements "
                  "you need from the whole block"], jax_cannot=True)
-    return _lowered(slice_f)(ctx, x, start_indices=tuple(start_indices),
-                             limit_indices=tuple(limit_indices),
-                             strides=None if strides is None else tuple(strides))
+    with lanes.for_operands(x):
+        return _lowered(slice_f)(ctx, x, start_indices=tuple(start_indices),
+                                 limit_indices=tuple(limit_indices),
+                                 strides=None if strides is None else tuple(strides))
 
 
 def _concatenate_aligned(avals: Sequence[Aval], dimension: int) -> bool:

@@ -18,9 +18,11 @@ depth ``t``, so, with ``u = eps / 2`` the unit roundoff of the compute type:
 
 - integer ``cumsum``/``cumprod`` (wrapping), ``cummax``, ``cummin``: exact
   (bit for bit equal to jnp); float ``cummax``/``cummin`` too: IEEE
-  754-2019 maximum/minimum written out with compares and selects (NaN
-  propagates, ``-0.0 < +0.0``, as in XLA), not ``lax.max`` (PTX
-  ``max.NaN.f32``, whose choice between ``-0.0`` and ``+0.0`` is not relied on);
+  754-2019 maximum/minimum (NaN propagates, ``-0.0 < +0.0``, as in XLA) as
+  the int32 max/min of total-order keys (:func:`extremum_by_keys`), not
+  ``lax.max`` (PTX ``max.NaN.f32``, whose choice between ``-0.0`` and
+  ``+0.0`` is not relied on); a NaN comes out as a NaN (its sign and
+  payload, which XLA does not define either, not kept);
 - float ``cumsum``: ``|err_i| <= ceil(log2 n) * u * sum_{j<=i} |x_j|``
   (a sequential sum's bound has ``i`` in place of ``ceil(log2 n)``);
 - float ``cumprod``: ``|err_i| <= i * u * |prod_{j<=i} x_j|`` to first
@@ -31,7 +33,7 @@ depth ``t``, so, with ``u = eps / 2`` the unit roundoff of the compute type:
 
 f16 and bf16 sums, products and log-sum-exps are computed in f32 and
 rounded once (the bounds above with f32's ``u``, plus half an ulp of the
-result type); their ``cummax``/``cummin`` are computed in f32 too (exact).
+result type); their ``cummax``/``cummin`` on their own keys (exact).
 Integers narrower than 32 bits are computed in int32 (exact: sums and
 products wrap modulo ``2**bits`` when truncated back).
 """
@@ -45,7 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from smalti.vocabulary import lanes
+from smalti.vocabulary import lane_scan, lanes
+from smalti.vocabulary import rows as row_moves
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -95,21 +98,23 @@ def stride(shape: tuple[int, ...], axis: int) -> int:
 def scan(x: jnp.ndarray, combine: Callable, *, axis: int, reverse: bool,
          fill: float | int | None = None) -> jnp.ndarray:
     """Inclusive scan of ``x`` along ``axis`` with the associative ``combine``
-    (Hillis--Steele: ``ceil(log2 n)`` steps). Along the minor axis of a
-    2-D block each step's move is a :func:`~smalti.vocabulary.lanes.permute`
-    (in registers where it fits); there, ``fill`` (an identity of
-    ``combine``: ``combine(fill, v)`` is ``v`` bit for bit) is shifted in
-    instead of selecting the elements that have no neighbour ``s`` away."""
+    (Hillis--Steele: ``ceil(log2 n)`` steps). In a 2-D block each step's
+    move is a :func:`~smalti.vocabulary.lanes.permute` along the minor axis
+    (in registers where it fits) or a :func:`~smalti.vocabulary.rows.permute`
+    along the rows (a vector per register through SMEM where it fits); there,
+    ``fill`` (an identity of ``combine``: ``combine(fill, v)`` is ``v`` bit
+    for bit) is shifted in instead of selecting the elements that have no
+    neighbour ``s`` away."""
     shape = x.shape
     n = shape[axis]
-    minor = len(shape) == 2 and axis == 1
-    if minor and fill is not None:  # in registers, the identity shifted in: no select
-        s = 1
-        while s < n:
-            x = combine(lanes.permute(x, lanes.shifted(n, -s if reverse else s, wrap=False),
-                                      fill), x)
-            s *= 2
-        return x
+    if len(shape) == 2:  # columns in registers, rows a vector per register through SMEM
+        move = lanes.permute if axis == 1 else row_moves.permute
+        if fill is not None:  # the identity shifted in: no select
+            s = 1
+            while s < n:
+                x = combine(move(x, lanes.shifted(n, -s if reverse else s, wrap=False), fill), x)
+                s *= 2
+            return x
     pos = positions(shape, axis)
     lin = linear(shape)
     if reverse:  # distance to the end, neighbours after
@@ -119,8 +124,8 @@ def scan(x: jnp.ndarray, combine: Callable, *, axis: int, reverse: bool,
     s = 1
     while s < n:
         has = dist >= s
-        if minor:
-            moved = lanes.permute(x, lanes.shifted(n, -s if reverse else s))
+        if len(shape) == 2:
+            moved = move(x, lanes.shifted(n, -s if reverse else s))
         else:
             moved = take(x, jnp.where(has, lin + step * s, lin))
         x = jnp.where(has, combine(moved, x), x)
@@ -138,20 +143,6 @@ def logaddexp_f32(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     return lax.select(lax.abs(m) == jnp.inf, m, r)
 
 
-def max_f(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
-    """IEEE 754-2019 maximum (XLA's): NaN if either is, -0.0 < +0.0. Written
-    out because ``lax.max`` lowers to PTX ``max.NaN.f32``, whose choice
-    between zeros of opposite signs this does not rely on."""
-    r = lax.select((a > b) | (a != a), a, b)
-    return lax.select((a == 0) & (b == 0), a + b, r)  # -0 + +0 = +0, -0 + -0 = -0
-
-
-def min_f(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
-    """IEEE 754-2019 minimum: NaN if either is, -0.0 < +0.0."""
-    r = lax.select((a < b) | (a != a), a, b)
-    return lax.select((a == 0) & (b == 0), -(-a - b), r)  # -0 unless both are +0
-
-
 COMBINE: dict[str, Callable] = {
     "cumsum": lax.add,
     "cumprod": lax.mul,
@@ -159,7 +150,10 @@ COMBINE: dict[str, Callable] = {
     "cummin": lax.min,
     "cumlogsumexp": logaddexp_f32,
 }
-FLOAT_COMBINE: dict[str, Callable] = {**COMBINE, "cummax": max_f, "cummin": min_f}
+
+
+#: The scans :mod:`smalti.vocabulary.lane_scan` computes along the minor axis.
+LANE_SCAN_KINDS = {"cumsum": "add", "cumprod": "mul", "cummax": "max", "cummin": "min"}
 
 
 def compute_dtype(name: str, dtype: np.dtype) -> np.dtype:
@@ -175,26 +169,59 @@ def compute_dtype(name: str, dtype: np.dtype) -> np.dtype:
 def identity(name: str, dtype: np.dtype) -> float | int | None:
     """A value ``e`` with ``combine(e, v) == v`` bit for bit for every ``v``
     (a signalling NaN aside, which comes out quiet): ``-0.0`` for float sums
-    (``+0.0 + -0.0`` is ``+0.0``), the ends of the range for max and min
-    (``max_f``/``min_f`` keep ``v`` against them, NaN and zeros included);
-    ``None`` for cumlogsumexp (whose combine does not keep ``-0.0``)."""
+    (``+0.0 + -0.0`` is ``+0.0``), the ends of the integer range for max
+    and min (floats take them on keys: :func:`extremum_by_keys`); ``None``
+    for cumlogsumexp (whose combine does not keep ``-0.0``)."""
     floating = jnp.issubdtype(dtype, jnp.floating)
+    if floating and name in ("cummax", "cummin"):
+        return None
     info = None if floating else np.iinfo(dtype)
     return {
         "cumsum": -0.0 if floating else 0,
         "cumprod": 1.0 if floating else 1,
-        "cummax": -np.inf if info is None else int(info.min),
-        "cummin": np.inf if info is None else int(info.max),
+        "cummax": None if info is None else int(info.min),
+        "cummin": None if info is None else int(info.max),
     }.get(name)
+
+
+def extremum_by_keys(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.ndarray:
+    """Float ``cummax``/``cummin`` as a scan of int32 keys: IEEE total
+    order's (:func:`smalti.vocabulary.sorting.total_order_key`, ``-0.0 <
+    +0.0`` as IEEE maximum and minimum order them), every NaN's key made the
+    top (cummax) or the bottom (cummin) so that it propagates. An int32 max
+    or min is one instruction where the IEEE maximum written out on floats
+    (compares and selects) is nine; the keys are one-to-one, so the result is
+    exact (a NaN comes out as a NaN, its sign and payload not kept)."""
+    from smalti.vocabulary.sorting import (
+        INT32_MAX,
+        INT32_MIN,
+        from_total_order_key,
+        total_order_key,
+    )
+
+    top = name == "cummax"
+    key = jnp.where(x != x, INT32_MAX if top else INT32_MIN, total_order_key(x))
+    if key.ndim == 2 and axis == 1:
+        key = lane_scan.scan(key, "max" if top else "min", reverse=reverse)
+    else:
+        key = scan(key, lax.max if top else lax.min, axis=axis, reverse=reverse,
+                   fill=INT32_MIN if top else INT32_MAX)
+    return from_total_order_key(key, x.dtype)
 
 
 def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.ndarray:
     """``lax.<name>(x, axis, reverse)`` as a scan of ``take`` steps (computed
-    in :func:`compute_dtype`, converted back once)."""
+    in :func:`compute_dtype`, converted back once; float maxima and minima
+    on keys, :func:`extremum_by_keys`)."""
+    if name in ("cummax", "cummin") and np.dtype(x.dtype) in (np.dtype(np.float32),
+                                                             *SIXTEEN_BIT_FLOATS):
+        return extremum_by_keys(x, name=name, axis=axis, reverse=reverse)
     wide = compute_dtype(name, x.dtype)
     y = x.astype(wide) if wide != x.dtype else x
-    combine = (FLOAT_COMBINE if jnp.issubdtype(wide, jnp.floating) else COMBINE)[name]
-    y = scan(y, combine, axis=axis, reverse=reverse, fill=identity(name, wide))
+    if y.ndim == 2 and axis == 1 and name in LANE_SCAN_KINDS:  # work-efficient
+        y = lane_scan.scan(y, LANE_SCAN_KINDS[name], reverse=reverse)
+    else:
+        y = scan(y, COMBINE[name], axis=axis, reverse=reverse, fill=identity(name, wide))
     return y.astype(x.dtype) if wide != x.dtype else y
 
 

@@ -162,15 +162,16 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     along ``axis``, whose length must be a power of two: a bitonic network
     (``stages``, default :func:`_stages` of the whole axis), one ``take``
     per word and stage. Elements must differ in some word, or be equal
-    values (then which one lands where does not matter). Along the minor
-    axis of a 2-D block each stage is a
+    values (then which one lands where does not matter). Along either axis
+    of a 2-D block each stage is a
     :func:`~smalti.vocabulary.lane_exchange.compare_exchange` instead (in
-    registers where it fits)."""
+    registers along the minor axis, and along the rows within a warp;
+    through SMEM a vector per register for rows across warps)."""
     shape = words[0].shape
     stages = _stages(shape[axis]) if stages is None else stages
-    if len(shape) == 2 and axis == 1:
+    if len(shape) == 2:
         for mask, half in stages:
-            words = lane_exchange.compare_exchange(words, mask=mask, half=half)
+            words = lane_exchange.compare_exchange(words, mask=mask, half=half, axis=axis)
         return words
     pos = positions(shape, axis)
     lin = linear(shape)

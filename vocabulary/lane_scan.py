@@ -1,0 +1,267 @@
+"""Work-efficient scans along a block's minor axis: ``scan(x, kind,
+reverse)`` is the inclusive ``cumsum`` (``kind="add"``), ``cumprod``
+(``"mul"``), ``cummax`` (``"max"``) or ``cummin`` (``"min"``) of each row of
+a 2-D block of a 32-bit type, with about two combining operations per
+element instead of Hillis--Steele's ``log2 n``.
+
+Why a round trip: in WGMMA's layout a row's columns are spread over the
+four lanes of a quad in pairs (column ``8 j + 2 q + b`` in lane ``q``), so
+no lane holds a run of consecutive columns to scan on its own. Through the
+scratch each lane gets one: lane ``q`` of the quad holding row ``r`` takes
+columns ``[q n / 4, (q + 1) n / 4)`` of it.
+
+How, for the warpgroup, between warpgroup barriers (a scratch slice per
+Pallas warpgroup, as ``take``'s):
+
+1. every thread stores its registers (``vector<2 x T>``, WGMMA's layout);
+2. every thread loads its quarter of each of its rows in 16-byte vectors,
+   scans it sequentially (``n / 4 - 1`` combines), and the quad combines
+   the four quarters' totals into each lane's exclusive prefix (two
+   shuffle rounds, ``shfl.sync`` within the quad, and one more to shift
+   by a lane); each element then combines that prefix with its own
+   (``n / 4`` combines), and the quarter is stored back in place;
+3. every thread loads its registers back in WGMMA's layout.
+
+``reverse=True`` scans each quarter from its end and takes the prefix
+from the lanes after it. About ``2 + 3 s / 8`` instructions per element
+for ``s``-byte elements in memory (four vector accesses of the block), and
+two combines: issue 37's work-efficient scan.
+
+Banks: logical 16-byte chunk ``c`` of row ``r`` (in quarter ``s = c // (n
+/ 16)``) is kept at chunk ``c ^ X``, ``X = (s ^ (r & 2)) | ((r & 1) << 2)``:
+the 8 lanes of a quarter-warp's 16-byte loads (two rows, four quarters)
+and the 16 lanes of a half-warp's 8-byte stores (four rows, two chunks)
+then meet 8 distinct groups of 4 banks, for rows of 32 to 256 elements
+(found by search over such XORs; the profiler's wavefront counts in the
+tests hold it).
+
+Accuracy: element ``i`` of a quarter is ``P ⊕ (x_0 ⊕ ... ⊕ x_i)`` (the
+quarter's elements in order, then the prefix ``P`` of the quarters before,
+itself a tree of depth 2 over their totals), so a float sum's error is at
+most ``(n / 4 + 2) u sum |x_j|`` -- another order than Hillis--Steele's
+(bound ``ceil(log2 n) u sum |x_j|``), still well inside a sequential
+sum's ``i u sum |x_j|``; a product's is ``i u |prod|`` to first order, as
+any order's; max and min are exact.
+
+Where it applies (:func:`fits`): the register paths' conditions
+(:func:`smalti.vocabulary.lanes.fits`), a 32-bit type, and rows of 32, 64,
+128 or 256 elements; elsewhere, and where the kernel's scratch is short,
+the scan is Hillis--Steele's (:func:`smalti.vocabulary.scans.scan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import core as jax_core
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, vector
+from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+from smalti.vocabulary import lanes
+from smalti.vocabulary import rows as row_moves
+from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
+
+__all__ = ["scan", "lane_scan_p", "fits", "KINDS"]
+
+lane_scan_p = jax_core.Primitive("smalti_lane_scan")
+
+#: kind -> the jnp combine (for the fallback and the CPU)
+KINDS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "add": lax.add, "mul": lax.mul, "max": lax.max, "min": lax.min,
+}
+ROW_LENGTHS = (32, 64, 128, 256)
+
+
+def identity(kind: str, dtype: Any) -> float | int:
+    """``e`` with ``combine(e, v) == v`` bit for bit (``-0.0`` for float sums)."""
+    dtype = np.dtype(dtype)
+    floating = dtype.kind == "f"
+    info = None if floating else np.iinfo(dtype)
+    return {
+        "add": -0.0 if floating else 0,
+        "mul": 1.0 if floating else 1,
+        "max": -np.inf if info is None else int(info.min),
+        "min": np.inf if info is None else int(info.max),
+    }[kind]
+
+
+def scan(x: jax.Array, kind: str, *, reverse: bool = False) -> jax.Array:
+    """The inclusive scan of each row of the 2-D ``x`` (see the module
+    docstring); Hillis--Steele's where the register paths are not allowed."""
+    if kind not in KINDS:
+        raise ValueError(f"lane_scan.scan: kind must be one of {sorted(KINDS)}, got {kind!r}")
+    if x.ndim != 2:
+        raise ValueError(f"lane_scan.scan: a 2-D block, got shape {x.shape}")
+    if not lanes.registers_allowed():
+        return _fallback(x, kind=kind, reverse=reverse)
+    return lane_scan_p.bind(x, kind=kind, reverse=bool(reverse))
+
+
+def _fallback(x: jax.Array, *, kind: str, reverse: bool) -> jax.Array:
+    from smalti.vocabulary.scans import scan as hillis_steele
+
+    return hillis_steele(x, KINDS[kind], axis=1, reverse=reverse,
+                         fill=identity(kind, x.dtype))
+
+
+def fits(aval: Aval, x: ir.Value | None = None) -> bool:
+    """Whether the round trip scans ``aval`` (see the module docstring)."""
+    return (lanes.fits(aval, x) and np.dtype(aval.dtype).itemsize == 4
+            and aval.shape[1] in ROW_LENGTHS)
+
+
+@lane_scan_p.def_abstract_eval
+def _abstract_eval(x: Aval, *, kind: str, reverse: bool) -> Aval:
+    del kind, reverse
+    return jax_core.ShapedArray(x.shape, x.dtype)
+
+
+def _impl(x: jax.Array, *, kind: str, reverse: bool) -> jax.Array:
+    return lax.associative_scan(KINDS[kind], x, reverse=reverse, axis=1)
+
+
+lane_scan_p.def_impl(_impl)
+mlir.register_lowering(lane_scan_p, mlir.lower_fun(_impl, multiple_results=False))
+
+
+def lower(ctx: PallasContext, x: Operand, *, kind: str, reverse: bool) -> Lowered:
+    """The round trip where :func:`fits` and the scratch slice is free;
+    Hillis--Steele otherwise."""
+    [aval] = ctx.avals_in
+    scratch = row_moves.scratch_for(ctx, aval)
+    if scratch is None or not fits(aval, x):
+        return pallas_lowering._lower_fun(
+            lambda v: _fallback(v, kind=kind, reverse=reverse))(ctx, x)
+    return lanes.on_registers(ctx, x, aval.shape,
+                              lambda value: _scan_registers(value, kind, reverse, scratch))
+
+
+
+# --- the round trip ----------------------------------------------------------------------------
+
+
+def _combiner(kind: str, element: ir.Type, signed: bool | None
+              ) -> Callable[[ir.Value, ir.Value], ir.Value]:
+    floating = isinstance(element, ir.FloatType)
+    if kind == "add":
+        return arith.addf if floating else arith.addi
+    if kind == "mul":
+        return arith.mulf if floating else arith.muli
+    if floating:  # the vocabulary scans float maxima as integer keys (scans.py)
+        raise NotImplementedError("lane_scan: a float max or min")
+    if kind == "max":
+        return arith.maxsi if signed is not False else arith.maxui
+    return arith.minsi if signed is not False else arith.minui
+
+
+def _scan_registers(x: fa.FragmentedArray, kind: str, reverse: bool,
+                    scratch: row_moves.Scratch) -> fa.FragmentedArray:
+    regs = x.registers  # (rows / 64, cols / 8, 1, 1, 2, 1, 1, 1, 1) of vector<2 x T>
+    n, cols = x.shape
+    pair = ir.VectorType(regs.flat[0].type)
+    element = pair.element_type
+    quad_vector = ir.VectorType.get((4,), element)
+    index = ir.IndexType.get()
+    combine = _combiner(kind, element, x.is_signed)
+    if isinstance(element, ir.FloatType):
+        fill = identity(kind, np.float32)
+    elif x.is_signed is False:  # u32 bits as a signless constant: the largest is all ones
+        fill = {"add": 0, "mul": 1, "max": 0, "min": -1}[kind]
+    else:
+        fill = identity(kind, np.int32)
+
+    def c(v: int) -> ir.Value:
+        return mgpu_utils.c(v, index)
+
+    tid = arith.index_cast(index, mgpu_utils.thread_idx())
+    own = row_moves.own_row(tid)
+    q = arith.andi(tid, c(3))
+    quarter = cols // 4  # elements per lane's run
+    chunks = quarter // 4  # 16-byte chunks per run
+    view = scratch.view((n, cols), element)
+
+    # X of the module docstring for this thread's rows (their low bits are its own)
+    row_bit_1 = arith.andi(own, c(2))
+    row_bit_0 = arith.shli(arith.andi(own, c(1)), c(2))
+
+    def swizzle(segment: ir.Value | int) -> ir.Value:
+        s = c(segment) if isinstance(segment, int) else segment
+        return arith.ori(arith.xori(s, row_bit_1), row_bit_0)
+
+    # WGMMA-layout columns: (8 j + 2 q) ^ 4 X(quarter of 8 j)
+    lane_cols = arith.shli(q, c(1))
+    by_quarter = {s: arith.xori(lane_cols, arith.shli(swizzle(s), c(2)))
+                  for s in sorted({8 * j // quarter for j in range(regs.shape[1])})}
+    pair_cols = {j: _xor(by_quarter[8 * j // quarter], 8 * j) for j in range(regs.shape[1])}
+    groups = sorted({(g, h) for g, _, _, _, h, *_ in np.ndindex(regs.shape)})
+    rows = {(g, h): _xor(own, 64 * g + 8 * h) for g, h in groups}  # disjoint bits: + is ^
+    # the run's chunks: 4 (q chunks + k) ^ 4 X(q)
+    run_base = arith.xori(arith.muli(q, c(4 * chunks)), arith.shli(swizzle(q), c(2)))
+    run_cols = [_xor(run_base, 4 * k) for k in range(chunks)]
+
+    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+    for idx in np.ndindex(regs.shape):
+        g, j, h = idx[0], idx[1], idx[4]
+        vector.store(regs[idx], view, [rows[(g, h)], pair_cols[j]])
+    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+
+    quad = lanes.Quad()
+    order = list(range(quarter))[::-1] if reverse else list(range(quarter))
+    for g, h in groups:
+        loaded = [vector.load(quad_vector, view, [rows[(g, h)], col]) for col in run_cols]
+        values = [lanes.extract(v, i) for v in loaded for i in range(4)]
+        prefix: list[ir.Value] = list(values)
+        for before, i in zip(order, order[1:]):  # the run, in scan order
+            prefix[i] = combine(prefix[before], values[i])
+        offset = _exclusive_in_quad(quad, prefix[order[-1]], combine, reverse, element, fill)
+        done = [combine(offset, p) for p in prefix]
+        for k, col in enumerate(run_cols):
+            vector.store(vector.from_elements(quad_vector, done[4 * k:4 * k + 4]), view,
+                         [rows[(g, h)], col])
+    mgpu_utils.warpgroup_barrier()  # every run is back
+    out = np.empty_like(regs)
+    for idx in np.ndindex(regs.shape):
+        g, j, h = idx[0], idx[1], idx[4]
+        out[idx] = vector.load(pair, view, [rows[(g, h)], pair_cols[j]])
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
+
+
+def _exclusive_in_quad(quad: lanes.Quad, total: ir.Value, combine: Callable[..., ir.Value],
+                       reverse: bool, element: ir.Type, fill: float | int) -> ir.Value:
+    """The combination of the runs before this lane's in the quad (after it,
+    ``reverse``): an inclusive Hillis--Steele over the four totals, then a
+    shift by one lane with the identity shifted in."""
+    i32 = ir.IntegerType.get_signless(32)
+
+    def shuffled(v: ir.Value, d: int) -> tuple[ir.Value, ir.Value]:
+        """``v`` of lane ``q - d`` (``q + d``), and whether there is one."""
+        sources = tuple(min(max(q + (d if reverse else -d), 0), lanes.QUAD - 1)
+                        for q in range(lanes.QUAD))
+        valid = frozenset(q for q in range(lanes.QUAD)
+                          if 0 <= q + (d if reverse else -d) < lanes.QUAD)
+        word = quad.shuffle(mgpu_utils.bitcast(v, i32), sources)
+        return mgpu_utils.bitcast(word, element), quad.lanes_in(valid)
+
+    inclusive = total
+    for d in (1, 2):
+        theirs, has = shuffled(inclusive, d)
+        inclusive = arith.select(has, combine(theirs, inclusive), inclusive)
+    before, has = shuffled(inclusive, 1)
+    identity_value = mgpu_utils.c(float(fill) if isinstance(element, ir.FloatType) else int(fill),
+                                  element)
+    return arith.select(has, before, identity_value)
+
+
+def _xor(v: ir.Value, k: int) -> ir.Value:
+    return arith.xori(v, mgpu_utils.c(k, ir.IndexType.get())) if k else v
+
+
