@@ -1,8 +1,8 @@
-"""Work-efficient scans along a block's minor axis: ``scan(x, kind,
-reverse)`` is the inclusive ``cumsum`` (``kind="add"``), ``cumprod``
-(``"mul"``), ``cummax`` (``"max"``) or ``cummin`` (``"min"``) of each row of
-a 2-D block of a 32-bit type, with about two combining operations per
-element instead of Hillis--Steele's ``log2 n``.
+"""Work-efficient scans of 2-D blocks: ``scan(x, kind, reverse, axis)`` is
+the inclusive ``cumsum`` (``kind="add"``), ``cumprod`` (``"mul"``),
+``cummax`` (``"max"``) or ``cummin`` (``"min"``) along ``axis`` of a block of
+a 32-bit type, with about two combining operations per element along the
+minor axis (one along the rows) instead of Hillis--Steele's ``log2 n``.
 
 Why a round trip: in WGMMA's layout a row's columns are spread over the
 four lanes of a quad in pairs (column ``8 j + 2 q + b`` in lane ``q``), so
@@ -43,10 +43,19 @@ most ``(n / 4 + 2) u sum |x_j|`` -- another order than Hillis--Steele's
 sum's ``i u sum |x_j|``; a product's is ``i u |prod|`` to first order, as
 any order's; max and min are exact.
 
+Along the rows (``axis=0``) the round trip is simpler: after the stores,
+thread ``t`` of the warpgroup scans columns ``t, t + 128, ...`` itself,
+one scalar load, combine and store per element (a warp's lanes touch 32
+consecutive words of a row: one wavefront), so every element is a
+sequential scan of its column: exact for integers and extrema, a float
+sum within ``i u sum |x_j|``. About ``4.5`` instructions per element in
+f32, one combine, two passes of the block.
+
 Where it applies (:func:`fits`): the register paths' conditions
 (:func:`smalti.vocabulary.lanes.fits`), a 32-bit type, and rows of 32, 64,
-128 or 256 elements; elsewhere, and where the kernel's scratch is short,
-the scan is Hillis--Steele's (:func:`smalti.vocabulary.scans.scan`).
+128 or 256 elements (along the rows: a multiple of 128 columns); elsewhere,
+and where the kernel's scratch is short, the scan is Hillis--Steele's
+(:func:`smalti.vocabulary.scans.scan`).
 """
 
 from __future__ import annotations
@@ -60,7 +69,7 @@ from jax import lax
 from jax._src import core as jax_core
 from jax._src.interpreters import mlir
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, vector
+from jax._src.lib.mlir.dialects import arith, memref, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -93,53 +102,60 @@ def identity(kind: str, dtype: Any) -> float | int:
     }[kind]
 
 
-def scan(x: jax.Array, kind: str, *, reverse: bool = False) -> jax.Array:
-    """The inclusive scan of each row of the 2-D ``x`` (see the module
+def scan(x: jax.Array, kind: str, *, reverse: bool = False, axis: int = 1) -> jax.Array:
+    """The inclusive scan along ``axis`` of the 2-D ``x`` (see the module
     docstring); Hillis--Steele's where the register paths are not allowed."""
     if kind not in KINDS:
         raise ValueError(f"lane_scan.scan: kind must be one of {sorted(KINDS)}, got {kind!r}")
-    if x.ndim != 2:
-        raise ValueError(f"lane_scan.scan: a 2-D block, got shape {x.shape}")
+    if x.ndim != 2 or axis not in (0, 1):
+        raise ValueError(f"lane_scan.scan: a 2-D block and axis 0 or 1, got shape {x.shape} "
+                         f"and axis {axis}")
     if not lanes.registers_allowed():
-        return _fallback(x, kind=kind, reverse=reverse)
-    return lane_scan_p.bind(x, kind=kind, reverse=bool(reverse))
+        return _fallback(x, kind=kind, reverse=reverse, axis=axis)
+    return lane_scan_p.bind(x, kind=kind, reverse=bool(reverse), axis=int(axis))
 
 
-def _fallback(x: jax.Array, *, kind: str, reverse: bool) -> jax.Array:
+def _fallback(x: jax.Array, *, kind: str, reverse: bool, axis: int) -> jax.Array:
     from smalti.vocabulary.scans import scan as hillis_steele
 
-    return hillis_steele(x, KINDS[kind], axis=1, reverse=reverse,
+    return hillis_steele(x, KINDS[kind], axis=axis, reverse=reverse,
                          fill=identity(kind, x.dtype))
 
 
-def fits(aval: Aval, x: ir.Value | None = None) -> bool:
-    """Whether the round trip scans ``aval`` (see the module docstring)."""
-    return (lanes.fits(aval, x) and np.dtype(aval.dtype).itemsize == 4
-            and aval.shape[1] in ROW_LENGTHS)
+def fits(aval: Aval, x: ir.Value | None = None, axis: int = 1) -> bool:
+    """Whether the round trip scans ``aval`` along ``axis`` (see the module
+    docstring)."""
+    if not (lanes.fits(aval, x) and np.dtype(aval.dtype).itemsize == 4):
+        return False
+    cols = aval.shape[1]
+    return cols in ROW_LENGTHS if axis == 1 else cols % mgpu_utils.WARPGROUP_SIZE == 0
 
 
 @lane_scan_p.def_abstract_eval
-def _abstract_eval(x: Aval, *, kind: str, reverse: bool) -> Aval:
-    del kind, reverse
+def _abstract_eval(x: Aval, *, kind: str, reverse: bool, axis: int) -> Aval:
+    del kind, reverse, axis
     return jax_core.ShapedArray(x.shape, x.dtype)
 
 
-def _impl(x: jax.Array, *, kind: str, reverse: bool) -> jax.Array:
-    return lax.associative_scan(KINDS[kind], x, reverse=reverse, axis=1)
+def _impl(x: jax.Array, *, kind: str, reverse: bool, axis: int) -> jax.Array:
+    return lax.associative_scan(KINDS[kind], x, reverse=reverse, axis=axis)
 
 
 lane_scan_p.def_impl(_impl)
 mlir.register_lowering(lane_scan_p, mlir.lower_fun(_impl, multiple_results=False))
 
 
-def lower(ctx: PallasContext, x: Operand, *, kind: str, reverse: bool) -> Lowered:
+def lower(ctx: PallasContext, x: Operand, *, kind: str, reverse: bool, axis: int) -> Lowered:
     """The round trip where :func:`fits` and the scratch slice is free;
     Hillis--Steele otherwise."""
     [aval] = ctx.avals_in
     scratch = row_moves.scratch_for(ctx, aval)
-    if scratch is None or not fits(aval, x):
+    if scratch is None or not fits(aval, x, axis):
         return pallas_lowering._lower_fun(
-            lambda v: _fallback(v, kind=kind, reverse=reverse))(ctx, x)
+            lambda v: _fallback(v, kind=kind, reverse=reverse, axis=axis))(ctx, x)
+    if axis == 0:
+        return lanes.on_registers(ctx, x, aval.shape,
+                                  lambda value: _scan_columns(value, kind, reverse, scratch))
     return lanes.on_registers(ctx, x, aval.shape,
                               lambda value: _scan_registers(value, kind, reverse, scratch))
 
@@ -265,3 +281,54 @@ def _xor(v: ir.Value, k: int) -> ir.Value:
     return arith.xori(v, mgpu_utils.c(k, ir.IndexType.get())) if k else v
 
 
+
+
+def _scan_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
+                  scratch: row_moves.Scratch) -> fa.FragmentedArray:
+    """The scan along the rows: every thread stores its registers (WGMMA's
+    layout, swizzled as :mod:`smalti.vocabulary.rows` does), then thread
+    ``t`` of the warpgroup scans columns ``t, t + 128, ...`` sequentially
+    with scalar loads and stores (a warp's 32 lanes: 32 consecutive words of
+    one row, one wavefront), and the registers are loaded back."""
+    regs = x.registers
+    n, cols = x.shape
+    pair = ir.VectorType(regs.flat[0].type)
+    element = pair.element_type
+    index = ir.IndexType.get()
+    combine = _combiner(kind, element, x.is_signed)
+
+    def c(v: int) -> ir.Value:
+        return mgpu_utils.c(v, index)
+
+    tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),
+                     c(mgpu_utils.WARPGROUP_SIZE - 1))
+    own = row_moves.own_row(tid)
+    view = scratch.view((n, cols), element)
+    m = row_moves.swizzle_mask(cols, 4)
+    # WGMMA layout: row own + 64 g + 8 h, column (8 j + 2 q) ^ ((own & m) << 3)
+    spread = arith.shli(arith.andi(own, c(m)), c(3))
+    lane_cols = arith.xori(arith.shli(arith.andi(tid, c(3)), c(1)), spread)
+    pair_cols = {j: _xor(lane_cols, 8 * j) for j in range(regs.shape[1])}
+    groups = sorted({(g, h) for g, _, _, _, h, *_ in np.ndindex(regs.shape)})
+    rows = {(g, h): _xor(own, 64 * g + 8 * h) for g, h in groups}
+
+    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+    for idx in np.ndindex(regs.shape):
+        vector.store(regs[idx], view, [rows[(idx[0], idx[4])], pair_cols[idx[1]]])
+    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    for first in range(0, cols, mgpu_utils.WARPGROUP_SIZE):
+        column = _xor(tid, first)  # this thread's column, then its place in each row
+        placed = {low: _xor(column, low << 3) for low in range(m + 1)}
+        running: ir.Value | None = None
+        for r in order:
+            where = [c(r), placed[r & m]]
+            value = memref.load(view, where)
+            running = value if running is None else combine(running, value)
+            memref.store(running, view, where)
+    mgpu_utils.warpgroup_barrier()  # every column is scanned
+    out = np.empty_like(regs)
+    for idx in np.ndindex(regs.shape):
+        out[idx] = vector.load(pair, view, [rows[(idx[0], idx[4])], pair_cols[idx[1]]])
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)

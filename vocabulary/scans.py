@@ -201,8 +201,8 @@ def extremum_by_keys(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> 
 
     top = name == "cummax"
     key = jnp.where(x != x, INT32_MAX if top else INT32_MIN, total_order_key(x))
-    if key.ndim == 2 and axis == 1:
-        key = lane_scan.scan(key, "max" if top else "min", reverse=reverse)
+    if key.ndim == 2:
+        key = lane_scan.scan(key, "max" if top else "min", reverse=reverse, axis=axis)
     else:
         key = scan(key, lax.max if top else lax.min, axis=axis, reverse=reverse,
                    fill=INT32_MIN if top else INT32_MAX)
@@ -218,8 +218,8 @@ def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.nd
         return extremum_by_keys(x, name=name, axis=axis, reverse=reverse)
     wide = compute_dtype(name, x.dtype)
     y = x.astype(wide) if wide != x.dtype else x
-    if y.ndim == 2 and axis == 1 and name in LANE_SCAN_KINDS:  # work-efficient
-        y = lane_scan.scan(y, LANE_SCAN_KINDS[name], reverse=reverse)
+    if y.ndim == 2 and name in LANE_SCAN_KINDS:  # work-efficient
+        y = lane_scan.scan(y, LANE_SCAN_KINDS[name], reverse=reverse, axis=axis)
     else:
         y = scan(y, COMBINE[name], axis=axis, reverse=reverse, fill=identity(name, wide))
     return y.astype(x.dtype) if wide != x.dtype else y

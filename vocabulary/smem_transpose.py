@@ -2,6 +2,15 @@
 SMEM in whole vectors, as Mosaic GPU moves tiles, instead of ``take``'s
 scalar one.
 
+32-bit types go by per-thread accesses (:func:`_transpose_registers`, a
+``plgpu.inline_mgpu`` body on the scratch slice of
+:func:`smalti.vocabulary.rows.scratch_for`): each thread stores its
+registers with one 8-byte store each and loads each output register's two
+elements (two rows of one input column) with two 4-byte loads, the scratch
+swizzled so that both are free of bank conflicts: about 3 instructions per
+element. 16-bit types, and blocks whose scratch slice is not free, as
+follows.
+
 How it works: ``x`` (R, C) is stored with one ``vector.store`` into an SMEM
 scratch ref pinned (``mosaic_gpu.with_transforms``) to the
 ``(8, 128 / itemsize)`` tiling with the 128-byte swizzle, and read back with
@@ -48,7 +57,7 @@ import numpy as np
 from jax._src import core as jax_core
 from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith
+from jax._src.lib.mlir.dialects import arith, memref, vector
 from jax._src.pallas import utils as pallas_utils
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import fragmented_array as fa
@@ -138,10 +147,19 @@ def estimate(ctx: EstimatorContext, aval: Aval) -> Resources:
 
 
 def lower(ctx: PallasContext, x: Operand) -> ir.Value:
-    """``x.T`` through the swizzled scratch (``x`` must :func:`fit <fits>`)."""
+    """``x.T`` through the swizzled scratch (``x`` must :func:`fit <fits>`):
+    32-bit types by per-thread accesses (:func:`_transpose_registers`),
+    16-bit ones by Mosaic GPU's tiled transfers."""
+    from smalti.vocabulary import lanes
+    from smalti.vocabulary import rows as row_moves
+
     [aval] = ctx.avals_in
     dtype = np.dtype(aval.dtype)
     rows, cols = aval.shape
+    scratch = row_moves.scratch_for(ctx, aval)
+    if dtype.itemsize == 4 and scratch is not None:
+        return lanes.on_registers(ctx, x, (cols, rows),
+                                  lambda value: _transpose_registers(value, scratch))
     x = pallas_lowering._ensure_ir_value(x, dtype)
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
     module_ctx = ctx.module_ctx
@@ -170,3 +188,62 @@ def lower(ctx: PallasContext, x: Operand) -> ir.Value:
         loaded = mgpu_dialect.vector_load(mgpu_utils.memref_transpose(ref, (1, 0)))
         mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return mgpu_dialect.layout_cast(loaded, wgmma)
+
+
+def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedArray:
+    """``x.T`` of a 32-bit WGMMA-layout array: each thread stores its
+    registers (two columns of a row: one 8-byte store) into the scratch,
+    the warpgroup synchronizes, and each thread loads the two elements of
+    each output register (two rows of one input column: two 4-byte loads).
+    Column ``c`` of row ``r`` sits at ``c ^ S(r)``, ``S(r) = ((r ^ (r >> 1))
+    & 3) << 3``: a half-warp's stores (4 rows, 4 lanes' pairs) and a warp's
+    loads (8 columns of the 4 rows ``2 q + b`` apart) then meet 32 distinct
+    banks each -- one write and one read pass of the block, the ideal."""
+    from smalti.vocabulary import rows as row_moves
+
+    regs = x.registers  # (rows / 64, cols / 8, 1, 1, 2, 1, 1, 1, 1) of vector<2 x T>
+    n, cols = x.shape
+    pair = ir.VectorType(regs.flat[0].type)
+    element = pair.element_type
+    index = ir.IndexType.get()
+
+    def c(v: int) -> ir.Value:
+        return mgpu_utils.c(v, index)
+
+    def xor(v: ir.Value, k: int) -> ir.Value:
+        return arith.xori(v, c(k)) if k else v
+
+    def spread(row: ir.Value) -> ir.Value:  # S(row)
+        return arith.shli(arith.andi(arith.xori(row, arith.shrui(row, c(1))), c(3)), c(3))
+
+    tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),
+                     c(mgpu_utils.WARPGROUP_SIZE - 1))
+    own = row_moves.own_row(tid)  # 16 w + l // 4
+    lane_cols = arith.shli(arith.andi(tid, c(3)), c(1))  # 2 (l % 4)
+    view = scratch.view((n, cols), element)
+    # stores: row own + 64 g + 8 h (S depends on its low 3 bits: own's), column 8 j + 2 q
+    store_cols = arith.xori(lane_cols, spread(own))
+    natural = {(g, h): xor(own, 64 * g + 8 * h)
+               for g, h in sorted({(i[0], i[4]) for i in np.ndindex(regs.shape)})}
+    pair_cols = {j: xor(store_cols, 8 * j) for j in range(regs.shape[1])}
+    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+    for idx in np.ndindex(regs.shape):
+        vector.store(regs[idx], view, [natural[(idx[0], idx[4])], pair_cols[idx[1]]])
+    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+    # loads: output (r', c') = input (c', r'), r' = own + 64 g' + 8 h', c' = 8 j' + 2 q + b
+    out_shape = (cols, n)
+    out_regs = np.empty(fa.WGMMA_LAYOUT.registers_shape(out_shape), dtype=object)
+    source_rows = {b: xor(lane_cols, b) for b in range(2)}  # 2 q + b; + 8 j' below
+    # S(c') of c' = 8 j' + 2 q + b: its low 3 bits are 2 q + b's
+    source_spread = {b: spread(source_rows[b]) for b in range(2)}
+    groups = sorted({(i[0], i[4]) for i in np.ndindex(out_regs.shape)})
+    placed = {(g, h, b): arith.xori(xor(own, 64 * g + 8 * h), source_spread[b])  # r' ^ S(c')
+              for g, h in groups for b in range(2)}
+    input_rows = {(j, b): xor(source_rows[b], 8 * j)
+                  for j in range(out_regs.shape[1]) for b in range(2)}
+    for idx in np.ndindex(out_regs.shape):
+        g, j, h = idx[0], idx[1], idx[4]
+        elements = [memref.load(view, [input_rows[(j, b)], placed[(g, h, b)]]) for b in range(2)]
+        out_regs[idx] = vector.from_elements(pair, elements)
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out_regs, _layout=x.layout, _is_signed=x.is_signed)

@@ -136,8 +136,10 @@ def test_scan_rejects_bad_arguments():
     x = jnp.zeros((64, 128), jnp.float32)
     with pytest.raises(ValueError, match="kind must be one of"):
         lane_scan.scan(x, "xor")
-    with pytest.raises(ValueError, match="a 2-D block"):
+    with pytest.raises(ValueError, match="a 2-D block and axis 0 or 1"):
         lane_scan.scan(x[0], "add")
+    with pytest.raises(ValueError, match="got shape .* and axis 2"):
+        lane_scan.scan(x, "add", axis=2)
 
 
 FNS = {
@@ -170,3 +172,70 @@ def test_lowers_under_jax_middle_end_too(pipeline):
     ours, theirs = lowered_by_both(pipeline, lambda v: jnp.cumsum(v, 1), x)
     assert ours.count("vector.load") == theirs.count("vector.load") > 0
     assert ours.count("nvvm.shfl.sync") == theirs.count("nvvm.shfl.sync") > 0
+
+
+# --- along the rows ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (64, 256), (128, 128)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_float_cumsum_along_rows(pipeline, shape, reverse):
+    """Each column summed sequentially by one thread (two columns each for
+    256): within a sequential sum's bound, ``i u sum |x|``."""
+    x = _sums(shape)
+    (got,) = _profile(pipeline, lambda v: lax.cumsum(v, 0, reverse=reverse), x).outputs
+    x64 = x.T.astype(np.float64)
+    want, _ = _sum_bound(x.T, reverse)
+    i = np.arange(shape[0])[::-1] if reverse else np.arange(shape[0])
+    bound = i * U * _along(np.cumsum, np.abs(x64), reverse)
+    assert np.all(np.abs(got.T - want) <= bound)
+
+
+ALONG_ROWS = {
+    "cumsum": lambda v: jnp.cumsum(v, 0, dtype=v.dtype),
+    "cumprod rev": lambda v: lax.cumprod(v, 0, reverse=True),
+    "cummax": lambda v: lax.cummax(v, 0),
+    "cummin rev": lambda v: lax.cummin(v, 0, reverse=True),
+}
+
+
+@pytest.mark.parametrize("name, dtype", [
+    (name, dtype) for name in ALONG_ROWS for dtype in (I32, U32, F32)
+    if dtype != F32 or name.startswith(("cummax", "cummin"))],  # float sums: above
+    ids=str)
+def test_exact_scans_along_rows(pipeline, name, dtype):
+    """Integers (wrapping) and every max or min: bit for bit (NaN as NaN)."""
+    fn = ALONG_ROWS[name]
+    if dtype == F32:
+        x = _sums((64, 128))
+        x[5, ::7] = np.nan
+        x[9, 3::9] = -np.nan
+        x[20:22] = np.array([-0.0, 0.0], np.float32)[:, None]
+    else:
+        x = _ints((64, 128), dtype)
+    (got,) = _profile(pipeline, fn, x).outputs
+    assert_bits(got, np.asarray(jax.jit(fn)(x)), nan_equal=True)
+
+
+@pytest.mark.parametrize("cols", [64, 128])
+def test_cost_along_rows(pipeline, cols):
+    """Rows of a multiple of 128 columns: two conflict-free passes and
+    issue 37's target; rows of 64: Hillis--Steele's row moves (6 passes)."""
+    x = _ints((64, cols))
+    scanned = _profile(pipeline, lambda v: jnp.cumsum(v, 0, dtype=v.dtype), x)
+    base = _profile(pipeline, lambda v: v, x)
+    np.testing.assert_array_equal(scanned.outputs[0], np.cumsum(x, 0, dtype=x.dtype))
+    passes = 2 if cols % 128 == 0 else 6
+    assert scanned[WAVEFRONTS] - base[WAVEFRONTS] == passes * (2 * x.nbytes // 128)
+    if cols % 128 == 0:
+        assert (scanned[INST] - base[INST]) * 32 / x.size <= 3 * (2 * 4 / 16 + 2)
+
+
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_along_rows_race_free(pipeline, warpgroups):
+    fn = lambda v: lax.cummax(v, 0)  # noqa: E731
+    x = _sums((warpgroups, 64, 128))
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
+    for g, b in zip(got, x):
+        np.testing.assert_array_equal(_bits(g), _bits(np.asarray(jax.jit(fn)(b))))

@@ -122,7 +122,10 @@ def test_one_conflict_free_pass_each_way(pipeline, dtype):
         base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
     assert fast[WAVEFRONTS] - base[WAVEFRONTS] == 2 * x.nbytes // 128
     assert fast["l1tex__data_bank_conflicts_pipe_lsu_mem_shared"] == 0
-    assert fast[INST] - base[INST] < x.size * 17 // 32  # thread-instructions per element < 17
+    # thread-instructions per element: issue 37's target (4) for 32-bit types'
+    # per-thread accesses; Mosaic GPU's tiled transfers' address arithmetic for 16-bit
+    most = 4 if dtype == F32 else 17
+    assert (fast[INST] - base[INST]) * 32 / x.size <= most
 
 
 @pytest.mark.parametrize("warpgroups", [1, 2])
