@@ -2,14 +2,13 @@
 SMEM in whole vectors, as Mosaic GPU moves tiles, instead of ``take``'s
 scalar one.
 
-32-bit types go by per-thread accesses (:func:`_transpose_registers`, a
+It goes by per-thread accesses (:func:`_transpose_registers`, a
 ``plgpu.inline_mgpu`` body on the scratch slice of
 :func:`smalti.vocabulary.rows.scratch_for`): each thread stores its
-registers with one 8-byte store each and loads each output register's two
-elements (two rows of one input column) with two 4-byte loads, the scratch
+registers with one vector store each and loads each output register's two
+elements (two rows of one input column) with two scalar loads, the scratch
 swizzled so that both are free of bank conflicts: about 3 instructions per
-element. 16-bit types, and blocks whose scratch slice is not free, as
-follows.
+element. Where the warpgroups' scratch slices are not free, as follows.
 
 How it works: ``x`` (R, C) is stored with one ``vector.store`` into an SMEM
 scratch ref pinned (``mosaic_gpu.with_transforms``) to the
@@ -157,7 +156,7 @@ def lower(ctx: PallasContext, x: Operand) -> ir.Value:
     dtype = np.dtype(aval.dtype)
     rows, cols = aval.shape
     scratch = row_moves.scratch_for(ctx, aval)
-    if dtype.itemsize == 4 and scratch is not None:
+    if scratch is not None:
         return lanes.on_registers(ctx, x, (cols, rows),
                                   lambda value: _transpose_registers(value, scratch))
     x = pallas_lowering._ensure_ir_value(x, dtype)
@@ -191,14 +190,17 @@ def lower(ctx: PallasContext, x: Operand) -> ir.Value:
 
 
 def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedArray:
-    """``x.T`` of a 32-bit WGMMA-layout array: each thread stores its
-    registers (two columns of a row: one 8-byte store) into the scratch,
-    the warpgroup synchronizes, and each thread loads the two elements of
-    each output register (two rows of one input column: two 4-byte loads).
-    Column ``c`` of row ``r`` sits at ``c ^ S(r)``, ``S(r) = ((r ^ (r >> 1))
-    & 3) << 3``: a half-warp's stores (4 rows, 4 lanes' pairs) and a warp's
-    loads (8 columns of the 4 rows ``2 q + b`` apart) then meet 32 distinct
-    banks each -- one write and one read pass of the block, the ideal."""
+    """``x.T`` of a WGMMA-layout array: each thread stores its registers
+    (two columns of a row: one 8- or 4-byte store) into the scratch, the
+    warpgroup synchronizes, and each thread loads the two elements of each
+    output register (two rows of one input column: two scalar loads).
+    Column ``c`` of row ``r`` sits at ``c ^ S(r)``: for 32-bit types
+    ``S(r) = ((r ^ (r >> 1)) & 3) << 3``, so that a half-warp's 8-byte
+    stores (4 rows, 4 lanes' pairs) and a warp's loads (8 columns of the 4
+    rows ``2 q + b``) meet 32 distinct banks; for 16-bit types ``S(r) = (r &
+    7) << 3``, so that a warp's 4-byte stores (8 rows) meet 32 distinct banks
+    and its loads 16 distinct words (two lanes to a word) on distinct banks.
+    One write and one read pass of the block: the ideal."""
     from smalti.vocabulary import rows as row_moves
 
     regs = x.registers  # (rows / 64, cols / 8, 1, 1, 2, 1, 1, 1, 1) of vector<2 x T>
@@ -214,6 +216,8 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
         return arith.xori(v, c(k)) if k else v
 
     def spread(row: ir.Value) -> ir.Value:  # S(row)
+        if mgpu_utils.bitwidth(element) == 16:
+            return arith.shli(arith.andi(row, c(7)), c(3))
         return arith.shli(arith.andi(arith.xori(row, arith.shrui(row, c(1))), c(3)), c(3))
 
     tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),

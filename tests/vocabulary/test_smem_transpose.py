@@ -115,17 +115,18 @@ def test_transpose_compositions(pipeline, fn):
 def test_one_conflict_free_pass_each_way(pipeline, dtype):
     """Beyond the identity kernel, the transpose's shared wavefronts are one
     conflict-free write and one conflict-free read of the block (B / 128
-    each); ``take``'s scalar round trip takes 6 times as many for f32."""
+    each) in f32; in bf16 the reads are of single elements, two lanes to a
+    word: 1.5 times that (issue 37's target: at most twice). ``take``'s
+    scalar round trip takes 6 times as many for f32."""
     x = data((64, 128), dtype)
     with smalti.jax.installed(pipeline):
         fast = smalti.emulate.profile(tma_kernel(lambda v: v.T, [x]), x)
         base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
-    assert fast[WAVEFRONTS] - base[WAVEFRONTS] == 2 * x.nbytes // 128
+    passes = 2 if dtype == F32 else 3  # bf16: the read pass twice over
+    assert fast[WAVEFRONTS] - base[WAVEFRONTS] == passes * x.nbytes // 128
     assert fast["l1tex__data_bank_conflicts_pipe_lsu_mem_shared"] == 0
-    # thread-instructions per element: issue 37's target (4) for 32-bit types'
-    # per-thread accesses; Mosaic GPU's tiled transfers' address arithmetic for 16-bit
-    most = 4 if dtype == F32 else 17
-    assert (fast[INST] - base[INST]) * 32 / x.size <= most
+    # thread-instructions per element: issue 37's target for movement
+    assert (fast[INST] - base[INST]) * 32 / x.size <= 4
 
 
 @pytest.mark.parametrize("warpgroups", [1, 2])
