@@ -60,7 +60,7 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti.vocabulary import lanes, smem_transpose
+from smalti.vocabulary import lanes, lines, smem_transpose
 from smalti.vocabulary import rows as row_moves
 from smalti.vocabulary.annotations import (
     Aval,
@@ -367,6 +367,10 @@ def slice_f(x: jax.Array, start_indices: Shape, limit_indices: Shape,
     strides = strides or (1,) * x.ndim
     out_shape = tuple(max(0, -(-(hi - lo) // s))
                       for lo, hi, s in zip(start_indices, limit_indices, strides))
+    if x.ndim == 2 and out_shape == (x.shape[0], 1):  # a line, as a reduction gives it
+        return lines.column(x, start_indices[1])
+    if x.ndim == 2 and out_shape == (1, x.shape[1]):
+        return lines.row(x, start_indices[0])
     if x.ndim == 2 and out_shape[0] == x.shape[0] and out_shape[1]:  # columns only: in registers
         return lanes.permute(x, range(start_indices[1], limit_indices[1], strides[1]))
     source = [i * int(s) + int(lo) if s != 1 else i + int(lo)  # no multiply by 1
