@@ -378,7 +378,7 @@ MOVEMENT, SCAN, SORT = "movement", "scan", "sort"
 COSTED: dict[str, tuple[str, int]] = {
     "transpose": (MOVEMENT, 1), "rev": (MOVEMENT, 0), "flip cols": (MOVEMENT, 1),
     "pad": (MOVEMENT, 1), "roll": (MOVEMENT, 1), "concatenate": (MOVEMENT, 1),
-    "strided slice": (MOVEMENT, 1), "outer broadcast": (MOVEMENT, 1),
+    "strided slice": (MOVEMENT, 1), "outer broadcast": (MOVEMENT, 1), "repeat": (MOVEMENT, 1),
     "cumsum": (SCAN, 1), "cumsum rev": (SCAN, 1), "cummax": (SCAN, 1), "cummin": (SCAN, 0),
     "cumprod": (SCAN, 1),
     "sort": (SORT, 1), "argsort": (SORT, 1), "sort cols": (SORT, 0), "top_k": (SORT, 1),
