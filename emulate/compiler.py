@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from . import irtypes
 from .errors import Unsupported
 from .machine import Frame
@@ -123,6 +125,16 @@ class BlockProgram:
 TERMINATORS = {"scf.yield", "scf.condition", "gpu.terminator", "func.return", "gpu.return",
                "llvm.return"}
 
+#: Ops whose results depend only on a thread's place in its group of threads
+#: and the block's shape: the same in every block of a launch and every launch.
+THREAD_PLACE = frozenset({
+    "gpu.thread_id", "gpu.block_dim", "gpu.lane_id",
+    "nvvm.read.ptx.sreg.tid.x", "nvvm.read.ptx.sreg.tid.y", "nvvm.read.ptx.sreg.tid.z",
+    "nvvm.read.ptx.sreg.ntid.x", "nvvm.read.ptx.sreg.ntid.y", "nvvm.read.ptx.sreg.ntid.z",
+    "nvvm.read.ptx.sreg.laneid",
+})
+CONSTANTS = frozenset({"arith.constant", "llvm.mlir.constant"})
+
 
 class Compiler:
     """``checked``: once the module is compiled (:meth:`finish`), guard each
@@ -135,6 +147,8 @@ class Compiler:
         self.profiled = profiled  # wrap steps to count instructions (.profiling)
         self.accumulators: set[int] = set()  # slots WGMMAs write (set by their rule)
         self._compiled: list[tuple[list[Step], int, Op, str]] = []
+        # slots whose value depends only on the thread's place (see per_group)
+        self.placed: set[int] = set()
 
     @property
     def nslots(self) -> int:
@@ -160,6 +174,8 @@ class Compiler:
                 continue
             o = Op(raw.operation, self)
             step = self.op(o)
+            if self._placed(o):
+                step = per_group(step, o.outs)
             if self.checked and o.ins:
                 use = getattr(step, "accumulators", None) or ACCUMULATOR_USE.get(o.name, READS)
                 self._compiled.append((steps, len(steps), o, use))
@@ -168,6 +184,21 @@ class Compiler:
                 step = counting(step, o)
             steps.append(step)
         return BlockProgram(args, steps, term, term_name, term_op)
+
+    def _placed(self, o: Op) -> bool:
+        """Whether ``o``'s results depend only on the thread's place: a read
+        of it, or integer and float arithmetic of such values and constants
+        (``arith`` ops are pure and compute every thread, masked or not).
+        Records its results as such; constants need no cache."""
+        name = o.name
+        if name in CONSTANTS:
+            self.placed.update(o.outs)
+            return False
+        if name in THREAD_PLACE or (name.startswith("arith.") and o.ins and o.outs
+                                    and self.placed.issuperset(o.ins)):
+            self.placed.update(o.outs)
+            return True
+        return False
 
     def op(self, o: Op) -> Step:
         fn = RULES.get(o.name)
@@ -198,6 +229,36 @@ class Compiler:
             elif use == MOVES:
                 steps[k] = _moving(steps[k], o)
         self._compiled = []
+
+
+def per_group(step: Step, outs: list[int]) -> Step:
+    """``step``, its results kept per group of threads (the block's shape,
+    the group's first thread and size: ``Block.group_key``) after its first
+    execution there and handed out again after: thread-id arithmetic, which
+    is a large part of a small kernel's ops, is then computed once per
+    program, not once per block and launch. The kept arrays are read-only."""
+    kept: dict[tuple, tuple] = {}
+
+    def cached(fr: Frame) -> None:
+        block = fr.block
+        if block is None:
+            step(fr)
+            return
+        regs = fr.regs
+        got = kept.get(block.group_key)
+        if got is None:
+            step(fr)
+            got = kept[block.group_key] = tuple(_read_only(regs[s]) for s in outs)
+            return
+        for s, v in zip(outs, got):
+            regs[s] = v
+    return cached
+
+
+def _read_only(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value.setflags(write=False)
+    return value
 
 
 def _moving(step: Step, o: Op) -> Step:

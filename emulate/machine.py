@@ -126,6 +126,8 @@ class Block:
         self.tid = (flat % bx, (flat // bx) % by, flat // (bx * by))
         self.flat = flat
         self.lane = flat % 32
+        # what thread-place values depend on (.compiler.per_group)
+        self.group_key = (tuple(block_dim), 0, T)
         if cluster is None:  # a cluster of one: this block alone
             cluster = Cluster(block_id, (1, 1, 1), grid)
         self.cluster, self.rank = cluster, rank
@@ -155,6 +157,7 @@ class Block:
         bx, by, _ = self.block_dim
         flat = np.arange(first, first + n, dtype=np.int64)
         g.T, g.flat, g.lane, g.name = n, flat, flat % 32, name
+        g.group_key = (tuple(self.block_dim), first, n)
         g.tid = (flat % bx, (flat // bx) % by, flat // (bx * by))
         g.warp_rows = self.warp_row0 + flat // 32
         return g
