@@ -64,6 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core as jax_core
@@ -77,6 +78,7 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from smalti.vocabulary import lanes
 from smalti.vocabulary import rows as row_moves
 from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
+from smalti.vocabulary.rows import xor_const
 
 __all__ = ["scan", "lane_scan_p", "fits", "KINDS"]
 
@@ -90,16 +92,15 @@ ROW_LENGTHS = (32, 64, 128, 256)
 
 
 def identity(kind: str, dtype: Any) -> float | int:
-    """``e`` with ``combine(e, v) == v`` bit for bit (``-0.0`` for float sums)."""
-    dtype = np.dtype(dtype)
-    floating = dtype.kind == "f"
-    info = None if floating else np.iinfo(dtype)
-    return {
-        "add": -0.0 if floating else 0,
-        "mul": 1.0 if floating else 1,
-        "max": -np.inf if info is None else int(info.min),
-        "min": np.inf if info is None else int(info.max),
-    }[kind]
+    """``e`` with ``combine(e, v) == v`` bit for bit: the scans' own
+    (:func:`smalti.vocabulary.scans.identity`; ``-0.0`` for float sums)."""
+    from smalti.vocabulary.scans import LANE_SCAN_KINDS
+    from smalti.vocabulary.scans import identity as scan_identity
+
+    name = {k: n for n, k in LANE_SCAN_KINDS.items()}[kind]
+    value = scan_identity(name, np.dtype(dtype))
+    assert value is not None, f"no identity of {name} for {dtype}: scan() refuses those"
+    return value
 
 
 def scan(x: jax.Array, kind: str, *, reverse: bool = False, axis: int = 1) -> jax.Array:
@@ -110,6 +111,9 @@ def scan(x: jax.Array, kind: str, *, reverse: bool = False, axis: int = 1) -> ja
     if x.ndim != 2 or axis not in (0, 1):
         raise ValueError(f"lane_scan.scan: a 2-D block and axis 0 or 1, got shape {x.shape} "
                          f"and axis {axis}")
+    if kind in ("max", "min") and jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"lane_scan.scan: a float {kind} (whose -0.0 and NaN a compare does "
+                         "not order): scan integer keys, as scans.extremum_by_keys does")
     if not lanes.registers_allowed():
         return _fallback(x, kind=kind, reverse=reverse, axis=axis)
     return lane_scan_p.bind(x, kind=kind, reverse=bool(reverse), axis=int(axis))
@@ -160,7 +164,6 @@ def lower(ctx: PallasContext, x: Operand, *, kind: str, reverse: bool, axis: int
                               lambda value: _scan_registers(value, kind, reverse, scratch))
 
 
-
 # --- the round trip ----------------------------------------------------------------------------
 
 
@@ -171,8 +174,6 @@ def _combiner(kind: str, element: ir.Type, signed: bool | None
         return arith.addf if floating else arith.addi
     if kind == "mul":
         return arith.mulf if floating else arith.muli
-    if floating:  # the vocabulary scans float maxima as integer keys (scans.py)
-        raise NotImplementedError("lane_scan: a float max or min")
     if kind == "max":
         return arith.maxsi if signed is not False else arith.maxui
     return arith.minsi if signed is not False else arith.minui
@@ -187,19 +188,18 @@ def _scan_registers(x: fa.FragmentedArray, kind: str, reverse: bool,
     quad_vector = ir.VectorType.get((4,), element)
     index = ir.IndexType.get()
     combine = _combiner(kind, element, x.is_signed)
-    if isinstance(element, ir.FloatType):
-        fill = identity(kind, np.float32)
-    elif x.is_signed is False:  # u32 bits as a signless constant: the largest is all ones
-        fill = {"add": 0, "mul": 1, "max": 0, "min": -1}[kind]
-    else:
-        fill = identity(kind, np.int32)
+    floating = isinstance(element, ir.FloatType)
+    fill = identity(kind, np.float32 if floating else
+                    np.uint32 if x.is_signed is False else np.int32)
+    if x.is_signed is False:  # u32 bits as a signless constant
+        fill = int(np.array(fill, np.uint32).view(np.int32))
 
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
 
-    tid = arith.index_cast(index, mgpu_utils.thread_idx())
-    own = row_moves.own_row(tid)
-    q = arith.andi(tid, c(3))
+    place = row_moves.ThreadPlace.here()
+    own = place.own
+    q = arith.andi(place.tid, c(3))
     quarter = cols // 4  # elements per lane's run
     chunks = quarter // 4  # 16-byte chunks per run
     view = scratch.view((n, cols), element)
@@ -213,15 +213,15 @@ def _scan_registers(x: fa.FragmentedArray, kind: str, reverse: bool,
         return arith.ori(arith.xori(s, row_bit_1), row_bit_0)
 
     # WGMMA-layout columns: (8 j + 2 q) ^ 4 X(quarter of 8 j)
-    lane_cols = arith.shli(q, c(1))
-    by_quarter = {s: arith.xori(lane_cols, arith.shli(swizzle(s), c(2)))
+    by_quarter = {s: arith.xori(place.lane_cols, arith.shli(swizzle(s), c(2)))
                   for s in sorted({8 * j // quarter for j in range(regs.shape[1])})}
-    pair_cols = {j: _xor(by_quarter[8 * j // quarter], 8 * j) for j in range(regs.shape[1])}
-    groups = sorted({(g, h) for g, _, _, _, h, *_ in np.ndindex(regs.shape)})
-    rows = {(g, h): _xor(own, 64 * g + 8 * h) for g, h in groups}  # disjoint bits: + is ^
+    pair_cols = {j: xor_const(by_quarter[8 * j // quarter], 8 * j)
+                 for j in range(regs.shape[1])}
+    groups = row_moves.row_groups(regs)
+    rows = row_moves.natural_rows(own, regs)
     # the run's chunks: 4 (q chunks + k) ^ 4 X(q)
     run_base = arith.xori(arith.muli(q, c(4 * chunks)), arith.shli(swizzle(q), c(2)))
-    run_cols = [_xor(run_base, 4 * k) for k in range(chunks)]
+    run_cols = [xor_const(run_base, 4 * k) for k in range(chunks)]
 
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
@@ -277,8 +277,6 @@ def _exclusive_in_quad(quad: lanes.Quad, total: ir.Value, combine: Callable[...,
     return arith.select(has, before, identity_value)
 
 
-def _xor(v: ir.Value, k: int) -> ir.Value:
-    return arith.xori(v, mgpu_utils.c(k, ir.IndexType.get())) if k else v
 
 
 
@@ -300,17 +298,12 @@ def _scan_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
 
-    tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),
-                     c(mgpu_utils.WARPGROUP_SIZE - 1))
-    own = row_moves.own_row(tid)
+    place = row_moves.ThreadPlace.here()
     view = scratch.view((n, cols), element)
     m = row_moves.swizzle_mask(cols, 4)
-    # WGMMA layout: row own + 64 g + 8 h, column (8 j + 2 q) ^ ((own & m) << 3)
-    spread = arith.shli(arith.andi(own, c(m)), c(3))
-    lane_cols = arith.xori(arith.shli(arith.andi(tid, c(3)), c(1)), spread)
-    pair_cols = {j: _xor(lane_cols, 8 * j) for j in range(regs.shape[1])}
-    groups = sorted({(g, h) for g, _, _, _, h, *_ in np.ndindex(regs.shape)})
-    rows = {(g, h): _xor(own, 64 * g + 8 * h) for g, h in groups}
+    # WGMMA layout, swizzled as rows.py's round trip is
+    pair_cols = row_moves.swizzled_columns(place.own, place.lane_cols, m, regs.shape[1])
+    rows = row_moves.natural_rows(place.own, regs)
 
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
@@ -318,8 +311,8 @@ def _scan_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
     order = range(n - 1, -1, -1) if reverse else range(n)
     for first in range(0, cols, mgpu_utils.WARPGROUP_SIZE):
-        column = _xor(tid, first)  # this thread's column, then its place in each row
-        placed = {low: _xor(column, low << 3) for low in range(m + 1)}
+        column = xor_const(place.tid, first)  # this thread's column, then its place in a row
+        placed = {low: xor_const(column, low << 3) for low in range(m + 1)}
         running: ir.Value | None = None
         for r in order:
             where = [c(r), placed[r & m]]

@@ -159,10 +159,8 @@ def _row_registers(x: fa.FragmentedArray, r: int, scratch: row_moves.Scratch
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
 
-    tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),
-                     c(mgpu_utils.WARPGROUP_SIZE - 1))
-    own = row_moves.own_row(tid)
-    lane_cols = arith.shli(arith.andi(tid, c(3)), c(1))  # 2 (l % 4)
+    place = row_moves.ThreadPlace.here()
+    own, lane_cols = place.own, place.lane_cols
     view = scratch.view((cols,), pair.element_type)
     g, h = r // 64, (r // 8) % 2
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
@@ -170,12 +168,12 @@ def _row_registers(x: fa.FragmentedArray, r: int, scratch: row_moves.Scratch
     with mgpu_utils.when(holds):  # the quad holding row r
         for j in range(regs.shape[1]):
             vector.store(regs[(g, j, 0, 0, h, 0, 0, 0, 0)], view,
-                         [arith.addi(lane_cols, c(8 * j)) if j else lane_cols])
+                         [row_moves.xor_const(lane_cols, 8 * j)])
     mgpu_utils.warpgroup_barrier()  # the row is visible to the warpgroup
     out = np.empty(fa.WGMMA_COL_LAYOUT.registers_shape((cols,)), dtype=object)
     for idx in np.ndindex(out.shape):  # (cols / 8, 1, 1): register column j
         j = idx[0]
-        out[idx] = vector.load(pair, view, [arith.addi(lane_cols, c(8 * j)) if j else lane_cols])
+        out[idx] = vector.load(pair, view, [row_moves.xor_const(lane_cols, 8 * j)])
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out, _layout=fa.WGMMA_COL_LAYOUT,
                               _is_signed=x.is_signed)

@@ -284,27 +284,19 @@ def permute_registers(x: fa.FragmentedArray, mapping: RowMap, fill: Any,
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
 
-    tid = arith.index_cast(index, mgpu_utils.thread_idx())
-    own = own_row(tid)
-    lane_cols = arith.shli(arith.andi(tid, c(3)), c(1))  # 2 (l % 4)
+    place = ThreadPlace.here()
+    own = place.own
     m = swizzle_mask(cols, itemsize)
-
-    def column_indices(row: ir.Value) -> dict[int, ir.Value]:
-        """Each register column's (swizzled) element column for rows whose low bits ``row`` has."""
-        base = arith.ori(arith.shli(arith.andi(row, c(m)), c(3)), lane_cols) if m else lane_cols
-        return {j: arith.xori(base, c(8 * j)) if j else base for j in range(regs.shape[1])}
-
     view = scratch.view((n, cols), element)
-
-    groups = sorted({(g, h) for g, _, _, _, h, *_ in np.ndindex(regs.shape)})
-    natural = {(g, h): arith.addi(own, c(64 * g + 8 * h)) if (g or h) else own
-               for g, h in groups}
+    groups = row_groups(regs)
+    natural = natural_rows(own, regs)
     # the rows read: the thread's part, then per register row a constant
     if mapping.sign == 0:
         thread_bits = THREAD_ROW_BITS
         source_own = arith.xori(own, c(mapping.mask & thread_bits)) \
             if mapping.mask & thread_bits else own
-        source_row = {(g, h): _plus(source_own, (64 * g + 8 * h) ^ (mapping.mask & ~thread_bits))
+        source_row = {(g, h): xor_const(source_own,
+                                        (64 * g + 8 * h) ^ (mapping.mask & ~thread_bits))
                       for g, h in groups}
         valid: dict[tuple[int, int], ir.Value] = {}
     else:
@@ -318,8 +310,8 @@ def permute_registers(x: fa.FragmentedArray, mapping: RowMap, fill: Any,
                     arith.cmpi(arith.CmpIPredicate.sge, raw, c(0)),
                     arith.cmpi(arith.CmpIPredicate.slt, raw, c(n)))
         source_own = source_row[groups[0]]  # every row's low bits are its thread's
-    store_cols = column_indices(own)
-    load_cols = column_indices(source_own)
+    store_cols = swizzled_columns(own, place.lane_cols, m, regs.shape[1])
+    load_cols = swizzled_columns(source_own, place.lane_cols, m, regs.shape[1])
 
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
@@ -340,6 +332,53 @@ def permute_registers(x: fa.FragmentedArray, mapping: RowMap, fill: Any,
         out[idx] = loaded
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
+
+
+@dataclass(frozen=True)
+class ThreadPlace:
+    """Where this thread's registers sit in a WGMMA-layout block (index
+    values): ``tid`` its index in the warpgroup, ``own`` its row in each
+    register's row group (``16 w + l // 4``), ``lane_cols`` its first
+    column in each register column (``2 (l % 4)``)."""
+
+    tid: ir.Value
+    own: ir.Value
+    lane_cols: ir.Value
+
+    @staticmethod
+    def here() -> ThreadPlace:
+        index = ir.IndexType.get()
+        tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),
+                         mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE - 1, index))
+        lane_cols = arith.shli(arith.andi(tid, mgpu_utils.c(3, index)), mgpu_utils.c(1, index))
+        return ThreadPlace(tid, own_row(tid), lane_cols)
+
+
+def row_groups(regs: np.ndarray) -> list[tuple[int, int]]:
+    """The (row group ``g``, register row ``h``) of a WGMMA-layout register array."""
+    return sorted({(idx[0], idx[4]) for idx in np.ndindex(regs.shape)})
+
+
+def natural_rows(own: ir.Value, regs: np.ndarray) -> dict[tuple[int, int], ir.Value]:
+    """Each (g, h)'s row of this thread, ``own + 64 g + 8 h`` (disjoint bits)."""
+    return {(g, h): xor_const(own, 64 * g + 8 * h) for g, h in row_groups(regs)}
+
+
+def swizzled_columns(row: ir.Value, lane_cols: ir.Value, m: int, count: int
+                     ) -> dict[int, ir.Value]:
+    """Each register column's element column ``(8 j + 2 q) ^ ((row & m) << 3)``
+    (the module docstring's swizzle) for rows whose low bits ``row`` has."""
+    index = ir.IndexType.get()
+    base = lane_cols
+    if m:
+        spread = arith.shli(arith.andi(row, mgpu_utils.c(m, index)), mgpu_utils.c(3, index))
+        base = arith.ori(spread, lane_cols)
+    return {j: xor_const(base, 8 * j) for j in range(count)}
+
+
+def xor_const(v: ir.Value, k: int) -> ir.Value:
+    """``v ^ k`` (``v`` itself for 0); ``v + k`` where their bits are disjoint."""
+    return arith.xori(v, mgpu_utils.c(k, v.type)) if k else v
 
 
 def own_row(tid: ir.Value) -> ir.Value:

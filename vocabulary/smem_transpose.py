@@ -202,6 +202,7 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
     and its loads 16 distinct words (two lanes to a word) on distinct banks.
     One write and one read pass of the block: the ideal."""
     from smalti.vocabulary import rows as row_moves
+    from smalti.vocabulary.rows import xor_const
 
     regs = x.registers  # (rows / 64, cols / 8, 1, 1, 2, 1, 1, 1, 1) of vector<2 x T>
     n, cols = x.shape
@@ -212,24 +213,18 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
 
-    def xor(v: ir.Value, k: int) -> ir.Value:
-        return arith.xori(v, c(k)) if k else v
-
     def spread(row: ir.Value) -> ir.Value:  # S(row)
         if mgpu_utils.bitwidth(element) == 16:
             return arith.shli(arith.andi(row, c(7)), c(3))
         return arith.shli(arith.andi(arith.xori(row, arith.shrui(row, c(1))), c(3)), c(3))
 
-    tid = arith.andi(arith.index_cast(index, mgpu_utils.thread_idx()),
-                     c(mgpu_utils.WARPGROUP_SIZE - 1))
-    own = row_moves.own_row(tid)  # 16 w + l // 4
-    lane_cols = arith.shli(arith.andi(tid, c(3)), c(1))  # 2 (l % 4)
+    place = row_moves.ThreadPlace.here()
+    own, lane_cols = place.own, place.lane_cols
     view = scratch.view((n, cols), element)
     # stores: row own + 64 g + 8 h (S depends on its low 3 bits: own's), column 8 j + 2 q
     store_cols = arith.xori(lane_cols, spread(own))
-    natural = {(g, h): xor(own, 64 * g + 8 * h)
-               for g, h in sorted({(i[0], i[4]) for i in np.ndindex(regs.shape)})}
-    pair_cols = {j: xor(store_cols, 8 * j) for j in range(regs.shape[1])}
+    natural = row_moves.natural_rows(own, regs)
+    pair_cols = {j: xor_const(store_cols, 8 * j) for j in range(regs.shape[1])}
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
         vector.store(regs[idx], view, [natural[(idx[0], idx[4])], pair_cols[idx[1]]])
@@ -237,13 +232,12 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
     # loads: output (r', c') = input (c', r'), r' = own + 64 g' + 8 h', c' = 8 j' + 2 q + b
     out_shape = (cols, n)
     out_regs = np.empty(fa.WGMMA_LAYOUT.registers_shape(out_shape), dtype=object)
-    source_rows = {b: xor(lane_cols, b) for b in range(2)}  # 2 q + b; + 8 j' below
+    source_rows = {b: xor_const(lane_cols, b) for b in range(2)}  # 2 q + b; + 8 j' below
     # S(c') of c' = 8 j' + 2 q + b: its low 3 bits are 2 q + b's
     source_spread = {b: spread(source_rows[b]) for b in range(2)}
-    groups = sorted({(i[0], i[4]) for i in np.ndindex(out_regs.shape)})
-    placed = {(g, h, b): arith.xori(xor(own, 64 * g + 8 * h), source_spread[b])  # r' ^ S(c')
-              for g, h in groups for b in range(2)}
-    input_rows = {(j, b): xor(source_rows[b], 8 * j)
+    placed = {(g, h, b): arith.xori(row, source_spread[b])  # r' ^ S(c')
+              for (g, h), row in row_moves.natural_rows(own, out_regs).items() for b in range(2)}
+    input_rows = {(j, b): xor_const(source_rows[b], 8 * j)
                   for j in range(out_regs.shape[1]) for b in range(2)}
     for idx in np.ndindex(out_regs.shape):
         g, j, h = idx[0], idx[1], idx[4]

@@ -140,6 +140,8 @@ def test_scan_rejects_bad_arguments():
         lane_scan.scan(x[0], "add")
     with pytest.raises(ValueError, match="got shape .* and axis 2"):
         lane_scan.scan(x, "add", axis=2)
+    with pytest.raises(ValueError, match="a float max .* scan integer keys"):
+        lane_scan.scan(x, "max")
 
 
 FNS = {
