@@ -88,8 +88,9 @@ def _without_target(records: list[RuleRecord]) -> list[tuple[RuleRecord, SmaltiE
     return found
 
 
-#: Rule kinds keyed by a Pallas primitive's name, not by an op's.
-_PRIMITIVE_KINDS = frozenset({RuleKind.PALLAS, RuleKind.PALLAS_RESOURCES})
+#: Rule kinds keyed by a Pallas primitive's (or a rewrite's) name, not by an op's.
+_PRIMITIVE_KINDS = frozenset({RuleKind.PALLAS, RuleKind.PALLAS_RESOURCES,
+                              RuleKind.PALLAS_REWRITE})
 
 
 def _unknown_ops(records: list[RuleRecord],

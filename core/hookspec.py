@@ -136,10 +136,18 @@ def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     and refusing those that carry a jaxpr. Its signature is Pallas':
     ``fn(ctx, *avals, **params)`` returning Pallas' ``Resources``.
 
+    A plugin may also rewrite the jaxprs Pallas lowers before their
+    equations are lowered (fusing equations that are costly to lower one at
+    a time): ``fn(jaxpr)`` returning a jaxpr with the same variables that
+    computes the same values, or ``None``.
+
     :param registry: the plugin's :class:`smalti.registry.PallasRegistry`.
         Add lowerings with the decorator
-        ``registry.pallas_lowering(primitive, **options)`` and estimators
-        with ``registry.resource_estimator(primitive, **options)``;
+        ``registry.pallas_lowering(primitive, **options)``, estimators
+        with ``registry.resource_estimator(primitive, **options)`` and
+        rewrites with ``registry.jaxpr_rewrite(name, **options)`` (applied
+        in plugin order to every Warpgroup-semantics jaxpr, nested ones
+        included; Pallas sizes scratch from the jaxpr before them);
         ``primitive`` is the primitive object or a ``"module:attribute"``
         reference to it, resolved only when smalti is installed into jax;
         a function whose module imports Pallas is best given as

@@ -189,6 +189,43 @@ def replaced_rule(primitive: Any) -> Any:
     return table[primitive] if dict.__contains__(table, primitive) else None
 
 
+def _lower_jaxpr_with(rewrites: list[Any], original: Any) -> Any:
+    """Pallas' ``lower_jaxpr_to_mosaic_gpu``, with the plugins' jaxpr
+    rewrites (:meth:`smalti.registry.PallasRegistry.jaxpr_rewrite`) applied
+    first to every jaxpr lowered with the Warpgroup rule table (the one
+    plugins add to): a kernel's body and, since Pallas lowers nested
+    jaxprs through the same function, each of theirs."""
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+
+    @functools.wraps(original)
+    def lower_jaxpr_to_mosaic_gpu(module_ctx: Any, launch_ctx: Any, jaxpr: Any,
+                                  *args: Any, **kwargs: Any) -> Any:
+        semantics = (module_ctx.lowering_semantics, module_ctx.primitive_semantics)
+        if semantics == gpu_core.WGxWG_SEMANTICS:
+            for rewrite in rewrites:
+                jaxpr = rewrite(jaxpr) or jaxpr
+        return original(module_ctx, launch_ctx, jaxpr, *args, **kwargs)
+
+    return lower_jaxpr_to_mosaic_gpu
+
+
+def _swap_jaxpr_lowering(pipeline: Pipeline | None) -> None:
+    """Puts the rewriting ``lower_jaxpr_to_mosaic_gpu`` in place where the
+    pipeline has jaxpr rewrites (``pipeline``), or the original back (``None``)."""
+    from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+
+    if pipeline is None:
+        original = _state.pop("lower_jaxpr", None)
+        if original is not None:
+            pallas_lowering.lower_jaxpr_to_mosaic_gpu = original
+        return
+    rewrites = [records[0].function
+                for records in pipeline.rules[RuleKind.PALLAS_REWRITE].values()]
+    if rewrites:
+        _state["lower_jaxpr"] = original = pallas_lowering.lower_jaxpr_to_mosaic_gpu
+        pallas_lowering.lower_jaxpr_to_mosaic_gpu = _lower_jaxpr_with(rewrites, original)
+
+
 def is_installed() -> bool:
     return _state["depth"] > 0
 
@@ -210,6 +247,7 @@ def install(pipeline: Pipeline | None = None) -> None:
                             record.function, primitive) \
                             if kind is RuleKind.PALLAS else record.function
             mgpu_core.lower_mgpu_module = _lower_mgpu_module_with(pipeline, original)
+            _swap_jaxpr_lowering(pipeline)
             _state.update(original=original, saved=saved, pipeline=pipeline)
         _state["depth"] += 1
 
@@ -223,6 +261,7 @@ def uninstall() -> None:
         if _state["depth"]:
             return
         mgpu_core.lower_mgpu_module = _state.pop("original")
+        _swap_jaxpr_lowering(None)
         _restore_unregistered_dialects()
         for table, primitive, previous in reversed(_state.pop("saved")):
             if previous is _MISSING:

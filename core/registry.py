@@ -139,6 +139,7 @@ class RuleKind(enum.Enum):
     LOWERING = "lowering"
     PALLAS = "pallas"
     PALLAS_RESOURCES = "pallas resource estimation"
+    PALLAS_REWRITE = "pallas jaxpr rewrite"
 
 
 # The options of a registration, defined once: each registry takes the
@@ -391,6 +392,29 @@ class PallasRegistry(_Registry):
         for :meth:`pallas_lowering`.
         """
         return self._primitive_rule(primitive, RuleKind.PALLAS_RESOURCES, options)
+
+    def jaxpr_rewrite(self, name: str, **options: Unpack[PallasOptions]
+                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: rewrites every jaxpr Pallas lowers with Warpgroup
+        semantics (a kernel's body and each jaxpr nested in it: loop bodies,
+        branches, scopes) before its equations are lowered, as
+        ``fn(jaxpr)``, which returns a ``jax.extend.core.Jaxpr`` with the same
+        ``invars`` and ``outvars`` (and ``constvars``) computing the same
+        values, or ``None`` to leave it as it is. ``name`` names the rewrite
+        (in conflicts, ``overrides`` and ``smalti plugins``); rewrites run in
+        the order their plugins were loaded.
+
+        A rewrite fuses equations that are costly or impossible to lower one
+        at a time into one that a plugin lowers well (``broadcast_in_dim``
+        then ``reshape`` into a repeat, say). Pallas sizes a kernel's scratch
+        from the jaxpr before the rewrite: the equations put in must need no
+        more scratch than those they replace.
+        """
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._add(name, fn, options, kind=RuleKind.PALLAS_REWRITE)
+            return fn
+
+        return decorate
 
     def _primitive_rule(self, primitive: Any, kind: RuleKind, options: PallasOptions
                         ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -127,6 +127,7 @@ PRIMITIVES: dict[str, str] = {
     "smalti.vocabulary.rows:row_permute_p": "rows:lower",
     "smalti.vocabulary.lane_scan:lane_scan_p": "lane_scan:lower",
     "smalti.vocabulary.lines:line_p": "lines:lower",
+    "smalti.vocabulary.repeats:interleave_p": "repeats:lower",
     "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
     "jax._src.lax.lax:rev_p": "movement:lower_rev",
     "jax._src.lax.lax:pad_p": "movement:lower_pad",
@@ -226,6 +227,14 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
 }
 
 
+#: Rewrites of the jaxprs Pallas lowers (name -> ``"module:function"``):
+#: equation pairs fused into one the plugin lowers well.
+JAXPR_REWRITES: dict[str, str] = {
+    # jnp.repeat / interleaves along the minor axis as one permute (repeats.py)
+    "repeats": "repeats:fuse",
+}
+
+
 #: The modules holding constraint and lowering rules for the dialect ops the
 #: vocabulary emits that :mod:`smalti.plugins` has no rule for (each has
 #: ``register_constraints`` and ``register_lowerings``; none imports Pallas).
@@ -300,3 +309,5 @@ def smalti_register_pallas_lowerings(registry: PallasRegistry) -> None:
     for primitive, reference in RESOURCE_ESTIMATORS.items():
         registry.resource_estimator(primitive, jax=_versions(primitive))(
             deferred(f"{__name__}.{reference}"))
+    for name, reference in JAXPR_REWRITES.items():
+        registry.jaxpr_rewrite(name)(deferred(f"{__name__}.{reference}"))

@@ -135,6 +135,66 @@ def test_resource_estimators_of_plugins_size_the_kernel_and_are_removed_after():
     assert primitive not in estimators
 
 
+def _rewriting_plugin(seen: list, name: str = "neg_to_abs"):
+    """A plugin whose jaxpr rewrite records each jaxpr it is given and
+    turns every ``neg`` into ``abs``."""
+
+    class Plugin:
+        @smalti.hookimpl
+        def smalti_register_pallas_lowerings(self, registry: PallasRegistry) -> None:
+            @registry.jaxpr_rewrite(name)
+            def rewrite(jaxpr):
+                seen.append(jaxpr)
+                if not any(e.primitive is lax.neg_p for e in jaxpr.eqns):
+                    return None
+                return jaxpr.replace(eqns=[e.replace(primitive=lax.abs_p)
+                                           if e.primitive is lax.neg_p else e
+                                           for e in jaxpr.eqns])
+
+    return Plugin()
+
+
+def test_jaxpr_rewrites_of_plugins_apply_to_every_jaxpr_and_are_removed_after():
+    """A plugin's jaxpr rewrite sees the kernel's body and the jaxprs nested
+    in it (a fori_loop's body) before Pallas lowers their equations, and what
+    it returns is what is lowered; uninstalling puts Pallas' function back."""
+    seen: list = []
+    pipeline = smalti.build_pipeline(plugins={"rewriter": _rewriting_plugin(seen)})
+    assert [r.key for r in pipeline.ops("rewriter")[RuleKind.PALLAS_REWRITE]] == ["neg_to_abs"]
+    shape = jax.ShapeDtypeStruct((128,), jnp.float32)
+
+    def body(x_ref, o_ref):
+        o_ref[...] = lax.fori_loop(0, 2, lambda i, v: -v, x_ref[...])
+
+    call = plgpu.kernel(body, out_type=shape, compiler_params=WARPGROUP)
+    [plain] = lower_capturing_modules(call, shape)
+    original = pallas_lowering.lower_jaxpr_to_mosaic_gpu
+    with smalti.jax.installed(pipeline):
+        assert pallas_lowering.lower_jaxpr_to_mosaic_gpu is not original
+        [rewritten] = lower_capturing_modules(call, shape)
+    assert pallas_lowering.lower_jaxpr_to_mosaic_gpu is original
+    assert any(any(e.primitive is lax.neg_p for e in j.eqns) for j in seen)  # the loop body
+    assert any(any(e.primitive.name == "scan" or e.primitive.name == "while" for e in j.eqns)
+               for j in seen)  # the kernel's body
+    assert "abs.f32" in rewritten and "abs.f32" not in plain  # jax's abs: inline PTX
+    assert "arith.negf" in plain and "arith.negf" not in rewritten
+
+
+def test_two_plugins_rewriting_under_one_name_conflict():
+    from smalti.diagnostics import PluginError
+
+    with pytest.raises(PluginError, match="SM001.*'a' and 'b' both register a pallas jaxpr "
+                                          "rewrite rule for 'neg_to_abs'"):
+        smalti.build_pipeline(plugins={"a": _rewriting_plugin([]), "b": _rewriting_plugin([])},
+                              autoload=False)
+
+
+def test_a_pipeline_without_rewrites_leaves_pallas_function_alone():
+    original = pallas_lowering.lower_jaxpr_to_mosaic_gpu
+    with smalti.jax.installed(smalti.build_pipeline(autoload=False)):
+        assert pallas_lowering.lower_jaxpr_to_mosaic_gpu is original
+
+
 def test_replaced_rule_is_jax_s_own_while_installed():
     """``smalti.jax.replaced_rule``: what a plugin's Pallas lowering replaced
     (for handing jax the cases it handles), and Pallas' current rule for a

@@ -319,7 +319,8 @@ def test_custom_jvp_estimate_is_the_body_s(pipeline):
 
 def test_every_primitive_the_plugin_lowers_is_documented():
     """docs/vocabulary.md names (as `primitive`) every Pallas primitive the
-    plugin registers a lowering or an estimator for."""
+    plugin registers a lowering or an estimator for, and every jaxpr
+    rewrite it registers."""
     from pathlib import Path
 
     doc = (Path(__file__).parents[2] / "docs" / "vocabulary.md").read_text()
@@ -327,6 +328,7 @@ def test_every_primitive_the_plugin_lowers_is_documented():
                   for ref in [*smalti.vocabulary.PRIMITIVES,
                               *smalti.vocabulary.RESOURCE_ESTIMATORS]}
     assert registered and not {name for name in registered if f"`{name}`" not in doc}
+    assert not {name for name in smalti.vocabulary.JAXPR_REWRITES if f"`{name}`" not in doc}
 
 
 def test_the_version_lists_name_listed_primitives():
