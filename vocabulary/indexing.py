@@ -48,6 +48,7 @@ from jax._src.lax import slicing
 from jax._src.lib.mlir import ir
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
+from smalti.vocabulary import block_gather
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -222,6 +223,12 @@ def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
     [out_aval] = ctx.avals_out
     _supported(ctx, [o_aval, out_aval], "gather")
     indices, seen = _checked_indices(ctx, indices, i_aval, "gather")
+    axis = block_gather.along_axis(o_aval, i_aval, dimension_numbers, tuple(slice_sizes))
+    scratch = None if axis is None else block_gather.fits(ctx, operand, o_aval, indices, seen)
+    if axis is not None and scratch is not None:
+        fill = default_fill(o_aval.dtype) if fill_value is None else fill_value
+        return block_gather.lower(ctx, operand, o_aval, indices, seen, axis=axis,
+                                  mode=Mode.from_any(mode), fill=fill, scratch=scratch)
     fn = partial(gather_f, dimension_numbers=dimension_numbers,
                  slice_sizes=tuple(slice_sizes), mode=Mode.from_any(mode),
                  fill_value=fill_value, index_shape=tuple(i_aval.shape),

@@ -1,0 +1,150 @@
+"""``take_along_axis`` of a block through SMEM, a scalar load per element
+(:mod:`smalti.vocabulary.block_gather`), on the emulator against jnp on the
+CPU, bit for bit: both axes, every mode (jnp's wrap of negative indices,
+the fill for out-of-bounds ones, ``clip``), 16- and 32-bit types, index
+blocks of another width or height than the operand; fewer instructions and
+wavefronts than the ``take`` path it replaces; race-free with one and two
+Pallas warpgroups; accepted by jax's own middle-end.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.lax import slicing
+
+import smalti.emulate
+import smalti.jax
+from smalti.emulate.profiling import INST, WAVEFRONTS
+from smalti.vocabulary import block_gather
+from tests.vocabulary.test_indexing import BF16, F32, I32, check, tma_kernel
+from tests.vocabulary.test_lanes import _blocks_kernel, lowered_by_both
+from tests.vocabulary.test_movement import data
+
+RNG = np.random.default_rng(17)
+
+
+def index_block(shape, high, *, extremes=True):
+    """int32 indices in [0, high) of ``shape``; with ``extremes``, jnp's
+    wrapped negatives (-1, -high) and out-of-bounds ones (high, -high - 1,
+    2**31 - 1) in the first row."""
+    idx = RNG.integers(0, high, shape).astype(np.int32)
+    if extremes:
+        idx[0, :5] = [-1, -high, high, -high - 1, 2 ** 31 - 1]
+    return idx
+
+
+def test_along_axis_recognizes_take_along_axis_only():
+    f32 = jax.core.ShapedArray((64, 128), np.float32)
+    i3 = jax.core.ShapedArray((64, 32, 1), np.int32)
+    for axis in (0, 1):
+        other = 1 - axis
+        dn = slicing.GatherDimensionNumbers(
+            offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
+            operand_batching_dims=(other,), start_indices_batching_dims=(other,))
+        idx = jax.core.ShapedArray((64, 32, 1) if axis == 1 else (16, 128, 1), np.int32)
+        assert block_gather.along_axis(f32, idx, dn, (1, 1)) == axis
+        assert block_gather.along_axis(f32, idx, dn, (1, 2)) is None
+    rows = slicing.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,),
+                                          start_index_map=(0,))
+    assert block_gather.along_axis(f32, i3, rows, (1, 128)) is None  # x[idx]: whole rows
+    dn1 = slicing.GatherDimensionNumbers(
+        offset_dims=(), collapsed_slice_dims=(1,), start_index_map=(1,),
+        operand_batching_dims=(0,), start_indices_batching_dims=(0,))
+    wrong_batch = jax.core.ShapedArray((128, 32, 1), np.int32)
+    assert block_gather.along_axis(f32, wrong_batch, dn1, (1, 1)) is None
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16, I32), ids=lambda d: d.name)
+@pytest.mark.parametrize("width", [128, 64, 32])
+def test_along_the_columns(pipeline, dtype, width):
+    x = data((64, 128), dtype)
+    check(pipeline, lambda x, i: jnp.take_along_axis(x, i, axis=1), x,
+          index_block((64, width), 128))
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16, I32), ids=lambda d: d.name)
+@pytest.mark.parametrize("height", [64, 128])
+def test_along_the_rows(pipeline, dtype, height):
+    x = data((64, 128), dtype)
+    check(pipeline, lambda x, i: jnp.take_along_axis(x, i, axis=0), x,
+          index_block((height, 128), 64))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_clip_mode(pipeline, axis):
+    x = data((64, 128), F32)
+    idx = index_block((64, 128), x.shape[axis])
+    check(pipeline, lambda x, i: jnp.take_along_axis(x, i, axis=axis, mode="clip"), x, idx)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_promise_in_bounds(pipeline, axis):
+    x = data((64, 128), I32)
+    idx = index_block((64, 128), x.shape[axis], extremes=False)
+    check(pipeline,
+          lambda x, i: jnp.take_along_axis(x, i, axis=axis, mode="promise_in_bounds"), x, idx)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_cheaper_than_take(pipeline, monkeypatch, axis):
+    """The same bits as the ``take`` path; beyond a kernel that moves the
+    same blocks unchanged, at most a fourth of its instructions (both
+    count the index block's load into registers and jnp's wrap of negative
+    indices, 12 per element) and fewer shared wavefronts (random indices:
+    the loads' banks depend on the data)."""
+    x = data((64, 128), F32)
+    idx = index_block((64, 128), x.shape[axis])
+    k = tma_kernel(lambda x, i: jnp.take_along_axis(x, i, axis=axis), [x, idx])
+    with smalti.jax.installed(pipeline):
+        base = smalti.emulate.profile(tma_kernel(lambda x, i: x, [x, idx]), x, idx)
+        fast = smalti.emulate.profile(k, x, idx)
+        monkeypatch.setattr(block_gather, "fits", lambda *a: None)
+        slow = smalti.emulate.profile(k, x, idx)
+    np.testing.assert_array_equal(fast.outputs[0].view(np.uint32),
+                                  slow.outputs[0].view(np.uint32))
+    assert (fast[INST] - base[INST]) * 4 < slow[INST] - base[INST]
+    assert fast[WAVEFRONTS] < slow[WAVEFRONTS]
+
+
+def test_plain_loads_take_the_take_path(pipeline):
+    """An operand loaded plainly from GMEM (strided layout) has no WGMMA
+    registers: the gather is indexing's, with the same answer."""
+    from tests.vocabulary.test_movement import plain_kernel
+
+    x = data((64, 128), F32)
+    idx = index_block((64, 128), 128)
+    fn = lambda x, i: jnp.take_along_axis(x, i, axis=1)  # noqa: E731
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(plain_kernel(fn, [x, idx]), x, idx)
+    want = np.asarray(jax.jit(fn)(x, idx))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("warpgroups", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_warpgroups_are_race_free(pipeline, warpgroups, axis):
+    """Each Pallas warpgroup gathers from its own block in its own scratch
+    slice (the index block is the data's own bits, masked)."""
+    def fn(v):
+        i = jax.lax.bitcast_convert_type(v, jnp.int32) & (v.shape[axis] - 1)
+        return jnp.take_along_axis(v, i, axis=axis)
+
+    x = data((warpgroups, 64, 128), F32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
+    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_lowers_under_jax_middle_end_too(pipeline):
+    x = data((64, 128), F32)
+
+    def fn(v):
+        return jnp.take_along_axis(v, jax.lax.bitcast_convert_type(v, jnp.int32) & 127, axis=1)
+
+    ours, theirs = lowered_by_both(pipeline, fn, x)
+    # a scalar load per element of a thread's 64 (and one the kernel has anyway)
+    assert ours.count("memref.load") == theirs.count("memref.load") >= 64 * 128 // 128

@@ -1,0 +1,172 @@
+"""``jnp.take_along_axis`` of a block in WGMMA's layout, along either axis:
+``out[r, c] = x[r, idx[r, c]]`` (axis 1) or ``x[idx[r, c], c]`` (axis 0),
+through SMEM with a vector store per register and a scalar load per element
+instead of :func:`smalti.vocabulary.movement.take`'s scalar round trip with
+its per-element index arithmetic.
+
+Which gathers: XLA's ``gather`` as ``take_along_axis`` writes it, one
+batching dimension (the axis not gathered along), the other collapsed and
+indexed, slices of one element (:func:`along_axis`), of a 2-D operand, index
+array and result that WGMMA's layout holds (16- or 32-bit elements, int32
+indices, rows a multiple of 64 and columns of 8; none from a plain load of
+global memory) with the warpgroup's scratch slice free. Every other gather
+is :mod:`smalti.vocabulary.indexing`'s.
+
+How: each thread stores every register of ``x`` (two columns of one row)
+into a swizzled scratch of the block's shape -- :mod:`smalti.vocabulary.rows`'
+layout: column ``c`` of row ``r`` at ``c ^ ((r & M) << 3)``, so the stores
+are conflict-free -- the warpgroup synchronizes, and each thread loads each
+element of its result from the row and column the index names: along the
+columns, its own row and the index's column (an ``xor`` with the thread's
+swizzle); along the rows, the index's row and its own column (the row's
+swizzle: an ``and``, a shift and an ``xor``). The loads' banks depend on the
+data. Out-of-bounds indices are clamped as XLA clamps them (``clip``,
+``promise_in_bounds``), or (``fill``, jnp's default) clamped for the load
+and replaced by the fill value with a select: a load never leaves the
+scratch. Barriers before the stores, between stores and loads, and after
+the loads, as for row moves; a scratch slice per Pallas warpgroup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from jax._src.lax import slicing
+from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith, memref, vector
+from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from smalti.vocabulary import lanes
+from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
+from smalti.vocabulary.rows import (
+    Scratch,
+    ThreadPlace,
+    natural_rows,
+    scratch_for,
+    swizzle_mask,
+    swizzled_columns,
+    xor_const,
+)
+
+__all__ = ["along_axis", "fits", "lower", "gather_registers"]
+
+Mode = slicing.GatherScatterMode
+
+
+def along_axis(operand: Aval, indices: Aval, dimension_numbers: slicing.GatherDimensionNumbers,
+               slice_sizes: tuple[int, ...]) -> int | None:
+    """The axis of a 2-D ``operand`` that the gather takes along as
+    ``jnp.take_along_axis`` does (``indices`` as the rule sees them, with
+    their trailing index-vector dim of 1), or None for any other gather."""
+    if operand.ndim != 2 or indices.ndim != 3 or indices.shape[-1] != 1 or \
+            tuple(slice_sizes) != (1, 1):
+        return None
+    for axis in (0, 1):
+        other = 1 - axis
+        taken = slicing.GatherDimensionNumbers(
+            offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
+            operand_batching_dims=(other,), start_indices_batching_dims=(other,))
+        if dimension_numbers == taken and indices.shape[other] == operand.shape[other]:
+            return axis
+    return None
+
+
+def fits(ctx: PallasContext, operand: Operand, operand_aval: Aval, indices: Operand,
+         indices_aval: Aval) -> Scratch | None:
+    """The scratch slice the fast path uses, where WGMMA's layout holds the
+    operand, the (seen-through, 2-D) indices and the result, the indices are
+    int32 and the slice is free; None otherwise."""
+    [out] = ctx.avals_out
+    if np.dtype(indices_aval.dtype) != np.int32 or not (
+            lanes.fits(operand_aval, operand) and lanes.fits(indices_aval, indices)
+            and lanes.fits(out)):
+        return None
+    return scratch_for(ctx, operand_aval)
+
+
+def lower(ctx: PallasContext, operand: Operand, operand_aval: Aval, indices: Operand,
+          indices_aval: Aval, *, axis: int, mode: Mode, fill: Any, scratch: Scratch) -> Lowered:
+    """The gather as a ``plgpu.inline_mgpu`` body over both operands in
+    WGMMA's layout (see the module docstring)."""
+    [out] = ctx.avals_out
+    layout = plgpu.Layout.WGMMA
+    wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
+    values = [mgpu_dialect.layout_cast(pallas_lowering._ensure_ir_value(v, a.dtype), wgmma)
+              for v, a in ((operand, operand_aval), (indices, indices_aval))]
+
+    @plgpu.inline_mgpu(arg_types=(layout, layout),
+                       return_type=plgpu.ShapeDtypeStruct(tuple(out.shape), out.dtype, layout))
+    def body(_: Any, x: fa.FragmentedArray, idx: fa.FragmentedArray) -> fa.FragmentedArray:
+        return gather_registers(x, idx, axis=axis, mode=mode, fill=fill, scratch=scratch)
+
+    return pallas_lowering._lower_fun(body, in_avals=(operand_aval, indices_aval))(ctx, *values)
+
+
+def gather_registers(x: fa.FragmentedArray, idx: fa.FragmentedArray, *, axis: int, mode: Mode,
+                     fill: Any, scratch: Scratch) -> fa.FragmentedArray:
+    """``take_along_axis(x, idx, axis)`` of WGMMA-layout arrays (the module
+    docstring's method): the result has ``idx``'s shape and ``x``'s type."""
+    regs, iregs = x.registers, idx.registers
+    n, cols = x.shape
+    pair = ir.VectorType(regs.flat[0].type)
+    element = pair.element_type
+    m = swizzle_mask(cols, mgpu_utils.bitwidth(element) // 8)
+    index = ir.IndexType.get()
+    i32 = ir.IntegerType.get_signless(32)
+    ipair = ir.VectorType.get([2], i32)
+
+    def splat(v: int) -> ir.Value:
+        return vector.broadcast(ipair, mgpu_utils.c(v, i32))
+
+    place = ThreadPlace.here()
+    view = scratch.view((n, cols), element)
+    natural = natural_rows(place.own, regs)
+    store_cols = swizzled_columns(place.own, place.lane_cols, m, regs.shape[1])
+    # along the columns, every row a thread reads has its own low bits: one swizzle
+    spread = arith.shli(arith.andi(place.own, mgpu_utils.c(m, index)),
+                        mgpu_utils.c(3, index)) if m else None
+
+    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+    for at in np.ndindex(regs.shape):
+        vector.store(regs[at], view, [natural[(at[0], at[4])], store_cols[at[1]]])
+    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+
+    limit = x.shape[axis]
+    filler = valid = None
+    if mode == Mode.FILL_OR_DROP:
+        scalar = mgpu_utils.c(float(fill) if isinstance(element, ir.FloatType) else int(fill),
+                              element)
+        filler = vector.broadcast(pair, scalar)
+    out = np.empty(iregs.shape, dtype=object)
+    index_rows = natural_rows(place.own, iregs)
+    for at in np.ndindex(iregs.shape):
+        g, j, h = at[0], at[1], at[4]
+        wanted = iregs[at]
+        if filler is not None:  # in bounds: 0 <= i < limit, unsigned
+            valid = arith.cmpi(arith.CmpIPredicate.ult, wanted, splat(limit))
+            safe = arith.minui(wanted, splat(limit - 1))
+        else:  # XLA's clamp
+            safe = arith.minsi(arith.maxsi(wanted, splat(0)), splat(limit - 1))
+        loaded = []
+        for b in range(2):
+            s = arith.index_cast(
+                index, vector.extract(safe, dynamic_position=[], static_position=[b]))
+            if axis == 1:
+                row, col = index_rows[(g, h)], arith.xori(s, spread) if spread else s
+            else:
+                row = s
+                col = xor_const(place.lane_cols, 8 * j + b)
+                if m:
+                    col = arith.xori(col, arith.shli(arith.andi(s, mgpu_utils.c(m, index)),
+                                                     mgpu_utils.c(3, index)))
+            loaded.append(memref.load(view, [row, col]))
+        value = vector.from_elements(pair, loaded)
+        out[at] = arith.select(valid, value, filler) if valid is not None else value
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out, _layout=idx.layout, _is_signed=x.is_signed)
