@@ -272,7 +272,18 @@ def _read(word: jnp.ndarray, axis: int, out_shape: tuple[int, ...]) -> jnp.ndarr
 
 def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
     """``x`` read at ``index`` along ``axis`` (``index``'s shape; the other
-    coordinate its own)."""
+    coordinate its own): where both are in WGMMA's registers, the gather
+    ``take_along_axis`` writes (without its wrap of negative indices: these
+    are in bounds), which :mod:`smalti.vocabulary.block_gather` loads
+    element by element from a copy of ``x``; a ``take`` otherwise."""
+    if x.ndim == 2 and lanes.in_registers(tuple(index.shape)) and \
+            lanes.in_registers(tuple(x.shape), x.dtype):
+        other = 1 - axis
+        along = lax.GatherDimensionNumbers(
+            offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
+            operand_batching_dims=(other,), start_indices_batching_dims=(other,))
+        return lax.gather(x, index[..., None], along, (1, 1),
+                          mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     if x.ndim == 1:
         return take(x, index)
     other = positions(index.shape, 1 - axis)
