@@ -49,8 +49,8 @@ from smalti.vocabulary.rows import (
     ThreadPlace,
     natural_rows,
     scratch_for,
+    store_block,
     swizzle_mask,
-    swizzled_columns,
     xor_const,
 )
 
@@ -126,16 +126,11 @@ def gather_registers(x: fa.FragmentedArray, idx: fa.FragmentedArray, *, axis: in
 
     place = ThreadPlace.here()
     view = scratch.view((n, cols), element)
-    natural = natural_rows(place.own, regs)
-    store_cols = swizzled_columns(place.own, place.lane_cols, m, regs.shape[1])
     # along the columns, every row a thread reads has its own low bits: one swizzle
     spread = arith.shli(arith.andi(place.own, mgpu_utils.c(m, index)),
                         mgpu_utils.c(3, index)) if m else None
 
-    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
-    for at in np.ndindex(regs.shape):
-        vector.store(regs[at], view, [natural[(at[0], at[4])], store_cols[at[1]]])
-    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+    store_block(regs, view, place, m)
 
     limit = x.shape[axis]
     filler = valid = None

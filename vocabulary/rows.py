@@ -55,7 +55,7 @@ starts there), so it lowers under jax's pipeline and smalti's alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +74,7 @@ from smalti.vocabulary import lanes, smem_transpose
 from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
 
 __all__ = ["permute", "row_permute_p", "fits", "classify", "RowMap", "Scratch", "scratch_for",
-           "permute_registers", "in_registers", "own_row"]
+           "permute_registers", "map_rows", "store_block", "in_registers", "own_row"]
 
 row_permute_p = jax_core.Primitive("smalti_row_permute")
 
@@ -289,7 +289,6 @@ def permute_registers(x: fa.FragmentedArray, mapping: RowMap, fill: Any,
     m = swizzle_mask(cols, itemsize)
     view = scratch.view((n, cols), element)
     groups = row_groups(regs)
-    natural = natural_rows(own, regs)
     # the rows read: the thread's part, then per register row a constant
     if mapping.sign == 0:
         thread_bits = THREAD_ROW_BITS
@@ -310,14 +309,9 @@ def permute_registers(x: fa.FragmentedArray, mapping: RowMap, fill: Any,
                     arith.cmpi(arith.CmpIPredicate.sge, raw, c(0)),
                     arith.cmpi(arith.CmpIPredicate.slt, raw, c(n)))
         source_own = source_row[groups[0]]  # every row's low bits are its thread's
-    store_cols = swizzled_columns(own, place.lane_cols, m, regs.shape[1])
     load_cols = swizzled_columns(source_own, place.lane_cols, m, regs.shape[1])
 
-    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
-    for idx in np.ndindex(regs.shape):
-        g, j, h = idx[0], idx[1], idx[4]
-        vector.store(regs[idx], view, [natural[(g, h)], store_cols[j]])
-    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+    store_block(regs, view, place, m)
     out = np.empty_like(regs)
     filler = None
     if valid:
@@ -330,6 +324,44 @@ def permute_registers(x: fa.FragmentedArray, mapping: RowMap, fill: Any,
         if valid:
             loaded = arith.select(valid[(g, h)], loaded, filler)
         out[idx] = loaded
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
+
+
+def store_block(regs: np.ndarray, view: ir.Value, place: ThreadPlace, m: int) -> None:
+    """Every register of a WGMMA-layout array (``regs``) at its place in the
+    swizzled scratch ``view`` (column ``c`` of row ``r`` at ``c ^ ((r & m)
+    << 3)``), between warpgroup barriers: earlier reads of the scratch are
+    done before the first store, every store is visible after the last."""
+    natural = natural_rows(place.own, regs)
+    columns = swizzled_columns(place.own, place.lane_cols, m, regs.shape[1])
+    mgpu_utils.warpgroup_barrier()
+    for idx in np.ndindex(regs.shape):
+        vector.store(regs[idx], view, [natural[(idx[0], idx[4])], columns[idx[1]]])
+    mgpu_utils.warpgroup_barrier()
+
+
+def map_rows(x: fa.FragmentedArray, out_rows: int, source: Callable[[ir.Value], ir.Value],
+             scratch: Scratch) -> fa.FragmentedArray:
+    """The WGMMA-layout array of ``out_rows`` rows whose row ``R`` is ``x``'s
+    row ``source(R)`` (``R`` and the result: index values; ``source`` emits
+    the arithmetic, once per register row of the result): the SMEM round
+    trip of :func:`permute_registers` for row maps that change the height
+    (repeats and interleaves of rows)."""
+    regs = x.registers
+    n, cols = x.shape
+    element = ir.VectorType(regs.flat[0].type).element_type
+    m = swizzle_mask(cols, mgpu_utils.bitwidth(element) // 8)
+    place = ThreadPlace.here()
+    view = scratch.view((n, cols), element)
+    out = np.empty((out_rows // 64, *regs.shape[1:]), dtype=object)
+    store_block(regs, view, place, m)
+    for g, h in row_groups(out):
+        row = source(xor_const(place.own, 64 * g + 8 * h))
+        load_cols = swizzled_columns(row, place.lane_cols, m, regs.shape[1])
+        for idx in np.ndindex(out.shape):
+            if (idx[0], idx[4]) == (g, h):
+                out[idx] = vector.load(regs.flat[0].type, view, [row, load_cols[idx[1]]])
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
 

@@ -278,10 +278,9 @@ def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
     element by element from a copy of ``x``; a ``take`` otherwise."""
     if x.ndim == 2 and lanes.in_registers(tuple(index.shape)) and \
             lanes.in_registers(tuple(x.shape), x.dtype):
-        other = 1 - axis
         along = lax.GatherDimensionNumbers(
             offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
-            operand_batching_dims=(other,), start_indices_batching_dims=(other,))
+            operand_batching_dims=(1 - axis,), start_indices_batching_dims=(1 - axis,))
         return lax.gather(x, index[..., None], along, (1, 1),
                           mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     if x.ndim == 1:

@@ -51,14 +51,16 @@ def test_columns():
 
 
 @pytest.mark.parametrize("k, r", [(1, 3), (2, 1), (3, 2)])
-def test_primitive_off_the_gpu(k, r):
+@pytest.mark.parametrize("axis", [0, 1])
+def test_primitive_off_the_gpu(k, r, axis):
     """What the primitive means (its impl, the CPU's): the operands
-    interleaved, each column then repeated."""
+    interleaved along ``axis``, each element then repeated."""
     xs = [RNG.standard_normal((4, 5)).astype(F32) for _ in range(k)]
-    want = np.repeat(np.stack(xs, -1).reshape(4, 5 * k), r, axis=-1)
-    np.testing.assert_array_equal(repeats.interleave_p.bind(*xs, repeats=r), want)
-    np.testing.assert_array_equal(jax.jit(lambda *v: repeats.interleave_p.bind(*v, repeats=r))(*xs),
-                                  want)
+    want = np.repeat(np.stack(xs, axis + 1).reshape(
+        (4 * k, 5) if axis == 0 else (4, 5 * k)), r, axis=axis)
+    bind = lambda *v: repeats.interleave_p.bind(*v, repeats=r, axis=axis)  # noqa: E731
+    np.testing.assert_array_equal(bind(*xs), want)
+    np.testing.assert_array_equal(jax.jit(bind)(*xs), want)
 
 
 def test_fuses_a_repeat_of_the_minor_axis():
@@ -68,7 +70,7 @@ def test_fuses_a_repeat_of_the_minor_axis():
     assert fused is not None and _primitives(fused) == ["smalti_interleave"]
     [eqn] = fused.eqns
     assert eqn.invars == jaxpr.invars and eqn.outvars == jaxpr.outvars
-    assert eqn.params == {"repeats": 4}
+    assert eqn.params == {"repeats": 4, "axis": 1}
     assert eqn.source_info is jaxpr.eqns[1].source_info  # the reshape's line
 
 
@@ -77,15 +79,27 @@ def test_fuses_an_interleave():
                    (64, 32), (64, 32), (64, 32))
     fused = repeats.fuse(jaxpr)
     assert fused is not None and _primitives(fused) == ["smalti_interleave"]
-    assert fused.eqns[0].invars == jaxpr.invars and fused.eqns[0].params == {"repeats": 1}
+    assert fused.eqns[0].invars == jaxpr.invars
+    assert fused.eqns[0].params == {"repeats": 1, "axis": 1}
+
+
+@pytest.mark.parametrize("fn, params", [
+    (lambda x, y: jnp.repeat(x, 2, axis=0), {"repeats": 2, "axis": 0}),
+    (lambda x, y: jnp.stack([x, y], 1).reshape(128, 64), {"repeats": 1, "axis": 0}),
+])
+def test_fuses_along_the_rows(fn, params):
+    jaxpr = _jaxpr(fn, (64, 64), (64, 64))
+    fused = repeats.fuse(jaxpr)
+    assert fused is not None and _primitives(fused) == ["smalti_interleave"]
+    assert fused.eqns[0].params == params
 
 
 @pytest.mark.parametrize("fn, shape", [
-    (lambda x: jnp.repeat(x, 2, axis=0), (64, 64)),  # rows: the view's path
     (lambda x: jnp.repeat(x[0], 2), (64, 64)),  # 1-D: no 3-D value
     (lambda x: x.reshape(64, 4, 32).reshape(64, 128), (64, 128)),  # not a repeat
+    # a new middle axis merged with the last: a transpose of a repeat
     (lambda x: lax.broadcast_in_dim(x, (64, 2, 64), (0, 2)).reshape(64, 128), (64, 64)),
-    (lambda x: jnp.stack([x, x], 1).reshape(128, 64), (64, 64)),  # stacked rows
+    (lambda x: jnp.stack([x, x], 0).reshape(128, 64), (64, 64)),  # concatenation order
 ])
 def test_leaves_other_pairs(fn, shape):
     assert repeats.fuse(_jaxpr(fn, shape)) is None
@@ -134,6 +148,45 @@ def test_interleave(pipeline, dtype):
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.parametrize("r", [2, 4, 3])
+@pytest.mark.parametrize("dtype", [F32, BF16, I32], ids=lambda d: d.name)
+def test_repeat_rows(pipeline, r, dtype):
+    """Along the rows: an SMEM round trip of vectors for a power of two,
+    the 3-D view's path for 3 (the same answer)."""
+    x = _inputs((64, 64), dtype)
+    (got,) = _profile(pipeline, lambda v: jnp.repeat(v, r, axis=0), x).outputs
+    np.testing.assert_array_equal(_bits(got), _bits(np.repeat(x, r, axis=0)))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
+def test_interleave_rows(pipeline, dtype):
+    x = _inputs((128, 128), dtype)
+    fn = lambda v: jnp.stack([v[64:], v[:64]], 1).reshape(128, 128)  # noqa: E731
+    (got,) = _profile(pipeline, fn, x).outputs
+    want = np.stack([x[64:], x[:64]], 1).reshape(128, 128)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
+def test_repeat_rows_cost(pipeline, monkeypatch, dtype):
+    """Along the rows, against a kernel that moves the (128, 128) result's
+    block unchanged: at most 4 extra thread-instructions per element and
+    one conflict-free pass of the operand through SMEM, at most the ideal
+    wavefronts of the result (the view's two takes cost more than 20
+    times as many instructions)."""
+    x = _inputs((128, 128), dtype)
+    fn = lambda v: jnp.repeat(v[:64], 2, axis=0)  # noqa: E731
+    prof = _profile(pipeline, fn, x)
+    base = _profile(pipeline, lambda v: v, x)
+    np.testing.assert_array_equal(_bits(prof.outputs[0]), _bits(np.repeat(x[:64], 2, 0)))
+    extra = (prof[INST] - base[INST]) * 32 / x.size
+    assert extra <= 4
+    assert prof[WAVEFRONTS] - base[WAVEFRONTS] <= 2 * x.nbytes // 128
+    monkeypatch.setattr(repeats, "fuse", lambda jaxpr: None)
+    viewed = _profile(pipeline, fn, x)
+    assert (viewed[INST] - base[INST]) * 32 / x.size > 20 * extra
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
 def test_repeat_cost(pipeline, dtype):
     """Issue 37's movement target: at most 4 extra thread-instructions per
@@ -177,12 +230,16 @@ def test_plain_load_keeps_the_view(pipeline, monkeypatch):
 
 
 @pytest.mark.parametrize("warpgroups", [1, 2])
-def test_warpgroups_are_race_free(pipeline, warpgroups):
-    fn = lambda v: jnp.repeat(v[:, 32:64], 4, axis=1)  # noqa: E731
-    x = _inputs((warpgroups, 64, 128), F32)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_warpgroups_are_race_free(pipeline, warpgroups, axis):
+    """Columns in registers; rows through each warpgroup's scratch slice."""
+    fn = lambda v: jnp.repeat(v[:, 16:32], 4, axis=1) if axis else \
+        jnp.repeat(v[64:], 2, axis=0)  # noqa: E731
+    x = _inputs((warpgroups, 128, 64), F32)
     with smalti.jax.installed(pipeline):
-        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
-    np.testing.assert_array_equal(got, np.stack([np.repeat(b[:, 32:64], 4, 1) for b in x]))
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (128, 64), F32, warpgroups), x)
+    want = [np.repeat(b[:, 16:32], 4, 1) if axis else np.repeat(b[64:], 2, 0) for b in x]
+    np.testing.assert_array_equal(got, np.stack(want))
 
 
 def test_lowers_under_jax_middle_end_too(pipeline):
