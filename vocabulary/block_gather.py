@@ -9,8 +9,10 @@ batching dimension (the axis not gathered along), the other collapsed and
 indexed, slices of one element (:func:`along_axis`), of a 2-D operand, index
 array and result that WGMMA's layout holds (16- or 32-bit elements, int32
 indices, rows a multiple of 64 and columns of 8; none from a plain load of
-global memory) with the warpgroup's scratch slice free. Every other gather
-is :mod:`smalti.vocabulary.indexing`'s.
+global memory) with the warpgroup's scratch slice free; and (through
+:mod:`smalti.vocabulary.indexing`) one pick per row, an (n, 1) index
+broadcast to whole registers. Every other gather is
+:mod:`smalti.vocabulary.indexing`'s.
 
 How: each thread stores every register of ``x`` (two columns of one row)
 into a swizzled scratch of the block's shape -- :mod:`smalti.vocabulary.rows`'
@@ -78,11 +80,12 @@ def along_axis(operand: Aval, indices: Aval, dimension_numbers: slicing.GatherDi
 
 
 def fits(ctx: PallasContext, operand: Operand, operand_aval: Aval, indices: Operand,
-         indices_aval: Aval) -> Scratch | None:
+         indices_aval: Aval, out: Aval | None = None) -> Scratch | None:
     """The scratch slice the fast path uses, where WGMMA's layout holds the
-    operand, the (seen-through, 2-D) indices and the result, the indices are
-    int32 and the slice is free; None otherwise."""
-    [out] = ctx.avals_out
+    operand, the (seen-through, 2-D) indices and the result (``out``, or the
+    rule's), the indices are int32 and the slice is free; None otherwise."""
+    if out is None:
+        [out] = ctx.avals_out
     if np.dtype(indices_aval.dtype) != np.int32 or not (
             lanes.fits(operand_aval, operand) and lanes.fits(indices_aval, indices)
             and lanes.fits(out)):

@@ -224,6 +224,18 @@ def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
     _supported(ctx, [o_aval, out_aval], "gather")
     indices, seen = _checked_indices(ctx, indices, i_aval, "gather")
     axis = block_gather.along_axis(o_aval, i_aval, dimension_numbers, tuple(slice_sizes))
+    if axis == 1 and _column(tuple(out_aval.shape)) and block_gather.fits(
+            ctx, operand, o_aval, indices, seen.update(shape=(seen.shape[0], 8)),
+            out=out_aval.update(shape=(seen.shape[0], 8))) is not None:
+        # one pick per row (cross-entropy's): the index broadcast to whole
+        # registers, the picks gathered there and reduced back
+        def pick(o: jax.Array, i: jax.Array) -> jax.Array:
+            wide = lax.broadcast_in_dim(i.reshape(i.shape[0]), (i.shape[0], 8), (0,))
+            taken = lax.gather(o, wide[..., None], dimension_numbers, (1, 1), mode=mode,
+                               fill_value=fill_value)
+            return _back(taken, tuple(out_aval.shape))
+
+        return pallas_lowering._lower_fun(pick, in_avals=(o_aval, seen))(ctx, operand, indices)
     scratch = None if axis is None else block_gather.fits(ctx, operand, o_aval, indices, seen)
     if axis is not None and scratch is not None:
         fill = default_fill(o_aval.dtype) if fill_value is None else fill_value
