@@ -32,7 +32,7 @@ from smalti import escaped, kernels
 from smalti.inference import infer_layouts
 from smalti.lowering import lower
 from smalti.pipeline import Pipeline, default_pipeline
-from smalti.registry import RuleKind, resolve
+from smalti.registry import RuleKind, RuleRecord, resolve
 
 _MISSING = object()
 _lock = threading.RLock()
@@ -189,7 +189,38 @@ def replaced_rule(primitive: Any) -> Any:
     return table[primitive] if dict.__contains__(table, primitive) else None
 
 
-def _lower_jaxpr_with(rewrites: list[Any], original: Any) -> Any:
+def _rewritten(record: RuleRecord, jaxpr: Any) -> Any:
+    """``jaxpr`` after the rewrite of ``record``; a rewrite that raises, or
+    returns other than ``None`` or a jaxpr with the same variables, is a bug
+    of its plugin (SM006)."""
+    from jax._src import core as jax_core
+
+    from smalti.diagnostics import PluginError, SmaltiError
+
+    fix = [f"fix the rewrite {record.name}",
+           f"or block the plugin: SMALTI_BLOCK_PLUGINS={record.plugin}"]
+    try:
+        new = record.function(jaxpr)
+    except SmaltiError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- any failure of a plugin's rewrite is reported as such
+        raise PluginError("SM006", f"plugin {record.plugin!r}'s jaxpr rewrite {record.key!r} "
+                          f"raised {type(e).__name__}: {e}",
+                          values={"rewrite": record.name}, fix=fix) from e
+    if new is None:
+        return jaxpr
+    same = isinstance(new, jax_core.Jaxpr) and all(
+        list(getattr(new, part)) == list(getattr(jaxpr, part))
+        for part in ("constvars", "invars", "outvars"))
+    if not same:
+        raise PluginError("SM006", f"plugin {record.plugin!r}'s jaxpr rewrite {record.key!r} "
+                          f"returned {type(new).__name__}, not None or a jaxpr with the "
+                          "same constvars, invars and outvars as the one it was given",
+                          values={"rewrite": record.name}, fix=fix)
+    return new
+
+
+def _lower_jaxpr_with(rewrites: list[RuleRecord], original: Any) -> Any:
     """Pallas' ``lower_jaxpr_to_mosaic_gpu``, with the plugins' jaxpr
     rewrites (:meth:`smalti.registry.PallasRegistry.jaxpr_rewrite`) applied
     first to every jaxpr lowered with the Warpgroup rule table (the one
@@ -202,8 +233,8 @@ def _lower_jaxpr_with(rewrites: list[Any], original: Any) -> Any:
                                   *args: Any, **kwargs: Any) -> Any:
         semantics = (module_ctx.lowering_semantics, module_ctx.primitive_semantics)
         if semantics == gpu_core.WGxWG_SEMANTICS:
-            for rewrite in rewrites:
-                jaxpr = rewrite(jaxpr) or jaxpr
+            for record in rewrites:
+                jaxpr = _rewritten(record, jaxpr)
         return original(module_ctx, launch_ctx, jaxpr, *args, **kwargs)
 
     return lower_jaxpr_to_mosaic_gpu
@@ -219,8 +250,7 @@ def _swap_jaxpr_lowering(pipeline: Pipeline | None) -> None:
         if original is not None:
             pallas_lowering.lower_jaxpr_to_mosaic_gpu = original
         return
-    rewrites = [records[0].function
-                for records in pipeline.rules[RuleKind.PALLAS_REWRITE].values()]
+    rewrites = [records[0] for records in pipeline.rules[RuleKind.PALLAS_REWRITE].values()]
     if rewrites:
         _state["lower_jaxpr"] = original = pallas_lowering.lower_jaxpr_to_mosaic_gpu
         pallas_lowering.lower_jaxpr_to_mosaic_gpu = _lower_jaxpr_with(rewrites, original)

@@ -189,6 +189,31 @@ def test_two_plugins_rewriting_under_one_name_conflict():
                               autoload=False)
 
 
+@pytest.mark.parametrize("bad, why", [
+    (lambda jaxpr: {}["missing"], "raised KeyError: 'missing'"),
+    (lambda jaxpr: jaxpr.replace(invars=jaxpr.invars[:-1]),
+     "returned Jaxpr, not None or a jaxpr with the same"),
+    (lambda jaxpr: "a jaxpr", "returned str, not None or a jaxpr"),
+])
+def test_a_broken_rewrite_is_its_plugin_s_error(bad, why):
+    """A rewrite that raises or returns something else than a jaxpr with the
+    same variables is SM006, naming the plugin, not a bare error from deep
+    in Pallas."""
+    from smalti.diagnostics import PluginError
+
+    class Plugin:
+        @smalti.hookimpl
+        def smalti_register_pallas_lowerings(self, registry: PallasRegistry) -> None:
+            registry.jaxpr_rewrite("broken")(bad)
+
+    shape = jax.ShapeDtypeStruct((128,), jnp.float32)
+    call = plgpu.kernel(lambda x, o: o.__setitem__(..., x[...] + 1.0),
+                        out_type=shape, compiler_params=WARPGROUP)
+    with smalti.jax.installed(smalti.build_pipeline(plugins={"breaker": Plugin()})):
+        with pytest.raises(PluginError, match=f"SM006.*'breaker'.*'broken' {why}"):
+            lower_capturing_modules(call, shape)
+
+
 def test_a_pipeline_without_rewrites_leaves_pallas_function_alone():
     original = pallas_lowering.lower_jaxpr_to_mosaic_gpu
     with smalti.jax.installed(smalti.build_pipeline(autoload=False)):
