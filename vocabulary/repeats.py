@@ -1,28 +1,30 @@
-"""Repeats and interleaves along the minor axis, fused out of the two
-equations ``jnp`` writes them as.
+"""Repeats and interleaves of a block along either axis, fused out of the
+two equations ``jnp`` writes them as.
 
-``jnp.repeat(x, r, axis=-1)`` is ``broadcast_in_dim`` of ``x`` into
-``x.shape + (r,)`` and a ``reshape`` to ``(..., n * r)``; an interleave,
-``jnp.stack(xs, axis=-1).reshape(..., k * n)``, is ``stack`` and the same
-``reshape``. Lowered one equation at a time, each goes through a 3-D view
+``jnp.repeat(x, r, axis=1)`` is ``broadcast_in_dim`` of ``x`` into
+``x.shape + (r,)`` and a ``reshape`` to ``(m, n * r)``; an interleave,
+``jnp.stack(xs, axis=2).reshape(m, k * n)``, is ``stack`` and the same
+``reshape``; along the rows the new axis sits in the middle and merges with
+the first. Lowered one equation at a time, each goes through a 3-D view
 (:mod:`smalti.vocabulary.views`: two ``take`` round trips through SMEM).
-Together they are one static permute of the minor axis: column ``j`` of a
-repeat is ``x[..., j // r]``; of an interleave, column ``(j % k) * n + j //
-k`` of the operands concatenated along it. :func:`lanes.permute
-<smalti.vocabulary.lanes.permute>` does that in registers (moves and
-shuffles within a quad) where the block has WGMMA's layout, and with one
-``take`` otherwise.
+Together they are one static map of the axis: position ``j`` of a repeat
+reads ``j // r``; of an interleave, ``(j % k) * n + j // k`` of the operands
+concatenated along it.
 
 The fusion is a jaxpr rewrite (``registry.jaxpr_rewrite``, applied to every
 jaxpr Pallas lowers, nested ones included): where the 3-D value has no other
 use, the pair becomes one :data:`interleave_p` equation with the
-``reshape``'s source line. Its rule permutes in registers where the operands
-can have WGMMA's layout, and lowers the original pair otherwise (a block
-loaded plainly from GMEM is strided, which the view reshapes for free and a
-``take`` would move element by element). Where the 3-D value is used again
-(reduced, combined), nothing changes. Pallas sizes scratch before the
-rewrite, from the view's equations: the fused equation needs none beyond
-theirs.
+``reshape``'s source line. Its rule, where the operands can have WGMMA's
+layout, concatenates them (whole tiles: no movement) and maps the columns in
+registers (:func:`lanes.permute <smalti.vocabulary.lanes.permute>`: moves and
+shuffles within a quad) or the rows through SMEM
+(:func:`rows.map_rows <smalti.vocabulary.rows.map_rows>`: a vector store and
+load per register; counts that are powers of two); otherwise it lowers the
+original pair (a block loaded plainly from GMEM is strided, which the view
+reshapes for free and a ``take`` would move element by element). Where the
+3-D value is used again (reduced, combined), nothing changes. Pallas sizes
+scratch before the rewrite, from the view's equations, which reserve at
+least the operands' bytes that the row path needs.
 """
 
 from __future__ import annotations
