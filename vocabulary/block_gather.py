@@ -10,8 +10,8 @@ indexed, slices of one element (:func:`along_axis`), of a 2-D operand, index
 array and result that WGMMA's layout holds (16- or 32-bit elements, int32
 indices, rows a multiple of 64 and columns of 8; none from a plain load of
 global memory) with the warpgroup's scratch slice free; and (through
-:mod:`smalti.vocabulary.indexing`) one pick per row, an (n, 1) index
-broadcast to whole registers. Every other gather is
+:mod:`smalti.vocabulary.indexing`) one pick per row or column, an (n, 1) or
+(1, n) index broadcast to a whole tile. Every other gather is
 :mod:`smalti.vocabulary.indexing`'s.
 
 How: each thread stores every register of ``x`` (two columns of one row)

@@ -215,6 +215,34 @@ def _checked_indices(ctx: PallasContext, indices: Operand, aval: Aval, what: str
     return value, seen
 
 
+def _one_pick_per_line(ctx: PallasContext, operand: Operand, o_aval: Aval, indices: Operand,
+                       seen: Aval, axis: int | None, gather: Callable[..., jax.Array]
+                       ) -> Lowered | None:
+    """One pick per row (an (n, 1) index along the columns: cross-entropy's)
+    or per column (a (1, n) index along the rows) through the block gather:
+    the index broadcast to a whole tile, every copy gathered, and the picks
+    taken back (a reduction of equal values for (n, 1), a row for (1, n));
+    None where the block gather does not apply."""
+    [out] = ctx.avals_out
+    shape = tuple(out.shape)
+    if axis == 1 and _column(shape):
+        tile = (shape[0], 8)
+    elif axis == 0 and len(shape) == 2 and shape[0] == 1 and shape[1] % 8 == 0:
+        tile = (64, shape[1])
+    else:
+        return None
+    if block_gather.fits(ctx, operand, o_aval, indices, seen.update(shape=tile),
+                         out=out.update(shape=tile)) is None:
+        return None
+
+    def pick(o: jax.Array, i: jax.Array) -> jax.Array:
+        line = i.reshape(i.size)
+        taken = gather(o, lax.broadcast_in_dim(line, tile, (1 - axis,))[..., None])
+        return _back(taken, shape) if axis == 1 else lax.slice(taken, (0, 0), shape)
+
+    return pallas_lowering._lower_fun(pick, in_avals=(o_aval, seen))(ctx, operand, indices)
+
+
 def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
                  dimension_numbers: slicing.GatherDimensionNumbers, slice_sizes: Shape,
                  mode: Any, fill_value: float | int | bool | None, **params: Any) -> Lowered:
@@ -224,18 +252,11 @@ def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
     _supported(ctx, [o_aval, out_aval], "gather")
     indices, seen = _checked_indices(ctx, indices, i_aval, "gather")
     axis = block_gather.along_axis(o_aval, i_aval, dimension_numbers, tuple(slice_sizes))
-    if axis == 1 and _column(tuple(out_aval.shape)) and block_gather.fits(
-            ctx, operand, o_aval, indices, seen.update(shape=(seen.shape[0], 8)),
-            out=out_aval.update(shape=(seen.shape[0], 8))) is not None:
-        # one pick per row (cross-entropy's): the index broadcast to whole
-        # registers, the picks gathered there and reduced back
-        def pick(o: jax.Array, i: jax.Array) -> jax.Array:
-            wide = lax.broadcast_in_dim(i.reshape(i.shape[0]), (i.shape[0], 8), (0,))
-            taken = lax.gather(o, wide[..., None], dimension_numbers, (1, 1), mode=mode,
-                               fill_value=fill_value)
-            return _back(taken, tuple(out_aval.shape))
-
-        return pallas_lowering._lower_fun(pick, in_avals=(o_aval, seen))(ctx, operand, indices)
+    picked = _one_pick_per_line(ctx, operand, o_aval, indices, seen, axis,
+                                partial(lax.gather, dimension_numbers=dimension_numbers,
+                                        slice_sizes=(1, 1), mode=mode, fill_value=fill_value))
+    if picked is not None:
+        return picked
     scratch = None if axis is None else block_gather.fits(ctx, operand, o_aval, indices, seen)
     if axis is not None and scratch is not None:
         fill = default_fill(o_aval.dtype) if fill_value is None else fill_value

@@ -172,15 +172,22 @@ def test_sorts_read_at_the_sorted_indices_through_it(pipeline, monkeypatch, fn):
 
 
 @pytest.mark.parametrize("dtype", (F32, BF16, I32), ids=lambda d: d.name)
-def test_one_pick_per_row_through_it(pipeline, monkeypatch, dtype):
-    """Cross-entropy's pick, ``take_along_axis(y, label[:, None], 1)``: the
-    label broadcast to whole registers, gathered there and reduced back to
-    (n, 1): jnp's bits (out-of-bounds and negative labels included) in
+@pytest.mark.parametrize("axis", [1, 0])
+def test_one_pick_per_line_through_it(pipeline, monkeypatch, dtype, axis):
+    """Cross-entropy's pick, ``take_along_axis(y, label[:, None], 1)``, and
+    one per column, ``take_along_axis(y, label[None, :], 0)``: the labels
+    broadcast to a whole tile, gathered there and taken back to (n, 1) or
+    (1, n): jnp's bits (out-of-bounds and negative labels included) in
     fewer instructions than through ``take``."""
     y = data((64, 128), dtype)
     labels = np.full((64, 128), -10 ** 6, np.int32)
-    labels[:, 0] = index_block((1, 64), 128)[0]
-    fn = lambda y, i: y[:, :8] - jnp.take_along_axis(y, jnp.max(i, 1)[:, None], axis=1)  # noqa: E731
+    if axis == 1:
+        labels[:, 0] = index_block((1, 64), 128)[0]
+        fn = lambda y, i: y[:, :8] - jnp.take_along_axis(  # noqa: E731
+            y, jnp.max(i, 1)[:, None], axis=1)
+    else:
+        labels[0, :] = index_block((1, 128), 64)[0]
+        fn = lambda y, i: y - jnp.take_along_axis(y, jnp.max(i, 0)[None, :], axis=0)  # noqa: E731
     k = tma_kernel(fn, [y, labels])
     with smalti.jax.installed(pipeline):
         fast = smalti.emulate.profile(k, y, labels)
