@@ -136,6 +136,7 @@ def gather_registers(x: fa.FragmentedArray, idx: fa.FragmentedArray, *, axis: in
     store_block(regs, view, place, m)
 
     limit = x.shape[axis]
+    zero, bound, last = splat(0), splat(limit), splat(limit - 1)
     filler = valid = None
     if mode == Mode.FILL_OR_DROP:
         scalar = mgpu_utils.c(float(fill) if isinstance(element, ir.FloatType) else int(fill),
@@ -147,10 +148,10 @@ def gather_registers(x: fa.FragmentedArray, idx: fa.FragmentedArray, *, axis: in
         g, j, h = at[0], at[1], at[4]
         wanted = iregs[at]
         if filler is not None:  # in bounds: 0 <= i < limit, unsigned
-            valid = arith.cmpi(arith.CmpIPredicate.ult, wanted, splat(limit))
-            safe = arith.minui(wanted, splat(limit - 1))
+            valid = arith.cmpi(arith.CmpIPredicate.ult, wanted, bound)
+            safe = arith.minui(wanted, last)
         else:  # XLA's clamp
-            safe = arith.minsi(arith.maxsi(wanted, splat(0)), splat(limit - 1))
+            safe = arith.minsi(arith.maxsi(wanted, zero), last)
         loaded = []
         for b in range(2):
             s = arith.index_cast(

@@ -197,3 +197,12 @@ def test_one_pick_per_line_through_it(pipeline, monkeypatch, dtype, axis):
     for prof in (fast, slow):
         np.testing.assert_array_equal(prof.outputs[0].view(want.dtype), want)
     assert fast[INST] < slow[INST]
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint16, np.int16], ids=lambda d: d.__name__)
+def test_fill_of_unsigned_and_16_bit_types(pipeline, dtype):
+    """jnp's fill for out-of-bounds indices is the type's largest unsigned
+    or most negative signed value: as a constant of the element type."""
+    x = RNG.integers(0, 1000, (64, 128)).astype(dtype)
+    check(pipeline, lambda x, i: jnp.take_along_axis(x, i, axis=1), x,
+          index_block((64, 128), 128))
