@@ -10,6 +10,7 @@ waits for their completion."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable
 
@@ -218,7 +219,7 @@ class Checker:
         region = space.find(int(a[0]), int(a[0]) + itemsize, site.location)
         if not region.tracked:
             return
-        sh = self._shadow(region)
+        sh = self._shadow(region, itemsize)
         off = sh.cells(a - region.base, itemsize)  # cells, from here on
         k = off.size // a.size
         if k > 1:
@@ -274,7 +275,7 @@ class Checker:
         region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
         if not region.tracked:
             return
-        off = self._shadow(region).cells(a - region.base, itemsize)
+        off = self._shadow(region, itemsize).cells(a - region.base, itemsize)
         s = self._site(site, component, stamp, agent, is_write, generic=False)
         if atomic:
             self.sites.atomic[s] = True
@@ -399,9 +400,13 @@ class Checker:
         return bad
 
     @staticmethod
-    def _shadow(region: Region) -> Shadow:
+    def _shadow(region: Region, itemsize: int) -> Shadow:
+        """``region``'s shadow, made on its first access at the granularity
+        that access needs (a buffer first touched by 2-byte elements starts
+        in 2-byte cells rather than being refined from 4-byte ones at once:
+        the same shadow, without copying every cell of a large buffer)."""
         if region.shadow is None:
-            region.shadow = Shadow(region.data.size)
+            region.shadow = Shadow(region.data.size, gran=math.gcd(4, itemsize))
         return region.shadow
 
     def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
