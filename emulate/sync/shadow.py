@@ -75,9 +75,10 @@ class Sites:
 
 class Shadow:
     """The shadow of one buffer (:class:`..memory.Region`), in *cells* of
-    ``gran`` bytes: 4 at first, refined (to 2 or 1) the first time an access
-    of smaller elements, or of bytes, touches the buffer -- so an f32 buffer
-    is checked per element, and a byte is never shared by two cells' records."""
+    ``gran`` bytes: at most 4, as the first access's elements need (the
+    checker makes it then), refined (to 2 or 1) the first time an access of
+    smaller elements, or of bytes, touches the buffer -- so an f32 buffer is
+    checked per element, and a byte is never shared by two cells' records."""
 
     __slots__ = ("gran", "write", "read", "columns", "earlier", "_stamps", "_runs")
 
