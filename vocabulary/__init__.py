@@ -195,6 +195,7 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "smalti.vocabulary.rows:row_permute_p": "lanes:estimate",
     "smalti.vocabulary.lane_scan:lane_scan_p": "lanes:estimate",
     "smalti.vocabulary.lines:line_p": "lanes:estimate",
+    "smalti.vocabulary.repeats:interleave_p": "repeats:estimate",
     "jax._src.lax.lax:transpose_p": "movement:estimate_transpose",
     "jax._src.lax.lax:rev_p": "movement:estimate_one",
     "jax._src.lax.lax:pad_p": "movement:estimate_one",

@@ -56,9 +56,11 @@ from smalti.vocabulary.rows import (
     xor_const,
 )
 
-__all__ = ["along_axis", "fits", "lower", "gather_registers"]
+__all__ = ["along_axis", "fits", "lower", "gather_registers", "MODES"]
 
 Mode = slicing.GatherScatterMode
+#: The modes it models: XLA's clamp (``clip``, ``promise_in_bounds``) and the fill.
+MODES = (Mode.CLIP, Mode.PROMISE_IN_BOUNDS, Mode.FILL_OR_DROP)
 
 
 def along_axis(operand: Aval, indices: Aval, dimension_numbers: slicing.GatherDimensionNumbers,

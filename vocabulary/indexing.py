@@ -251,7 +251,8 @@ def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
     [out_aval] = ctx.avals_out
     _supported(ctx, [o_aval, out_aval], "gather")
     indices, seen = _checked_indices(ctx, indices, i_aval, "gather")
-    axis = block_gather.along_axis(o_aval, i_aval, dimension_numbers, tuple(slice_sizes))
+    axis = block_gather.along_axis(o_aval, i_aval, dimension_numbers, tuple(slice_sizes)) \
+        if Mode.from_any(mode) in block_gather.MODES else None
     picked = _one_pick_per_line(ctx, operand, o_aval, indices, seen, axis,
                                 partial(lax.gather, dimension_numbers=dimension_numbers,
                                         slice_sizes=(1, 1), mode=mode, fill_value=fill_value))

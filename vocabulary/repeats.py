@@ -50,9 +50,17 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from smalti.vocabulary import lanes, rows
-from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
+from smalti.vocabulary.annotations import (
+    Aval,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
+from smalti.vocabulary.scans import take_scratch
 
-__all__ = ["fuse", "interleave_p", "repeat_columns", "interleave_columns", "lower"]
+__all__ = ["fuse", "interleave_p", "repeat_columns", "interleave_columns", "lower", "estimate"]
 
 #: ``k`` operands of ``n`` elements along ``axis`` interleaved along it, each
 #: element of the interleave then repeated ``repeats`` times: ``jnp.repeat``
@@ -180,6 +188,15 @@ def _rows_kernel(out: Aval, source: Callable[[ir.Value], ir.Value], scratch: row
         return body(plgpu.layout_cast(x, layout))
 
     return moved
+
+
+def estimate(ctx: EstimatorContext, *avals: Aval, repeats: int, axis: int) -> Resources:
+    """What the original pair reserves (the views' estimate: the result's
+    bytes, once per Pallas warpgroup), which covers the row path's copy of
+    the operands: for an equation bound directly, not made by the rewrite
+    (Pallas estimates before rewriting, from the pair itself)."""
+    out = _abstract_eval(*avals, repeats=repeats, axis=axis)
+    return take_scratch(ctx, (int(out.size) * np.dtype(out.dtype).itemsize,), np.uint8)
 
 
 def _movable(aval: Aval) -> bool:

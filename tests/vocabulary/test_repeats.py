@@ -63,6 +63,17 @@ def test_primitive_off_the_gpu(k, r, axis):
     np.testing.assert_array_equal(jax.jit(bind)(*xs), want)
 
 
+@pytest.mark.parametrize("axis", [1, 0])
+def test_primitive_bound_directly(pipeline, axis):
+    """The primitive bound in a kernel (not made by the rewrite) is
+    estimated and lowered as well: the row path's scratch comes from its
+    own estimator."""
+    x = _inputs((64, 64), F32)
+    bind = lambda v: repeats.interleave_p.bind(v, repeats=2, axis=axis)  # noqa: E731
+    (got,) = _profile(pipeline, bind, x).outputs
+    np.testing.assert_array_equal(_bits(got), _bits(np.repeat(x, 2, axis=axis)))
+
+
 def test_fuses_a_repeat_of_the_minor_axis():
     jaxpr = _jaxpr(lambda x: jnp.repeat(x, 4, axis=1), (64, 32))
     assert _primitives(jaxpr) == ["broadcast_in_dim", "reshape"]
