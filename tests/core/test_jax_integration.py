@@ -180,6 +180,32 @@ def test_jaxpr_rewrites_of_plugins_apply_to_every_jaxpr_and_are_removed_after():
     assert "arith.negf" in plain and "arith.negf" not in rewritten
 
 
+def test_jaxpr_rewrites_reach_branches_and_scopes():
+    """The jaxprs of ``lax.cond``'s branches and of ``pl.run_scoped``'s body
+    are rewritten too (Pallas lowers each through the same function)."""
+    from jax.experimental import pallas as pl
+
+    seen: list = []
+    pipeline = smalti.build_pipeline(plugins={"rewriter": _rewriting_plugin(seen)})
+    shape = jax.ShapeDtypeStruct((128,), jnp.float32)
+
+    def body(x_ref, o_ref):
+        def scoped(tmp_ref):
+            v = x_ref[...]
+            tmp_ref[...] = lax.cond(jnp.max(v) > 0, lambda a: -a, lambda a: a * 2.0, v)
+            o_ref[...] = tmp_ref[...]
+
+        pl.run_scoped(scoped, plgpu.SMEM((128,), jnp.float32))
+
+    call = plgpu.kernel(body, out_type=shape, compiler_params=WARPGROUP)
+    with smalti.jax.installed(pipeline):
+        [rewritten] = lower_capturing_modules(call, shape)
+    names = [[e.primitive.name for e in j.eqns] for j in seen]
+    assert any("cond" in n for n in names)  # the scope's body
+    assert any(n == ["neg"] for n in names)  # the branch, before its rewrite
+    assert "arith.negf" not in rewritten and "abs.f32" in rewritten
+
+
 def test_two_plugins_rewriting_under_one_name_conflict():
     from smalti.diagnostics import PluginError
 
