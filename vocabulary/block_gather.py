@@ -52,11 +52,12 @@ from smalti.vocabulary.rows import (
     natural_rows,
     scratch_for,
     store_block,
+    swizzle,
     swizzle_mask,
     xor_const,
 )
 
-__all__ = ["along_axis", "fits", "lower", "gather_registers", "MODES"]
+__all__ = ["along_axis", "numbers", "fits", "lower", "gather_registers", "MODES"]
 
 Mode = slicing.GatherScatterMode
 #: The modes it models: XLA's clamp (``clip``, ``promise_in_bounds``) and the fill.
@@ -73,12 +74,16 @@ def along_axis(operand: Aval, indices: Aval, dimension_numbers: slicing.GatherDi
         return None
     for axis in (0, 1):
         other = 1 - axis
-        taken = slicing.GatherDimensionNumbers(
-            offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
-            operand_batching_dims=(other,), start_indices_batching_dims=(other,))
-        if dimension_numbers == taken and indices.shape[other] == operand.shape[other]:
+        if dimension_numbers == numbers(axis) and indices.shape[other] == operand.shape[other]:
             return axis
     return None
+
+
+def numbers(axis: int) -> slicing.GatherDimensionNumbers:
+    """The dimension numbers of ``take_along_axis`` of a 2-D block along ``axis``."""
+    return slicing.GatherDimensionNumbers(
+        offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
+        operand_batching_dims=(1 - axis,), start_indices_batching_dims=(1 - axis,))
 
 
 def fits(ctx: PallasContext, operand: Operand, operand_aval: Aval, indices: Operand,
@@ -132,8 +137,7 @@ def gather_registers(x: fa.FragmentedArray, idx: fa.FragmentedArray, *, axis: in
     place = ThreadPlace.here()
     view = scratch.view((n, cols), element)
     # along the columns, every row a thread reads has its own low bits: one swizzle
-    spread = arith.shli(arith.andi(place.own, mgpu_utils.c(m, index)),
-                        mgpu_utils.c(3, index)) if m else None
+    spread = swizzle(place.own, m) if m else None
 
     store_block(regs, view, place, m)
 
@@ -164,8 +168,7 @@ def gather_registers(x: fa.FragmentedArray, idx: fa.FragmentedArray, *, axis: in
                 row = s
                 col = xor_const(place.lane_cols, 8 * j + b)
                 if m:
-                    col = arith.xori(col, arith.shli(arith.andi(s, mgpu_utils.c(m, index)),
-                                                     mgpu_utils.c(3, index)))
+                    col = arith.xori(col, swizzle(s, m))
             loaded.append(memref.load(view, [row, col]))
         value = vector.from_elements(pair, loaded)
         out[at] = arith.select(valid, value, filler) if valid is not None else value

@@ -74,7 +74,8 @@ from smalti.vocabulary import lanes, smem_transpose
 from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
 
 __all__ = ["permute", "row_permute_p", "fits", "classify", "RowMap", "Scratch", "scratch_for",
-           "permute_registers", "map_rows", "store_block", "in_registers", "own_row"]
+           "permute_registers", "map_rows", "store_block", "swizzle", "in_registers",
+           "own_row"]
 
 row_permute_p = jax_core.Primitive("smalti_row_permute")
 
@@ -400,12 +401,15 @@ def swizzled_columns(row: ir.Value, lane_cols: ir.Value, m: int, count: int
                      ) -> dict[int, ir.Value]:
     """Each register column's element column ``(8 j + 2 q) ^ ((row & m) << 3)``
     (the module docstring's swizzle) for rows whose low bits ``row`` has."""
-    index = ir.IndexType.get()
-    base = lane_cols
-    if m:
-        spread = arith.shli(arith.andi(row, mgpu_utils.c(m, index)), mgpu_utils.c(3, index))
-        base = arith.ori(spread, lane_cols)
+    base = arith.ori(swizzle(row, m), lane_cols) if m else lane_cols
     return {j: xor_const(base, 8 * j) for j in range(count)}
+
+
+def swizzle(row: ir.Value, m: int) -> ir.Value:
+    """``(row & m) << 3``: what row ``row``'s element columns are xored
+    with (the module docstring's swizzle; ``m`` nonzero)."""
+    index = ir.IndexType.get()
+    return arith.shli(arith.andi(row, mgpu_utils.c(m, index)), mgpu_utils.c(3, index))
 
 
 def xor_const(v: ir.Value, k: int) -> ir.Value:

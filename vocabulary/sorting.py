@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from smalti.vocabulary import lane_exchange, lanes
+from smalti.vocabulary import block_gather, lane_exchange, lanes
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -278,10 +278,7 @@ def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
     element by element from a copy of ``x``; a ``take`` otherwise."""
     if x.ndim == 2 and lanes.in_registers(tuple(index.shape)) and \
             lanes.in_registers(tuple(x.shape), x.dtype):
-        along = lax.GatherDimensionNumbers(
-            offset_dims=(), collapsed_slice_dims=(axis,), start_index_map=(axis,),
-            operand_batching_dims=(1 - axis,), start_indices_batching_dims=(1 - axis,))
-        return lax.gather(x, index[..., None], along, (1, 1),
+        return lax.gather(x, index[..., None], block_gather.numbers(axis), (1, 1),
                           mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     if x.ndim == 1:
         return take(x, index)
