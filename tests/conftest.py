@@ -3,7 +3,9 @@
 Every error code in ``smalti.codes.CATALOGUE`` must be raised by at least one
 test: every ``SmaltiError`` constructed during the session is recorded, and
 when the whole suite ran (no path, ``-k``, ``-m`` or deselection narrowing it)
-and passed, the session fails listing the codes no test raised.
+and passed, the session fails listing the codes no test raised. Under
+pytest-xdist (``-n N``) each worker records its own and hands them to the
+controller as it shuts down, which checks their union.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pytest
 _TESTS = Path(__file__).resolve().parent
 _RAISED = pytest.StashKey[set]()
 _NARROWED = pytest.StashKey[bool]()
+# The key under which an xdist worker hands its codes to the controller.
+_WORKER_CODES = "smalti_raised_codes"
 
 
 def raised_codes(config: pytest.Config) -> set[str]:
@@ -58,10 +62,19 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
         items[0].config.stash[_NARROWED] = True
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: a worker finished; add the codes its tests raised."""
+    codes = getattr(node, "workeroutput", {}).get(_WORKER_CODES, ())
+    node.config.stash[_RAISED].update(codes)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if (hasattr(config, "workerinput") or exitstatus != 0 or config.stash[_NARROWED]
-            or not _whole_suite_selected(config)):
+    if hasattr(config, "workerinput"):
+        config.workeroutput[_WORKER_CODES] = sorted(raised_codes(config))
+        return
+    if exitstatus != 0 or config.stash[_NARROWED] or not _whole_suite_selected(config):
         return
     from smalti.codes import CATALOGUE
 
