@@ -64,7 +64,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core as jax_core
@@ -111,9 +110,6 @@ def scan(x: jax.Array, kind: str, *, reverse: bool = False, axis: int = 1) -> ja
     if x.ndim != 2 or axis not in (0, 1):
         raise ValueError(f"lane_scan.scan: a 2-D block and axis 0 or 1, got shape {x.shape} "
                          f"and axis {axis}")
-    if kind in ("max", "min") and jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"lane_scan.scan: a float {kind} (whose -0.0 and NaN a compare does "
-                         "not order): scan integer keys, as scans.extremum_by_keys does")
     if not lanes.registers_allowed():
         return _fallback(x, kind=kind, reverse=reverse, axis=axis)
     return lane_scan_p.bind(x, kind=kind, reverse=bool(reverse), axis=int(axis))
@@ -174,9 +170,9 @@ def _combiner(kind: str, element: ir.Type, signed: bool | None
         return arith.addf if floating else arith.addi
     if kind == "mul":
         return arith.mulf if floating else arith.muli
-    if kind == "max":
-        return arith.maxsi if signed is not False else arith.maxui
-    return arith.minsi if signed is not False else arith.minui
+    if kind == "max":  # floats: IEEE 754-2019 maximum, as lax.max (PTX max.NaN.f32)
+        return arith.maximumf if floating else arith.maxsi if signed is not False else arith.maxui
+    return arith.minimumf if floating else arith.minsi if signed is not False else arith.minui
 
 
 def _scan_registers(x: fa.FragmentedArray, kind: str, reverse: bool,

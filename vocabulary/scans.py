@@ -17,12 +17,11 @@ contiguous run of up to ``2**t`` elements, combined as a balanced tree of
 depth ``t``, so, with ``u = eps / 2`` the unit roundoff of the compute type:
 
 - integer ``cumsum``/``cumprod`` (wrapping), ``cummax``, ``cummin``: exact
-  (bit for bit equal to jnp); float ``cummax``/``cummin`` too: IEEE
-  754-2019 maximum/minimum (NaN propagates, ``-0.0 < +0.0``, as in XLA) as
-  the int32 max/min of total-order keys (:func:`extremum_by_keys`), not
-  ``lax.max`` (PTX ``max.NaN.f32``, whose choice between ``-0.0`` and
-  ``+0.0`` is not relied on); a NaN comes out as a NaN (its sign and
-  payload, which XLA does not define either, not kept);
+  (bit for bit equal to jnp); float ``cummax``/``cummin`` too: ``lax.max``
+  and ``lax.min`` are IEEE 754-2019 maximum and minimum (NaN propagates,
+  ``-0.0 < +0.0``), as XLA computes them and as PTX ``max.NaN.f32`` does
+  (the PTX ISA's pseudo-code: "+0.0 > -0.0 here"); a NaN comes out as a NaN
+  (its sign and payload, which XLA does not define either, not kept);
 - float ``cumsum``: ``|err_i| <= ceil(log2 n) * u * sum_{j<=i} |x_j|``
   (a sequential sum's bound has ``i`` in place of ``ceil(log2 n)``);
 - float ``cumprod``: ``|err_i| <= i * u * |prod_{j<=i} x_j|`` to first
@@ -169,53 +168,23 @@ def compute_dtype(name: str, dtype: np.dtype) -> np.dtype:
 def identity(name: str, dtype: np.dtype) -> float | int | None:
     """A value ``e`` with ``combine(e, v) == v`` bit for bit for every ``v``
     (a signalling NaN aside, which comes out quiet): ``-0.0`` for float sums
-    (``+0.0 + -0.0`` is ``+0.0``), the ends of the integer range for max
-    and min (floats take them on keys: :func:`extremum_by_keys`); ``None``
-    for cumlogsumexp (whose combine does not keep ``-0.0``)."""
+    (``+0.0 + -0.0`` is ``+0.0``), the ends of the range for max and min
+    (``-inf`` and ``+inf`` for floats: below ``-0.0`` and above ``+0.0``);
+    ``None`` for cumlogsumexp (whose combine does not keep ``-0.0``)."""
     floating = jnp.issubdtype(dtype, jnp.floating)
-    if floating and name in ("cummax", "cummin"):
-        return None
     info = None if floating else np.iinfo(dtype)
     return {
         "cumsum": -0.0 if floating else 0,
         "cumprod": 1.0 if floating else 1,
-        "cummax": None if info is None else int(info.min),
-        "cummin": None if info is None else int(info.max),
+        "cummax": -np.inf if info is None else int(info.min),
+        "cummin": np.inf if info is None else int(info.max),
     }.get(name)
 
 
-def extremum_by_keys(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.ndarray:
-    """Float ``cummax``/``cummin`` as a scan of int32 keys: IEEE total
-    order's (:func:`smalti.vocabulary.sorting.total_order_key`, ``-0.0 <
-    +0.0`` as IEEE maximum and minimum order them), every NaN's key made the
-    top (cummax) or the bottom (cummin) so that it propagates. An int32 max
-    or min is one instruction where the IEEE maximum written out on floats
-    (compares and selects) is nine; the keys are one-to-one, so the result is
-    exact (a NaN comes out as a NaN, its sign and payload not kept)."""
-    from smalti.vocabulary.sorting import (
-        INT32_MAX,
-        INT32_MIN,
-        from_total_order_key,
-        total_order_key,
-    )
-
-    top = name == "cummax"
-    key = jnp.where(x != x, INT32_MAX if top else INT32_MIN, total_order_key(x))
-    if key.ndim == 2:
-        key = lane_scan.scan(key, "max" if top else "min", reverse=reverse, axis=axis)
-    else:
-        key = scan(key, lax.max if top else lax.min, axis=axis, reverse=reverse,
-                   fill=INT32_MIN if top else INT32_MAX)
-    return from_total_order_key(key, x.dtype)
-
-
 def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.ndarray:
-    """``lax.<name>(x, axis, reverse)`` as a scan of ``take`` steps (computed
-    in :func:`compute_dtype`, converted back once; float maxima and minima
-    on keys, :func:`extremum_by_keys`)."""
-    if name in ("cummax", "cummin") and np.dtype(x.dtype) in (np.dtype(np.float32),
-                                                             *SIXTEEN_BIT_FLOATS):
-        return extremum_by_keys(x, name=name, axis=axis, reverse=reverse)
+    """``lax.<name>(x, axis, reverse)`` as a scan (computed in
+    :func:`compute_dtype`, converted back once: exact for 16-bit floats'
+    maxima and minima)."""
     wide = compute_dtype(name, x.dtype)
     y = x.astype(wide) if wide != x.dtype else x
     if y.ndim == 2 and name in LANE_SCAN_KINDS:  # work-efficient

@@ -44,7 +44,7 @@ from .. import irtypes
 from ..compiler import MOVES, Op, Step, accumulator_use, rule
 from ..errors import Unsupported
 from ..machine import Frame, uniform
-from . import mma_sync, ptx_block, wgmma
+from . import arith, mma_sync, ptx_block, wgmma
 from .gpu import cluster_arrive, cluster_wait, full_block_barrier, named_barrier
 from .nvvm import (
     bulk_commit,
@@ -266,8 +266,33 @@ def _packed(fn, elem: str, n_args: int):
     return f
 
 
-BINARY = {"max.NaN": np.maximum, "min.NaN": np.minimum, "max": np.fmax, "min": np.fmin,
-          "add": np.add, "sub": np.subtract, "mul": np.multiply}
+def _extremum(larger: bool, nan_propagates: bool) -> Callable:
+    """PTX ``max``/``min`` on floats (PTX ISA, "Floating Point Instructions:
+    max"): ``+0.0 > -0.0``; with ``.NaN`` a NaN operand gives NaN, without it
+    the other operand (NaN only if both are); a NaN result is a NaN
+    operand's, as numpy gives it (the GPU's canonical NaN, like
+    every NaN payload, is not modelled)."""
+    ieee = arith.maximumf if larger else arith.minimumf
+
+    def f(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        r = ieee(a, b)
+        if not nan_propagates:
+            r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, r))
+        return r
+    return f
+
+
+def _f32_binary(fn, ftz: bool) -> Callable:
+    """``fn`` of two f32 registers; ``.ftz`` flushes subnormal inputs and outputs."""
+    if not ftz:
+        return fn
+    return lambda a, b: _ftz(fn(_ftz(np.asarray(a, np.float32)), _ftz(np.asarray(b, np.float32))))
+
+
+EXTREMA = {"max.NaN": _extremum(True, True), "min.NaN": _extremum(False, True),
+           "max": _extremum(True, False), "min": _extremum(False, False)}
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
 
 
 def _prmt(a, b, c):
@@ -315,12 +340,23 @@ def _value_fn(opcode: str, n_in: int) -> Callable | None:
     if opcode in ("max.s16", "max.u16", "max.s16x2", "max.u16x2", "min.s16", "min.u16",
                   "min.s16x2", "min.u16x2") and n_in == 2:
         return _int16(np.maximum if base == "max" else np.minimum, ty[0] == "s")
-    if base in BINARY and n_in == 2:
-        fn = BINARY[base]
+    if parts[0] in ("max", "min") and n_in == 2 and set(parts[1:-1]) <= {"NaN", "ftz"}:
+        fn = EXTREMA[parts[0] + (".NaN" if "NaN" in parts else "")]
         if ty == "f32":
-            return lambda a, b: (fn(np.asarray(a, np.float32), np.asarray(b, np.float32))
-                                 .astype(np.float32))
-        if ty in ("f16", "f16x2", "bf16", "bf16x2"):
+            def f32(a, b):
+                return np.asarray(fn(np.asarray(a, np.float32), np.asarray(b, np.float32)),
+                                  np.float32)
+            return _f32_binary(f32, ftz)
+        if ty in ("f16", "f16x2", "bf16", "bf16x2") and not ftz:
+            return _packed(fn, ty.removesuffix("x2"), 2)
+        return None  # .xorsign.abs, three operands, .ftz of 16-bit types: not modelled
+    if parts[0] in BINARY and n_in == 2 and set(parts[1:-1]) <= {"rn", "ftz"}:
+        fn = BINARY[parts[0]]
+        if ty == "f32":
+            def f32(a, b):
+                return fn(np.asarray(a, np.float32), np.asarray(b, np.float32)).astype(np.float32)
+            return _f32_binary(f32, ftz)
+        if ty in ("f16", "f16x2", "bf16", "bf16x2") and not ftz:
             return _packed(fn, ty.removesuffix("x2"), 2)
         return None
     if opcode == "prmt.b32" and n_in == 3:
@@ -617,12 +653,12 @@ _F16 = r"b?f16(?:x2)?"
              value=True)
 @ptx_pattern(rf"abs(?!\.(?:approx|NaN)\.){_MODIFIERS}\.(?:f32|{_F16})",
              "abs[.ftz].{f32,f16,f16x2,bf16,bf16x2} $0, $1: exact", value=True)
-@ptx_pattern(rf"(?:max|min)(?!\.approx\.){_MODIFIERS}\.(?:f32|{_F16})",
-             "max/min[.NaN].{f32,f16,f16x2,bf16,bf16x2} $0, $1, $2: fmax/fmin, with .NaN "
-             "NaN-propagating", value=True)
-@ptx_pattern(rf"(?:add|sub|mul)(?!\.(?:approx|NaN)\.){_MODIFIERS}\.(?:f32|{_F16})",
-             "add/sub/mul.{f32,f16,f16x2,bf16,bf16x2} $0, $1, $2: IEEE, rounded to nearest "
-             "(rounding modifiers are ignored)", value=True)
+@ptx_pattern(r"(?:max|min)(?:\.NaN|\.ftz)*\.f32|(?:max|min)(?:\.NaN)*\." + _F16,
+             "max/min[.ftz][.NaN].f32, max/min[.NaN].{f16,f16x2,bf16,bf16x2} $0, $1, $2: "
+             "+0.0 > -0.0; .NaN NaN-propagating", value=True)
+@ptx_pattern(r"(?:add|sub|mul)(?:\.rn|\.ftz)*\.f32|(?:add|sub|mul)(?:\.rn)*\." + _F16,
+             "add/sub/mul[.rn][.ftz].f32, add/sub/mul[.rn].{f16,f16x2,bf16,bf16x2} $0, $1, $2: "
+             "IEEE, rounded to nearest (other rounding modes are not modelled)", value=True)
 @ptx_pattern(r"(?:max|min)\.[su]16(?:x2)?",
              "max/min.{s16,u16}[x2] $0, $1, $2: integer max/min per 16-bit half", value=True)
 @ptx("prmt.b32", description="prmt.b32 $0, $1, $2, $3: byte permute (default mode)",
