@@ -14,6 +14,12 @@ except for ``h`` in 2 and 4, where it is the lane's bit: one ``xori`` with
 a lane predicate then. No memory is touched: race-free with any number of
 warpgroups; exact (words only move).
 
+``live=`` (along the minor axis) names the columns whose result is read
+later; a register slot none of whose four columns (one per lane of the
+quad) is live keeps its words and costs nothing. top_k's rounds use it:
+each keeps only the smallest run of every pair, so half the columns of
+the round before are dead.
+
 With ``axis=0`` the stage is along the rows: the partner's words come from
 :func:`smalti.vocabulary.rows.permute_registers` (a ``shfl.bfly`` per word
 and register moves within a warp, the SMEM round trip across warps), and
@@ -65,19 +71,28 @@ def less(a: list[jax.Array], b: list[jax.Array]) -> jax.Array:
     return lt
 
 
-def compare_exchange(words: list[jax.Array], *, mask: int, half: int, axis: int = 1
-                     ) -> list[jax.Array]:
+def compare_exchange(words: list[jax.Array], *, mask: int, half: int, axis: int = 1,
+                     live: tuple[bool, ...] | None = None) -> list[jax.Array]:
     """One stage of a bitonic network along ``axis`` of 2-D int32 ``words``
     (a power of two long): see the module docstring. Elements must differ
-    in some word, or be equal values."""
+    in some word, or be equal values. ``live`` (``axis=1`` only): which
+    columns' results are used; the others' words are unspecified."""
+    if live is not None:
+        if axis != 1 or len(live) != words[0].shape[1]:
+            raise ValueError(f"compare_exchange: live= names each column of axis 1, got "
+                             f"{len(live)} for shape {words[0].shape} and axis {axis}")
+        live = tuple(bool(v) for v in live)
     if not lanes.registers_allowed():
-        return exchange_f(*words, mask=int(mask), half=int(half), axis=int(axis))
-    return exchange_p.bind(*words, mask=int(mask), half=int(half), axis=int(axis))
+        return exchange_f(*words, mask=int(mask), half=int(half), axis=int(axis), live=live)
+    return exchange_p.bind(*words, mask=int(mask), half=int(half), axis=int(axis), live=live)
 
 
-def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1) -> list[jax.Array]:
+def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1,
+               live: tuple[bool, ...] | None = None) -> list[jax.Array]:
     """The stage in jnp over :func:`~smalti.vocabulary.lanes.permute` (columns)
-    or :func:`~smalti.vocabulary.rows.permute` (rows)."""
+    or :func:`~smalti.vocabulary.rows.permute` (rows); every column computed
+    (``live`` only allows skipping)."""
+    del live
     n = words[0].shape[axis]
     move = lanes.permute if axis == 1 else row_moves.permute
     theirs = [move(w, lanes.xor_partners(n, mask)) for w in words]
@@ -88,8 +103,9 @@ def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1) -> list[j
 
 
 @exchange_p.def_abstract_eval
-def _abstract_eval(*avals: Aval, mask: int, half: int, axis: int) -> list[Aval]:
-    del mask, half, axis
+def _abstract_eval(*avals: Aval, mask: int, half: int, axis: int,
+                   live: tuple[bool, ...] | None) -> list[Aval]:
+    del mask, half, axis, live
     return [jax_core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
@@ -97,19 +113,20 @@ exchange_p.def_impl(exchange_f)
 mlir.register_lowering(exchange_p, mlir.lower_fun(exchange_f, multiple_results=True))
 
 
-def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int) -> Lowered:
+def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int,
+          live: tuple[bool, ...] | None = None) -> Lowered:
     """In registers (and, for rows across warps, the scratch) where every
     word :func:`fits <smalti.vocabulary.lanes.fits>`."""
+    fallback = pallas_lowering._lower_fun(
+        lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis, live=live))
     scratch = None
     if axis == 0:
         mapping = row_moves.RowMap(0, mask=mask)
         scratch = row_moves.scratch_for(ctx, ctx.avals_in[0])
         if scratch is None and not row_moves.in_registers(mapping):
-            return pallas_lowering._lower_fun(
-                lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis))(ctx, *words)
+            return fallback(ctx, *words)
     if not all(lanes.fits(a, w) for a, w in zip(ctx.avals_in, words)):
-        return pallas_lowering._lower_fun(
-            lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis))(ctx, *words)
+        return fallback(ctx, *words)
     [aval, *_] = ctx.avals_in
     layout = plgpu.Layout.WGMMA
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
@@ -122,7 +139,7 @@ def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int) 
     def body(_: Any, values: tuple[fa.FragmentedArray, ...]) -> tuple[fa.FragmentedArray, ...]:
         if axis == 0:
             return _exchange_rows(values, mask, half, scratch)
-        return _exchange_registers(values, mask, half)
+        return _exchange_registers(values, mask, half, live)
 
     return pallas_lowering._lower_fun(lambda *ws: list(body(ws)))(ctx, *words)
 
@@ -142,7 +159,8 @@ def _routed(quad: lanes.Quad, words: list[ir.Value], sources: list[tuple[int, in
     return value
 
 
-def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half: int
+def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
+                        live: tuple[bool, ...] | None = None
                         ) -> tuple[fa.FragmentedArray, ...]:
     i32 = ir.IntegerType.get_signless(32)
     quad = lanes.Quad()
@@ -159,6 +177,11 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
             kept: list[list[ir.Value]] = [[] for _ in values]
             for b in range(2):
                 slot = 2 * j + b
+                if live is not None and not any(live[lanes.TILE_COLS * j + 2 * q + b]
+                                                for q in range(lanes.QUAD)):
+                    for i, w in enumerate(mine_words):  # read by no later stage
+                        kept[i].append(w[slot])
+                    continue
                 srcs = [partners[lanes.TILE_COLS * j + 2 * q + b] for q in range(lanes.QUAD)]
                 sources = [((s // 2) % lanes.QUAD, 2 * (s // lanes.TILE_COLS) + s % 2)
                            for s in srcs]

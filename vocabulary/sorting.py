@@ -224,13 +224,18 @@ def _smallest_minor(words: list[jnp.ndarray], r: int) -> list[jnp.ndarray]:
     ``span`` on, reversed (partner ``c ^ (span | (r - 1))``, which keeps the
     smaller where bit ``span`` is clear), then half-cleans it; the other
     columns hold words no later round reads. The ``r`` smallest end at the
-    start of each row."""
+    start of each row. Each round computes only the columns a later round
+    reads (``live``): a half, a quarter, ... of the row, where whole
+    registers are dead."""
     length = words[0].shape[1]
     words = bitonic_sort(words, 1, _stages(length, r))
     span = r
     while span < length:
-        words = lane_exchange.compare_exchange(words, mask=span | (r - 1), half=span)
-        words = bitonic_sort(words, 1, _half_cleaners(r))
+        # read later: the r smallest of each merged pair, at multiples of 2 span
+        live = tuple(c % (2 * span) < r for c in range(length))
+        words = lane_exchange.compare_exchange(words, mask=span | (r - 1), half=span, live=live)
+        for mask, half in _half_cleaners(r):
+            words = lane_exchange.compare_exchange(words, mask=mask, half=half, live=live)
         span *= 2
     return words
 
