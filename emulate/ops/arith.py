@@ -189,6 +189,29 @@ def minimumf(a, b):
     return np.where(a == b, np.where(np.signbit(a), a, b), np.minimum(a, b))
 
 
+def maximum_number(a, b):
+    """IEEE 754-2019 maximumNumber: a NaN operand gives the other operand
+    (NaN only if both are), and -0.0 < +0.0 (PTX ``max`` without ``.NaN``)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where(np.isnan(a), b, np.where(np.isnan(b), a, maximumf(a, b)))
+
+
+def minimum_number(a, b):
+    """IEEE 754-2019 minimumNumber (PTX ``min`` without ``.NaN``)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where(np.isnan(a), b, np.where(np.isnan(b), a, minimumf(a, b)))
+
+
+def reduce_columns(fn, x: np.ndarray) -> np.ndarray:
+    """``fn`` folded over the columns of the 2-D ``x``, left to right (a
+    binary ``fn`` of the four above, whose numpy reductions do not order
+    -0.0 and +0.0)."""
+    r = x[:, 0]
+    for k in range(1, x.shape[1]):
+        r = fn(r, x[:, k])
+    return r
+
+
 FLOAT_BINARY = {
     "arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply,
     "arith.divf": np.divide, "arith.remf": np.fmod,

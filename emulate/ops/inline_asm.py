@@ -266,23 +266,6 @@ def _packed(fn, elem: str, n_args: int):
     return f
 
 
-def _extremum(larger: bool, nan_propagates: bool) -> Callable:
-    """PTX ``max``/``min`` on floats (PTX ISA, "Floating Point Instructions:
-    max"): ``+0.0 > -0.0``; with ``.NaN`` a NaN operand gives NaN, without it
-    the other operand (NaN only if both are); a NaN result is a NaN
-    operand's, as numpy gives it (the GPU's canonical NaN, like
-    every NaN payload, is not modelled)."""
-    ieee = arith.maximumf if larger else arith.minimumf
-
-    def f(a, b):
-        a, b = np.asarray(a), np.asarray(b)
-        r = ieee(a, b)
-        if not nan_propagates:
-            r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, r))
-        return r
-    return f
-
-
 def _f32_binary(fn, ftz: bool) -> Callable:
     """``fn`` of two f32 registers; ``.ftz`` flushes subnormal inputs and outputs."""
     if not ftz:
@@ -290,8 +273,12 @@ def _f32_binary(fn, ftz: bool) -> Callable:
     return lambda a, b: _ftz(fn(_ftz(np.asarray(a, np.float32)), _ftz(np.asarray(b, np.float32))))
 
 
-EXTREMA = {"max.NaN": _extremum(True, True), "min.NaN": _extremum(False, True),
-           "max": _extremum(True, False), "min": _extremum(False, False)}
+#: PTX ``max``/``min`` on floats (PTX ISA, "Floating Point Instructions: max"):
+#: ``+0.0 > -0.0``; with ``.NaN`` a NaN operand gives NaN, without it the other
+#: operand. A NaN result keeps an operand's payload, as numpy gives it (the GPU's
+#: canonical NaN, like every NaN payload, is not modelled).
+EXTREMA = {"max.NaN": arith.maximumf, "min.NaN": arith.minimumf,
+           "max": arith.maximum_number, "min": arith.minimum_number}
 BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
 
 

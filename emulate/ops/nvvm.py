@@ -21,6 +21,7 @@ from .. import tma
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame, MBarrier, uniform
+from . import arith
 from ._util import thread_axis
 
 
@@ -658,8 +659,13 @@ def _flag(o: Op, name: str) -> bool:
 def _redux_f32(o: Op, kind: str) -> Step:
     nan = _flag(o, "nan")
     absolute = _flag(o, "abs")  # .abs: of each input's absolute value
-    fn = {("fmax", True): np.max, ("fmin", True): np.min,
-          ("fmax", False): np.fmax.reduce, ("fmin", False): np.fmin.reduce}[kind, nan]
+    # +0.0 > -0.0, as PTX max/min (numpy's reductions do not order the zeros)
+    extremum = {("fmax", True): arith.maximumf, ("fmin", True): arith.minimumf,
+                ("fmax", False): arith.maximum_number,
+                ("fmin", False): arith.minimum_number}[kind, nan]
+
+    def fn(v: np.ndarray, axis: int) -> np.ndarray:
+        return arith.reduce_columns(extremum, v)
     val, mask = o.ins
     (out,) = o.outs
     loc = o.loc

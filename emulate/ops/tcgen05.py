@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import re
 import types
-import warnings
 
 import numpy as np
 
@@ -80,6 +79,7 @@ from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame
 from ..sync.checker import TCGEN05, TMEM_LOAD, TMEM_STORE, Checker
+from . import arith
 from . import tcgen05_scaled as scaled
 from . import tcgen05_sparse as sparse
 from .inline_asm import Instr, ptx, ptx_pattern, ptx_text
@@ -311,11 +311,10 @@ def _reduce(vals: np.ndarray, how: str, absolute: bool, nan: bool, ty: str) -> n
     if ty == "f32":
         x = vals.view(np.float32)
         x = np.abs(x) if absolute else x
-        fn = (np.max if how == "max" else np.min) if nan else \
-            (np.nanmax if how == "max" else np.nanmin)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # rows of NaNs only
-            return fn(x, axis=1).astype(np.float32).view(np.int32)
+        fn = {("max", True): arith.maximumf, ("min", True): arith.minimumf,
+              ("max", False): arith.maximum_number, ("min", False): arith.minimum_number}
+        # +0.0 > -0.0, as PTX max/min (numpy's reductions do not order the zeros)
+        return arith.reduce_columns(fn[how, nan], x).astype(np.float32).view(np.int32)
     x = vals.view(np.int32) if ty == "s32" else vals
     r = x.max(axis=1) if how == "max" else x.min(axis=1)
     return r.astype(x.dtype).view(np.int32)

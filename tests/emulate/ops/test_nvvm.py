@@ -106,6 +106,18 @@ def test_redux_fmax_fmin_with_and_without_nan_propagation():
             assert_same_bits(got[32 * w:32 * w + 32], np.full(32, want, np.float32))
 
 
+@pytest.mark.parametrize("nan", [False, True])
+def test_redux_fmax_fmin_order_the_zeros(nan):
+    """+0.0 > -0.0, as PTX max/min order them, whatever the lanes' order."""
+    x = np.where(np.arange(T) % 3 == 0, np.float32(-0.0), np.float32(0.0))
+    for kind, negative in [("fmax", False), ("fmin", True)]:
+        got = run(f"""
+          %m = llvm.mlir.constant(-1 : i32) : i32
+          %r = "nvvm.redux.sync"(%v, %m) <{{abs = false, kind = #nvvm.reduction_kind<{kind}>, nan = {str(nan).lower()}}}> : (f32, i32) -> f32""",  # noqa: E501 -- MLIR text, one op a line
+                  {"v": ("f32", x)}, {"r": "f32"}, threads=T)["r"]
+        assert (got == 0).all() and (np.signbit(got) == negative).all(), kind
+
+
 def _shfl(mode: str, v: np.ndarray, b: int, c: int) -> tuple[np.ndarray, np.ndarray]:
     """shfl.sync as the PTX ISA's pseudo-code says, lane by lane."""
     out, ok = v.copy(), np.zeros(v.size, bool)

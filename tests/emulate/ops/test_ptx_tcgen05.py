@@ -287,6 +287,9 @@ def test_a_reducing_load_gives_each_thread_the_min_max_of_its_words(how, absolut
                   ("min", False): np.nanmin}[how, bool(nan)]
             want = fn(x, axis=1)
         np.testing.assert_array_equal(got[:, n].view(np.float32).astype(np.float64), want)
+        # the row of zeros of both signs: +0.0 > -0.0, as PTX max/min order them
+        zero = got[2, n].view(np.float32)
+        assert zero == 0 and np.signbit(zero) == (how == "min" and not absolute)
     else:
         x = bits.view(np.uint32) if ty == "u32" else bits
         want = (x.max(1) if how == "max" else x.min(1)).astype(x.dtype).view(np.int32)
