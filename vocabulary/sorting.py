@@ -176,7 +176,7 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     registers along the minor axis, and along the rows within a warp;
     through SMEM a vector per register for rows across warps)."""
     shape = words[0].shape
-    if stages is None and axis == 1 and lanes.in_registers(tuple(shape)):
+    if stages is None and axis == 1 and _registers(tuple(shape)):
         return _sort_relabelled(words)
     stages = _stages(shape[axis]) if stages is None else stages
     if len(shape) == 2:
@@ -196,6 +196,12 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
         swap = lane_exchange.less(theirs, words) == keep_min
         words = [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
     return words
+
+
+def _registers(shape: tuple[int, ...]) -> bool:
+    """Whether the stages of a ``shape`` block run in WGMMA's registers (where
+    relabelled positions pay off)."""
+    return lanes.registers_allowed() and lanes.in_registers(shape)
 
 
 def relabelling(n: int) -> tuple[int, ...]:
@@ -278,17 +284,34 @@ def _smallest_minor(words: list[jnp.ndarray], r: int) -> list[jnp.ndarray]:
     columns hold words no later round reads. The ``r`` smallest end at the
     start of each row. Each round computes only the columns a later round
     reads (``live``): a half, a quarter, ... of the row, where whole
-    registers are dead."""
+    registers are dead. In WGMMA's registers the positions are relabelled
+    as a full sort's (:func:`relabelling`): runs of up to 32 then sort in
+    each thread's registers, and only rounds merging runs across lanes
+    exchange across them; the result's first ``r`` positions are permuted
+    back to the first ``r`` columns."""
     length = words[0].shape[1]
-    words = bitonic_sort(words, 1, _stages(length, r))
+    relabelled = _registers(tuple(words[0].shape)) and length >= lanes.TILE_COLS
+    place = relabelling(length) if relabelled else tuple(range(length))
+
+    def column(bits: int) -> int:
+        return _relabel_bits(bits, place)
+
+    words = bitonic_sort(words, 1, [(column(m), column(h)) for m, h in _stages(length, r)])
     span = r
     while span < length:
         # read later: the r smallest of each merged pair, at multiples of 2 span
-        live = tuple(c % (2 * span) < r for c in range(length))
-        words = lane_exchange.compare_exchange(words, mask=span | (r - 1), half=span, live=live)
+        live = [False] * length
+        for position in range(length):
+            live[place[position]] = position % (2 * span) < r
+        words = lane_exchange.compare_exchange(words, mask=column(span | (r - 1)),
+                                               half=column(span), live=tuple(live))
         for mask, half in _half_cleaners(r):
-            words = lane_exchange.compare_exchange(words, mask=mask, half=half, live=live)
+            words = lane_exchange.compare_exchange(words, mask=column(mask), half=column(half),
+                                                   live=tuple(live))
         span *= 2
+    if relabelled:  # the r smallest back to the first r columns (the rest: unread)
+        words = [lanes.permute(w, tuple(place[c] if c < r else -1 for c in range(length)), 0)
+                 for w in words]
     return words
 
 
