@@ -237,8 +237,6 @@ def _sort_relabelled(words: list[jnp.ndarray]) -> list[jnp.ndarray]:
     permuted back into position order (a register permutation within each
     quad)."""
     n = words[0].shape[1]
-    if n < lanes.TILE_COLS:
-        return bitonic_sort(words, 1, _stages(n))
     place = relabelling(n)
     stages = [(_relabel_bits(mask, place), _relabel_bits(half, place))
               for mask, half in _stages(n)]
@@ -290,7 +288,7 @@ def _smallest_minor(words: list[jnp.ndarray], r: int) -> list[jnp.ndarray]:
     exchange across them; the result's first ``r`` positions are permuted
     back to the first ``r`` columns."""
     length = words[0].shape[1]
-    relabelled = _registers(tuple(words[0].shape)) and length >= lanes.TILE_COLS
+    relabelled = _registers(tuple(words[0].shape))  # rows of whole registers: n >= 8
     place = relabelling(length) if relabelled else tuple(range(length))
 
     def column(bits: int) -> int:

@@ -202,10 +202,19 @@ def minimum_number(a, b):
     return np.where(np.isnan(a), b, np.where(np.isnan(b), a, minimumf(a, b)))
 
 
+def extremum(larger: bool, nan_propagates: bool):
+    """PTX's float ``max``/``min`` (``.NaN``: NaN-propagating), and the
+    reductions built on them: ``+0.0 > -0.0`` either way (the PTX ISA's
+    pseudo-code for ``max``)."""
+    if nan_propagates:
+        return maximumf if larger else minimumf
+    return maximum_number if larger else minimum_number
+
+
 def reduce_columns(fn, x: np.ndarray) -> np.ndarray:
-    """``fn`` folded over the columns of the 2-D ``x``, left to right (a
-    binary ``fn`` of the four above, whose numpy reductions do not order
-    -0.0 and +0.0)."""
+    """``fn`` folded over the columns of the 2-D ``x``, left to right (for
+    an :func:`extremum`, whose numpy reductions do not order -0.0 and
+    +0.0)."""
     r = x[:, 0]
     for k in range(1, x.shape[1]):
         r = fn(r, x[:, k])

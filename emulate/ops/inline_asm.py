@@ -273,13 +273,18 @@ def _f32_binary(fn, ftz: bool) -> Callable:
     return lambda a, b: _ftz(fn(_ftz(np.asarray(a, np.float32)), _ftz(np.asarray(b, np.float32))))
 
 
-#: PTX ``max``/``min`` on floats (PTX ISA, "Floating Point Instructions: max"):
-#: ``+0.0 > -0.0``; with ``.NaN`` a NaN operand gives NaN, without it the other
-#: operand. A NaN result keeps an operand's payload, as numpy gives it (the GPU's
-#: canonical NaN, like every NaN payload, is not modelled).
-EXTREMA = {"max.NaN": arith.maximumf, "min.NaN": arith.minimumf,
-           "max": arith.maximum_number, "min": arith.minimum_number}
-BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
+#: PTX's two-operand float instructions: opcode -> (the modifiers modelled,
+#: the function of the modifiers present). ``max``/``min``: ``+0.0 > -0.0``;
+#: with ``.NaN`` a NaN operand gives NaN, without it the other operand (a NaN
+#: result keeps an operand's payload: the GPU's canonical NaN, like every NaN
+#: payload, is not modelled). ``add``/``sub``/``mul``: rounded to nearest.
+FLOAT_BINARY: dict[str, tuple[frozenset[str], Callable[[set[str]], Callable]]] = {
+    "max": (frozenset({"NaN", "ftz"}), lambda mods: arith.extremum(True, "NaN" in mods)),
+    "min": (frozenset({"NaN", "ftz"}), lambda mods: arith.extremum(False, "NaN" in mods)),
+    "add": (frozenset({"rn", "ftz"}), lambda mods: np.add),
+    "sub": (frozenset({"rn", "ftz"}), lambda mods: np.subtract),
+    "mul": (frozenset({"rn", "ftz"}), lambda mods: np.multiply),
+}
 
 
 def _prmt(a, b, c):
@@ -327,8 +332,12 @@ def _value_fn(opcode: str, n_in: int) -> Callable | None:
     if opcode in ("max.s16", "max.u16", "max.s16x2", "max.u16x2", "min.s16", "min.u16",
                   "min.s16x2", "min.u16x2") and n_in == 2:
         return _int16(np.maximum if base == "max" else np.minimum, ty[0] == "s")
-    if parts[0] in ("max", "min") and n_in == 2 and set(parts[1:-1]) <= {"NaN", "ftz"}:
-        fn = EXTREMA[parts[0] + (".NaN" if "NaN" in parts else "")]
+    if parts[0] in FLOAT_BINARY and n_in == 2:
+        modelled, function_of = FLOAT_BINARY[parts[0]]
+        mods = set(parts[1:-1])
+        if not mods <= modelled:
+            return None  # .xorsign.abs, rounding modes other than .rn: not modelled
+        fn = function_of(mods)
         if ty == "f32":
             def f32(a, b):
                 return np.asarray(fn(np.asarray(a, np.float32), np.asarray(b, np.float32)),
@@ -336,16 +345,7 @@ def _value_fn(opcode: str, n_in: int) -> Callable | None:
             return _f32_binary(f32, ftz)
         if ty in ("f16", "f16x2", "bf16", "bf16x2") and not ftz:
             return _packed(fn, ty.removesuffix("x2"), 2)
-        return None  # .xorsign.abs, three operands, .ftz of 16-bit types: not modelled
-    if parts[0] in BINARY and n_in == 2 and set(parts[1:-1]) <= {"rn", "ftz"}:
-        fn = BINARY[parts[0]]
-        if ty == "f32":
-            def f32(a, b):
-                return fn(np.asarray(a, np.float32), np.asarray(b, np.float32)).astype(np.float32)
-            return _f32_binary(f32, ftz)
-        if ty in ("f16", "f16x2", "bf16", "bf16x2") and not ftz:
-            return _packed(fn, ty.removesuffix("x2"), 2)
-        return None
+        return None  # .ftz of 16-bit types: not modelled
     if opcode == "prmt.b32" and n_in == 3:
         return _prmt
     return None

@@ -659,13 +659,7 @@ def _flag(o: Op, name: str) -> bool:
 def _redux_f32(o: Op, kind: str) -> Step:
     nan = _flag(o, "nan")
     absolute = _flag(o, "abs")  # .abs: of each input's absolute value
-    # +0.0 > -0.0, as PTX max/min (numpy's reductions do not order the zeros)
-    extremum = {("fmax", True): arith.maximumf, ("fmin", True): arith.minimumf,
-                ("fmax", False): arith.maximum_number,
-                ("fmin", False): arith.minimum_number}[kind, nan]
-
-    def fn(v: np.ndarray, axis: int) -> np.ndarray:
-        return arith.reduce_columns(extremum, v)
+    extremum = arith.extremum(kind == "fmax", nan)
     val, mask = o.ins
     (out,) = o.outs
     loc = o.loc
@@ -674,7 +668,7 @@ def _redux_f32(o: Op, kind: str) -> Step:
         v = _by_warp(fr, val, np.float32, "redux.sync", loc)
         if absolute:
             v = np.abs(v)
-        fr.regs[out] = np.repeat(fn(v, axis=1).astype(np.float32), 32)
+        fr.regs[out] = np.repeat(arith.reduce_columns(extremum, v).astype(np.float32), 32)
     return step
 
 

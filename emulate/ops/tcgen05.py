@@ -311,10 +311,8 @@ def _reduce(vals: np.ndarray, how: str, absolute: bool, nan: bool, ty: str) -> n
     if ty == "f32":
         x = vals.view(np.float32)
         x = np.abs(x) if absolute else x
-        fn = {("max", True): arith.maximumf, ("min", True): arith.minimumf,
-              ("max", False): arith.maximum_number, ("min", False): arith.minimum_number}
-        # +0.0 > -0.0, as PTX max/min (numpy's reductions do not order the zeros)
-        return arith.reduce_columns(fn[how, nan], x).astype(np.float32).view(np.int32)
+        extremum = arith.extremum(how == "max", nan)
+        return arith.reduce_columns(extremum, x).astype(np.float32).view(np.int32)
     x = vals.view(np.int32) if ty == "s32" else vals
     r = x.max(axis=1) if how == "max" else x.min(axis=1)
     return r.astype(x.dtype).view(np.int32)
