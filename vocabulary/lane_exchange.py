@@ -8,11 +8,16 @@ How: the partner's words come from :mod:`smalti.vocabulary.lanes`'
 routing (free for ``m`` in ``1`` and multiples of 8, one ``shfl.sync`` per
 word where ``m`` has bit 2 or 4 set); then, per slot, the lexicographic
 compare (a ``cmpi`` per word and a select per word beyond the last), the
-choice and a select per word. Which of the two an element keeps is known
-statically for each register slot (bit ``h`` of ``c = 8 j + 2 q + b``),
-except for ``h`` in 2 and 4, where it is the lane's bit: one ``xori`` with
-a lane predicate then. No memory is touched: race-free with any number of
-warpgroups; exact (words only move).
+choice and a select per word. Elements of several words whose partner is
+in the same thread's registers compare once per pair: the partner's slot
+reuses the compare with its selects' operands swapped (distinct elements:
+``mine < theirs`` is ``not theirs < mine``). A single word keeps its
+compare per slot, which MLIR folds with the select into a min or a max.
+Which of the two an element keeps is known statically for each register
+slot (bit ``h`` of ``c = 8 j + 2 q + b``), except for ``h`` in 2 and 4,
+where it is the lane's bit: one ``xori`` with a lane predicate then. No
+memory is touched: race-free with any number of warpgroups; exact (words
+only move).
 
 ``live=`` (along the minor axis) names the columns whose result is read
 later; a register slot none of whose four columns (one per lane of the
@@ -173,6 +178,8 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
         mine_words = [[lanes.extract(r, b) for r in row[group] for b in range(2)]
                       for row in rows]
         caches: list[dict[tuple[Any, ...], ir.Value]] = [{} for _ in values]
+        # slot -> "mine < theirs" decided at its partner slot of this thread
+        decided: dict[int, ir.Value] = {}
         for j in range(rows[0].shape[-1]):
             kept: list[list[ir.Value]] = [[] for _ in values]
             for b in range(2):
@@ -187,15 +194,29 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                            for s in srcs]
                 mine = [w[slot] for w in mine_words]
                 theirs = [_routed(quad, w, sources, c) for w, c in zip(mine_words, caches)]
-                lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
-                for t, m in zip(theirs[-2::-1], mine[-2::-1]):
-                    lt = arith.select(arith.cmpi(pred.eq, t, m), lt,
-                                      arith.cmpi(pred.slt, t, m))
                 keep_min = [(lanes.TILE_COLS * j + 2 * q + b) & half == 0
                             for q in range(lanes.QUAD)]
-                if all(keep_min):  # swap where theirs < mine
+                static = all(keep_min) or not any(keep_min)
+                # Several words: a partner in this thread's registers reuses the
+                # compare made for the pair at the partner's slot (distinct
+                # elements: mine < theirs is not theirs < mine; equal ones are
+                # equal values, either way right). One word's compare and
+                # select fold into a min or a max, which a shared compare stops.
+                pair_shared = static and len(values) > 1 and all(
+                    lane == q for q, (lane, _) in enumerate(sources))
+                flipped = pair_shared and slot in decided
+                if flipped:
+                    lt = decided.pop(slot)
+                else:
+                    lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
+                    for t, m in zip(theirs[-2::-1], mine[-2::-1]):
+                        lt = arith.select(arith.cmpi(pred.eq, t, m), lt,
+                                          arith.cmpi(pred.slt, t, m))
+                    if pair_shared:
+                        decided[sources[0][1]] = lt
+                if all(keep_min) != flipped:  # swap where theirs < mine
                     pairs = [(t, m) for t, m in zip(theirs, mine)]
-                elif not any(keep_min):  # swap where not theirs < mine
+                elif static:  # swap where not theirs < mine
                     pairs = [(m, t) for t, m in zip(theirs, mine)]
                 else:  # by the lane: lt flipped where the lane keeps the larger
                     maxing = frozenset(q for q in range(lanes.QUAD) if not keep_min[q])

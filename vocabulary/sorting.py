@@ -26,10 +26,14 @@ Words (what makes the order exactly lax's):
   16-bit key (f16, bf16, integers of at most 16 bits) and the index share
   one word (``key * 65536 + index``), so a stage is one ``take``;
 - a single operand sorted on its own needs no index word where equal keys
-  are equal values (integers), and a float32 one folds its index into the
-  keys of zeros and NaNs only (the one place where equal keys may be
-  different values, ``-0.0``/``0.0`` and NaN payloads): again one ``take``
-  per stage, and one more for those elements' values.
+  are equal values (integers, and float32 blocks without zeros and NaNs:
+  one block-wide minimum screens for them at run time, a scalar every
+  thread branches on alike), and a float32 block with zeros or NaNs folds
+  its index into the keys of those only (the one place where equal keys
+  may be different values, ``-0.0``/``0.0`` and NaN payloads): again one
+  ``take`` per stage, and one more for those elements' values. Pallas'
+  reduction to a scalar shares its scratch among a kernel's warpgroups
+  (which races), so kernels of several Pallas warpgroups skip the screen.
 
 Along the minor axis of a 2-D block in WGMMA's registers, a full sort runs
 its stages on relabelled positions (:func:`relabelling`): the network
@@ -37,7 +41,9 @@ sorts any placement of the positions as long as partners and sides are
 taken on the same labels, and with the lane bits as the positions' top
 two bits only 5 of 28 stages (for 128) exchange across lanes with a side
 chosen by the lane; one register permutation per word puts the result
-back in column order.
+back in column order. A full sort along the rows of a block whose dims
+are multiples of 64 sorts its transpose's minor axis that way, between two
+of :mod:`smalti.vocabulary.smem_transpose`'s vector round trips.
 
 top_k needs only the ``k`` smallest (of the descending keys): it sorts runs
 of ``r`` (the power of two from ``k``), then halves the block each round,
@@ -45,9 +51,13 @@ keeping of each pair of runs the ``r`` smallest (the elementwise minimum of
 one run and the other reversed is a bitonic sequence, which ``log2 r``
 half-cleaner stages sort), so later takes move ever less.
 
-Outputs: each operand is read once at the sorted indices with one ``take``;
-top_k's values are decoded from their (bijective) keys. Everything is exact:
-bit for bit lax.sort's and lax.top_k's answer.
+Outputs: an operand that is an iota along the axis (``jnp.argsort``'s) is
+the sorted index itself; the first operand is decoded from its sorted keys
+where they are one-to-one (integers; floats where the screen above finds
+no zero and no NaN); every other operand is read once at the sorted
+indices with one ``take``; top_k's values are decoded from their
+(bijective) keys. Everything is exact: bit for bit lax.sort's and
+lax.top_k's answer.
 
 Cost, in ``take`` steps for ``P`` along the axis (``S = log2 P (log2 P + 1)
 / 2``, 28 for ``P = 128``), times the words per element (1 or 2):
@@ -64,8 +74,9 @@ from functools import partial
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.lib.mlir import ir
 
-from smalti.vocabulary import block_gather, lane_exchange, lanes
+from smalti.vocabulary import block_gather, lane_exchange, lanes, smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -178,6 +189,8 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     shape = words[0].shape
     if stages is None and axis == 1 and _registers(tuple(shape)):
         return _sort_relabelled(words)
+    if stages is None and axis == 0 and _transposed_in_registers(tuple(shape)):
+        return [w.T for w in _sort_relabelled([w.T for w in words])]
     stages = _stages(shape[axis]) if stages is None else stages
     if len(shape) == 2:
         for mask, half in stages:
@@ -202,6 +215,18 @@ def _registers(shape: tuple[int, ...]) -> bool:
     """Whether the stages of a ``shape`` block run in WGMMA's registers (where
     relabelled positions pay off)."""
     return lanes.registers_allowed() and lanes.in_registers(shape)
+
+
+def _transposed_in_registers(shape: tuple[int, ...]) -> bool:
+    """Whether a sort along the rows of a ``shape`` block is cheaper as a
+    sort along the minor axis of its transpose: where both transposes take
+    :mod:`smalti.vocabulary.smem_transpose`'s vector round trip (about 3
+    instructions per element each) and the transposed block is in WGMMA's
+    registers. Along the rows, 4 of a row of 64's 6 position bits are lane
+    and warp bits (every stage on them a shuffle or an SMEM exchange);
+    along the transpose's minor axis 4 are a thread's own registers."""
+    return (len(shape) == 2 and all(d % 64 == 0 for d in shape)
+            and _registers(shape[::-1]))
 
 
 def relabelling(n: int) -> tuple[int, ...]:
@@ -383,9 +408,20 @@ def _index_of(words: list[jnp.ndarray], packed: bool) -> jnp.ndarray:
 # --- sort -------------------------------------------------------------------------------------
 
 
-def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int) -> list[jnp.ndarray]:
+def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool = True,
+           iotas: frozenset[int] = frozenset()) -> list[jnp.ndarray]:
     """lax.sort(operands, dimension, is_stable=True, num_keys): stable,
-    lexicographic on the first ``num_keys`` operands."""
+    lexicographic on the first ``num_keys`` operands.
+
+    ``screen``: a float block may be tested at run time for zeros and NaNs
+    (a block-wide minimum: a scalar, the same in every thread), the only
+    values its keys do not give back; without them, a lone float32 operand
+    sorts its bare keys (no index) and the first operand of several is
+    decoded from its sorted keys instead of read at the sorted indices.
+    Pallas' reduction to a scalar shares one scratch among a kernel's
+    warpgroups (which races), so only kernels of one Pallas warpgroup
+    screen. ``iotas``: the operands that are iotas along ``dimension``
+    (``jnp.argsort``'s): their result is the sorted index itself."""
     shape = tuple(operands[0].shape)
     n = shape[dimension]
     if n == 1:
@@ -395,20 +431,65 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int) -> list[jnp.nd
     dtype = np.dtype(x.dtype)
     if len(operands) == 1 and dtype.kind in "iu":
         # equal keys are equal values: no index needed
-        [word] = bitonic_sort(_pad([total_order_key(x)], dimension, p), dimension)
-        return [from_total_order_key(_read(word, dimension, shape), dtype)]
+        return [_sort_bijective(x, dimension, p)]
     if len(operands) == 1 and dtype == np.dtype(np.float32):
-        return [_sort_f32(x, dimension, p)]
+        if not screen:
+            return [_sort_f32(x, dimension, p)]
+        return [lax.cond(_has_zero_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
+                         partial(_sort_bijective, axis=dimension, p=p), x)]
     keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
     padded = keys[0].shape
     words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension)
     words = bitonic_sort(words, dimension)
     index = _index_of([_read(words[-1], dimension, shape)], packed)
-    return [_gather_along(o, index, dimension) for o in operands]
+
+    def first_decoded() -> jnp.ndarray:
+        """The first operand from its sorted keys (the last key word holds
+        the index too where it is packed)."""
+        key = _read(words[0], dimension, shape)
+        return from_total_order_key(key >> 16 if packed and num_keys == 1 else key, dtype)
+
+    out = []
+    for i, o in enumerate(operands):
+        if i in iotas:
+            out.append(index.astype(o.dtype))
+        elif i == 0 and dtype.kind in "iu":
+            out.append(first_decoded())
+        elif i == 0 and screen:
+            out.append(lax.cond(_has_zero_or_nan(x), lambda: _gather_along(x, index, dimension),
+                                first_decoded))
+        else:
+            out.append(_gather_along(o, index, dimension))
+    return out
+
+
+def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
+    """One operand whose equal total-order keys are equal values (integers,
+    floats without zeros and NaNs): its keys sorted alone, no index."""
+    [word] = bitonic_sort(_pad([total_order_key(x)], axis, p), axis)
+    return from_total_order_key(_read(word, axis, tuple(x.shape)), x.dtype)
+
+
+def _has_zero_or_nan(x: jnp.ndarray) -> jnp.ndarray:
+    """Whether the float block ``x`` holds a zero or a NaN, the only values
+    lax.sort does not order by their bits (a scalar, the same in every
+    thread). float32: two integer ops and a min per element (the magnitude
+    bits plus ``0x7fffff`` are below ``0x800000``, signed, exactly for a
+    zero, ``0x7fffff``, and a NaN, past ``0x7fffffff``: wrapped negative);
+    16-bit floats: the magnitude bits less one, as 16 unsigned bits, are at
+    least infinity's exactly for a zero (``0xffff``) and a NaN."""
+    if np.dtype(x.dtype).itemsize == 4:
+        bits = lax.bitcast_convert_type(x, jnp.int32)
+        shifted = (bits & INT32_MAX) + np.int32(0x7FFFFF)
+        return jnp.min(shifted) < 0x800000
+    bits = lax.bitcast_convert_type(x, jnp.int16).astype(jnp.int32)
+    below = ((bits & 0x7FFF) - 1) & 0xFFFF
+    inf = int(np.array(np.inf, x.dtype).view(np.uint16))
+    return jnp.max(below) >= inf
 
 
 def _sort_f32(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
-    """One float32 operand: its index folded into the keys of zeros
+    """One float32 operand with zeros or NaNs: its index folded into the keys of zeros
     (0 .. 255) and NaNs (NAN_BASE + index), the only elements whose equal
     keys may be different values; positive keys moved up to make room."""
     pos = positions(x.shape, axis)
@@ -484,9 +565,24 @@ def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable
     del is_stable
     _check_dtypes(ctx, "sort")
     check_block(ctx, tuple(ctx.avals_in[0].shape), dimension, "sort")
-    fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys))
+    module_ctx = ctx.module_ctx
+    one_warpgroup = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info) == 1
+    iotas = frozenset(i for i, (o, aval) in enumerate(zip(operands, ctx.avals_in))
+                      if _is_iota(o, int(dimension)) and np.dtype(aval.dtype).kind in "iu")
+    fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys), screen=one_warpgroup,
+                 iotas=iotas)
     with lanes.for_operands(*operands):
         return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
+
+
+def _is_iota(value: Operand, dimension: int) -> bool:
+    """Whether an operand is Pallas' ``broadcasted_iota`` along ``dimension``
+    (what ``jnp.argsort`` sorts beside its keys)."""
+    if not isinstance(value, ir.OpResult):
+        return False
+    op = value.owner.operation  # an OpView, or the Operation itself
+    return op.name == "mosaic_gpu.broadcasted_iota" and \
+        ir.IntegerAttr(op.attributes["dimension"]).value == dimension
 
 
 def lower_top_k(ctx: PallasContext, x: Operand, *, k: int, axis: int = -1,

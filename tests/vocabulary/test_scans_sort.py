@@ -37,6 +37,7 @@ import smalti.emulate
 import smalti.jax
 import smalti.vocabulary
 from smalti.diagnostics import SmaltiError
+from smalti.vocabulary import sorting
 
 WG = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
 F32, F16, BF16, I32 = (np.dtype(d) for d in (np.float32, np.float16, ml_dtypes.bfloat16,
@@ -243,6 +244,19 @@ def test_sort_f32_large(pipeline):
     x = ties(np.random.default_rng(6), (64, 128), F32)
     fns = [lambda x: jnp.sort(x, 1)]
     assert_bits(emulate(pipeline, fns, x)[0], jnp_answers(fns, x)[0])
+
+
+def test_has_zero_or_nan_on_edge_values():
+    """The block-wide screen of the f32 sort: true exactly where a zero or a
+    NaN (either sign, any payload) is in the block."""
+    edges = np.array([0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,
+                      0x7F800000, 0xFF800000, 0x3F800000, 0xBF800000], np.uint32).view(F32)
+    assert not bool(jax.jit(sorting._has_zero_or_nan)(edges))
+    for special in (0x00000000, 0x80000000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0xFF800001,
+                    0xFFC00000, 0xFFFFFFFF):
+        block = edges.copy()
+        block[4] = np.uint32(special).view(F32)
+        assert bool(jax.jit(sorting._has_zero_or_nan)(block)), hex(special)
 
 
 SORTS = [
