@@ -1,8 +1,8 @@
 """A bitonic network's stage along a block's minor axis (or its rows) in registers:
 ``compare_exchange(words, mask=m, half=h)`` gives each element (a list of
-int32 *words*, compared lexicographically) the smaller or the larger of it
-and its partner ``c ^ m``: the smaller where bit ``h`` of its column ``c``
-is clear.
+int32 *words*, compared lexicographically, or a single float32 word without
+NaNs) the smaller or the larger of it and its partner ``c ^ m``: the
+smaller where bit ``h`` of its column ``c`` is clear.
 
 How: the partner's words come from :mod:`smalti.vocabulary.lanes`'
 routing (free for ``m`` in ``1`` and multiples of 8, one ``shfl.sync`` per
@@ -12,7 +12,9 @@ choice and a select per word. Elements of several words whose partner is
 in the same thread's registers compare once per pair: the partner's slot
 reuses the compare with its selects' operands swapped (distinct elements:
 ``mine < theirs`` is ``not theirs < mine``). A single word keeps its
-compare per slot, which MLIR folds with the select into a min or a max.
+compare per slot, which MLIR folds with the select into a min or a max;
+a float word is a ``minimumf``/``maximumf`` (PTX ``min``/``max``) where
+the side is static, an ordered ``cmpf`` otherwise.
 Which of the two an element keeps is known statically for each register
 slot (bit ``h`` of ``c = 8 j + 2 q + b``), except for ``h`` in 2 and 4,
 where it is the lane's bit: one ``xori`` with a lane predicate then. No
@@ -78,10 +80,11 @@ def less(a: list[jax.Array], b: list[jax.Array]) -> jax.Array:
 
 def compare_exchange(words: list[jax.Array], *, mask: int, half: int, axis: int = 1,
                      live: tuple[bool, ...] | None = None) -> list[jax.Array]:
-    """One stage of a bitonic network along ``axis`` of 2-D int32 ``words``
-    (a power of two long): see the module docstring. Elements must differ
-    in some word, or be equal values. ``live`` (``axis=1`` only): which
-    columns' results are used; the others' words are unspecified."""
+    """One stage of a bitonic network along ``axis`` of 2-D int32 ``words``,
+    or of one float32 word without NaNs (a power of two long): see the
+    module docstring. Elements must differ in some word, or be equal values.
+    ``live`` (``axis=1`` only): which columns' results are used; the others'
+    words are unspecified."""
     if live is not None:
         if axis != 1 or len(live) != words[0].shape[1]:
             raise ValueError(f"compare_exchange: live= names each column of axis 1, got "
@@ -164,16 +167,32 @@ def _routed(quad: lanes.Quad, words: list[ir.Value], sources: list[tuple[int, in
     return value
 
 
+def _element_type(values: tuple[fa.FragmentedArray, ...]) -> ir.Type:
+    return ir.VectorType(values[0].registers.flat[0].type).element_type
+
+
+def _less(theirs: list[ir.Value], mine: list[ir.Value]) -> ir.Value:
+    """Lexicographic ``theirs < mine``: a ``cmpi`` per word (a select per
+    word beyond the last), or one ordered ``cmpf`` of a float word."""
+    if isinstance(theirs[-1].type, ir.FloatType):
+        return arith.cmpf(arith.CmpFPredicate.OLT, theirs[-1], mine[-1])
+    pred = arith.CmpIPredicate
+    lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
+    for t, m in zip(theirs[-2::-1], mine[-2::-1]):
+        lt = arith.select(arith.cmpi(pred.eq, t, m), lt, arith.cmpi(pred.slt, t, m))
+    return lt
+
+
 def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
                         live: tuple[bool, ...] | None = None
                         ) -> tuple[fa.FragmentedArray, ...]:
-    i32 = ir.IntegerType.get_signless(32)
+    element = _element_type(values)
+    float_word = isinstance(element, ir.FloatType)
     quad = lanes.Quad()
     cols = values[0].shape[1]
     partners = lanes.xor_partners(cols, mask)
     rows = [np.moveaxis(v.registers, 1, -1) for v in values]  # row groups x registers
     outs = [np.empty_like(r) for r in rows]
-    pred = arith.CmpIPredicate
     for group in np.ndindex(rows[0].shape[:-1]):
         mine_words = [[lanes.extract(r, b) for r in row[group] for b in range(2)]
                       for row in rows]
@@ -197,6 +216,10 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 keep_min = [(lanes.TILE_COLS * j + 2 * q + b) & half == 0
                             for q in range(lanes.QUAD)]
                 static = all(keep_min) or not any(keep_min)
+                if float_word and static:  # one instruction: min.f32 or max.f32
+                    extremum = arith.minimumf if all(keep_min) else arith.maximumf
+                    kept[0].append(extremum(theirs[0], mine[0]))
+                    continue
                 # Several words: a partner in this thread's registers reuses the
                 # compare made for the pair at the partner's slot (distinct
                 # elements: mine < theirs is not theirs < mine; equal ones are
@@ -208,10 +231,7 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 if flipped:
                     lt = decided.pop(slot)
                 else:
-                    lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
-                    for t, m in zip(theirs[-2::-1], mine[-2::-1]):
-                        lt = arith.select(arith.cmpi(pred.eq, t, m), lt,
-                                          arith.cmpi(pred.slt, t, m))
+                    lt = _less(theirs, mine)
                     if pair_shared:
                         decided[sources[0][1]] = lt
                 if all(keep_min) != flipped:  # swap where theirs < mine
@@ -225,7 +245,7 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 for i, (if_lt, otherwise) in enumerate(pairs):
                     kept[i].append(arith.select(lt, if_lt, otherwise))
             for i in range(len(values)):
-                outs[i][group + (j,)] = vector.from_elements(ir.VectorType.get((2,), i32),
+                outs[i][group + (j,)] = vector.from_elements(ir.VectorType.get((2,), element),
                                                              kept[i])
     return tuple(fa.FragmentedArray(_registers=np.moveaxis(o, -1, 1), _layout=v.layout,
                                     _is_signed=v.is_signed) for o, v in zip(outs, values))
@@ -249,6 +269,7 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
                                            mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE - 1, i32)))
         by_thread = arith.cmpi(pred.ne, arith.andi(own, mgpu_utils.c(half, i32)),
                                mgpu_utils.c(0, i32))
+    element = _element_type(values)
     outs = [np.empty_like(v.registers) for v in values]
     for idx in np.ndindex(values[0].registers.shape):
         register_row = 64 * idx[0] + 8 * idx[4]
@@ -258,9 +279,7 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
         for b in range(2):
             mine = [lanes.extract(p, b) for p in pairs_in]
             theirs = [lanes.extract(p, b) for p in pairs_out]
-            lt = arith.cmpi(pred.slt, theirs[-1], mine[-1])
-            for t, m in zip(theirs[-2::-1], mine[-2::-1]):
-                lt = arith.select(arith.cmpi(pred.eq, t, m), lt, arith.cmpi(pred.slt, t, m))
+            lt = _less(theirs, mine)
             if by_thread is not None:  # lt flipped where the thread keeps the larger
                 lt = arith.xori(lt, by_thread)
             if by_thread is not None or not register_row & half:  # swap where theirs < mine
@@ -270,6 +289,6 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
             for i, (if_lt, otherwise) in enumerate(pairs):
                 kept[i].append(arith.select(lt, if_lt, otherwise))
         for i in range(len(values)):
-            outs[i][idx] = vector.from_elements(ir.VectorType.get((2,), i32), kept[i])
+            outs[i][idx] = vector.from_elements(ir.VectorType.get((2,), element), kept[i])
     return tuple(fa.FragmentedArray(_registers=o, _layout=v.layout, _is_signed=v.is_signed)
                  for o, v in zip(outs, values))

@@ -5,9 +5,10 @@
 How: a bitonic sorting network along the sorted axis, written as a jax
 function over :func:`smalti.vocabulary.movement.take` and lowered by Pallas'
 ``_lower_fun``. Each element carries a list of int32 *words* compared
-lexicographically; a stage (``log2(P) (log2(P) + 1) / 2`` of them for a
-power-of-two length ``P``) fetches every word of the partner ``i ^ j`` with
-one ``take`` each and keeps the smaller or the larger pair of words. Other
+lexicographically (or is one float32 word, below); a stage (``log2(P)
+(log2(P) + 1) / 2`` of them for a power-of-two length ``P``) fetches every
+word of the partner ``i ^ j`` with one ``take`` each and keeps the smaller
+or the larger pair of words. Other
 lengths are padded to the next power of two with words greater than any
 element's (and cut off again by the ``take`` that reads the result).
 
@@ -31,8 +32,10 @@ Words (what makes the order exactly lax's):
   thread branches on alike), and a float32 block with zeros or NaNs folds
   its index into the keys of those only (the one place where equal keys
   may be different values, ``-0.0``/``0.0`` and NaN payloads): again one
-  ``take`` per stage, and one more for those elements' values. Pallas'
-  reduction to a scalar shares its scratch among a kernel's warpgroups
+  ``take`` per stage, and one more for those elements' values. A float32
+  block that passes the screen (which takes out subnormals too) is its own
+  word: float min and max of normal numbers and infinities are exact.
+  Pallas' reduction to a scalar shares its scratch among a kernel's warpgroups
   (which races), so kernels of several Pallas warpgroups skip the screen.
 
 Along the minor axis of a 2-D block in WGMMA's registers, a full sort runs
@@ -344,7 +347,8 @@ def _padded_length(n: int) -> int:
 
 def _pad(words: list[jnp.ndarray], axis: int, p: int) -> list[jnp.ndarray]:
     """The words on a length-``p`` axis, past the end INT32_MAX (greater
-    than any element's words but an index)."""
+    than any element's words but an index), or +inf for a float word (no
+    less than any element: equal ones are equal values)."""
     shape = words[0].shape
     n = shape[axis]
     if p == n:
@@ -355,7 +359,9 @@ def _pad(words: list[jnp.ndarray], axis: int, p: int) -> list[jnp.ndarray]:
     source = jnp.minimum(pos, n - 1)
     if other is not None:
         source = source * shape[1] + other if axis == 0 else other * shape[1] + source
-    return [jnp.where(pos < n, take(w, source), INT32_MAX) for w in words]
+    return [jnp.where(pos < n, take(w, source),
+                      np.inf if jnp.issubdtype(w.dtype, jnp.floating) else INT32_MAX)
+            for w in words]
 
 
 def _read(word: jnp.ndarray, axis: int, out_shape: tuple[int, ...]) -> jnp.ndarray:
@@ -465,27 +471,29 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
 
 def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
     """One operand whose equal total-order keys are equal values (integers,
-    floats without zeros and NaNs): its keys sorted alone, no index."""
+    floats without zeros and NaNs): its keys sorted alone, no index. A
+    float32 block is its own key there: its stages compare floats (a
+    ``min.f32``/``max.f32`` each, exact without NaNs and zeros), which
+    saves encoding and decoding the integer keys."""
+    if np.dtype(x.dtype) == np.dtype(np.float32):
+        [word] = bitonic_sort(_pad([x], axis, p), axis)
+        return _read(word, axis, tuple(x.shape))
     [word] = bitonic_sort(_pad([total_order_key(x)], axis, p), axis)
     return from_total_order_key(_read(word, axis, tuple(x.shape)), x.dtype)
 
 
 def _has_zero_or_nan(x: jnp.ndarray) -> jnp.ndarray:
-    """Whether the float block ``x`` holds a zero or a NaN, the only values
-    lax.sort does not order by their bits (a scalar, the same in every
-    thread). float32: two integer ops and a min per element (the magnitude
-    bits plus ``0x7fffff`` are below ``0x800000``, signed, exactly for a
-    zero, ``0x7fffff``, and a NaN, past ``0x7fffffff``: wrapped negative);
-    16-bit floats: the magnitude bits less one, as 16 unsigned bits, are at
-    least infinity's exactly for a zero (``0xffff``) and a NaN."""
-    if np.dtype(x.dtype).itemsize == 4:
-        bits = lax.bitcast_convert_type(x, jnp.int32)
-        shifted = (bits & INT32_MAX) + np.int32(0x7FFFFF)
-        return jnp.min(shifted) < 0x800000
-    bits = lax.bitcast_convert_type(x, jnp.int16).astype(jnp.int32)
-    below = ((bits & 0x7FFF) - 1) & 0xFFFF
-    inf = int(np.array(np.inf, x.dtype).view(np.uint16))
-    return jnp.max(below) >= inf
+    """Whether the float block ``x`` holds a zero, a subnormal or a NaN (a
+    scalar, the same in every thread): its least magnitude is not at least
+    the smallest normal number (Pallas' ``reduce_min`` of floats propagates
+    NaN). An ``abs`` and a ``min`` per element. Zeros and NaNs are the only
+    values lax.sort does not order by their bits; subnormals are screened
+    out too, so that the float compares of the path without them see only
+    normal numbers and infinities, which no flush-to-zero mode changes (a
+    flushed subnormal here is only taken as one more reason for the exact
+    path)."""
+    tiny = np.array(jnp.finfo(x.dtype).smallest_normal, x.dtype)
+    return ~(jnp.min(jnp.abs(x)) >= tiny)
 
 
 def _sort_f32(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:

@@ -246,17 +246,32 @@ def test_sort_f32_large(pipeline):
     assert_bits(emulate(pipeline, fns, x)[0], jnp_answers(fns, x)[0])
 
 
-def test_has_zero_or_nan_on_edge_values():
-    """The block-wide screen of the f32 sort: true exactly where a zero or a
-    NaN (either sign, any payload) is in the block."""
-    edges = np.array([0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,
-                      0x7F800000, 0xFF800000, 0x3F800000, 0xBF800000], np.uint32).view(F32)
+EDGES = {  # dtype: (ordinary bit patterns, zeros, subnormals and NaNs)
+    F32: ([0x00800000, 0x80800000, 0x00800001, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
+           0x3F800000, 0xBF800000],
+          [0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x7F800001, 0x7FC00000,
+           0x7FFFFFFF, 0xFF800001, 0xFFC00000, 0xFFFFFFFF]),
+    BF16: ([0x0080, 0x8080, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x3F80],
+           [0x0000, 0x8000, 0x0001, 0x807F, 0x7F81, 0x7FC0, 0x7FFF, 0xFF81, 0xFFFF]),
+    F16: ([0x0400, 0x8400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x3C00],
+          [0x0000, 0x8000, 0x0001, 0x83FF, 0x7C01, 0x7E00, 0x7FFF, 0xFC01, 0xFFFF]),
+}
+
+
+@pytest.mark.parametrize("dtype", list(EDGES), ids=lambda d: d.name)
+def test_has_zero_or_nan_on_edge_values(dtype):
+    """The block-wide screen of the float sorts: true exactly where a zero, a
+    subnormal or a NaN (either sign, any payload) is in the block; the
+    smallest normal numbers, the largest finite ones and infinities are
+    ordinary."""
+    ordinary, special = EDGES[dtype]
+    unsigned = np.uint32 if dtype.itemsize == 4 else np.uint16
+    edges = np.array(ordinary, unsigned).view(dtype)
     assert not bool(jax.jit(sorting._has_zero_or_nan)(edges))
-    for special in (0x00000000, 0x80000000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0xFF800001,
-                    0xFFC00000, 0xFFFFFFFF):
+    for bits_ in special:
         block = edges.copy()
-        block[4] = np.uint32(special).view(F32)
-        assert bool(jax.jit(sorting._has_zero_or_nan)(block)), hex(special)
+        block[4] = np.array(bits_, unsigned).view(dtype)
+        assert bool(jax.jit(sorting._has_zero_or_nan)(block)), hex(bits_)
 
 
 SORTS = [
