@@ -82,27 +82,38 @@ def fits(aval: Aval, x: ir.Value | None = None) -> bool:
             and all(n % WGMMA_ROWS == 0 for n in aval.shape))
 
 
-def from_global_memory(value: ir.Value, budget: int = 64) -> bool:
+def from_global_memory(value: ir.Value, budget: int = 1024) -> bool:
     """Whether ``value`` is computed (through ops on whole vectors) from a
     ``mosaic_gpu.vector_load`` of global memory: Pallas loads those
     optimized, which only a strided register layout can be, and no relayout
     turns a strided layout into a tiled one, so the value cannot reach a
-    tiled SMEM store. Conservative: true once ``budget`` ops are walked."""
-    seen: set[int] = set()
+    tiled SMEM store. The walk stops at SMEM loads and at casts to a tiled
+    layout (the register paths' inputs: a strided value there would fail
+    anyway). Conservative: true once ``budget`` ops are walked. Ops are
+    told apart by the op itself, not by ``id()`` of their Python objects:
+    a freed object's id is handed on to the next one made, which would then
+    pass for seen (a load missed, a register path taken, the load failing
+    to lower), and one op may be reached through several objects."""
+    seen: set[ir.Operation] = set()  # ops hash and compare as the op they are
     stack = [value]
     while stack:
         owner = stack.pop().owner
         if not isinstance(owner, (ir.Operation, ir.OpView)):
             continue  # a block argument
         op = owner.operation if isinstance(owner, ir.OpView) else owner
-        if id(op) in seen:
+        if op in seen:
             continue
-        seen.add(id(op))
+        seen.add(op)
         if len(seen) > budget:
             return True
         if op.name == "mosaic_gpu.vector_load":
             if ir.MemRefType(op.operands[0].type).memory_space is None:
                 return True
+            continue
+        if op.name == "mosaic_gpu.layout_cast" and \
+                "Strided" not in str(op.attributes["new_layout"]):
+            # cast to a tiled layout (the register paths' inputs): what it
+            # casts cannot be strided either, or the kernel fails there
             continue
         stack.extend(v for v in op.operands if isinstance(v.type, ir.VectorType))
     return False

@@ -426,12 +426,17 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     decoded from its sorted keys instead of read at the sorted indices.
     Pallas' reduction to a scalar shares one scratch among a kernel's
     warpgroups (which races), so only kernels of one Pallas warpgroup
-    screen. ``iotas``: the operands that are iotas along ``dimension``
+    screen, and a reduction cannot take the strided layout of a block
+    loaded plainly from global memory, so such blocks are not screened.
+    ``iotas``: the operands that are iotas along ``dimension``
     (``jnp.argsort``'s): their result is the sorted index itself."""
     shape = tuple(operands[0].shape)
     n = shape[dimension]
     if n == 1:
         return list(operands)
+    # a block loaded plainly from global memory has a strided layout, which a
+    # reduction (the screen's) cannot take: such blocks are not screened
+    screen = screen and lanes.registers_allowed()
     p = _padded_length(n)
     x = operands[0]
     dtype = np.dtype(x.dtype)

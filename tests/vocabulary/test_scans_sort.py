@@ -347,6 +347,30 @@ def _refusal(pipeline, fn, x, *, located=True):
     return error
 
 
+def test_sort_results_move_on_in_plain_load_kernels(pipeline):
+    """Sorts whose block came from a plain load of global memory, moved
+    again (flip, roll) or scanned: the later rule must see, through the
+    sort's long chain of ops, that its operand comes from that load (a
+    strided layout) and take ``take``'s path. The walk that decides it
+    compared ops by ``id()`` of temporary Python objects, which a freed
+    object hands on to another op: it lost the load, took the register path
+    and the load failed to lower (SM203). An f32 sort of such a block is not
+    screened: the screen's reduction cannot take a strided layout either."""
+    x = ties(np.random.default_rng(16), (64, 128), F32)
+    fns = [lambda v: jnp.flip(jnp.sort(v.astype(jnp.int32), 1), 1),
+           lambda v: jnp.roll(jnp.argsort(v, 1), 3, 1),
+           lambda v: jnp.flip(jnp.argsort(v, 1).astype(jnp.float32), 1),
+           lambda v: jnp.cumsum(jnp.sort(v, 1), 1),
+           lambda v: jnp.flip(jnp.sort(v, 1), 1)]  # f32: not screened (a strided block)
+    for fn in fns:
+        (got,) = emulate(pipeline, [fn], x)
+        want = np.asarray(jax.jit(fn)(x))
+        if got.dtype.kind == "f":
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        else:
+            assert_bits(got, want)
+
+
 def test_refusals(pipeline):
     long_axis = np.zeros((2, 512), np.float32)
     assert "512" in _refusal(pipeline, lambda x: lax.sort(x, dimension=1), long_axis).message
