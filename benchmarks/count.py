@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
 import os
 import re
 import shutil
@@ -50,7 +49,7 @@ from types import CodeType
 from jax._src.lib.mlir import ir
 
 import smalti
-from benchmarks.run import SHAPE, SYNTHETIC, _unrolled_wgmma_text, read_ops
+from benchmarks.run import SHAPE, SYNTHETIC, _unrolled_wgmma_text, collector_kept_out, read_ops
 from smalti import kernels
 
 _TOOL = sys.monitoring.PROFILER_ID
@@ -181,10 +180,9 @@ def _build_and_infer(kernel: str, size: int, build: int, infer: int,
     make_module = module_maker(kernel, size, text)
     work(make_module())  # a process's first walk or inference costs much more
     modules = [make_module() for _ in range(build)]
-    gc.collect()
-    gc.disable()
-    for module in modules[:infer]:
-        work(module)
+    with collector_kept_out():  # restored after: tests call this in their process
+        for module in modules[:infer]:
+            work(module)
 
 
 def _build_and_lower(kernel: str, size: int, build: int, lower: int, lower_with: str) -> None:
@@ -210,10 +208,9 @@ def _build_and_lower(kernel: str, size: int, build: int, lower: int, lower_with:
 
     lower_one(inferred())
     built = [inferred() for _ in range(build)]
-    gc.collect()
-    gc.disable()
-    for kernel in built[:lower]:
-        lower_one(kernel)
+    with collector_kept_out():
+        for kernel in built[:lower]:
+            lower_one(kernel)
 
 
 def main() -> None:

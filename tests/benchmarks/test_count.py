@@ -1,5 +1,6 @@
 """benchmarks/count.py: a deterministic measure of smalti's own work."""
 
+import gc
 import sys
 
 import pytest
@@ -99,6 +100,8 @@ def test_the_read_walk_process_walks_and_does_not_infer(monkeypatch):
     # One walk to warm up, then the first two of the three copies built.
     assert len(walked) == 3 and len(set(map(id, walked))) == 3
     assert all("out_layouts" not in str(module) for module in walked)
+    # the collector is back on: the suite's later tests share this process
+    assert gc.isenabled()
 
 
 def test_the_unrolled_pipeline_is_traced_once_and_handed_to_the_counted_processes(tmp_path):
