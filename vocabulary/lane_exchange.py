@@ -227,16 +227,15 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 # select fold into a min or a max, which a shared compare stops.
                 pair_shared = static and len(values) > 1 and all(
                     lane == q for q, (lane, _) in enumerate(sources))
-                flipped = pair_shared and slot in decided
-                if flipped:
-                    lt = decided.pop(slot)
+                if pair_shared and slot in decided:  # "mine < theirs": not(theirs < mine)
+                    lt, take_theirs_if_lt = decided.pop(slot), not all(keep_min)
                 else:
-                    lt = _less(theirs, mine)
+                    lt, take_theirs_if_lt = _less(theirs, mine), all(keep_min)
                     if pair_shared:
                         decided[sources[0][1]] = lt
-                if all(keep_min) != flipped:  # swap where theirs < mine
+                if static and take_theirs_if_lt:
                     pairs = [(t, m) for t, m in zip(theirs, mine)]
-                elif static:  # swap where not theirs < mine
+                elif static:
                     pairs = [(m, t) for t, m in zip(theirs, mine)]
                 else:  # by the lane: lt flipped where the lane keeps the larger
                     maxing = frozenset(q for q in range(lanes.QUAD) if not keep_min[q])

@@ -110,8 +110,8 @@ def from_global_memory(value: ir.Value, budget: int = 1024) -> bool:
             if ir.MemRefType(op.operands[0].type).memory_space is None:
                 return True
             continue
-        if op.name == "mosaic_gpu.layout_cast" and \
-                "Strided" not in str(op.attributes["new_layout"]):
+        if op.name == "mosaic_gpu.layout_cast" and isinstance(
+                mgpu_layouts.from_layout_attr(op.attributes["new_layout"]), fa.TiledLayout):
             # cast to a tiled layout (the register paths' inputs): what it
             # casts cannot be strided either, or the kernel fails there
             continue

@@ -27,16 +27,17 @@ Words (what makes the order exactly lax's):
   16-bit key (f16, bf16, integers of at most 16 bits) and the index share
   one word (``key * 65536 + index``), so a stage is one ``take``;
 - a single operand sorted on its own needs no index word where equal keys
-  are equal values (integers, and float32 blocks without zeros and NaNs:
-  one block-wide minimum screens for them at run time, a scalar every
-  thread branches on alike), and a float32 block with zeros or NaNs folds
+  are equal values (integers, and float32 blocks without zeros, subnormals
+  and NaNs: one block-wide minimum screens for them at run time, a scalar
+  every thread branches on alike), and a float32 block with any folds
   its index into the keys of those only (the one place where equal keys
   may be different values, ``-0.0``/``0.0`` and NaN payloads): again one
   ``take`` per stage, and one more for those elements' values. A float32
-  block that passes the screen (which takes out subnormals too) is its own
-  word: float min and max of normal numbers and infinities are exact.
-  Pallas' reduction to a scalar shares its scratch among a kernel's warpgroups
-  (which races), so kernels of several Pallas warpgroups skip the screen.
+  block that passes the screen is its own word: float min and max of
+  normal numbers and infinities are exact. Pallas' reduction to a scalar
+  shares its scratch among a kernel's warpgroups (which races), so kernels
+  of several Pallas warpgroups skip the screen, as do blocks loaded
+  plainly from global memory (whose strided layout no reduction takes).
 
 Along the minor axis of a 2-D block in WGMMA's registers, a full sort runs
 its stages on relabelled positions (:func:`relabelling`): the network
@@ -419,11 +420,11 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     """lax.sort(operands, dimension, is_stable=True, num_keys): stable,
     lexicographic on the first ``num_keys`` operands.
 
-    ``screen``: a float block may be tested at run time for zeros and NaNs
-    (a block-wide minimum: a scalar, the same in every thread), the only
-    values its keys do not give back; without them, a lone float32 operand
-    sorts its bare keys (no index) and the first operand of several is
-    decoded from its sorted keys instead of read at the sorted indices.
+    ``screen``: a float block may be tested at run time for zeros,
+    subnormals and NaNs (:func:`_has_zero_subnormal_or_nan`); without them,
+    a lone float32 operand sorts its own values (no index) and the first
+    operand of several is decoded from its sorted keys instead of read at
+    the sorted indices.
     Pallas' reduction to a scalar shares one scratch among a kernel's
     warpgroups (which races), so only kernels of one Pallas warpgroup
     screen, and a reduction cannot take the strided layout of a block
@@ -434,9 +435,6 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     n = shape[dimension]
     if n == 1:
         return list(operands)
-    # a block loaded plainly from global memory has a strided layout, which a
-    # reduction (the screen's) cannot take: such blocks are not screened
-    screen = screen and lanes.registers_allowed()
     p = _padded_length(n)
     x = operands[0]
     dtype = np.dtype(x.dtype)
@@ -446,7 +444,7 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     if len(operands) == 1 and dtype == np.dtype(np.float32):
         if not screen:
             return [_sort_f32(x, dimension, p)]
-        return [lax.cond(_has_zero_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
+        return [lax.cond(_has_zero_subnormal_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
                          partial(_sort_bijective, axis=dimension, p=p), x)]
     keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
     padded = keys[0].shape
@@ -467,8 +465,8 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
         elif i == 0 and dtype.kind in "iu":
             out.append(first_decoded())
         elif i == 0 and screen:
-            out.append(lax.cond(_has_zero_or_nan(x), lambda: _gather_along(x, index, dimension),
-                                first_decoded))
+            out.append(lax.cond(_has_zero_subnormal_or_nan(x),
+                                lambda: _gather_along(x, index, dimension), first_decoded))
         else:
             out.append(_gather_along(o, index, dimension))
     return out
@@ -476,10 +474,10 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
 
 def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
     """One operand whose equal total-order keys are equal values (integers,
-    floats without zeros and NaNs): its keys sorted alone, no index. A
-    float32 block is its own key there: its stages compare floats (a
-    ``min.f32``/``max.f32`` each, exact without NaNs and zeros), which
-    saves encoding and decoding the integer keys."""
+    floats without zeros, subnormals and NaNs): its keys sorted alone, no
+    index. A float32 block is its own key there: its stages compare floats
+    (a ``min.f32``/``max.f32`` each, exact on normal numbers and
+    infinities), which saves encoding and decoding the integer keys."""
     if np.dtype(x.dtype) == np.dtype(np.float32):
         [word] = bitonic_sort(_pad([x], axis, p), axis)
         return _read(word, axis, tuple(x.shape))
@@ -487,7 +485,7 @@ def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
     return from_total_order_key(_read(word, axis, tuple(x.shape)), x.dtype)
 
 
-def _has_zero_or_nan(x: jnp.ndarray) -> jnp.ndarray:
+def _has_zero_subnormal_or_nan(x: jnp.ndarray) -> jnp.ndarray:
     """Whether the float block ``x`` holds a zero, a subnormal or a NaN (a
     scalar, the same in every thread): its least magnitude is not at least
     the smallest normal number (Pallas' ``reduce_min`` of floats propagates
@@ -502,7 +500,7 @@ def _has_zero_or_nan(x: jnp.ndarray) -> jnp.ndarray:
 
 
 def _sort_f32(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
-    """One float32 operand with zeros or NaNs: its index folded into the keys of zeros
+    """One float32 operand, the exact path: its index folded into the keys of zeros
     (0 .. 255) and NaNs (NAN_BASE + index), the only elements whose equal
     keys may be different values; positive keys moved up to make room."""
     pos = positions(x.shape, axis)
@@ -582,9 +580,12 @@ def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable
     one_warpgroup = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info) == 1
     iotas = frozenset(i for i, (o, aval) in enumerate(zip(operands, ctx.avals_in))
                       if _is_iota(o, int(dimension)) and np.dtype(aval.dtype).kind in "iu")
-    fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys), screen=one_warpgroup,
-                 iotas=iotas)
     with lanes.for_operands(*operands):
+        # not screened: a block loaded plainly from global memory (a strided
+        # layout, which the screen's reduction cannot take)
+        screen = one_warpgroup and lanes.registers_allowed()
+        fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys), screen=screen,
+                     iotas=iotas)
         return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
 
 

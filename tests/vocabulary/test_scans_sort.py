@@ -259,7 +259,7 @@ EDGES = {  # dtype: (ordinary bit patterns, zeros, subnormals and NaNs)
 
 
 @pytest.mark.parametrize("dtype", list(EDGES), ids=lambda d: d.name)
-def test_has_zero_or_nan_on_edge_values(dtype):
+def test_has_zero_subnormal_or_nan_on_edge_values(dtype):
     """The block-wide screen of the float sorts: true exactly where a zero, a
     subnormal or a NaN (either sign, any payload) is in the block; the
     smallest normal numbers, the largest finite ones and infinities are
@@ -267,11 +267,11 @@ def test_has_zero_or_nan_on_edge_values(dtype):
     ordinary, special = EDGES[dtype]
     unsigned = np.uint32 if dtype.itemsize == 4 else np.uint16
     edges = np.array(ordinary, unsigned).view(dtype)
-    assert not bool(jax.jit(sorting._has_zero_or_nan)(edges))
+    assert not bool(jax.jit(sorting._has_zero_subnormal_or_nan)(edges))
     for bits_ in special:
         block = edges.copy()
         block[4] = np.array(bits_, unsigned).view(dtype)
-        assert bool(jax.jit(sorting._has_zero_or_nan)(block)), hex(bits_)
+        assert bool(jax.jit(sorting._has_zero_subnormal_or_nan)(block)), hex(bits_)
 
 
 SORTS = [
