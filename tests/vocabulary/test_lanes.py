@@ -455,3 +455,24 @@ def test_top_k_and_argsort_pairs_share_their_compare(pipeline):
     got = _profile(pipeline, lambda v: lax.top_k(v, 8)[0], x)
     assert_bits(got.outputs[0], np.asarray(jax.jit(lambda v: lax.top_k(v, 8)[0])(x)))
     assert (got[INST] - base[INST]) * 32 / x.size <= 57
+
+
+def test_float_words_along_the_rows_in_registers(pipeline):
+    """A screened f32 block sorted along rows that no transpose takes (32
+    columns: not a multiple of 64) runs its stages along the rows on the
+    float word itself (an ordered compare and selects, the partner by
+    shuffle or through the scratch across warps): jax's answer bit for bit,
+    race-free (the emulator raises on a race), and the same bits as the
+    integer-key path without registers; a block with zeros and NaNs takes
+    the exact path and is right too."""
+    rng = np.random.default_rng(17)
+    ordinary = rng.standard_normal((128, 32)).astype(np.float32)
+    special = ties(rng, (128, 32), np.float32)
+    fn = lambda v: jnp.sort(v, 0)  # noqa: E731
+    for x in (ordinary, special):
+        with smalti.jax.installed(pipeline):
+            (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
+        assert_bits(got, np.asarray(jax.jit(fn)(x)))
+    base = _profile(pipeline, lambda v: v, ordinary)
+    screened = _profile(pipeline, fn, ordinary)
+    assert screened[WAVEFRONTS] > base[WAVEFRONTS]  # the exchanges across warps
