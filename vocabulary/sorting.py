@@ -25,7 +25,10 @@ Words (what makes the order exactly lax's):
   and top_k's lower index first among ties) comes from a last word, the
   element's index along the axis: every pair of words then differs. A
   16-bit key (f16, bf16, integers of at most 16 bits) and the index share
-  one word (``key * 65536 + index``), so a stage is one ``take``;
+  one word (``key * 65536 + index``), so a stage is one ``take``; so do
+  a 32-bit integer key and its index where the block's keys span less
+  than ``2**31 / P`` (ids, labels, bucketed values: one block-wide minimum
+  and maximum decide at run time) as ``(key - min) * P + index``;
 - a single operand sorted on its own needs no index word where equal keys
   are equal values (integers, and float32 blocks without zeros, subnormals
   and NaNs: one block-wide minimum screens for them at run time, a scalar
@@ -446,6 +449,8 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
             return [_sort_f32(x, dimension, p)]
         return [lax.cond(_has_zero_subnormal_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
                          partial(_sort_bijective, axis=dimension, p=p), x)]
+    if screen and num_keys == 1 and dtype.kind in "iu" and dtype.itemsize == 4:
+        return _sort_int32_key(operands, dimension, iotas)
     keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
     padded = keys[0].shape
     words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension)
@@ -467,6 +472,49 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
         elif i == 0 and screen:
             out.append(lax.cond(_has_zero_subnormal_or_nan(x),
                                 lambda: _gather_along(x, index, dimension), first_decoded))
+        else:
+            out.append(_gather_along(o, index, dimension))
+    return out
+
+
+def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, iotas: frozenset[int]
+                    ) -> list[jnp.ndarray]:
+    """lax.sort of several operands on the first, a 32-bit integer: where
+    the block's keys span less than ``2**31 / P`` (``P``: the padded length;
+    a block-wide minimum and maximum, tested at run time alike in every
+    thread), :func:`_sort_offset_keys` moves one word through the network;
+    a wider span takes the key and the index as two words."""
+    key = total_order_key(operands[0])
+    lo, hi = jnp.min(key), jnp.max(key)
+    span = hi - lo  # int32: negative where it wraps, a span of 2**31 or more
+    p = _padded_length(key.shape[dimension])
+    return lax.cond((span >= 0) & (span < 2 ** 31 // p),
+                    partial(_sort_offset_keys, key, lo, dimension=dimension, iotas=iotas),
+                    partial(sort_f, dimension=dimension, num_keys=1, screen=False, iotas=iotas),
+                    *operands)
+
+
+def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray, dimension: int,
+                      iotas: frozenset[int]) -> list[jnp.ndarray]:
+    """lax.sort of ``operands`` on the int32 ``key`` of the first, whose
+    block's keys lie in ``[lo, lo + 2**31 / P)``: the key's offset from
+    ``lo`` and the index share one non-negative word (``(key - lo) * P +
+    index``, ordered as the pair, and all different), so the network moves
+    one word; the first operand is decoded from it, iotas along the axis are
+    its index, others are read at that index."""
+    shape = tuple(key.shape)
+    p = _padded_length(shape[dimension])
+    bits = p.bit_length() - 1
+    [word] = _pad([((key - lo) << bits) | positions(shape, dimension)], dimension, p)
+    [word] = bitonic_sort([word], dimension)
+    word = _read(word, dimension, shape)
+    index = word & (p - 1)
+    out = []
+    for i, o in enumerate(operands):
+        if i in iotas:
+            out.append(index.astype(o.dtype))
+        elif i == 0:
+            out.append(from_total_order_key((word >> bits) + lo, o.dtype))
         else:
             out.append(_gather_along(o, index, dimension))
     return out

@@ -445,6 +445,46 @@ def test_sorted_operands_without_gathers(pipeline):
     assert sorted_[WAVEFRONTS] - base[WAVEFRONTS] <= 32
 
 
+def test_integer_keys_of_a_narrow_span_share_a_word_with_their_index(pipeline):
+    """A 32-bit integer key sorted with other operands shares one word with
+    its index where the block's keys span less than 2**31 / 128 (2**24 for
+    rows of 128): bit for bit jax's on both sides of that bound, on spans
+    that wrap int32, on uint32 keys across 2**31, along either axis, with
+    the key decoded and a payload read at the sorted index; an argsort of
+    ids in [-50, 50) costs less than half the two-word network's
+    instructions (58.3 extra per element against 146)."""
+    rng = np.random.default_rng(19)
+    limit = 2 ** 24
+    ids = rng.integers(-50, 50, (64, 128)).astype(np.int32)
+    under = rng.integers(-7, -7 + limit, (64, 128)).astype(np.int32)
+    under[3, [5, 9]] = [-7, -8 + limit]  # the span is limit - 1: one word
+    over = under.copy()
+    over[3, 9] = -7 + limit  # the span is limit: two words
+    wraps = rng.integers(-50, 50, (64, 128)).astype(np.int32)
+    wraps[0, :2] = [np.iinfo(np.int32).min, np.iinfo(np.int32).max]
+    unsigned = (2 ** 31 + rng.integers(-50, 50, (64, 128))).astype(np.uint32)
+
+    def pairs(axis):
+        def fn(v):
+            key, payload = lax.sort((v, (v % 7).astype(jnp.float32) + 0.5), dimension=axis,
+                                    num_keys=1)
+            return key + payload.astype(v.dtype)
+        return fn
+
+    def argsort(axis):
+        return lambda v: jnp.argsort(v, axis).astype(v.dtype)
+
+    for x in (ids, under, over, wraps, unsigned):
+        for fn in (argsort(1), argsort(0), pairs(1), pairs(0)):
+            with smalti.jax.installed(pipeline):
+                (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
+            assert_bits(got, np.asarray(jax.jit(fn)(x)))
+    base = _profile(pipeline, lambda v: v, ids)
+    costs = [(_profile(pipeline, argsort(1), x)[INST] - base[INST]) * 32 / x.size
+             for x in (ids, wraps)]
+    assert costs[0] < costs[1] / 2, costs
+
+
 def test_top_k_and_argsort_pairs_share_their_compare(pipeline):
     """Two-word elements (an f32 key and its index) whose partner is in the
     same thread's registers compare once per pair: top_k(x, 8) within issue
