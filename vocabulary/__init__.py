@@ -171,6 +171,7 @@ PRIMITIVES: dict[str, str] = {
     "jax._src.lax.control_flow.loops:cummin_p": "scans:lower_cummin",
     "jax._src.lax.control_flow.loops:cumlogsumexp_p": "scans:lower_cumlogsumexp",
     "jax._src.lax.lax:sort_p": "sorting:lower_sort",
+    "smalti.vocabulary.sorting:sort_index_p": "sorting:lower_sort_index",
     "jax._src.lax.lax:top_k_p": "sorting:lower_top_k",
     # dot_general of register values (dot.py)
     "jax._src.lax.lax:dot_general_p": "dot:lower_dot_general",
@@ -222,6 +223,7 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "jax._src.lax.control_flow.loops:cummin_p": "scans:estimate_scan",
     "jax._src.lax.control_flow.loops:cumlogsumexp_p": "scans:estimate_scan",
     "jax._src.lax.lax:sort_p": "sorting:estimate_sort",
+    "smalti.vocabulary.sorting:sort_index_p": "sorting:estimate_sort_index",
     "jax._src.lax.lax:top_k_p": "sorting:estimate_top_k",
     # dot_general of register values (dot.py)
     "jax._src.lax.lax:dot_general_p": "dot:estimate_dot_general",
@@ -233,6 +235,8 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
 JAXPR_REWRITES: dict[str, str] = {
     # jnp.repeat / interleaves along the minor axis as one permute (repeats.py)
     "repeats": "repeats:fuse",
+    # jnp.argsort's iota and unread outputs of lax.sort (sorting.py)
+    "argsort": "sorting:fuse",
 }
 
 

@@ -75,12 +75,17 @@ halving round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import core as jax_core
+from jax._src.interpreters import mlir
+from jax._src.lax import lax as lax_internal
 from jax._src.lib.mlir import ir
 
 from smalti.vocabulary import block_gather, lane_exchange, lanes, smem_transpose
@@ -400,15 +405,18 @@ def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
     return take(x, index * cols + other if axis == 0 else other * cols + index)
 
 
-def _with_index(keys: list[jnp.ndarray], narrow_last: bool, shape: tuple[int, ...], axis: int
-                ) -> tuple[list[jnp.ndarray], bool]:
+def _with_index(keys: list[jnp.ndarray], narrow_last: bool, shape: tuple[int, ...], axis: int,
+                padded: bool) -> tuple[list[jnp.ndarray], bool]:
     """The key words with the index added: packed into the last key word
-    when that is a 16-bit key, else as a word of its own."""
+    when that is a 16-bit key, else as a word of its own. ``padded``: the
+    keys end in :func:`_pad`'s INT32_MAX, which stays greatest."""
     pos = positions(shape, axis)
-    if narrow_last:
-        return [*keys[:-1], jnp.where(keys[-1] == INT32_MAX, INT32_MAX,
-                                       keys[-1] * 65536 + pos)], True
-    return [*keys, pos], False
+    if not narrow_last:
+        return [*keys, pos], False
+    word = keys[-1] * 65536 + pos
+    if padded:
+        word = jnp.where(keys[-1] == INT32_MAX, INT32_MAX, word)
+    return [*keys[:-1], word], True
 
 
 def _index_of(words: list[jnp.ndarray], packed: bool) -> jnp.ndarray:
@@ -419,7 +427,8 @@ def _index_of(words: list[jnp.ndarray], packed: bool) -> jnp.ndarray:
 
 
 def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool = True,
-           iotas: frozenset[int] = frozenset()) -> list[jnp.ndarray]:
+           indices: tuple[tuple[int, str], ...] = (), unused: frozenset[int] = frozenset()
+           ) -> list[jnp.ndarray]:
     """lax.sort(operands, dimension, is_stable=True, num_keys): stable,
     lexicographic on the first ``num_keys`` operands.
 
@@ -432,28 +441,56 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     warpgroups (which races), so only kernels of one Pallas warpgroup
     screen, and a reduction cannot take the strided layout of a block
     loaded plainly from global memory, so such blocks are not screened.
-    ``iotas``: the operands that are iotas along ``dimension``
-    (``jnp.argsort``'s): their result is the sorted index itself."""
+    ``indices``: (position, dtype) of lax.sort's outputs whose operands were
+    iotas along ``dimension`` (``jnp.argsort``'s) and are not passed: they
+    are the sorted index itself. ``unused``: positions of outputs nobody
+    reads (their operand stands in, unsorted)."""
+    index_at = dict(indices)
+    places = [k for k in range(len(operands) + len(index_at)) if k not in index_at]
+    skip = frozenset(i for i, k in enumerate(places) if k in unused)
+    if not index_at and len(operands) == 1:
+        return [_sort_alone(operands[0], dimension, screen)]
+    out, index = _sort_several(*operands, dimension=dimension, num_keys=num_keys,
+                               screen=screen, skip=skip)
+    for k, dtype in sorted(index_at.items()):
+        out.insert(k, index.astype(dtype))
+    return out
+
+
+def _sort_alone(x: jnp.ndarray, dimension: int, screen: bool) -> jnp.ndarray:
+    """One operand sorted on its own (jnp.sort)."""
+    p = _padded_length(x.shape[dimension])
+    if x.shape[dimension] == 1:
+        return x
+    if np.dtype(x.dtype).kind in "iu":  # equal keys are equal values: no index needed
+        return _sort_bijective(x, dimension, p)
+    if np.dtype(x.dtype) != np.dtype(np.float32):
+        [out], _ = _sort_several(x, dimension=dimension, num_keys=1, screen=screen)
+        return out
+    if not screen:
+        return _sort_f32(x, dimension, p)
+    return lax.cond(_has_zero_subnormal_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
+                    partial(_sort_bijective, axis=dimension, p=p), x)
+
+
+def _sort_several(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool,
+                  skip: frozenset[int] = frozenset()
+                  ) -> tuple[list[jnp.ndarray], jnp.ndarray]:
+    """The sorted operands (those in ``skip`` stand in for themselves) and
+    the sorted index: the key words and the index through the network."""
     shape = tuple(operands[0].shape)
     n = shape[dimension]
     if n == 1:
-        return list(operands)
+        return list(operands), jnp.zeros(shape, jnp.int32)
     p = _padded_length(n)
     x = operands[0]
     dtype = np.dtype(x.dtype)
-    if len(operands) == 1 and dtype.kind in "iu":
-        # equal keys are equal values: no index needed
-        return [_sort_bijective(x, dimension, p)]
-    if len(operands) == 1 and dtype == np.dtype(np.float32):
-        if not screen:
-            return [_sort_f32(x, dimension, p)]
-        return [lax.cond(_has_zero_subnormal_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
-                         partial(_sort_bijective, axis=dimension, p=p), x)]
     if screen and num_keys == 1 and dtype.kind in "iu" and dtype.itemsize == 4:
-        return _sort_int32_key(operands, dimension, iotas)
+        return _sort_int32_key(operands, dimension, skip)
     keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
     padded = keys[0].shape
-    words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension)
+    words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension,
+                                padded=p != n)
     words = bitonic_sort(words, dimension)
     index = _index_of([_read(words[-1], dimension, shape)], packed)
 
@@ -465,8 +502,8 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
 
     out = []
     for i, o in enumerate(operands):
-        if i in iotas:
-            out.append(index.astype(o.dtype))
+        if i in skip:
+            out.append(o)
         elif i == 0 and dtype.kind in "iu":
             out.append(first_decoded())
         elif i == 0 and screen:
@@ -474,11 +511,11 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
                                 lambda: _gather_along(x, index, dimension), first_decoded))
         else:
             out.append(_gather_along(o, index, dimension))
-    return out
+    return out, index
 
 
-def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, iotas: frozenset[int]
-                    ) -> list[jnp.ndarray]:
+def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: frozenset[int]
+                    ) -> tuple[list[jnp.ndarray], jnp.ndarray]:
     """lax.sort of several operands on the first, a 32-bit integer: where
     the block's keys span less than ``2**31 / P`` (``P``: the padded length;
     a block-wide minimum and maximum, tested at run time alike in every
@@ -489,19 +526,20 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, iotas: fr
     span = hi - lo  # int32: negative where it wraps, a span of 2**31 or more
     p = _padded_length(key.shape[dimension])
     return lax.cond((span >= 0) & (span < 2 ** 31 // p),
-                    partial(_sort_offset_keys, key, lo, dimension=dimension, iotas=iotas),
-                    partial(sort_f, dimension=dimension, num_keys=1, screen=False, iotas=iotas),
+                    partial(_sort_offset_keys, key, lo, dimension=dimension, skip=skip),
+                    partial(_sort_several, dimension=dimension, num_keys=1, screen=False,
+                            skip=skip),
                     *operands)
 
 
 def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray, dimension: int,
-                      iotas: frozenset[int]) -> list[jnp.ndarray]:
+                      skip: frozenset[int]) -> tuple[list[jnp.ndarray], jnp.ndarray]:
     """lax.sort of ``operands`` on the int32 ``key`` of the first, whose
     block's keys lie in ``[lo, lo + 2**31 / P)``: the key's offset from
     ``lo`` and the index share one non-negative word (``(key - lo) * P +
     index``, ordered as the pair, and all different), so the network moves
-    one word; the first operand is decoded from it, iotas along the axis are
-    its index, others are read at that index."""
+    one word; the first operand is decoded from it, the others are read at
+    the index."""
     shape = tuple(key.shape)
     p = _padded_length(shape[dimension])
     bits = p.bit_length() - 1
@@ -511,13 +549,13 @@ def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray,
     index = word & (p - 1)
     out = []
     for i, o in enumerate(operands):
-        if i in iotas:
-            out.append(index.astype(o.dtype))
+        if i in skip:
+            out.append(o)
         elif i == 0:
             out.append(from_total_order_key((word >> bits) + lo, o.dtype))
         else:
             out.append(_gather_along(o, index, dimension))
-    return out
+    return out, index
 
 
 def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
@@ -578,7 +616,7 @@ def top_k_f(x: jnp.ndarray, *, k: int, axis: int) -> list[jnp.ndarray]:
     p = _padded_length(n)
     descending = ~total_order_key(x)  # one-to-one, order reversed
     [key] = _pad([descending], axis, p)
-    words, packed = _with_index([key], is_narrow(x.dtype), key.shape, axis)
+    words, packed = _with_index([key], is_narrow(x.dtype), key.shape, axis, padded=p != n)
     words = [_read(w, axis, out_shape) for w in smallest(words, axis, k)]
     index = _index_of(words, packed)
     key = (words[0] >> 16) if packed else words[0]  # arithmetic shift: the signed key
@@ -602,6 +640,73 @@ def top_1_f(x: jnp.ndarray, *, axis: int) -> list[jnp.ndarray]:
     return [lax.broadcast_in_dim(v, out_shape, kept) for v in (value, index)]
 
 
+# --- argsort's iota, fused --------------------------------------------------------------------
+
+#: lax.sort without the operands that are iotas along its axis and read by
+#: nothing else (``jnp.argsort``'s): their outputs are the sorted index
+#: (``indices``: position and dtype), so Pallas never builds the iota, an
+#: index computation per element the sort would not read. ``unused``: the
+#: outputs nobody reads (argsort's sorted keys), which are not computed.
+sort_index_p = jax_core.Primitive("smalti_sort_index")
+sort_index_p.multiple_results = True
+
+
+@sort_index_p.def_abstract_eval
+def _sort_index_abstract_eval(*avals: Aval, dimension: int, is_stable: bool, num_keys: int,
+                              indices: tuple[tuple[int, str], ...],
+                              unused: tuple[int, ...]) -> list[Aval]:
+    out = list(avals)
+    for k, dtype in indices:  # in increasing position
+        out.insert(k, jax_core.ShapedArray(avals[0].shape, np.dtype(dtype)))
+    return out
+
+
+def _sort_index_impl(*xs: jax.Array, dimension: int, is_stable: bool, num_keys: int,
+                     indices: tuple[tuple[int, str], ...], unused: tuple[int, ...]
+                     ) -> list[jax.Array]:
+    operands = list(xs)
+    for k, dtype in indices:
+        operands.insert(k, lax.broadcasted_iota(np.dtype(dtype), xs[0].shape, dimension))
+    return list(lax.sort(operands, dimension=dimension, is_stable=is_stable, num_keys=num_keys))
+
+
+sort_index_p.def_impl(_sort_index_impl)
+mlir.register_lowering(sort_index_p, mlir.lower_fun(_sort_index_impl, multiple_results=True))
+
+
+def fuse(jaxpr: jax_core.Jaxpr) -> jax_core.Jaxpr | None:
+    """``jaxpr`` with every sort that has an iota operand along its axis
+    read by nothing else (past its keys), or an output nobody reads, as one
+    :data:`sort_index_p` equation, the iotas dropped; ``None`` if none has."""
+    uses = Counter(v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, jax_core.Var))
+    uses.update(v for v in jaxpr.outvars if isinstance(v, jax_core.Var))
+    iotas = {eqn.outvars[0]: eqn for eqn in jaxpr.eqns if eqn.primitive is lax_internal.iota_p}
+    replaced: dict[int, jax_core.JaxprEqn] = {}
+    dropped: set[int] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is not lax_internal.sort_p:
+            continue
+        dimension, num_keys = eqn.params["dimension"], eqn.params["num_keys"]
+        producers = {k: iotas[v] for k, v in enumerate(eqn.invars)
+                     if k >= num_keys and isinstance(v, jax_core.Var) and v in iotas
+                     and uses[v] == 1 and iotas[v].params["dimension"] == dimension
+                     and np.dtype(iotas[v].params["dtype"]).kind in "iu"}
+        unused = tuple(k for k, v in enumerate(eqn.outvars)
+                       if isinstance(v, jax_core.DropVar) or uses[v] == 0)
+        if not producers and not unused:
+            continue
+        indices = tuple((k, np.dtype(e.params["dtype"]).name) for k, e in producers.items())
+        replaced[id(eqn)] = eqn.replace(
+            primitive=sort_index_p,
+            invars=[v for k, v in enumerate(eqn.invars) if k not in producers],
+            params={**eqn.params, "indices": indices, "unused": unused})
+        dropped.update(id(e) for e in producers.values())
+    if not replaced:
+        return None
+    return jaxpr.replace(eqns=[replaced.get(id(eqn), eqn) for eqn in jaxpr.eqns
+                               if id(eqn) not in dropped])
+
+
 # --- Pallas rules -----------------------------------------------------------------------------
 
 
@@ -618,23 +723,45 @@ def _check_dtypes(ctx: PallasContext, what: str) -> None:
 
 def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable: bool,
                num_keys: int) -> Lowered:
-    """lax.sort; ``is_stable=False`` is sorted stably too (a valid order)."""
+    """lax.sort; ``is_stable=False`` is sorted stably too (a valid order).
+    Operands that are iotas along the axis (one that :func:`fuse` left, being
+    read elsewhere too) are not read: their result is the sorted index."""
+    del is_stable
+    indices = tuple((i, np.dtype(aval.dtype).name) for i, (o, aval)
+                    in enumerate(zip(operands, ctx.avals_in))
+                    if i >= num_keys and _is_iota(o, int(dimension))
+                    and np.dtype(aval.dtype).kind in "iu")
+    skipped = {i for i, _ in indices}
+    return _lower(ctx, operands, dimension=int(dimension), num_keys=int(num_keys),
+                  indices=indices, unused=frozenset(), keep=lambda xs: [
+                      x for i, x in enumerate(xs) if i not in skipped])
+
+
+def lower_sort_index(ctx: PallasContext, *operands: Operand, dimension: int, is_stable: bool,
+                     num_keys: int, indices: tuple[tuple[int, str], ...],
+                     unused: tuple[int, ...]) -> Lowered:
+    """:data:`sort_index_p`: lax.sort without its iota operands."""
+    del is_stable
+    return _lower(ctx, operands, dimension=int(dimension), num_keys=int(num_keys),
+                  indices=indices, unused=frozenset(unused), keep=list)
+
+
+def _lower(ctx: PallasContext, operands: tuple[Operand, ...], *, dimension: int, num_keys: int,
+           indices: tuple[tuple[int, str], ...], unused: frozenset[int],
+           keep: Callable[[tuple[jnp.ndarray, ...]], list[jnp.ndarray]]) -> Lowered:
     from smalti.vocabulary.primitives import _lower_fun
 
-    del is_stable
     _check_dtypes(ctx, "sort")
     check_block(ctx, tuple(ctx.avals_in[0].shape), dimension, "sort")
     module_ctx = ctx.module_ctx
     one_warpgroup = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info) == 1
-    iotas = frozenset(i for i, (o, aval) in enumerate(zip(operands, ctx.avals_in))
-                      if _is_iota(o, int(dimension)) and np.dtype(aval.dtype).kind in "iu")
     with lanes.for_operands(*operands):
         # not screened: a block loaded plainly from global memory (a strided
         # layout, which the screen's reduction cannot take)
         screen = one_warpgroup and lanes.registers_allowed()
-        fn = partial(sort_f, dimension=int(dimension), num_keys=int(num_keys), screen=screen,
-                     iotas=iotas)
-        return _lower_fun(lambda *xs: fn(*xs))(ctx, *operands)
+        fn = partial(sort_f, dimension=dimension, num_keys=num_keys, screen=screen,
+                     indices=indices, unused=unused)
+        return _lower_fun(lambda *xs: fn(*keep(xs)))(ctx, *operands)
 
 
 def _is_iota(value: Operand, dimension: int) -> bool:
@@ -675,6 +802,14 @@ def estimate_sort(ctx: EstimatorContext, *avals: Aval, dimension: int, is_stable
                   + [(int(a.size) * np.dtype(a.dtype).itemsize, tuple(a.shape), a.dtype)
                      for a in avals], key=lambda t: t[0])
     return take_scratch(ctx, biggest[1], biggest[2])
+
+
+def estimate_sort_index(ctx: EstimatorContext, *avals: Aval, dimension: int, is_stable: bool,
+                        num_keys: int, indices: tuple[tuple[int, str], ...],
+                        unused: tuple[int, ...]) -> Resources:
+    del indices, unused
+    return estimate_sort(ctx, *avals, dimension=dimension, is_stable=is_stable,
+                         num_keys=num_keys)
 
 
 def estimate_top_k(ctx: EstimatorContext, aval: Aval, *, k: int, axis: int = -1,

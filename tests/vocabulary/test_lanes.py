@@ -485,6 +485,71 @@ def test_integer_keys_of_a_narrow_span_share_a_word_with_their_index(pipeline):
     assert costs[0] < costs[1] / 2, costs
 
 
+def test_argsort_s_iota_is_fused_into_the_sort():
+    """The ``argsort`` rewrite drops an iota along the sorted axis that only
+    the sort reads and marks the outputs nobody reads; it leaves an iota
+    read elsewhere too, one along the other axis and one among the keys."""
+    from smalti.vocabulary import sorting
+
+    def fused(fn, *args):
+        jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+        while [e.primitive.name for e in jaxpr.eqns] in (["pjit"], ["jit"]):
+            jaxpr = jaxpr.eqns[0].params["jaxpr"].jaxpr  # jnp's jitted function
+        out = sorting.fuse(jaxpr)
+        return None if out is None else [(e.primitive.name, e.params.get("indices"),
+                                          e.params.get("unused")) for e in out.eqns]
+
+    x = np.zeros((64, 128), np.float32)
+    iota = lax.broadcasted_iota
+    assert fused(lambda v: jnp.argsort(v, 1), x) == [
+        ("smalti_sort_index", ((1, "int32"),), (0,))]
+    assert fused(lambda v: jnp.argsort(v, 0), x) == [
+        ("smalti_sort_index", ((1, "int32"),), (0,))]
+    shared = fused(lambda v: (lambda i: lax.sort((v, i), dimension=1, num_keys=1)[1] + i)(
+        iota(jnp.int32, v.shape, 1)), x)
+    assert [p for p, _, _ in shared] == ["iota", "smalti_sort_index", "add"]
+    assert shared[1][1:] == ((), (0,))
+    across = fused(lambda v: lax.sort((v, iota(jnp.int32, v.shape, 0)), dimension=1,
+                                      num_keys=1), x)
+    assert across is None  # both outputs read, no iota along the axis
+    keyed = fused(lambda v: lax.sort((iota(jnp.int32, v.shape, 1), v), dimension=1,
+                                     num_keys=2), x)
+    assert keyed is None
+
+
+def test_fused_sorts_compute_jax_s_answer(pipeline):
+    """Sorts through the ``argsort`` rewrite: argsort along either axis of
+    f32, bf16 and int32 blocks with ties, zeros and NaNs, an iota shared
+    with other code, an unread key and a payload; bit for bit jax's. A
+    bf16 argsort builds no iota (4.5 instructions per element) and no key
+    screen for the keys nobody reads (1.9 and 20 wavefronts): 57.0-57.05
+    extra instructions per element, 66.1 before."""
+    rng = np.random.default_rng(23)
+    floats = ties(rng, (64, 128), np.float32)
+    blocks = [floats, floats.astype(ml_dtypes.bfloat16),
+              rng.integers(-9, 9, (64, 128)).astype(np.int32)]
+
+    def shared(v):
+        i = lax.broadcasted_iota(jnp.int32, v.shape, 1)
+        return lax.sort((v, i), dimension=1, num_keys=1)[1] * 2 + i
+
+    def payload(v):
+        return lax.sort((v, -v), dimension=0, num_keys=1)[1]
+
+    fns = [lambda v: jnp.argsort(v, 1).astype(jnp.int32),
+           lambda v: jnp.argsort(v, 0).astype(jnp.int32), shared, payload]
+    for x in blocks:
+        for fn in fns:
+            with smalti.jax.installed(pipeline):
+                (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
+            assert_bits(got, np.asarray(jax.jit(fn)(x)))
+    x = rng.standard_normal((64, 128)).astype(ml_dtypes.bfloat16)
+    got = _profile(pipeline, fns[0], x)
+    assert_bits(got.outputs[0], np.asarray(jax.jit(fns[0])(x)))
+    lines = " ".join(got.by_line)
+    assert "<iota>" not in lines and "<reduce_min>" not in lines, sorted(got.by_line)
+
+
 def test_top_k_and_argsort_pairs_share_their_compare(pipeline):
     """Two-word elements (an f32 key and its index) whose partner is in the
     same thread's registers compare once per pair: top_k(x, 8) within issue
