@@ -15,7 +15,9 @@ reuses the compare with its selects' operands swapped (distinct elements:
 compare per slot, which MLIR folds with the select into a min or a max;
 a float word is a ``minimumf``/``maximumf`` (PTX ``min``/``max``) where
 the side is static, an ordered ``cmpf`` otherwise.
-Which of the two an element keeps is known statically for each register
+With ``keys=k`` only the first ``k`` words are compared and the others
+ride along (sorts whose keys are known to differ: the index beside a
+float32 key). Which of the two an element keeps is known statically for each register
 slot (bit ``h`` of ``c = 8 j + 2 q + b``), except for ``h`` in 2 and 4,
 where it is the lane's bit: one ``xori`` with a lane predicate then. No
 memory is touched: race-free with any number of warpgroups; exact (words
@@ -79,24 +81,32 @@ def less(a: list[jax.Array], b: list[jax.Array]) -> jax.Array:
 
 
 def compare_exchange(words: list[jax.Array], *, mask: int, half: int, axis: int = 1,
-                     live: tuple[bool, ...] | None = None) -> list[jax.Array]:
+                     live: tuple[bool, ...] | None = None, keys: int | None = None
+                     ) -> list[jax.Array]:
     """One stage of a bitonic network along ``axis`` of 2-D int32 ``words``,
     or of one float32 word without NaNs (a power of two long): see the
     module docstring. Elements must differ in some word, or be equal values.
     ``live`` (``axis=1`` only): which columns' results are used; the others'
-    words are unspecified."""
+    words are unspecified. ``keys``: only the first ``keys`` words are
+    compared (the first may then be a float32 word without NaNs), the
+    others ride along; elements must then differ in their keys (equal keys
+    may lose or duplicate the other words)."""
     if live is not None:
         if axis != 1 or len(live) != words[0].shape[1]:
             raise ValueError(f"compare_exchange: live= names each column of axis 1, got "
                              f"{len(live)} for shape {words[0].shape} and axis {axis}")
         live = tuple(bool(v) for v in live)
+    keys = len(words) if keys is None else int(keys)
     if not lanes.registers_allowed():
-        return exchange_f(*words, mask=int(mask), half=int(half), axis=int(axis), live=live)
-    return exchange_p.bind(*words, mask=int(mask), half=int(half), axis=int(axis), live=live)
+        return exchange_f(*words, mask=int(mask), half=int(half), axis=int(axis), live=live,
+                          keys=keys)
+    return exchange_p.bind(*words, mask=int(mask), half=int(half), axis=int(axis), live=live,
+                           keys=keys)
 
 
 def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1,
-               live: tuple[bool, ...] | None = None) -> list[jax.Array]:
+               live: tuple[bool, ...] | None = None, keys: int | None = None
+               ) -> list[jax.Array]:
     """The stage in jnp over :func:`~smalti.vocabulary.lanes.permute` (columns)
     or :func:`~smalti.vocabulary.rows.permute` (rows); every column computed
     (``live`` only allows skipping)."""
@@ -106,14 +116,15 @@ def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1,
     theirs = [move(w, lanes.xor_partners(n, mask)) for w in words]
     keep_min = (jax.lax.broadcasted_iota(jnp.int32, words[0].shape, axis) & half) == 0
     # distinct elements: theirs > mine is not(theirs < mine)
-    swap = less(theirs, list(words)) == keep_min
+    keys = len(words) if keys is None else keys
+    swap = less(theirs[:keys], list(words[:keys])) == keep_min
     return [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
 
 
 @exchange_p.def_abstract_eval
 def _abstract_eval(*avals: Aval, mask: int, half: int, axis: int,
-                   live: tuple[bool, ...] | None) -> list[Aval]:
-    del mask, half, axis, live
+                   live: tuple[bool, ...] | None, keys: int) -> list[Aval]:
+    del mask, half, axis, live, keys
     return [jax_core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
@@ -122,11 +133,12 @@ mlir.register_lowering(exchange_p, mlir.lower_fun(exchange_f, multiple_results=T
 
 
 def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int,
-          live: tuple[bool, ...] | None = None) -> Lowered:
+          live: tuple[bool, ...] | None = None, keys: int | None = None) -> Lowered:
     """In registers (and, for rows across warps, the scratch) where every
     word :func:`fits <smalti.vocabulary.lanes.fits>`."""
+    keys = len(words) if keys is None else keys
     fallback = pallas_lowering._lower_fun(
-        lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis, live=live))
+        lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis, live=live, keys=keys))
     scratch = None
     if axis == 0:
         mapping = row_moves.RowMap(0, mask=mask)
@@ -140,14 +152,13 @@ def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int,
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
     words = tuple(mgpu_dialect.layout_cast(pallas_lowering._ensure_ir_value(w, a.dtype), wgmma)
                   for w, a in zip(words, ctx.avals_in))
-    result = plgpu.ShapeDtypeStruct(aval.shape, aval.dtype, layout)
+    results = tuple(plgpu.ShapeDtypeStruct(a.shape, a.dtype, layout) for a in ctx.avals_in)
 
-    @plgpu.inline_mgpu(arg_types=((layout,) * len(words),),
-                       return_type=(result,) * len(words))
+    @plgpu.inline_mgpu(arg_types=((layout,) * len(words),), return_type=results)
     def body(_: Any, values: tuple[fa.FragmentedArray, ...]) -> tuple[fa.FragmentedArray, ...]:
         if axis == 0:
-            return _exchange_rows(values, mask, half, scratch)
-        return _exchange_registers(values, mask, half, live)
+            return _exchange_rows(values, mask, half, scratch, keys)
+        return _exchange_registers(values, mask, half, live, keys)
 
     return pallas_lowering._lower_fun(lambda *ws: list(body(ws)))(ctx, *words)
 
@@ -167,8 +178,8 @@ def _routed(quad: lanes.Quad, words: list[ir.Value], sources: list[tuple[int, in
     return value
 
 
-def _element_type(values: tuple[fa.FragmentedArray, ...]) -> ir.Type:
-    return ir.VectorType(values[0].registers.flat[0].type).element_type
+def _element_type(value: fa.FragmentedArray) -> ir.Type:
+    return ir.VectorType(value.registers.flat[0].type).element_type
 
 
 def _less(theirs: list[ir.Value], mine: list[ir.Value]) -> ir.Value:
@@ -184,10 +195,11 @@ def _less(theirs: list[ir.Value], mine: list[ir.Value]) -> ir.Value:
 
 
 def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
-                        live: tuple[bool, ...] | None = None
+                        live: tuple[bool, ...] | None = None, keys: int | None = None
                         ) -> tuple[fa.FragmentedArray, ...]:
-    element = _element_type(values)
-    float_word = isinstance(element, ir.FloatType)
+    keys = len(values) if keys is None else keys
+    elements = [_element_type(v) for v in values]
+    float_word = len(values) == 1 and isinstance(elements[0], ir.FloatType)
     quad = lanes.Quad()
     cols = values[0].shape[1]
     partners = lanes.xor_partners(cols, mask)
@@ -230,7 +242,7 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 if pair_shared and slot in decided:  # "mine < theirs": not(theirs < mine)
                     lt, take_theirs_if_lt = decided.pop(slot), not all(keep_min)
                 else:
-                    lt, take_theirs_if_lt = _less(theirs, mine), all(keep_min)
+                    lt, take_theirs_if_lt = _less(theirs[:keys], mine[:keys]), all(keep_min)
                     if pair_shared:
                         decided[sources[0][1]] = lt
                 if static and take_theirs_if_lt:
@@ -244,14 +256,15 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                 for i, (if_lt, otherwise) in enumerate(pairs):
                     kept[i].append(arith.select(lt, if_lt, otherwise))
             for i in range(len(values)):
-                outs[i][group + (j,)] = vector.from_elements(ir.VectorType.get((2,), element),
-                                                             kept[i])
+                outs[i][group + (j,)] = vector.from_elements(
+                    ir.VectorType.get((2,), elements[i]), kept[i])
     return tuple(fa.FragmentedArray(_registers=np.moveaxis(o, -1, 1), _layout=v.layout,
                                     _is_signed=v.is_signed) for o, v in zip(outs, values))
 
 
 def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
-                   scratch: row_moves.Scratch | None) -> tuple[fa.FragmentedArray, ...]:
+                   scratch: row_moves.Scratch | None, keys: int | None = None
+                   ) -> tuple[fa.FragmentedArray, ...]:
     """The stage along the rows: the partners' words from
     :func:`smalti.vocabulary.rows.permute_registers` (shuffles within a
     warp, the scratch across warps), then per register the compare and a
@@ -268,7 +281,7 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
                                            mgpu_utils.c(mgpu_utils.WARPGROUP_SIZE - 1, i32)))
         by_thread = arith.cmpi(pred.ne, arith.andi(own, mgpu_utils.c(half, i32)),
                                mgpu_utils.c(0, i32))
-    element = _element_type(values)
+    elements = [_element_type(v) for v in values]
     outs = [np.empty_like(v.registers) for v in values]
     for idx in np.ndindex(values[0].registers.shape):
         register_row = 64 * idx[0] + 8 * idx[4]
@@ -278,7 +291,7 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
         for b in range(2):
             mine = [lanes.extract(p, b) for p in pairs_in]
             theirs = [lanes.extract(p, b) for p in pairs_out]
-            lt = _less(theirs, mine)
+            lt = _less(theirs[:keys or len(values)], mine[:keys or len(values)])
             if by_thread is not None:  # lt flipped where the thread keeps the larger
                 lt = arith.xori(lt, by_thread)
             if by_thread is not None or not register_row & half:  # swap where theirs < mine
@@ -288,6 +301,6 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
             for i, (if_lt, otherwise) in enumerate(pairs):
                 kept[i].append(arith.select(lt, if_lt, otherwise))
         for i in range(len(values)):
-            outs[i][idx] = vector.from_elements(ir.VectorType.get((2,), element), kept[i])
+            outs[i][idx] = vector.from_elements(ir.VectorType.get((2,), elements[i]), kept[i])
     return tuple(fa.FragmentedArray(_registers=o, _layout=v.layout, _is_signed=v.is_signed)
                  for o, v in zip(outs, values))

@@ -28,7 +28,11 @@ Words (what makes the order exactly lax's):
   one word (``key * 65536 + index``), so a stage is one ``take``; so do
   a 32-bit integer key and its index where the block's keys span less
   than ``2**31 / P`` (ids, labels, bucketed values: one block-wide minimum
-  and maximum decide at run time) as ``(key - min) * P + index``;
+  and maximum decide at run time) as ``(key - min) * P + index``; a
+  float32 key in registers is compared alone, the index riding along,
+  where the block has no zero, subnormal or NaN and no two equal keys in a
+  line (tested before and after the network; the two-word network
+  otherwise);
 - a single operand sorted on its own needs no index word where equal keys
   are equal values (integers, and float32 blocks without zeros, subnormals
   and NaNs: one block-wide minimum screens for them at run time, a scalar
@@ -267,16 +271,21 @@ def _relabel_bits(value: int, place: tuple[int, ...]) -> int:
     return out
 
 
+def _relabelled_stages(n: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """:func:`relabelling` of a row of ``n`` and the full network's stages
+    on the columns it places the positions at."""
+    place = relabelling(n)
+    return place, [(_relabel_bits(mask, place), _relabel_bits(half, place))
+                   for mask, half in _stages(n)]
+
+
 def _sort_relabelled(words: list[jnp.ndarray]) -> list[jnp.ndarray]:
     """:func:`bitonic_sort` of a 2-D block along its minor axis in WGMMA's
     registers on positions placed by :func:`relabelling` (the words are in
     any order to start with: a sort does not care), then each word's columns
     permuted back into position order (a register permutation within each
     quad)."""
-    n = words[0].shape[1]
-    place = relabelling(n)
-    stages = [(_relabel_bits(mask, place), _relabel_bits(half, place))
-              for mask, half in _stages(n)]
+    place, stages = _relabelled_stages(words[0].shape[1])
     words = bitonic_sort(words, 1, stages)
     return [lanes.permute(w, place) for w in words]
 
@@ -487,6 +496,9 @@ def _sort_several(*operands: jnp.ndarray, dimension: int, num_keys: int, screen:
     dtype = np.dtype(x.dtype)
     if screen and num_keys == 1 and dtype.kind in "iu" and dtype.itemsize == 4:
         return _sort_int32_key(operands, dimension, skip)
+    if screen and num_keys == 1 and dtype == np.dtype(np.float32) and p == n \
+            and _relabelled_along(shape, dimension):
+        return _sort_f32_key(operands, dimension, skip)
     keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
     padded = keys[0].shape
     words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension,
@@ -530,6 +542,50 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: fro
                     partial(_sort_several, dimension=dimension, num_keys=1, screen=False,
                             skip=skip),
                     *operands)
+
+
+def _relabelled_along(shape: tuple[int, ...], axis: int) -> bool:
+    """Whether a full sort along ``axis`` runs on relabelled positions in registers."""
+    return (axis == 1 and _registers(shape)) or (axis == 0 and _transposed_in_registers(shape))
+
+
+def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: frozenset[int]
+                  ) -> tuple[list[jnp.ndarray], jnp.ndarray]:
+    """lax.sort of several operands on the first, a float32 block sorted
+    along an axis that runs in registers on relabelled positions: where
+    the block has no zero, subnormal or NaN (:func:`_has_zero_subnormal_or_nan`,
+    before the network), the stages compare the float word alone and the
+    index rides along (``compare_exchange(keys=1)``: one compare and a
+    select per word, against the two words' lexicographic compare); where
+    two keys of a line are then equal (neighbours on the sorted labels,
+    tested after the network), their order among equals is not the stable
+    one, and the block is sorted again with the index as a second key, as
+    every block with zeros, subnormals or NaNs is."""
+    x = operands[0]
+    exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
+
+    def carried(*ops: jnp.ndarray) -> tuple[list[jnp.ndarray], jnp.ndarray]:
+        key, index = x, positions(tuple(x.shape), dimension)
+        if dimension == 0:  # the transpose's minor axis (see _transposed_in_registers)
+            key, index = key.T, index.T
+        n = key.shape[1]
+        place, stages = _relabelled_stages(n)
+        for mask, half in stages:
+            key, index = lane_exchange.compare_exchange([key, index], mask=mask, half=half,
+                                                        keys=1)
+        # each label's successor (the last one's predecessor)
+        following = [0] * n
+        for label in range(n):
+            following[place[label]] = place[label + 1 if label + 1 < n else n - 2]
+        tie = jnp.any(key == lanes.permute(key, following))
+        key, index = (lanes.permute(w, place) for w in (key, index))
+        if dimension == 0:
+            key, index = key.T, index.T
+        out = [o if i in skip else key if i == 0 else _gather_along(o, index, dimension)
+               for i, o in enumerate(ops)]
+        return lax.cond(tie, exact, lambda *_: (out, index), *ops)
+
+    return lax.cond(_has_zero_subnormal_or_nan(x), exact, carried, *operands)
 
 
 def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray, dimension: int,

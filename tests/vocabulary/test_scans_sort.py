@@ -381,8 +381,10 @@ def test_refusals(pipeline):
 
 
 @pytest.mark.parametrize("fn", [lambda v: lax.cumsum(v, 1), lambda v: lax.cummax(v, 0),
-                                lambda v: jnp.sort(v, 1), lambda v: lax.top_k(v, 4)[0]],
-                         ids=["cumsum", "cummax", "sort", "top_k"])
+                                lambda v: jnp.sort(v, 1), lambda v: lax.top_k(v, 4)[0],
+                                lambda v: jnp.argsort(v, 0),
+                                lambda v: jnp.argsort((v * 8).astype(jnp.int32), 1)],
+                         ids=["cumsum", "cummax", "sort", "top_k", "argsort", "argsort ids"])
 def test_several_warpgroups_scan_and_sort_through_slices_of_their_own(pipeline, fn):
     """Two Pallas warpgroups, each its own (64, 64) block: each takes through
     its own slice of the scratch, clean under the synchronization checker,
