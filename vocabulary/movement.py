@@ -575,6 +575,9 @@ def lower_slice(ctx: PallasContext, x: Operand, *, start_indices: Sequence[int],
                              start_indices=start_indices, strides=None)
     _rank_ok(ctx, what="slice")
     shape = tuple(ctx.avals_out[0].shape)
+    if shape == (1, 1) and aval.shape != (1, 1):  # one element (x[r, c])
+        row, column = start_indices
+        return _lower_element(ctx, x, (int(row), int(column)))
     if not _holdable(shape):
         raise refuse(
             ctx, f"a slice of shape {shape}: no register layout holds an array of that shape",
@@ -586,6 +589,29 @@ def lower_slice(ctx: PallasContext, x: Operand, *, start_indices: Sequence[int],
         return _lowered(slice_f)(ctx, x, start_indices=tuple(start_indices),
                                  limit_indices=tuple(limit_indices),
                                  strides=None if strides is None else tuple(strides))
+
+
+def element_f(x: jax.Array, index: tuple[int, int]) -> jax.Array:
+    """``x[r:r+1, c:c+1]`` of a 2-D block as a (1, 1) broadcast of one
+    value the same in every thread (what ``x[r, c]`` squeezes to a scalar):
+    the block's maximum where every other element is the dtype's least
+    (an exact pick: ``-0.0`` and NaN included, float maxima propagate NaN)."""
+    dtype = np.dtype(x.dtype)
+    lowest = (-np.inf if jnp.issubdtype(dtype, jnp.floating) else False if dtype == np.dtype(bool)
+              else np.iinfo(dtype).min)
+    hit = (lax_internal.broadcasted_iota(np.int32, x.shape, 0) == index[0]) & \
+        (lax_internal.broadcasted_iota(np.int32, x.shape, 1) == index[1])
+    value = jnp.max(jnp.where(hit, x, np.asarray(lowest, dtype)))
+    return jax.lax.broadcast_in_dim(value, (1, 1), ())
+
+
+def _lower_element(ctx: PallasContext, x: Operand, index: tuple[int, int]) -> Lowered:
+    if smem_transpose.warpgroups(ctx.module_ctx.axis_names, ctx.module_ctx.mesh_info) != 1:
+        raise refuse(ctx, "one element of a block in a kernel of several Pallas warpgroups "
+                          "is not supported: Pallas' reduction to a scalar shares one scratch "
+                          "among the warpgroups", fix="read the element from its ref "
+                          "(x_ref[r, c]) instead of from the loaded block", jax_cannot=True)
+    return _lowered(element_f)(ctx, x, index=index)
 
 
 def _concatenate_aligned(avals: Sequence[Aval], dimension: int) -> bool:

@@ -90,6 +90,39 @@ def test_blocks_that_do_not_fit_take_the_take_path(pipeline, monkeypatch):
         np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.parametrize("index", [(0, 0), (17, 5), (63, 127)])
+@pytest.mark.parametrize("dtype", [F32, BF16, I32], ids=lambda d: d.name)
+def test_one_element(pipeline, index, dtype):
+    """``x[r, c]`` of a loaded block (a (1, 1) slice squeezed to a scalar)
+    and ``x[r:r+1, c:c+1]`` broadcast back, subtracted from the block: the
+    element's bits (``-0.0`` and the least int32 among them; a NaN makes
+    every difference NaN). jax lowers neither: no layout holds the (1, 1)
+    slice."""
+    r, c = index
+    x = _inputs((64, 128), dtype)
+    x[np.isnan(x.astype(np.float32))] = 2  # the NaNs' payloads below are the pick's
+    for special in ([-0.0, np.nan] if dtype != I32 else [np.iinfo(np.int32).min, 7]):
+        x[r, c] = special
+        (shifted,) = _profile(pipeline, lambda v: v - v[r, c], x).outputs
+        (spread,) = _profile(pipeline, lambda v: v - v[r:r + 1, c:c + 1], x).outputs
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = x - x[r, c]
+        for got in (shifted, spread):
+            if np.isnan(float(special)):
+                assert np.isnan(got.astype(np.float32)).all()
+            else:
+                np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_one_element_of_several_warpgroups_is_refused(pipeline):
+    """Pallas' reduction to a scalar shares its scratch among warpgroups (a
+    race the checker finds), so the pick is refused there, with the fix."""
+    x = _inputs((2, 64, 128), F32)
+    with smalti.jax.installed(pipeline), pytest.raises(Exception, match="SM206") as info:
+        smalti.emulate.run(_blocks_kernel(lambda v: v * v[3, 4], (64, 128), F32, 2), x)
+    assert "x_ref[r, c]" in str(info.value)
+
+
 def test_bad_index():
     x = jnp.zeros((64, 128), jnp.float32)
     with pytest.raises(ValueError, match="index 64 along axis 0"):
