@@ -578,10 +578,13 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
         for label in range(n):
             following[place[label]] = place[label + 1 if label + 1 < n else n - 2]
         tie = jnp.any(key == lanes.permute(key, following))
-        key, index = (lanes.permute(w, place) for w in (key, index))
-        if dimension == 0:
-            key, index = key.T, index.T
-        out = [o if i in skip else key if i == 0 else _gather_along(o, index, dimension)
+
+        def in_order(word: jnp.ndarray) -> jnp.ndarray:
+            word = lanes.permute(word, place)
+            return word.T if dimension == 0 else word
+
+        index = in_order(index)
+        out = [o if i in skip else in_order(key) if i == 0 else _gather_along(o, index, dimension)
                for i, o in enumerate(ops)]
         return lax.cond(tie, exact, lambda *_: (out, index), *ops)
 
