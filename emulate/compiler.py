@@ -139,9 +139,13 @@ CONSTANTS = frozenset({"arith.constant", "llvm.mlir.constant"})
 class Compiler:
     """``checked``: once the module is compiled (:meth:`finish`), guard each
     op's operands for the synchronization checker -- a WGMMA accumulator read
-    before the ``wgmma.wait_group`` covering it -- if the module has a WGMMA."""
+    before the ``wgmma.wait_group`` covering it -- if the module has a WGMMA.
+    ``dead``: operations to leave out (:func:`.liveness.dead_ops`: what a
+    GPU compiler removes)."""
 
-    def __init__(self, checked: bool = False, profiled: bool = False) -> None:
+    def __init__(self, checked: bool = False, profiled: bool = False,
+                 dead: set[Any] | frozenset[Any] = frozenset()) -> None:
+        self.dead = dead
         self.slots: dict[Any, int] = {}
         self.checked = checked
         self.profiled = profiled  # wrap steps to count instructions (.profiling)
@@ -171,6 +175,8 @@ class Compiler:
             if name in TERMINATORS:
                 term_op = Op(raw.operation, self)
                 term, term_name = term_op.ins, name
+                continue
+            if raw.operation in self.dead:
                 continue
             o = Op(raw.operation, self)
             step = self.op(o)

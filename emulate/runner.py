@@ -22,6 +22,7 @@ import numpy as np
 from . import irtypes, ops, subbyte  # noqa: F401  (ops registers the rules)
 from .compiler import Compiler
 from .errors import EmulationError, Unsupported
+from .liveness import dead_ops
 from .machine import Frame, Launch
 from .sync.checker import Checker
 
@@ -104,7 +105,7 @@ class Program:
         self.sanitize = sanitize
         self.profiled = profiled
         start = time.perf_counter()
-        comp = Compiler(checked=sanitize, profiled=profiled)
+        comp = Compiler(checked=sanitize, profiled=profiled, dead=dead_ops(func))
         self.body = comp.block(func.regions[0].blocks[0])
         comp.finish()
         self.nslots = comp.nslots
