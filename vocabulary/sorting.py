@@ -63,12 +63,14 @@ one run and the other reversed is a bitonic sequence, which ``log2 r``
 half-cleaner stages sort), so later takes move ever less.
 
 Outputs: an operand that is an iota along the axis (``jnp.argsort``'s) is
-the sorted index itself; the first operand is decoded from its sorted keys
-where they are one-to-one (integers; floats where the screen above finds
-no zero and no NaN); every other operand is read once at the sorted
-indices with one ``take``; top_k's values are decoded from their
-(bijective) keys. Everything is exact: bit for bit lax.sort's and
-lax.top_k's answer.
+the sorted index itself (and where nothing else reads the iota, the
+``argsort`` jaxpr rewrite, :func:`fuse`, drops it before Pallas builds
+it); the first operand is decoded from its sorted keys where they are
+one-to-one (integers; floats where the screen above finds no zero and no
+NaN); every other operand is read once at the sorted indices; outputs
+nobody reads are not computed; top_k's values are decoded from their
+(bijective) keys. Everything is exact: bit for bit
+lax.sort's and lax.top_k's answer.
 
 Cost, in ``take`` steps for ``P`` along the axis (``S = log2 P (log2 P + 1)
 / 2``, 28 for ``P = 128``), times the words per element (1 or 2):
