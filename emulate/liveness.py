@@ -51,12 +51,10 @@ def dead_ops(root: Any) -> set[Any]:
                     order.append(child.operation)
                     walk(child.operation)
 
-    walk(root.operation if hasattr(root, "operation") else root)
+    walk(root.operation)  # (an Operation's .operation is itself, as an OpView's is its op)
     dead: set[Any] = set()
     for op in reversed(order):
-        if not op.results or not is_pure(op.name):
-            continue
-        if all(use.owner.operation in dead if hasattr(use.owner, "operation")
-               else use.owner in dead for result in op.results for use in result.uses):
+        if op.results and is_pure(op.name) and all(
+                use.owner.operation in dead for result in op.results for use in result.uses):
             dead.add(op)
     return dead

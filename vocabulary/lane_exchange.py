@@ -104,9 +104,8 @@ def compare_exchange(words: list[jax.Array], *, mask: int, half: int, axis: int 
                            keys=keys)
 
 
-def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1,
-               live: tuple[bool, ...] | None = None, keys: int | None = None
-               ) -> list[jax.Array]:
+def exchange_f(*words: jax.Array, mask: int, half: int, axis: int, live: tuple[bool, ...] | None,
+               keys: int) -> list[jax.Array]:
     """The stage in jnp over :func:`~smalti.vocabulary.lanes.permute` (columns)
     or :func:`~smalti.vocabulary.rows.permute` (rows); every column computed
     (``live`` only allows skipping)."""
@@ -116,7 +115,6 @@ def exchange_f(*words: jax.Array, mask: int, half: int, axis: int = 1,
     theirs = [move(w, lanes.xor_partners(n, mask)) for w in words]
     keep_min = (jax.lax.broadcasted_iota(jnp.int32, words[0].shape, axis) & half) == 0
     # distinct elements: theirs > mine is not(theirs < mine)
-    keys = len(words) if keys is None else keys
     swap = less(theirs[:keys], list(words[:keys])) == keep_min
     return [jnp.where(swap, t, w) for t, w in zip(theirs, words)]
 
@@ -133,10 +131,9 @@ mlir.register_lowering(exchange_p, mlir.lower_fun(exchange_f, multiple_results=T
 
 
 def lower(ctx: PallasContext, *words: Operand, mask: int, half: int, axis: int,
-          live: tuple[bool, ...] | None = None, keys: int | None = None) -> Lowered:
+          live: tuple[bool, ...] | None, keys: int) -> Lowered:
     """In registers (and, for rows across warps, the scratch) where every
     word :func:`fits <smalti.vocabulary.lanes.fits>`."""
-    keys = len(words) if keys is None else keys
     fallback = pallas_lowering._lower_fun(
         lambda *ws: exchange_f(*ws, mask=mask, half=half, axis=axis, live=live, keys=keys))
     scratch = None
@@ -195,9 +192,8 @@ def _less(theirs: list[ir.Value], mine: list[ir.Value]) -> ir.Value:
 
 
 def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
-                        live: tuple[bool, ...] | None = None, keys: int | None = None
+                        live: tuple[bool, ...] | None, keys: int
                         ) -> tuple[fa.FragmentedArray, ...]:
-    keys = len(values) if keys is None else keys
     elements = [_element_type(v) for v in values]
     float_word = len(values) == 1 and isinstance(elements[0], ir.FloatType)
     quad = lanes.Quad()
@@ -263,7 +259,7 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
 
 
 def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
-                   scratch: row_moves.Scratch | None, keys: int | None = None
+                   scratch: row_moves.Scratch | None, keys: int
                    ) -> tuple[fa.FragmentedArray, ...]:
     """The stage along the rows: the partners' words from
     :func:`smalti.vocabulary.rows.permute_registers` (shuffles within a
@@ -291,7 +287,7 @@ def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,
         for b in range(2):
             mine = [lanes.extract(p, b) for p in pairs_in]
             theirs = [lanes.extract(p, b) for p in pairs_out]
-            lt = _less(theirs[:keys or len(values)], mine[:keys or len(values)])
+            lt = _less(theirs[:keys], mine[:keys])
             if by_thread is not None:  # lt flipped where the thread keeps the larger
                 lt = arith.xori(lt, by_thread)
             if by_thread is not None or not register_row & half:  # swap where theirs < mine

@@ -596,11 +596,12 @@ def element_f(x: jax.Array, index: tuple[int, int]) -> jax.Array:
     value the same in every thread (what ``x[r, c]`` squeezes to a scalar):
     the block's maximum where every other element is the dtype's least
     (an exact pick: ``-0.0`` and NaN included, float maxima propagate NaN)."""
+    from smalti.vocabulary.scans import identity  # scans imports this module
+
     dtype = np.dtype(x.dtype)
-    lowest = (-np.inf if jnp.issubdtype(dtype, jnp.floating) else False if dtype == np.dtype(bool)
-              else np.iinfo(dtype).min)
-    hit = (lax_internal.broadcasted_iota(np.int32, x.shape, 0) == index[0]) & \
-        (lax_internal.broadcasted_iota(np.int32, x.shape, 1) == index[1])
+    lowest = False if dtype == np.dtype(bool) else identity("cummax", dtype)
+    rows, columns = _iotas(tuple(x.shape))
+    hit = (rows == index[0]) & (columns == index[1])
     value = jnp.max(jnp.where(hit, x, np.asarray(lowest, dtype)))
     return jax.lax.broadcast_in_dim(value, (1, 1), ())
 

@@ -470,9 +470,9 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
 
 def _sort_alone(x: jnp.ndarray, dimension: int, screen: bool) -> jnp.ndarray:
     """One operand sorted on its own (jnp.sort)."""
-    p = _padded_length(x.shape[dimension])
     if x.shape[dimension] == 1:
         return x
+    p = _padded_length(x.shape[dimension])
     if np.dtype(x.dtype).kind in "iu":  # equal keys are equal values: no index needed
         return _sort_bijective(x, dimension, p)
     if np.dtype(x.dtype) != np.dtype(np.float32):
@@ -514,18 +514,26 @@ def _sort_several(*operands: jnp.ndarray, dimension: int, num_keys: int, screen:
         key = _read(words[0], dimension, shape)
         return from_total_order_key(key >> 16 if packed and num_keys == 1 else key, dtype)
 
-    out = []
-    for i, o in enumerate(operands):
-        if i in skip:
-            out.append(o)
-        elif i == 0 and dtype.kind in "iu":
-            out.append(first_decoded())
-        elif i == 0 and screen:
-            out.append(lax.cond(_has_zero_subnormal_or_nan(x),
-                                lambda: _gather_along(x, index, dimension), first_decoded))
-        else:
-            out.append(_gather_along(o, index, dimension))
-    return out, index
+    def first() -> jnp.ndarray:
+        if dtype.kind in "iu":
+            return first_decoded()
+        if screen:
+            return lax.cond(_has_zero_subnormal_or_nan(x),
+                            lambda: _gather_along(x, index, dimension), first_decoded)
+        return _gather_along(x, index, dimension)
+
+    return _outputs(operands, skip, first, index, dimension), index
+
+
+def _outputs(operands: tuple[jnp.ndarray, ...], skip: frozenset[int],
+             first: Callable[[], jnp.ndarray], index: jnp.ndarray, dimension: int
+             ) -> list[jnp.ndarray]:
+    """lax.sort's outputs from the sorted ``index``: the first operand as
+    ``first()`` gives it (decoded from the network's words, where they keep
+    it), the others read at the index; those in ``skip`` (read by nobody)
+    stand in for themselves, unsorted and uncomputed."""
+    return [o if i in skip else first() if i == 0 else _gather_along(o, index, dimension)
+            for i, o in enumerate(operands)]
 
 
 def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: frozenset[int]
@@ -586,8 +594,7 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
             return word.T if dimension == 0 else word
 
         index = in_order(index)
-        out = [o if i in skip else in_order(key) if i == 0 else _gather_along(o, index, dimension)
-               for i, o in enumerate(ops)]
+        out = _outputs(ops, skip, lambda: in_order(key), index, dimension)
         return lax.cond(tie, exact, lambda *_: (out, index), *ops)
 
     return lax.cond(_has_zero_subnormal_or_nan(x), exact, carried, *operands)
@@ -608,15 +615,9 @@ def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray,
     [word] = bitonic_sort([word], dimension)
     word = _read(word, dimension, shape)
     index = word & (p - 1)
-    out = []
-    for i, o in enumerate(operands):
-        if i in skip:
-            out.append(o)
-        elif i == 0:
-            out.append(from_total_order_key((word >> bits) + lo, o.dtype))
-        else:
-            out.append(_gather_along(o, index, dimension))
-    return out, index
+    return _outputs(operands, skip,
+                    lambda: from_total_order_key((word >> bits) + lo, operands[0].dtype),
+                    index, dimension), index
 
 
 def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
@@ -792,10 +793,9 @@ def lower_sort(ctx: PallasContext, *operands: Operand, dimension: int, is_stable
                     in enumerate(zip(operands, ctx.avals_in))
                     if i >= num_keys and _is_iota(o, int(dimension))
                     and np.dtype(aval.dtype).kind in "iu")
-    skipped = {i for i, _ in indices}
     return _lower(ctx, operands, dimension=int(dimension), num_keys=int(num_keys),
-                  indices=indices, unused=frozenset(), keep=lambda xs: [
-                      x for i, x in enumerate(xs) if i not in skipped])
+                  indices=indices, unused=frozenset(),
+                  dropped=frozenset(i for i, _ in indices))
 
 
 def lower_sort_index(ctx: PallasContext, *operands: Operand, dimension: int, is_stable: bool,
@@ -804,12 +804,14 @@ def lower_sort_index(ctx: PallasContext, *operands: Operand, dimension: int, is_
     """:data:`sort_index_p`: lax.sort without its iota operands."""
     del is_stable
     return _lower(ctx, operands, dimension=int(dimension), num_keys=int(num_keys),
-                  indices=indices, unused=frozenset(unused), keep=list)
+                  indices=indices, unused=frozenset(unused), dropped=frozenset())
 
 
 def _lower(ctx: PallasContext, operands: tuple[Operand, ...], *, dimension: int, num_keys: int,
            indices: tuple[tuple[int, str], ...], unused: frozenset[int],
-           keep: Callable[[tuple[jnp.ndarray, ...]], list[jnp.ndarray]]) -> Lowered:
+           dropped: frozenset[int]) -> Lowered:
+    """The sort's rule; ``dropped``: operands it does not read (iotas whose
+    outputs are the index)."""
     from smalti.vocabulary.primitives import _lower_fun
 
     _check_dtypes(ctx, "sort")
@@ -822,7 +824,8 @@ def _lower(ctx: PallasContext, operands: tuple[Operand, ...], *, dimension: int,
         screen = one_warpgroup and lanes.registers_allowed()
         fn = partial(sort_f, dimension=dimension, num_keys=num_keys, screen=screen,
                      indices=indices, unused=unused)
-        return _lower_fun(lambda *xs: fn(*keep(xs)))(ctx, *operands)
+        return _lower_fun(lambda *xs: fn(*(x for i, x in enumerate(xs) if i not in dropped)))(
+            ctx, *operands)
 
 
 def _is_iota(value: Operand, dimension: int) -> bool:

@@ -69,6 +69,13 @@ def _inputs(shape, dtype):
     return data(shape, dtype, seed=5)
 
 
+def _as_jax(pipeline, fn, x):
+    """``fn`` of the block ``x`` on the emulator is jax's answer bit for bit."""
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
+    assert_bits(got, np.asarray(jax.jit(fn)(x)))
+
+
 def _profile(pipeline, fn, x):
     with smalti.jax.installed(pipeline):
         return smalti.emulate.profile(tma_kernel(fn, [x]), x)
@@ -422,9 +429,7 @@ def test_sort_along_rows_through_transposes(pipeline):
     floats = ties(rng, (64, 128), np.float32)
     for x in (ints, floats):
         for fn in (lambda v: jnp.sort(v, 0), lambda v: jnp.argsort(v, 0).astype(jnp.int32)):
-            with smalti.jax.installed(pipeline):
-                (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
-            assert_bits(got, np.asarray(jax.jit(fn)(x)))
+            _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ints)
     got = _profile(pipeline, lambda v: jnp.sort(v, 0), ints)
     assert (got[INST] - base[INST]) * 32 / ints.size <= 43
@@ -463,9 +468,7 @@ def test_sorted_operands_without_gathers(pipeline):
     for fn, x in [(argsort, ordinary), (argsort, floats), (argsort, ints),
                   (argsort, floats.astype(ml_dtypes.bfloat16)), (keys, floats), (keys, ordinary),
                   (keys, ints), (rows, floats)]:
-        with smalti.jax.installed(pipeline):
-            (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
-        assert_bits(got, np.asarray(jax.jit(fn)(x)))
+        _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ordinary)
     sorted_ = _profile(pipeline, argsort, ordinary)
     assert sorted_[WAVEFRONTS] - base[WAVEFRONTS] <= 2 * 20
@@ -502,9 +505,7 @@ def test_integer_keys_of_a_narrow_span_share_a_word_with_their_index(pipeline):
 
     for x in (ids, under, over, wraps, unsigned):
         for fn in (argsort(1), argsort(0), pairs(1), pairs(0)):
-            with smalti.jax.installed(pipeline):
-                (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
-            assert_bits(got, np.asarray(jax.jit(fn)(x)))
+            _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ids)
     costs = [(_profile(pipeline, argsort(1), x)[INST] - base[INST]) * 32 / x.size
              for x in (ids, wraps)]
@@ -533,9 +534,7 @@ def test_f32_keys_carry_their_index_where_the_block_has_no_ties(pipeline):
 
     for x in (ordinary, tied, special):
         for fn in (argsort(1), argsort(0), sorted_(1, 1), sorted_(0, 0)):
-            with smalti.jax.installed(pipeline):
-                (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
-            assert_bits(got, np.asarray(jax.jit(fn)(x)))
+            _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ordinary)
     costs = [(_profile(pipeline, argsort(1), x)[INST] - base[INST]) * 32 / x.size
              for x in (ordinary, tied)]
@@ -598,9 +597,7 @@ def test_fused_sorts_compute_jax_s_answer(pipeline):
            lambda v: jnp.argsort(v, 0).astype(jnp.int32), shared, payload]
     for x in blocks:
         for fn in fns:
-            with smalti.jax.installed(pipeline):
-                (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
-            assert_bits(got, np.asarray(jax.jit(fn)(x)))
+            _as_jax(pipeline, fn, x)
     x = rng.standard_normal((64, 128)).astype(ml_dtypes.bfloat16)
     got = _profile(pipeline, fns[0], x)
     assert_bits(got.outputs[0], np.asarray(jax.jit(fns[0])(x)))
@@ -633,9 +630,7 @@ def test_float_words_along_the_rows_in_registers(pipeline):
     special = ties(rng, (128, 32), np.float32)
     fn = lambda v: jnp.sort(v, 0)  # noqa: E731
     for x in (ordinary, special):
-        with smalti.jax.installed(pipeline):
-            (got,) = smalti.emulate.run(tma_kernel(fn, [x]), x)
-        assert_bits(got, np.asarray(jax.jit(fn)(x)))
+        _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ordinary)
     screened = _profile(pipeline, fn, ordinary)
     assert screened[WAVEFRONTS] > base[WAVEFRONTS]  # the exchanges across warps
