@@ -359,7 +359,12 @@ lower_scatter_max = _scatter_rule("max")
 
 def estimate(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Resources:
     """The largest of the operands, once per Pallas warpgroup (``take``'s own
-    estimate): each ``take`` reads one of them, one after another."""
-    del params
+    estimate): each ``take`` reads one of them, one after another; a block
+    gather's padded copy of its operand where it may take that path."""
     nbytes = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
+    numbers = params.get("dimension_numbers")
+    if isinstance(numbers, slicing.GatherDimensionNumbers) and len(avals) == 2 and \
+            block_gather.along_axis(avals[0], avals[1], numbers,
+                                    tuple(params.get("slice_sizes", ()))) is not None:
+        nbytes = max(nbytes, block_gather.scratch_bytes(avals[0]))
     return take_scratch(ctx, (nbytes,), np.uint8)

@@ -859,13 +859,16 @@ def _padded_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
 
 def estimate_sort(ctx: EstimatorContext, *avals: Aval, dimension: int, is_stable: bool,
                   num_keys: int) -> Resources:
-    """The largest take: an int32 word of the padded block, or an operand."""
+    """The largest take: an int32 word of the padded block, or an operand
+    (as :mod:`smalti.vocabulary.block_gather` pads it, where it gathers from it)."""
     del is_stable, num_keys
     padded = _padded_shape(tuple(avals[0].shape), dimension)
-    biggest = max([(int(np.prod(padded)) * 4, padded, np.int32)]
-                  + [(int(a.size) * np.dtype(a.dtype).itemsize, tuple(a.shape), a.dtype)
-                     for a in avals], key=lambda t: t[0])
-    return take_scratch(ctx, biggest[1], biggest[2])
+    sizes = [int(np.prod(padded)) * 4]
+    for a in avals:
+        gathered = lanes.fits(a)  # where _gather_along may use block_gather
+        sizes.append(block_gather.scratch_bytes(a) if gathered
+                     else int(a.size) * np.dtype(a.dtype).itemsize)
+    return take_scratch(ctx, (max(sizes),), np.uint8)
 
 
 def estimate_sort_index(ctx: EstimatorContext, *avals: Aval, dimension: int, is_stable: bool,

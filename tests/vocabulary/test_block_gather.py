@@ -19,6 +19,7 @@ import smalti.emulate
 import smalti.jax
 from smalti.emulate.profiling import INST, WAVEFRONTS
 from smalti.vocabulary import block_gather
+from smalti.vocabulary.block_gather import Checks
 from tests.vocabulary.test_indexing import BF16, F32, I32, check, tma_kernel
 from tests.vocabulary.test_lanes import _blocks_kernel, lowered_by_both
 from tests.vocabulary.test_movement import data
@@ -29,10 +30,10 @@ RNG = np.random.default_rng(17)
 def index_block(shape, high, *, extremes=True):
     """int32 indices in [0, high) of ``shape``; with ``extremes``, jnp's
     wrapped negatives (-1, -high) and out-of-bounds ones (high, -high - 1,
-    2**31 - 1) in the first row."""
+    2**31 - 1, -2**31) in the first row."""
     idx = RNG.integers(0, high, shape).astype(np.int32)
     if extremes:
-        idx[0, :5] = [-1, -high, high, -high - 1, 2 ** 31 - 1]
+        idx[0, :6] = [-1, -high, high, -high - 1, 2 ** 31 - 1, -2 ** 31]
     return idx
 
 
@@ -91,9 +92,9 @@ def test_promise_in_bounds(pipeline, axis):
 @pytest.mark.parametrize("axis", [0, 1])
 def test_cheaper_than_take(pipeline, monkeypatch, axis):
     """The same bits as the ``take`` path; beyond a kernel that moves the
-    same blocks unchanged, at most a third of its instructions (along the
-    rows 3.7 times fewer, along the columns more; both count the index
-    block's load into registers and jnp's wrap of negative indices) and
+    same blocks unchanged, at most a third of its instructions (both count
+    the index block's load into registers and the test of jnp's wrapped
+    indices) and
     fewer shared wavefronts (random indices: the loads' banks depend on
     the data)."""
     x = data((64, 128), F32)
@@ -208,3 +209,107 @@ def test_fill_of_unsigned_and_16_bit_types(pipeline, dtype):
     x = RNG.integers(0, 1000, (64, 128)).astype(dtype)
     check(pipeline, lambda x, i: jnp.take_along_axis(x, i, axis=1), x,
           index_block((64, 128), 128))
+
+
+def spy_checks(monkeypatch, force: Checks | None = None) -> list[Checks]:
+    """The checks each block gather lowered takes (``force``: made those)."""
+    taken: list[Checks] = []
+    real = block_gather.checks_for
+
+    def recording(indices, limit, mode):
+        read, checks = real(indices, limit, mode)
+        if force is not None:
+            read, checks = indices, force
+        taken.append(checks)
+        return read, checks
+    monkeypatch.setattr(block_gather, "checks_for", recording)
+    return taken
+
+
+def profiles(pipeline, monkeypatch, fn, *args):
+    """(taken checks, profile, profile with the mode's checks forced) of a
+    TMA kernel of ``fn``, both outputs jnp's bits."""
+    k = tma_kernel(fn, list(args))
+    want = np.asarray(jax.jit(fn)(*args))
+    with smalti.jax.installed(pipeline), pytest.MonkeyPatch.context() as mp:
+        taken = spy_checks(mp)
+        found = smalti.emulate.profile(k, *args)
+        mp.undo()
+        spy_checks(mp, force=Checks.BY_MODE)
+        forced = smalti.emulate.profile(k, *args)
+    for prof in (found, forced):
+        np.testing.assert_array_equal(prof.outputs[0].view(np.uint32), want.view(np.uint32))
+    return taken, found, forced
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_indices_known_in_bounds_are_not_checked(pipeline, monkeypatch, axis):
+    """``idx & (n - 1)`` lies in the axis: no clamp, compare or select (jnp's
+    wrap of it is dead), the same bits in fewer instructions."""
+    x = data((64, 128), F32)
+    n = x.shape[axis]
+    taken, found, forced = profiles(
+        pipeline, monkeypatch, lambda x, i: jnp.take_along_axis(x, i & (n - 1), axis=axis), x,
+        index_block((64, 128), n))
+    assert taken == [Checks.NONE]
+    assert found[INST] < forced[INST]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_jnps_wrap_is_folded_into_the_fill(pipeline, monkeypatch, axis):
+    """Unknown indices under jnp's default mode: valid in [-n, n), read at
+    ``c & (n - 1)`` -- negative, out-of-bounds and the int32 extremes give
+    jnp's bits, in fewer instructions than the wrap and the fill's checks."""
+    x = data((64, 128), F32)
+    taken, found, forced = profiles(
+        pipeline, monkeypatch, lambda x, i: jnp.take_along_axis(x, i, axis=axis), x,
+        index_block((64, 128), x.shape[axis]))
+    assert taken == [Checks.WRAPPED]
+    assert found[INST] < forced[INST]
+
+
+def test_clip_keeps_the_wrap_and_the_clamp(pipeline, monkeypatch):
+    """clip(wrap(c)) is not ``c & (n - 1)`` below -n: the mode's checks."""
+    x = data((64, 128), F32)
+    taken, _, _ = profiles(
+        pipeline, monkeypatch, lambda x, i: jnp.take_along_axis(x, i, axis=1, mode="clip"), x,
+        index_block((64, 128), 128))
+    assert taken == [Checks.BY_MODE]
+
+
+def test_an_axis_not_a_power_of_two(pipeline, monkeypatch):
+    """96 columns: jnp's wrap cannot be an ``and``, so the mode's checks; a
+    non-negative remainder by 96 is known in bounds."""
+    x = data((64, 96), F32)
+    idx = index_block((64, 96), 96)
+    taken, _, _ = profiles(pipeline, monkeypatch,
+                           lambda x, i: jnp.take_along_axis(x, i, axis=1), x, idx)
+    assert taken == [Checks.BY_MODE]
+    taken, found, forced = profiles(
+        pipeline, monkeypatch,
+        lambda x, i: jnp.take_along_axis(x, jax.lax.rem(i & (2 ** 31 - 1), 96), axis=1), x, idx)
+    assert taken == [Checks.NONE]
+    assert found[INST] < forced[INST]
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=lambda d: d.name)
+@pytest.mark.parametrize("cols", [128, 64, 24])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_stores_are_conflict_free(pipeline, dtype, cols, axis):
+    """The copy of the block goes into padded rows (24 columns need none;
+    the block is a slice of a TMA-loaded one): its stores take the ideal
+    wavefronts, one per 128 bytes."""
+    x = data((64, 128), dtype)
+    idx = index_block((64, 128), 64 if axis == 0 else cols, extremes=False)
+
+    def fn(x, i):
+        return jnp.take_along_axis(x[:, :cols], i[:, :cols], axis=axis)
+
+    stores = WAVEFRONTS + "_op_st"
+    with smalti.jax.installed(pipeline):
+        base = smalti.emulate.profile(tma_kernel(lambda x, i: x[:, :cols], [x, idx]), x, idx)
+        prof = smalti.emulate.profile(tma_kernel(fn, [x, idx]), x, idx)
+    np.testing.assert_array_equal(prof.outputs[0].view(np.uint16),
+                                  np.asarray(jax.jit(fn)(x, idx)).view(np.uint16))
+    assert prof[stores] - base[stores] == 64 * cols * x.itemsize // 128
+    assert block_gather.padded((64, cols), x.itemsize)[1] == cols + (0 if cols == 24 else 8)
