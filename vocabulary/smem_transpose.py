@@ -142,10 +142,13 @@ def slice_stride(module_ctx: Any, count: int) -> int:
 
 def fits_slices(ctx: PallasContext, aval: Aval) -> bool:
     """Whether the fast path's slices of ``aval`` keep to the warpgroups'
-    stride (one warpgroup, or ``aval`` exactly a warpgroup's share)."""
+    stride: one warpgroup, or a warpgroup's share of the scratch holds
+    ``aval`` (a kernel whose largest scratch user is bigger -- a block
+    gather's padded copy -- leaves each share larger than the block; the
+    register path places its slice at the stride, so it fits there too)."""
     module_ctx = ctx.module_ctx
     count = warpgroups(module_ctx.axis_names, module_ctx.mesh_info)
-    return count == 1 or slice_stride(module_ctx, count) == int(aval.size) * np.dtype(
+    return count == 1 or slice_stride(module_ctx, count) >= int(aval.size) * np.dtype(
         aval.dtype).itemsize
 
 

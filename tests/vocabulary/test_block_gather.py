@@ -313,3 +313,26 @@ def test_the_stores_are_conflict_free(pipeline, dtype, cols, axis):
                                   np.asarray(jax.jit(fn)(x, idx)).view(np.uint16))
     assert prof[stores] - base[stores] == 64 * cols * x.itemsize // 128
     assert block_gather.padded((64, cols), x.itemsize)[1] == cols + (0 if cols == 24 else 8)
+
+
+def test_transposes_beside_it_keep_their_fast_path(pipeline, monkeypatch):
+    """With two Pallas warpgroups the gather's padded copy makes each
+    warpgroup's share of the scratch larger than a block: a transpose in the
+    same kernel still takes its register path at that stride -- race-free,
+    jnp's bits, fewer instructions than its ``take`` fallback."""
+    from smalti.vocabulary import smem_transpose
+
+    def fn(v):
+        i = jax.lax.bitcast_convert_type(v, jnp.int32) & 127
+        return (jnp.take_along_axis(v, i, axis=1).T * 2).T
+
+    x = data((2, 64, 128), F32)
+    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    k = _blocks_kernel(fn, (64, 128), F32, 2)
+    with smalti.jax.installed(pipeline):
+        fast = smalti.emulate.profile(k, x)
+        monkeypatch.setattr(smem_transpose, "fits_slices", lambda ctx, aval: False)
+        slow = smalti.emulate.profile(k, x)
+    for prof in (fast, slow):
+        np.testing.assert_array_equal(prof.outputs[0].view(np.uint32), want.view(np.uint32))
+    assert fast[INST] * 2 < slow[INST]
