@@ -336,6 +336,11 @@ ISSUE_37: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
     ("scatter set", lambda x, y: y.at[jnp.argmax(x, 0)[:16]].set(x[:16]), lambda: [x32(), x32()]),
     ("scatter add", lambda x, y: y.at[jnp.argmax(x, 0)[:16] // 2].add(1.0),
      lambda: [x32(), x32()]),
+    # one element per row: cross-entropy's gradient, put_along_axis
+    ("scatter per row", lambda x: jax.nn.softmax(x).at[jnp.arange(64), jnp.argmax(x, 1)].add(-1.0),
+     lambda: [x32()]),
+    ("put_along_axis", lambda x: jnp.put_along_axis(x, jnp.argmax(x, 1)[:, None], 0.0, axis=1,
+                                                    inplace=False), lambda: [x32()]),
     ("group max", lambda x: jnp.max(jnp.abs(x.reshape(64, 4, 32)), axis=-1), lambda: [x32()]),
     ("group scale", _group_scale, lambda: [x32()]),
     ("repeat", lambda x: jnp.repeat(x[:, :64], 2, axis=1), lambda: [x32()]),

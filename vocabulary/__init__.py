@@ -128,6 +128,8 @@ PRIMITIVES: dict[str, str] = {
     "smalti.vocabulary.lane_scan:lane_scan_p": "lane_scan:lower",
     "smalti.vocabulary.lines:line_p": "lines:lower",
     "smalti.vocabulary.repeats:interleave_p": "repeats:lower",
+    # one update per row or column: x.at[jnp.arange(n), cols].add(u) (line_scatter.py)
+    "smalti.vocabulary.line_scatter:line_scatter_p": "line_scatter:lower",
     "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
     "jax._src.lax.lax:rev_p": "movement:lower_rev",
     "jax._src.lax.lax:pad_p": "movement:lower_pad",
@@ -237,6 +239,8 @@ JAXPR_REWRITES: dict[str, str] = {
     "repeats": "repeats:fuse",
     # jnp.argsort's iota and unread outputs of lax.sort (sorting.py)
     "argsort": "sorting:fuse",
+    # scatters of one element per row or column as a select (line_scatter.py)
+    "line_scatter": "line_scatter:fuse",
 }
 
 
