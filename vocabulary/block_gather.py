@@ -11,7 +11,9 @@ array and result that WGMMA's layout holds (16- or 32-bit elements, int32
 indices, rows a multiple of 64 and columns of 8; none from a plain load of
 global memory) with the warpgroup's scratch slice free; and (through
 :mod:`smalti.vocabulary.indexing`) one pick per row or column, an (n, 1) or
-(1, n) index broadcast to a whole tile. Every other gather is
+(1, n) index broadcast to a whole tile, and whole rows or columns
+(``x[idx]``, ``x[:, idx]``, ``jnp.take(x, idx, 1)``), the (k,) index
+broadcast across the lines. Every other gather is
 :mod:`smalti.vocabulary.indexing`'s.
 
 How: each thread stores every register of ``x`` (two columns of one row)

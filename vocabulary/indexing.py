@@ -243,6 +243,71 @@ def _one_pick_per_line(ctx: PallasContext, operand: Operand, o_aval: Aval, indic
     return pallas_lowering._lower_fun(pick, in_avals=(o_aval, seen))(ctx, operand, indices)
 
 
+def whole_lines(operand: Aval, indices: Aval, dimension_numbers: slicing.GatherDimensionNumbers,
+                slice_sizes: tuple[int, ...]) -> int | None:
+    """The axis along which a gather takes whole lines of a 2-D operand by a
+    (k, 1) index array -- 0 for rows, ``x[idx]`` (``out[j, :] =
+    x[idx[j], :]``), 1 for columns, ``x[:, idx]`` and ``jnp.take(x, idx,
+    1)`` -- or None for any other gather."""
+    if operand.ndim != 2 or indices.ndim != 2 or indices.shape[1] != 1:
+        return None
+    for axis in (0, 1):
+        numbers = slicing.GatherDimensionNumbers(
+            offset_dims=(1 - axis,), collapsed_slice_dims=(axis,), start_index_map=(axis,))
+        sizes = tuple(1 if d == axis else operand.shape[d] for d in (0, 1))
+        if dimension_numbers == numbers and tuple(slice_sizes) == sizes:
+            return axis
+    return None
+
+
+def _whole_lines(ctx: PallasContext, operand: Operand, o_aval: Aval, indices: Operand,
+                 seen: Aval, axis: int | None, mode: Any, fill_value: Any) -> Lowered | None:
+    """Whole rows or columns (:func:`whole_lines`) through the block gather:
+    the (k,) index broadcast across the lines' other axis into a block of
+    the result's shape and gathered element by element along ``axis``;
+    None where the block gather does not apply."""
+    [out] = ctx.avals_out
+    if axis is None or (axis == 1 and _reduced_along_rows(indices, seen.size)) or \
+            block_gather.fits(ctx, operand, o_aval, indices,
+                              seen.update(shape=tuple(out.shape))) is None:
+        return None
+
+    def lines(o: jax.Array, i: jax.Array) -> jax.Array:
+        full = lax.broadcast_in_dim(i.reshape(i.size), tuple(out.shape), (axis,))
+        return lax.gather(o, full[..., None], block_gather.numbers(axis), (1, 1), mode=mode,
+                          fill_value=fill_value)
+
+    return pallas_lowering._lower_fun(lines, in_avals=(o_aval, seen))(ctx, operand, indices)
+
+
+def _reduced_along_rows(value: Operand, size: int, budget: int = 256) -> bool:
+    """Whether the ``size`` indices ``value`` holds come from a reduction
+    along a block's rows (``jnp.argmax(x, 1)``: one per row, in the row
+    layout), through ops on values of that many elements. No relayout turns
+    that layout into the column layout a broadcast across the rows needs,
+    so whole columns by such indices keep the ``take`` path. Conservative:
+    true once ``budget`` ops are walked."""
+    seen: set[ir.Operation] = set()
+    stack = [value]
+    while stack:
+        owner = getattr(stack.pop(), "owner", None)
+        if not isinstance(owner, (ir.Operation, ir.OpView)):
+            continue  # a block argument or a Python value
+        op = owner.operation if isinstance(owner, ir.OpView) else owner
+        if op in seen:
+            continue
+        seen.add(op)
+        if len(seen) > budget:
+            return True
+        if op.name == "vector.multi_reduction":
+            if list(ir.DenseI64ArrayAttr(op.attributes["reduction_dims"])) == [1]:
+                return True
+            continue
+        stack.extend(v for v in op.operands if isinstance(v.type, ir.VectorType)
+                     and math.prod(ir.VectorType(v.type).shape) == size)
+    return False
+
+
 def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
                  dimension_numbers: slicing.GatherDimensionNumbers, slice_sizes: Shape,
                  mode: Any, fill_value: float | int | bool | None, **params: Any) -> Lowered:
@@ -258,6 +323,12 @@ def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,
                                         slice_sizes=(1, 1), mode=mode, fill_value=fill_value))
     if picked is not None:
         return picked
+    if Mode.from_any(mode) in block_gather.MODES:
+        lines = _whole_lines(
+            ctx, operand, o_aval, indices, seen,
+            whole_lines(o_aval, i_aval, dimension_numbers, tuple(slice_sizes)), mode, fill_value)
+        if lines is not None:
+            return lines
     scratch = None if axis is None else block_gather.fits(ctx, operand, o_aval, indices, seen)
     if axis is not None and scratch is not None:
         fill = default_fill(o_aval.dtype) if fill_value is None else fill_value
@@ -363,8 +434,9 @@ def estimate(ctx: EstimatorContext, *avals: Aval, **params: Any) -> Resources:
     gather's padded copy of its operand where it may take that path."""
     nbytes = max((int(a.size) * np.dtype(a.dtype).itemsize for a in avals), default=0)
     numbers = params.get("dimension_numbers")
-    if isinstance(numbers, slicing.GatherDimensionNumbers) and len(avals) == 2 and \
-            block_gather.along_axis(avals[0], avals[1], numbers,
-                                    tuple(params.get("slice_sizes", ()))) is not None:
-        nbytes = max(nbytes, block_gather.scratch_bytes(avals[0]))
+    if isinstance(numbers, slicing.GatherDimensionNumbers) and len(avals) == 2:
+        sizes = tuple(params.get("slice_sizes", ()))
+        if block_gather.along_axis(avals[0], avals[1], numbers, sizes) is not None or \
+                whole_lines(avals[0], avals[1], numbers, sizes) is not None:
+            nbytes = max(nbytes, block_gather.scratch_bytes(avals[0]))
     return take_scratch(ctx, (nbytes,), np.uint8)

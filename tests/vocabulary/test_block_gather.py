@@ -336,3 +336,71 @@ def test_transposes_beside_it_keep_their_fast_path(pipeline, monkeypatch):
     for prof in (fast, slow):
         np.testing.assert_array_equal(prof.outputs[0].view(np.uint32), want.view(np.uint32))
     assert fast[INST] * 2 < slow[INST]
+
+
+def _rows_of(b):  # an index per row: a reduction along the rows (the row layout)
+    return jnp.max(b, 1)
+
+
+def _cols_of(b):  # an index per column: a reduction along the columns (the column layout)
+    return jnp.max(b, 0)
+
+
+WHOLE_LINES = {
+    # x[idx]: whole rows, by indices of either layout or from an iota
+    "rows by rows": (lambda x, b: x[_rows_of(b)], (64, 64)),
+    "rows by columns": (lambda x, b: x[_cols_of(b)[:64]], (128, 64)),
+    "rows by iota": (lambda x, b: x[(jnp.arange(64) * 7 - 3) % 64], (64, 64)),
+    # x[:, idx] and jnp.take (its fill mode): whole columns
+    "columns by columns": (lambda x, b: x[:, _cols_of(b)], (128, 128)),
+    "take columns": (lambda x, b: jnp.take(x, _cols_of(b), axis=1), (128, 128)),
+    "columns by iota": (lambda x, b: x[:, (jnp.arange(128) * 5) % 128], (128, 128)),
+}
+
+
+@pytest.mark.parametrize("case", list(WHOLE_LINES))
+def test_whole_rows_and_columns_through_it(pipeline, monkeypatch, case):
+    """``x[idx]``, ``x[:, idx]`` and ``jnp.take(x, idx, 1)``: the (k,) index
+    broadcast across the lines into a block and gathered element by element
+    -- jnp's bits (negative and out-of-bounds indices clamped, or the fill
+    for ``take``), fewer instructions than the ``take`` path (the iota
+    cases did not lower at all before: no layout for their index)."""
+    from smalti.vocabulary import indexing
+
+    fn, (n, high) = WHOLE_LINES[case]
+    x = data((64, 128), F32)
+    b = index_block((64, 128), high)
+    if n == 128:  # the column indices run along the first row
+        b[:] = -10 ** 6
+        b[0] = index_block((1, 128), high)[0]
+    else:
+        b[:, 1:] = -10 ** 6
+    k = tma_kernel(fn, [x, b])
+    want = np.asarray(jax.jit(fn)(x, b))
+    with smalti.jax.installed(pipeline):
+        fast = smalti.emulate.profile(k, x, b)
+        np.testing.assert_array_equal(fast.outputs[0].view(np.uint32), want.view(np.uint32))
+        if "iota" in case:
+            return
+        monkeypatch.setattr(indexing, "_whole_lines", lambda *a: None)
+        slow = smalti.emulate.profile(k, x, b)
+    np.testing.assert_array_equal(slow.outputs[0].view(np.uint32), want.view(np.uint32))
+    assert fast[INST] < slow[INST]
+
+
+def test_columns_by_row_indices_keep_the_take_path(pipeline, monkeypatch):
+    """``x[:, jnp.argmax(y, 1)]``: indices in the row layout, which no
+    relayout makes the columns' -- the ``take`` path, jnp's bits, and the
+    same instructions with the whole-line path switched off."""
+    from smalti.vocabulary import indexing
+
+    x, y = data((64, 128), F32, 1), data((64, 128), F32, 2)
+    x.flat[:6] = 0.0
+    fn = lambda x, y: y[:, jnp.argmax(x, 1)]  # noqa: E731
+    k = tma_kernel(fn, [x, y])
+    with smalti.jax.installed(pipeline):
+        kept = smalti.emulate.profile(k, x, y)
+        monkeypatch.setattr(indexing, "_whole_lines", lambda *a: None)
+        off = smalti.emulate.profile(k, x, y)
+    np.testing.assert_array_equal(kept.outputs[0], np.asarray(jax.jit(fn)(x, y)))
+    assert kept[INST] == off[INST]
