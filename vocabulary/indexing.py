@@ -48,7 +48,7 @@ from jax._src.lax import slicing
 from jax._src.lib.mlir import ir
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
-from smalti.vocabulary import block_gather
+from smalti.vocabulary import block_gather, smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -287,25 +287,13 @@ def _reduced_along_rows(value: Operand, size: int, budget: int = 256) -> bool:
     that layout into the column layout a broadcast across the rows needs,
     so whole columns by such indices keep the ``take`` path. Conservative:
     true once ``budget`` ops are walked."""
-    seen: set[ir.Operation] = set()
-    stack = [value]
-    while stack:
-        owner = getattr(stack.pop(), "owner", None)
-        if not isinstance(owner, (ir.Operation, ir.OpView)):
-            continue  # a block argument or a Python value
-        op = owner.operation if isinstance(owner, ir.OpView) else owner
-        if op in seen:
-            continue
-        seen.add(op)
-        if len(seen) > budget:
-            return True
+    def visit(op: ir.Operation) -> bool | list[ir.Value]:
         if op.name == "vector.multi_reduction":
-            if list(ir.DenseI64ArrayAttr(op.attributes["reduction_dims"])) == [1]:
-                return True
-            continue
-        stack.extend(v for v in op.operands if isinstance(v.type, ir.VectorType)
-                     and math.prod(ir.VectorType(v.type).shape) == size)
-    return False
+            return list(ir.DenseI64ArrayAttr(op.attributes["reduction_dims"])) == [1]
+        return [v for v in op.operands if isinstance(v.type, ir.VectorType)
+                and math.prod(ir.VectorType(v.type).shape) == size]
+
+    return isinstance(value, ir.Value) and smem_transpose.walk_back(value, visit, budget)
 
 
 def lower_gather(ctx: PallasContext, operand: Operand, indices: Operand, *,

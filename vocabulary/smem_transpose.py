@@ -49,6 +49,7 @@ cannot reach a tiled SMEM store). Everything else stays on ``take``
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -82,22 +83,19 @@ def fits(aval: Aval, x: ir.Value | None = None) -> bool:
             and all(n % WGMMA_ROWS == 0 for n in aval.shape))
 
 
-def from_global_memory(value: ir.Value, budget: int = 1024) -> bool:
-    """Whether ``value`` is computed (through ops on whole vectors) from a
-    ``mosaic_gpu.vector_load`` of global memory: Pallas loads those
-    optimized, which only a strided register layout can be, and no relayout
-    turns a strided layout into a tiled one, so the value cannot reach a
-    tiled SMEM store. The walk stops at SMEM loads and at casts to a tiled
-    layout (the register paths' inputs: a strided value there would fail
-    anyway). Conservative: true once ``budget`` ops are walked. Ops are
-    told apart by the op itself, not by ``id()`` of their Python objects:
-    a freed object's id is handed on to the next one made, which would then
-    pass for seen (a load missed, a register path taken, the load failing
-    to lower), and one op may be reached through several objects."""
+def walk_back(value: ir.Value, visit: Callable[[ir.Operation], bool | Iterable[ir.Value]],
+              budget: int) -> bool:
+    """Walks the ops ``value`` is computed from, each once: ``visit(op)``
+    returns True to end the walk with True, or the operands to walk on.
+    True too once ``budget`` ops are walked (conservative for its callers'
+    questions). Ops are told apart by the op itself, not by ``id()`` of
+    their Python objects: a freed object's id is handed on to the next one
+    made, which would then pass for seen, and one op may be reached through
+    several objects."""
     seen: set[ir.Operation] = set()  # ops hash and compare as the op they are
     stack = [value]
     while stack:
-        owner = stack.pop().owner
+        owner = getattr(stack.pop(), "owner", None)
         if not isinstance(owner, (ir.Operation, ir.OpView)):
             continue  # a block argument
         op = owner.operation if isinstance(owner, ir.OpView) else owner
@@ -106,17 +104,33 @@ def from_global_memory(value: ir.Value, budget: int = 1024) -> bool:
         seen.add(op)
         if len(seen) > budget:
             return True
+        found = visit(op)
+        if found is True:
+            return True
+        if found is not False:
+            stack.extend(found)
+    return False
+
+
+def from_global_memory(value: ir.Value, budget: int = 1024) -> bool:
+    """Whether ``value`` is computed (through ops on whole vectors) from a
+    ``mosaic_gpu.vector_load`` of global memory: Pallas loads those
+    optimized, which only a strided register layout can be, and no relayout
+    turns a strided layout into a tiled one, so the value cannot reach a
+    tiled SMEM store. The walk stops at SMEM loads and at casts to a tiled
+    layout (the register paths' inputs: a strided value there would fail
+    anyway). Conservative: true once ``budget`` ops are walked."""
+    def visit(op: ir.Operation) -> bool | list[ir.Value]:
         if op.name == "mosaic_gpu.vector_load":
-            if ir.MemRefType(op.operands[0].type).memory_space is None:
-                return True
-            continue
+            return ir.MemRefType(op.operands[0].type).memory_space is None
         if op.name == "mosaic_gpu.layout_cast" and isinstance(
                 mgpu_layouts.from_layout_attr(op.attributes["new_layout"]), fa.TiledLayout):
             # cast to a tiled layout (the register paths' inputs): what it
             # casts cannot be strided either, or the kernel fails there
-            continue
-        stack.extend(v for v in op.operands if isinstance(v.type, ir.VectorType))
-    return False
+            return False
+        return [v for v in op.operands if isinstance(v.type, ir.VectorType)]
+
+    return walk_back(value, visit, budget)
 
 
 def warpgroups(axis_names: pallas_lowering._AxisNames | None,
