@@ -267,13 +267,21 @@ def _whole_lines(ctx: PallasContext, operand: Operand, o_aval: Aval, indices: Op
     the result's shape and gathered element by element along ``axis``;
     None where the block gather does not apply."""
     [out] = ctx.avals_out
-    if axis is None or (axis == 1 and _reduced_along_rows(indices, seen.size)) or \
-            block_gather.fits(ctx, operand, o_aval, indices,
-                              seen.update(shape=tuple(out.shape))) is None:
+    if axis is None or block_gather.fits(ctx, operand, o_aval, indices,
+                                         seen.update(shape=tuple(out.shape))) is None:
+        return None
+    rows, k = out.shape
+    # columns by indices in the row layout: broadcast along the columns, then transposed
+    across = axis == 1 and _reduced_along_rows(indices, seen.size)
+    if across and not smem_transpose.fits(jax_core.ShapedArray((k, rows), seen.dtype)):
         return None
 
     def lines(o: jax.Array, i: jax.Array) -> jax.Array:
-        full = lax.broadcast_in_dim(i.reshape(i.size), tuple(out.shape), (axis,))
+        line = i.reshape(i.size)
+        if across:
+            full = lax.transpose(lax.broadcast_in_dim(line, (k, rows), (0,)), (1, 0))
+        else:
+            full = lax.broadcast_in_dim(line, tuple(out.shape), (axis,))
         return lax.gather(o, full[..., None], block_gather.numbers(axis), (1, 1), mode=mode,
                           fill_value=fill_value)
 

@@ -388,19 +388,41 @@ def test_whole_rows_and_columns_through_it(pipeline, monkeypatch, case):
     assert fast[INST] < slow[INST]
 
 
-def test_columns_by_row_indices_keep_the_take_path(pipeline, monkeypatch):
+def test_columns_by_row_indices_transpose_the_index_block(pipeline, monkeypatch):
     """``x[:, jnp.argmax(y, 1)]``: indices in the row layout, which no
-    relayout makes the columns' -- the ``take`` path, jnp's bits, and the
-    same instructions with the whole-line path switched off."""
+    relayout makes the columns' (a broadcast across the rows fails
+    inference): the index is broadcast along the columns and the block
+    transposed -- jnp's bits, fewer instructions than the ``take`` path."""
     from smalti.vocabulary import indexing
 
     x, y = data((64, 128), F32, 1), data((64, 128), F32, 2)
     x.flat[:6] = 0.0
     fn = lambda x, y: y[:, jnp.argmax(x, 1)]  # noqa: E731
     k = tma_kernel(fn, [x, y])
+    want = np.asarray(jax.jit(fn)(x, y))
     with smalti.jax.installed(pipeline):
-        kept = smalti.emulate.profile(k, x, y)
+        fast = smalti.emulate.profile(k, x, y)
         monkeypatch.setattr(indexing, "_whole_lines", lambda *a: None)
-        off = smalti.emulate.profile(k, x, y)
-    np.testing.assert_array_equal(kept.outputs[0], np.asarray(jax.jit(fn)(x, y)))
-    assert kept[INST] == off[INST]
+        slow = smalti.emulate.profile(k, x, y)
+    for prof in (fast, slow):
+        np.testing.assert_array_equal(prof.outputs[0], want)
+    assert fast[INST] < slow[INST]
+
+
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_whole_lines_are_race_free(pipeline, warpgroups):
+    """Rows by an index per row, columns by an iota's indices and by an
+    index per row (the transposed index block): each Pallas warpgroup
+    gathers from its own block in its own scratch slice."""
+    def fn(v):
+        per_row = jnp.max(jax.lax.bitcast_convert_type(v, jnp.int32) & 127, 1)
+        rows = v[per_row % 64]
+        cols = v[:, (jnp.arange(128) * 5) % 128]
+        across = v[:, per_row]
+        return rows + cols + jnp.concatenate([across, across], 1)
+
+    x = data((warpgroups, 64, 128), F32)
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
+    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
