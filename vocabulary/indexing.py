@@ -61,6 +61,7 @@ from smalti.vocabulary.annotations import (
 )
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.primitives import refuse
+from smalti.vocabulary.rows import scratch_for
 from smalti.vocabulary.scans import take_scratch
 
 Mode = slicing.GatherScatterMode
@@ -264,8 +265,11 @@ def _whole_lines(ctx: PallasContext, operand: Operand, o_aval: Aval, indices: Op
                  seen: Aval, axis: int | None, mode: Any, fill_value: Any) -> Lowered | None:
     """Whole rows or columns (:func:`whole_lines`) through the block gather:
     the (k,) index broadcast across the lines' other axis into a block of
-    the result's shape and gathered element by element along ``axis``;
-    None where the block gather does not apply."""
+    the result's shape and gathered element by element along ``axis``. An
+    index in the row layout for whole columns (:func:`_reduced_along_rows`)
+    is broadcast along the columns instead and that block transposed (the
+    register transpose). None where the block gather, or that transpose,
+    does not apply."""
     [out] = ctx.avals_out
     if axis is None or block_gather.fits(ctx, operand, o_aval, indices,
                                          seen.update(shape=tuple(out.shape))) is None:
@@ -273,7 +277,9 @@ def _whole_lines(ctx: PallasContext, operand: Operand, o_aval: Aval, indices: Op
     rows, k = out.shape
     # columns by indices in the row layout: broadcast along the columns, then transposed
     across = axis == 1 and _reduced_along_rows(indices, seen.size)
-    if across and not smem_transpose.fits(jax_core.ShapedArray((k, rows), seen.dtype)):
+    transposed = jax_core.ShapedArray((k, rows), seen.dtype)
+    if across and not (smem_transpose.fits(transposed)
+                       and scratch_for(ctx, transposed) is not None):
         return None
 
     def lines(o: jax.Array, i: jax.Array) -> jax.Array:
@@ -292,9 +298,8 @@ def _reduced_along_rows(value: Operand, size: int, budget: int = 256) -> bool:
     """Whether the ``size`` indices ``value`` holds come from a reduction
     along a block's rows (``jnp.argmax(x, 1)``: one per row, in the row
     layout), through ops on values of that many elements. No relayout turns
-    that layout into the column layout a broadcast across the rows needs,
-    so whole columns by such indices keep the ``take`` path. Conservative:
-    true once ``budget`` ops are walked."""
+    that layout into the column layout a broadcast across the rows needs.
+    Conservative: true once ``budget`` ops are walked."""
     def visit(op: ir.Operation) -> bool | list[ir.Value]:
         if op.name == "vector.multi_reduction":
             return list(ir.DenseI64ArrayAttr(op.attributes["reduction_dims"])) == [1]
