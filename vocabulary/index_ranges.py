@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from jax._src.lib.mlir import ir
 
-__all__ = ["bounds", "constant", "unwrapped", "DEPTH"]
+__all__ = ["bounds", "constant", "defining_op", "unwrapped", "DEPTH"]
 
 #: How many ops deep :func:`bounds` looks before it calls a value unknown.
 DEPTH = 12
@@ -42,7 +42,8 @@ _MOVES = frozenset({"vector.broadcast", "vector.splat", "vector.shape_cast",
                     "mosaic_gpu.layout_cast"})
 
 
-def _op(value: ir.Value) -> ir.Operation | None:
+def defining_op(value: ir.Value) -> ir.Operation | None:
+    """The op that defines ``value``; None for a block argument or a Python value."""
     owner = getattr(value, "owner", None)
     op = getattr(owner, "operation", owner)
     return op if isinstance(op, ir.Operation) else None
@@ -64,10 +65,10 @@ def _full(bits: int) -> Range:
 def constant(value: ir.Value) -> int | None:
     """The integer every element of ``value`` is, where an ``arith.constant``
     (a scalar or a splat), possibly broadcast, defines it; None otherwise."""
-    op = _op(value)
+    op = defining_op(value)
     while op is not None and op.name in _MOVES:
         value = op.operands[0]
-        op = _op(value)
+        op = defining_op(value)
     if op is None or op.name != "arith.constant":
         return None
     attr = op.attributes["value"]
@@ -100,7 +101,7 @@ def _bounds(value: ir.Value, depth: int) -> Range | None:
     if c is not None:
         c = c - (1 << bits) if c > hi_t else c  # an i32 constant may read as unsigned
         return c, c
-    op = _op(value)
+    op = defining_op(value)
     if op is None or depth <= 0:
         return lo_t, hi_t
     name, operands = op.name, list(op.operands)
@@ -157,11 +158,11 @@ def unwrapped(value: ir.Value, n: int) -> ir.Value | None:
     """``c`` where ``value`` is ``select(c < 0, c + n, c)`` (jnp's wrap of
     negative indices into an axis of ``n``, with either operand order of
     the add; ``c`` has ``value``'s type); None otherwise."""
-    op = _op(value)
+    op = defining_op(value)
     if op is None or op.name != "arith.select":
         return None
     test, added, kept = op.operands
-    test_op, add_op = _op(test), _op(added)
+    test_op, add_op = defining_op(test), defining_op(added)
     if test_op is None or add_op is None or test_op.name != "arith.cmpi" \
             or add_op.name != "arith.addi":
         return None

@@ -48,7 +48,7 @@ from jax._src.lax import slicing
 from jax._src.lib.mlir import ir
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 
-from smalti.vocabulary import block_gather, smem_transpose
+from smalti.vocabulary import block_gather, index_ranges, smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -182,10 +182,8 @@ def gather_f(operand: jax.Array, indices: jax.Array, *,
 def see_through(value: Operand, aval: Aval) -> tuple[Operand, Aval]:
     """The source of a ``vector.shape_cast`` (same elements, same order) and
     its aval, or the value itself."""
-    owner = getattr(value, "owner", None)
-    op = getattr(owner, "operation", owner)
-    if isinstance(value, ir.Value) and op is not None and getattr(op, "name", "") == \
-            "vector.shape_cast":
+    op = index_ranges.defining_op(value)
+    if isinstance(value, ir.Value) and op is not None and op.name == "vector.shape_cast":
         source = op.operands[0]
         shape = tuple(ir.VectorType(source.type).shape)
         return source, jax_core.ShapedArray(shape, aval.dtype)

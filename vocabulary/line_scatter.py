@@ -218,12 +218,11 @@ def _match(eqn: jax_core.JaxprEqn, producers: dict) -> dict[str, Any] | None:
                 iota.params["dimension"] != 0:
             continue
         positions, wrapped, _ = _coordinate(cat.invars[1 - axis], producers, length, n, axis)
-        u = updates
-        if positions is None or not _line_form(_aval(u), n, axis):
+        if positions is None or not _line_form(_aval(updates), n, axis):
             continue
         if np.dtype(_aval(positions).dtype) != np.int32:  # jnp's; the iota's type
             continue
-        return dict(invars=[x, positions, u],
+        return dict(invars=[x, positions, updates],
                     params=dict(axis=axis, kind=KINDS[eqn.primitive], mode=mode,
                                 wrapped=wrapped))
     return None

@@ -64,6 +64,7 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
+from smalti.vocabulary import index_ranges
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Operand, PallasContext, Resources
 from smalti.vocabulary.primitives import refuse
 
@@ -95,10 +96,9 @@ def walk_back(value: ir.Value, visit: Callable[[ir.Operation], bool | Iterable[i
     seen: set[ir.Operation] = set()  # ops hash and compare as the op they are
     stack = [value]
     while stack:
-        owner = getattr(stack.pop(), "owner", None)
-        if not isinstance(owner, (ir.Operation, ir.OpView)):
+        op = index_ranges.defining_op(stack.pop())
+        if op is None:
             continue  # a block argument
-        op = owner.operation if isinstance(owner, ir.OpView) else owner
         if op in seen:
             continue
         seen.add(op)

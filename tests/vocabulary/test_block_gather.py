@@ -21,7 +21,7 @@ from smalti.emulate.profiling import INST, WAVEFRONTS
 from smalti.vocabulary import block_gather
 from smalti.vocabulary.block_gather import Checks
 from tests.vocabulary.test_indexing import BF16, F32, I32, check, tma_kernel
-from tests.vocabulary.test_lanes import _blocks_kernel, lowered_by_both
+from tests.vocabulary.test_lanes import _blocks_kernel, blocks_on_emulator, lowered_by_both
 from tests.vocabulary.test_movement import data
 
 RNG = np.random.default_rng(17)
@@ -134,10 +134,7 @@ def test_warpgroups_are_race_free(pipeline, warpgroups, axis):
         i = jax.lax.bitcast_convert_type(v, jnp.int32) & (v.shape[axis] - 1)
         return jnp.take_along_axis(v, i, axis=axis)
 
-    x = data((warpgroups, 64, 128), F32)
-    with smalti.jax.installed(pipeline):
-        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
-    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    got, want = blocks_on_emulator(pipeline, fn, data((warpgroups, 64, 128), F32))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
@@ -421,8 +418,5 @@ def test_whole_lines_are_race_free(pipeline, warpgroups):
         across = v[:, per_row]
         return rows + cols + jnp.concatenate([across, across], 1)
 
-    x = data((warpgroups, 64, 128), F32)
-    with smalti.jax.installed(pipeline):
-        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
-    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    got, want = blocks_on_emulator(pipeline, fn, data((warpgroups, 64, 128), F32))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -196,6 +196,14 @@ def _blocks_kernel(fn, shape, dtype, warpgroups):
             lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
 
 
+def blocks_on_emulator(pipeline, fn, x):
+    """(the emulator's result of ``fn`` on each warpgroup's block of ``x``,
+    jnp's for each block stacked): a run that races raises."""
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, x.shape[1:], x.dtype, x.shape[0]), x)
+    return got, np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+
+
 VOCABULARY = {
     "flip": (lambda v: jnp.flip(v, 1), lambda v: v[:, ::-1]),
     "roll": (lambda v: jnp.roll(v, 3, 1), lambda v: np.roll(v, 3, 1)),

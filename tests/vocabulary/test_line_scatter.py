@@ -21,7 +21,7 @@ import smalti.jax
 from smalti.emulate.profiling import INST
 from smalti.vocabulary import line_scatter
 from tests.vocabulary.test_indexing import BF16, F32, I32, check, per_col, per_row, tma_kernel
-from tests.vocabulary.test_lanes import _blocks_kernel
+from tests.vocabulary.test_lanes import blocks_on_emulator
 from tests.vocabulary.test_movement import data
 
 RNG = np.random.default_rng(41)
@@ -113,10 +113,7 @@ def test_warpgroups_are_race_free(pipeline, warpgroups):
         cols = jnp.argmax(v, 1)
         return v.at[jnp.arange(64), cols].add(-1.0)
 
-    x = data((warpgroups, 64, 128), F32)
-    with smalti.jax.installed(pipeline):
-        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
-    want = np.stack([np.asarray(jax.jit(fn)(b)) for b in x])
+    got, want = blocks_on_emulator(pipeline, fn, data((warpgroups, 64, 128), F32))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
