@@ -195,7 +195,7 @@ def touched(launch: Any) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         if sh is not None:
             n = min(sh.write.size * sh.gran, r.data.size)
             written[:n] = np.repeat(sh.write != 0, sh.gran)[:n]
-            seen = (sh.read[:, :len(sh.columns)] != 0).any(1)
+            seen = (sh.read[:len(sh.columns)] != 0).any(0)
             if sh.earlier is not None:
                 seen |= sh.earlier != 0
             read[:n] = np.repeat(seen, sh.gran)[:n]

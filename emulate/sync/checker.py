@@ -41,6 +41,25 @@ def space_kind(space) -> str:
     return {"global": "gmem", "tmem": "tmem"}.get(space.name, "smem")
 
 
+def _as_run(cells: np.ndarray) -> np.ndarray | slice:
+    """``cells`` as the slice of the shadow they cover where they are every
+    cell of one run (in any order, each at least once), else themselves."""
+    lo, hi = int(cells.min()), int(cells.max()) + 1
+    if cells.size < hi - lo:
+        return cells
+    covered = np.zeros(hi - lo, bool)
+    covered[cells - lo] = True
+    return slice(lo, hi) if covered.all() else cells
+
+
+def _selector(off: np.ndarray | slice) -> Callable[[np.ndarray], np.ndarray]:
+    """The cells of ``off`` (an array of them, or a run) that a mask over
+    them selects."""
+    if isinstance(off, slice):
+        return lambda mask: np.arange(off.start, off.stop)[mask]
+    return lambda mask: off[mask]
+
+
 class Warps:
     """Which warp made each shadow cell of a thread access: ``rows`` (its
     clock row) per cell, or -- for the usual unmasked access, whose cells
@@ -275,11 +294,16 @@ class Checker:
         region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
         if not region.tracked:
             return
-        off = self._shadow(region, itemsize).cells(a - region.base, itemsize)
+        cells = self._shadow(region, itemsize).cells(a - region.base, itemsize)
+        # A unit's access is one site, so only the set of its cells matters:
+        # a whole run of cells (a TMA box's or a WGMMA operand's SMEM tile)
+        # is checked through views of the shadow instead of gathers
+        off: np.ndarray | slice = _as_run(cells)
+        n = cells.size if isinstance(off, np.ndarray) else off.stop - off.start
         s = self._site(site, component, stamp, agent, is_write, generic=False)
         if atomic:
             self.sites.atomic[s] = True
-        sites = np.full(off.size, s, np.int32)
+        sites = np.full(n, s, np.int32)
         self._check(region, space_kind(space), off, sites, None, view, is_write,
                     proxy_read and not is_write, atomic=atomic)
 
@@ -409,7 +433,7 @@ class Checker:
             region.shadow = Shadow(region.data.size, gran=math.gcd(4, itemsize))
         return region.shadow
 
-    def _check(self, region: Region, space: str, off: np.ndarray, sites: np.ndarray,
+    def _check(self, region: Region, space: str, off: np.ndarray | slice, sites: np.ndarray,
                who: Warps | None, view: np.ndarray | None, is_write: bool,
                proxy_read: bool, written: np.ndarray | None = None,
                atomic: bool = False,
@@ -423,10 +447,13 @@ class Checker:
         sh = region.shadow
         S = self.sites
         w = sh.write[off]
+        if isinstance(off, slice):  # a unit's run of cells (see async_access)
+            w = w.copy()  # not a view, which would see this access's own record
+        at = _selector(off)  # the cells a mask of them selects, for reports
         if not is_write and space == "smem" and not (w[0] != 0 and (w == w[0]).all()):
             fresh = w == 0
             if fresh.any():
-                self._uninitialized(region, space, off[fresh], sites[fresh])
+                self._uninitialized(region, space, at(fresh), sites[fresh])
         ok = self._ordered_cells(w, who, view, need_all=is_write)
         if ok is not None and atomic:  # atomics never race with each other
             ok = ok | S.atomic[w]
@@ -441,7 +468,7 @@ class Checker:
                 if same.any():
                     benign, bad = same, bad & ~same
             if bad.any():
-                self._race(region, space, w[bad], sites[bad], off[bad])
+                self._race(region, space, w[bad], sites[bad], at(bad))
         if proxy_read:
             gen = w != 0
             if ok is not None:
@@ -452,11 +479,11 @@ class Checker:
                 unfenced = self._unfenced(g, view)
                 if unfenced.any():
                     self._race(region, space, g[unfenced], sites[gen][unfenced],
-                               off[gen][unfenced], unfenced=True)
+                               at(gen)[unfenced], unfenced=True)
         if is_write:
             used = len(sh.columns)
-            seen = sh.read[off, :used] if used else None
-            cols = [] if seen is None or not seen.any() else [seen[:, j] for j in range(used)]
+            seen = sh.read[:used, off] if used else None
+            cols = [] if seen is None or not seen.any() else list(seen)
             if sh.earlier is not None:
                 cols.append(sh.earlier[off])
             for r in cols:
@@ -465,12 +492,13 @@ class Checker:
                     ok = ok | S.atomic[r]
                 if ok is not None and not ok.all():
                     bad = ~ok
-                    self._race(region, space, r[bad], sites[bad], off[bad])
+                    self._race(region, space, r[bad], sites[bad], at(bad))
             sh.write[off] = sites
             if who is not None and who.overlap:
+                assert isinstance(off, np.ndarray)  # (thread accesses pass their cells)
                 self._same_op_writes(sh, region, space, off, sites, who.rows(), written)
             if benign is not None:
-                self._equal_writes(sh, off[benign], w[benign], sh.write[off[benign]])
+                self._equal_writes(sh, at(benign), w[benign], sh.write[at(benign)])
             return
         # each component's reads go in its column
         if who is None:  # an asynchronous unit: one component
@@ -482,11 +510,11 @@ class Checker:
             by_row[who.urows] = [sh.column(int(r)) for r in who.urows]
             col = by_row[who.rows()]
         if self.cluster > 0:  # reads of an earlier cluster run are kept apart
-            old = sh.read[off, col]
+            old = sh.read[col, off]
             stale = (old != 0) & (old < self.first_site)
             if stale.any():
-                sh.keep_earlier(off[stale], old[stale])
-        sh.read[off, col] = sites
+                sh.keep_earlier(at(stale), old[stale])
+        sh.read[col, off] = sites
 
     def _overlapping(self, site: OpSite, region: Region, off: np.ndarray, who: Warps) -> bool:
         """Whether two warps of this write touch one cell. An op writes the

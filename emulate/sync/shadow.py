@@ -86,7 +86,10 @@ class Shadow:
         self.gran = gran
         n = -(-nbytes // gran)
         self.write = np.zeros(n, np.int32)
-        self.read = np.zeros((n, 0), np.int32)  # a column per reading component
+        # a row per reading component (its *column* of the shadow): one
+        # component's reads of a run of cells are then a run of memory, and
+        # a large buffer's pages are touched only where it reads
+        self.read = np.zeros((0, n), np.int32)
         self.columns: dict[int, int] = {}  # component -> its column of ``read``
         self.earlier: np.ndarray | None = None
         self._stamps: np.ndarray | None = None
@@ -107,19 +110,20 @@ class Shadow:
         factor = self.gran // gran
         self.gran = gran
         self.write = np.repeat(self.write, factor)
-        self.read = np.repeat(self.read, factor, axis=0)
+        self.read = np.repeat(self.read, factor, axis=1)
         if self.earlier is not None:
             self.earlier = np.repeat(self.earlier, factor)
         self._stamps = None
 
     def column(self, component: int) -> int:
-        """The column of ``read`` holding ``component``'s reads (made on first use)."""
+        """The column (the row of ``read``) holding ``component``'s reads
+        (made on first use)."""
         k = self.columns.get(component)
         if k is None:
             k = self.columns[component] = len(self.columns)
-            if k >= self.read.shape[1]:
-                grown = np.zeros((self.write.size, max(4, 2 * self.read.shape[1])), np.int32)
-                grown[:, :self.read.shape[1]] = self.read
+            if k >= self.read.shape[0]:
+                grown = np.zeros((max(4, 2 * self.read.shape[0]), self.write.size), np.int32)
+                grown[:self.read.shape[0]] = self.read
                 self.read = grown
         return k
 

@@ -1,6 +1,9 @@
 """The tensor-core adder model (emulate/tensorcore.py) against a scalar
 re-statement of its documented rule in exact rational arithmetic, on edge
-values; the model against the H200 itself is tests/emulate/test_hardware.py."""
+values -- both ways the model is computed: numpy's planes and the compiled
+sum (emulate/tensorcore_compiled.py, where numba is installed, as it is with
+the test dependencies); the model against the H200 itself is
+tests/emulate/test_hardware.py."""
 
 from __future__ import annotations
 
@@ -10,7 +13,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from smalti.emulate import tensorcore
+from smalti.emulate import tensorcore, tensorcore_compiled
+
+
+@pytest.fixture(params=[False, True], ids=["numpy", "compiled"])
+def compiled(request) -> bool:
+    """Which way mma computes its sum: numpy's planes or the compiled kernel."""
+    if request.param and not tensorcore_compiled.installed():
+        pytest.skip("numba is not installed (pip install smalti[fast])")
+    return request.param
 
 
 def exponent(x: float, low: int) -> int | None:
@@ -45,7 +56,7 @@ def f16(values) -> np.ndarray:
 
 
 @pytest.mark.parametrize("accumulator", ["f32", "f16"])
-def test_random_and_edge_operands_follow_the_rule(accumulator):
+def test_random_and_edge_operands_follow_the_rule(accumulator, compiled):
     rng = np.random.default_rng(0)
     a = f16(rng.standard_normal((8, 16)) * 2.0 ** rng.integers(-16, 8, (8, 16)))
     b = f16(rng.standard_normal((8, 16)))
@@ -54,45 +65,45 @@ def test_random_and_edge_operands_follow_the_rule(accumulator):
     b[2] = f16(2.0 ** -14 * np.arange(16))  # subnormal and smallest normal operands
     c = rng.standard_normal((8, 8)).astype(np.float32 if accumulator == "f32" else np.float16)
     c[3, 3] = 0
-    got = tensorcore.mma(a, b, c, operands="f16", accumulator=accumulator)
+    got = tensorcore.mma(a, b, c, operands="f16", accumulator=accumulator, compiled=compiled)
     want = reference(a, b, c.astype(np.float64), accumulator)
     np.testing.assert_array_equal(got.astype(np.float64), want)
 
 
-def test_truncation_drops_what_an_exact_sum_keeps():
+def test_truncation_drops_what_an_exact_sum_keeps(compiled):
     # 1 + 3 * 2**-26: truncated 25 bits below 2**0 -> 1 + 2**-25 -> rounded
     # towards zero to f32 -> 1.0; an exact sum rounded to nearest is also 1.0,
     # but 1 + 2**-23 + 2**-26 * 3 shows the truncation: exact -> 1 + 2**-23 (RN),
     # the adder keeps 2**-23 + 2**-25 -> rounds towards zero -> 1 + 2**-23.
     a = f16([[1.0, 2.0 ** -12, 2.0 ** -13] + [0] * 13])
     b = f16([[1.0, 2.0 ** -11, 3 * 2.0 ** -13] + [0] * 13])
-    got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+    got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32", compiled=compiled)
     assert got[0, 0] == np.float32(1 + 2.0 ** -23)
     assert got[0, 0] == rule(a[0], b[0], 0.0, "f32")
 
 
-def test_a_negative_sum_rounds_towards_zero():
+def test_a_negative_sum_rounds_towards_zero(compiled):
     a = f16([[1.0, -(2.0 ** -12)] + [0] * 14])
     b = f16([[-1.0, 2.0 ** -12] + [0] * 14])  # -1 - 2**-24: towards zero is -1
-    got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+    got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32", compiled=compiled)
     assert got[0, 0] == np.float32(-1.0)
 
 
-def test_infinities_and_nan_propagate_as_ieee():
+def test_infinities_and_nan_propagate_as_ieee(compiled):
     a = f16([[np.inf, 1.0] + [0] * 14, [-np.inf, 1.0] + [0] * 14])
     b = f16([[1.0, 1.0] + [0] * 14, [-0.5, np.inf] + [0] * 14])
     with np.errstate(invalid="ignore"):
-        got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+        got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32", compiled=compiled)
     assert got[0, 0] == np.inf  # inf * 1 + 1 * 1
     assert got[1, 0] == -np.inf  # -inf * 1 + 1 * 1
     assert np.isnan(got[0, 1])  # inf * -0.5 + 1 * inf
 
 
-def test_an_overflowing_sum_saturates_towards_zero():
+def test_an_overflowing_sum_saturates_towards_zero(compiled):
     a = f16([[65504.0] * 16])
     b = f16([[65504.0] * 16])
     c = np.full((1, 1), np.finfo(np.float32).max, np.float32)
-    got = tensorcore.mma(a, b, c, operands="f16", accumulator="f32")
+    got = tensorcore.mma(a, b, c, operands="f16", accumulator="f32", compiled=compiled)
     assert got[0, 0] == np.finfo(np.float32).max
 
 
@@ -102,7 +113,7 @@ def tf32(values) -> np.ndarray:
     return v.view(np.float32).astype(np.float64)
 
 
-def test_tf32_operands_across_the_f32_range_follow_the_rule():
+def test_tf32_operands_across_the_f32_range_follow_the_rule(compiled):
     """The model's assumptions for tf32 (K = 8): products of 11-bit significands
     with exponents from -126 (the smallest normal) to 127 are exact in float64,
     and the shifted sum stays exact -- at both ends of the range, where f16
@@ -117,7 +128,7 @@ def test_tf32_operands_across_the_f32_range_follow_the_rule():
     b[1, :2] = tf32([2.0 ** 63, 2.0 ** 63])
     c = (rng.standard_normal((8, 8)) * 2.0 ** rng.integers(-126, 100, (8, 8))).astype(np.float32)
     c[0, 0] = np.float32(2.0 ** -126)  # an accumulator far above products of 2^-252
-    got = tensorcore.mma(a, b, c, operands="tf32", accumulator="f32")
+    got = tensorcore.mma(a, b, c, operands="tf32", accumulator="f32", compiled=compiled)
     want = np.array([[rule(a[m], b[n], c[m, n], "f32", low=-126) for n in range(8)]
                      for m in range(8)])
     np.testing.assert_array_equal(got.astype(np.float64), want)
@@ -149,7 +160,7 @@ def edge_operands(rng, shape, fmt: str) -> np.ndarray:
 @pytest.mark.parametrize("operands,accumulator,k", [
     ("f16", "f32", 16), ("f16", "f16", 16), ("bf16", "f32", 16), ("tf32", "f32", 8),
     (("e4m3", "e5m2"), "f32", 32), (("e5m2", "e5m2"), "f16", 32)])
-def test_the_plane_by_plane_sum_has_the_reference_bits(operands, accumulator, k):
+def test_the_plane_by_plane_sum_has_the_reference_bits(operands, accumulator, k, compiled):
     """mma (term by term over (M, N) planes) against mma_reference (the four
     steps over (M, N, K) arrays), bit for bit: every operand format and
     accumulator, edge values, no accumulator, all-zero rows and accumulators
@@ -168,20 +179,22 @@ def test_the_plane_by_plane_sum_has_the_reference_bits(operands, accumulator, k)
             c = c.astype(acc_type)
         c[rng.random((16, 16)) < 0.2] = rng.choice([0.0, -0.0])
         for acc in (c, None):
-            got = tensorcore.mma(a, b, acc, operands=operands, accumulator=accumulator)
+            got = tensorcore.mma(a, b, acc, operands=operands, accumulator=accumulator,
+                                 compiled=compiled)
             want = tensorcore.mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
             assert got.dtype == want.dtype == acc_type
             np.testing.assert_array_equal(got.view(word), want.view(word))
 
 
-def test_infinite_terms_take_the_reference_path():
+def test_infinite_terms_take_the_reference_path(compiled):
     a = f16([[np.inf, 1.0] + [0] * 14])
     b = f16([[1.0, 1.0] + [0] * 14])
     c = np.full((1, 1), np.nan, np.float32)
     with np.errstate(invalid="ignore"):
-        assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32")[0, 0] == np.inf
+        got = tensorcore.mma(a, b, None, operands="f16", accumulator="f32", compiled=compiled)
+        assert got[0, 0] == np.inf
         assert np.isnan(tensorcore.mma(f16([[1.0] * 16]), f16([[1.0] * 16]), c,
-                                       operands="f16", accumulator="f32")[0, 0])
+                                       operands="f16", accumulator="f32", compiled=compiled)[0, 0])
 
 
 def test_rounding_towards_zero_to_f32_across_the_range():
@@ -226,3 +239,25 @@ def test_the_largest_alignment_by_one_matrix_product_is_the_maximum(fmt, k):
                     align.max(axis=2))
     np.testing.assert_array_equal(got, want)
     assert (got[2] == tensorcore._NONE).all() and got[0, 0] == 2 * ea[0, 0]
+
+
+def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeypatch):
+    """By default mma adds through the compiled kernel where numba is
+    installed; SMALTI_EMULATE_COMPILED=0 (or compiled=False) keeps numpy's."""
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return np.zeros((args[0].shape[0], args[1].shape[0]))
+    monkeypatch.setattr(tensorcore_compiled, "aligned_sum", spy)
+    monkeypatch.setattr(tensorcore_compiled, "installed", lambda: True)
+    a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
+    monkeypatch.delenv(tensorcore_compiled.SWITCH, raising=False)
+    assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32").shape == (2, 3)
+    assert len(calls) == 1
+    monkeypatch.setenv(tensorcore_compiled.SWITCH, "0")
+    assert not tensorcore_compiled.available()
+    assert (tensorcore.mma(a, b, None, operands="f16", accumulator="f32") == 16).all()
+    assert (tensorcore.mma(a, b, None, operands="f16", accumulator="f32",
+                           compiled=False) == 16).all()
+    assert len(calls) == 1
