@@ -36,8 +36,9 @@ import numpy as np
 SWITCH = "SMALTI_EMULATE_COMPILED"
 
 
+@functools.cache
 def installed() -> bool:
-    """Whether numba can be imported."""
+    """Whether numba can be imported (looked up once: every WGMMA asks)."""
     return importlib.util.find_spec("numba") is not None
 
 

@@ -107,6 +107,7 @@ class Checker:
         self._tables: dict[tuple, tuple] = {}  # (site, write, warps) -> (clock version, ids)
         self._stamps = 0  # numbers each multi-warp write (see _overlapping)
         self._patterns: dict[int, tuple] = {}  # op site -> a write pattern without overlap
+        self._unit_cells_kept: dict[int, tuple] = {}  # see _unit_cells
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
@@ -288,24 +289,47 @@ class Checker:
         it), recorded as ``(component, stamp)``. ``proxy_read``: a read
         through the async proxy, which sees a thread's writes only after that
         thread's ``fence.proxy.async``."""
-        a = np.asarray(addrs, np.int64).reshape(-1)
-        if a.size == 0:
+        located = self._unit_cells(space, addrs, itemsize, site)
+        if located is None:
             return
-        region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
-        if not region.tracked:
-            return
-        cells = self._shadow(region, itemsize).cells(a - region.base, itemsize)
-        # A unit's access is one site, so only the set of its cells matters:
-        # a whole run of cells (a TMA box's or a WGMMA operand's SMEM tile)
-        # is checked through views of the shadow instead of gathers
-        off: np.ndarray | slice = _as_run(cells)
-        n = cells.size if isinstance(off, np.ndarray) else off.stop - off.start
+        region, off, n = located
         s = self._site(site, component, stamp, agent, is_write, generic=False)
         if atomic:
             self.sites.atomic[s] = True
         sites = np.full(n, s, np.int32)
         self._check(region, space_kind(space), off, sites, None, view, is_write,
                     proxy_read and not is_write, atomic=atomic)
+
+    def _unit_cells(self, space, addrs, itemsize: int, site: OpSite
+                    ) -> tuple[Region, np.ndarray | slice, int] | None:
+        """(region, cells, how many) of a unit's access to ``addrs``; None
+        where it touches nothing tracked. A unit's access is one site, so
+        only the set of its cells matters: a whole run of them (a TMA box's
+        or a WGMMA operand's SMEM tile) is a slice, checked through views of
+        the shadow instead of gathers. Read-only address arrays (a WGMMA
+        descriptor's operand, made once per descriptor) recur: their cells
+        are kept."""
+        a = np.asarray(addrs, np.int64).reshape(-1)
+        if a.size == 0:
+            return None
+        kept = addrs.flags.writeable is False and isinstance(addrs, np.ndarray)
+        if kept:
+            hit = self._unit_cells_kept.get(id(addrs))
+            if hit is not None:
+                (owner, owner_space, owner_itemsize), region, gran, off, n = hit
+                if owner is addrs and owner_space is space and owner_itemsize == itemsize \
+                        and region.shadow.gran == gran:
+                    return region, off, n
+        region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
+        if not region.tracked:
+            return None
+        sh = self._shadow(region, itemsize)
+        cells = sh.cells(a - region.base, itemsize)
+        off: np.ndarray | slice = _as_run(cells)
+        n = cells.size if isinstance(off, np.ndarray) else off.stop - off.start
+        if kept:  # (the array itself is kept too: its id names it only while it lives)
+            self._unit_cells_kept[id(addrs)] = ((addrs, space, itemsize), region, sh.gran, off, n)
+        return region, off, n
 
     # --- the check --------------------------------------------------------------------------
 
@@ -384,7 +408,17 @@ class Checker:
             return first == 0 or self._ordered_one(first, row, view, need_all)
         ok = np.ones(prior.size, bool)
         i = np.flatnonzero(prior)
-        ok[i] = self._ordered(prior[i], None if row is None else np.full(i.size, row), view,
+        earlier = prior[i]
+        lo, hi = int(earlier.min()), int(earlier.max()) + 1
+        if hi - lo < earlier.size // 4:
+            # a few recent sites over many cells (a TMA slot's reads by a few
+            # WGMMAs): each site decided once, the cells look their verdict up
+            verdict = self._ordered(np.arange(lo, hi, dtype=earlier.dtype),
+                                    None if row is None else np.full(hi - lo, row), view,
+                                    need_all)
+            ok[i] = verdict[earlier - lo]
+            return ok
+        ok[i] = self._ordered(earlier, None if row is None else np.full(i.size, row), view,
                               need_all)
         return ok
 
@@ -501,20 +535,31 @@ class Checker:
                 self._equal_writes(sh, at(benign), w[benign], sh.write[at(benign)])
             return
         # each component's reads go in its column
-        if who is None:  # an asynchronous unit: one component
-            col = sh.column(int(S.component[sites[0]]))
-        elif who.runs:
+        if who is None:  # an asynchronous unit: one component, one site
+            col = sh.column(int(S.component[sites[0]]))  # (may grow sh.read)
+            column = sh.read[col]
+            if self.cluster > 0:  # reads of an earlier cluster run are kept apart
+                self._keep_stale(sh, column[off], at)
+            column[off] = sites[0]
+            return
+        if who.runs:
             col = sh.run_columns(who.urows, who.per)
         else:
             by_row = np.zeros(self.clocks.warps, np.int64)
             by_row[who.urows] = [sh.column(int(r)) for r in who.urows]
             col = by_row[who.rows()]
-        if self.cluster > 0:  # reads of an earlier cluster run are kept apart
-            old = sh.read[col, off]
-            stale = (old != 0) & (old < self.first_site)
-            if stale.any():
-                sh.keep_earlier(at(stale), old[stale])
+        if self.cluster > 0:
+            self._keep_stale(sh, sh.read[col, off], at)
         sh.read[col, off] = sites
+
+    def _keep_stale(self, sh: Shadow, old: np.ndarray,
+                    at: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Keeps apart (``sh.earlier``) the reads of an earlier cluster run
+        among ``old``, the reads about to be replaced in the cells ``at``
+        selects."""
+        stale = (old != 0) & (old < self.first_site)
+        if stale.any():
+            sh.keep_earlier(at(stale), old[stale])
 
     def _overlapping(self, site: OpSite, region: Region, off: np.ndarray, who: Warps) -> bool:
         """Whether two warps of this write touch one cell. An op writes the
