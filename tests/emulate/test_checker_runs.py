@@ -1,8 +1,10 @@
 """An asynchronous unit's access that covers a whole run of shadow cells (a
 TMA box's or a WGMMA operand's SMEM tile) is checked through views of the
-shadow rather than gathers (emulate/sync/checker.py, ``_as_run``): the same
-reports and the same shadow as the cell-by-cell check, on random sequences
-of units' reads and writes that race with each other."""
+shadow rather than gathers, and a read-only address array that recurs (a
+WGMMA descriptor's operand) keeps its cells (emulate/sync/checker.py,
+``_unit_cells``): the same reports and the same shadow as the cell-by-cell
+check of fresh arrays, on random sequences of units' reads and writes that
+race with each other."""
 
 from __future__ import annotations
 
@@ -26,10 +28,30 @@ def test_a_permuted_run_of_cells_is_a_slice_and_a_run_with_a_hole_is_not():
     assert _as_run(spread) is spread
 
 
-def _units_racing(seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
+def _address_pool(rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:
+    """Read-only element addresses (shuffled; some runs, some with a hole)
+    and their element size, for accesses that recur."""
+    pool = []
+    for _ in range(8):
+        itemsize = int(rng.choice([2, 4]))
+        addrs = int(rng.integers(0, 64)) * 16 + itemsize * np.arange(int(rng.integers(1, 64)))
+        addrs = addrs[addrs + itemsize <= 4096]
+        if rng.random() < 0.3 and len(addrs) > 2:
+            addrs = addrs[addrs != addrs[len(addrs) // 2]]
+        rng.shuffle(addrs)
+        addrs.setflags(write=False)
+        pool.append((addrs, itemsize))
+    return pool
+
+
+def _units_racing(seed: int, recurring: bool = False, fresh_copies: bool = False
+                  ) -> tuple[dict, np.ndarray, np.ndarray]:
     """A random sequence of three units' reads and writes of one SMEM buffer,
-    none ordered after another: its races, the shadow's writes and reads."""
+    none ordered after another: its races, the shadow's writes and reads.
+    ``recurring``: the addresses come from a pool of read-only arrays (as
+    fresh writable copies with ``fresh_copies``)."""
     rng = np.random.default_rng(seed)
+    pool = _address_pool(rng)
     space = Space("shared", 0)
     region = space.alloc(4096, "block (0, 0, 0) SMEM")
     region.tracked = True
@@ -39,14 +61,18 @@ def _units_racing(seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
     units = [ch.component(checker_module.TMA_LOAD, f"unit {k}") for k in range(3)]
     view = np.zeros(ch.clocks.matrix.shape[1], np.int32)  # knows nothing: all unordered
     for step in range(40):
-        itemsize = int(rng.choice([2, 4]))
-        start = int(rng.integers(0, 64)) * 16
-        count = int(rng.integers(1, 64))
-        addrs = start + itemsize * np.arange(count)
-        addrs = addrs[addrs + itemsize <= region.size]
-        if rng.random() < 0.3:  # a hole: not a run
-            addrs = addrs[addrs != addrs[len(addrs) // 2]] if len(addrs) > 2 else addrs
-        rng.shuffle(addrs)
+        if recurring:
+            addrs, itemsize = pool[int(rng.integers(0, len(pool)))]
+            addrs = addrs.copy() if fresh_copies else addrs
+        else:
+            itemsize = int(rng.choice([2, 4]))
+            start = int(rng.integers(0, 64)) * 16
+            count = int(rng.integers(1, 64))
+            addrs = start + itemsize * np.arange(count)
+            addrs = addrs[addrs + itemsize <= region.size]
+            if rng.random() < 0.3:  # a hole: not a run
+                addrs = addrs[addrs != addrs[len(addrs) // 2]] if len(addrs) > 2 else addrs
+            rng.shuffle(addrs)
         unit = units[int(rng.integers(0, 3))]
         site = OpSite(f"op{step}", f"kernel.py:{step}")
         ch.async_access(view, space, addrs, itemsize, bool(rng.random() < 0.5), site,
@@ -57,16 +83,31 @@ def _units_racing(seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_runs_report_and_record_what_the_cell_by_cell_check_does(seed, monkeypatch):
-    races, writes, reads = _units_racing(seed)
-    assert races  # the sequences race: the comparison says something
+    by_runs = _units_racing(seed)
+    assert by_runs[0]  # the sequences race: the comparison says something
     monkeypatch.setattr(checker_module, "_as_run", lambda cells: cells)
-    races_by_cell, writes_by_cell, reads_by_cell = _units_racing(seed)
-    assert races.keys() == races_by_cell.keys()
+    _same(by_runs, _units_racing(seed))
+
+def _same(a: tuple[dict, np.ndarray, np.ndarray], b: tuple[dict, np.ndarray, np.ndarray]) -> None:
+    races, writes, reads = a
+    other_races, other_writes, other_reads = b
+    assert races.keys() == other_races.keys()
     for key, race in races.items():
-        by_cell = races_by_cell[key]
-        assert race.count == by_cell.count
-        assert (race.first.start, race.first.stop) == (by_cell.first.start, by_cell.first.stop)
-        assert (race.second.start, race.second.stop) == \
-            (by_cell.second.start, by_cell.second.stop)
-    np.testing.assert_array_equal(writes, writes_by_cell)
-    np.testing.assert_array_equal(reads, reads_by_cell)
+        other = other_races[key]
+        assert race.count == other.count
+        assert (race.first.start, race.first.stop, race.second.start, race.second.stop) == \
+            (other.first.start, other.first.stop, other.second.start, other.second.stop)
+    np.testing.assert_array_equal(writes, other_writes)
+    np.testing.assert_array_equal(reads, other_reads)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_recurring_read_only_addresses_check_as_fresh_ones(seed, monkeypatch):
+    """Kept cells stay right across the shadow's refinement (2-byte accesses
+    after 4-byte ones) and whatever the arrays' order of use."""
+    kept = _units_racing(seed, recurring=True)
+    assert kept[0]
+    fresh = _units_racing(seed, recurring=True, fresh_copies=True)
+    _same(kept, fresh)
+    monkeypatch.setattr(checker_module, "_as_run", lambda cells: cells)
+    _same(kept, _units_racing(seed, recurring=True, fresh_copies=True))
