@@ -77,6 +77,9 @@ class Space:
         self.next = base
         self.bases: list[int] = []
         self.regions: list[Region] = []
+        # read-only address arrays recur (a WGMMA descriptor's operand, made
+        # once per descriptor): where they point is kept until the buffers change
+        self._located: dict[int, tuple] = {}
 
     def alloc(self, size: int, name: str, align: int = 1024) -> Region:
         base = -(-self.next // align) * align
@@ -85,11 +88,13 @@ class Space:
         i = bisect.bisect(self.bases, base)
         self.bases.insert(i, base)
         self.regions.insert(i, region)
+        self._located.clear()
         return region
 
     def free(self, region: Region) -> None:
         i = self.regions.index(region)
         del self.regions[i], self.bases[i]
+        self._located.clear()
         if not self.regions:  # e.g. each block's SMEM starts at the same address
             self.next = self.base
 
@@ -106,6 +111,18 @@ class Space:
             f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
 
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
+        recurring = mask is None and isinstance(addrs, np.ndarray) and not addrs.flags.writeable
+        if recurring:
+            hit = self._located.get(id(addrs))
+            if hit is not None and hit[0] is addrs and hit[1] == itemsize:
+                return hit[2], hit[3], None
+        located = self._locate_now(addrs, itemsize, mask, where)
+        if recurring and located[0] is not None:  # (the array kept too: its id names it)
+            located[1].setflags(write=False)
+            self._located[id(addrs)] = (addrs, itemsize, located[0], located[1])
+        return located
+
+    def _locate_now(self, addrs: np.ndarray, itemsize: int, mask, where: str):
         a = np.asarray(addrs, np.int64)
         if mask is not None and a.ndim:
             m = _full_mask(mask, a.shape)

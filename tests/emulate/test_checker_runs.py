@@ -4,7 +4,8 @@ shadow rather than gathers, and a read-only address array that recurs (a
 WGMMA descriptor's operand) keeps its cells (emulate/sync/checker.py,
 ``_unit_cells``): the same reports and the same shadow as the cell-by-cell
 check of fresh arrays, on random sequences of units' reads and writes that
-race with each other."""
+race with each other; memory (emulate/memory.py) likewise keeps where such
+an array points, until its buffers change."""
 
 from __future__ import annotations
 
@@ -111,3 +112,25 @@ def test_recurring_read_only_addresses_check_as_fresh_ones(seed, monkeypatch):
     _same(kept, fresh)
     monkeypatch.setattr(checker_module, "_as_run", lambda cells: cells)
     _same(kept, _units_racing(seed, recurring=True, fresh_copies=True))
+
+
+def test_a_recurring_address_array_reads_the_buffer_there_now():
+    """Space keeps where a read-only address array points (a WGMMA operand's,
+    loaded once per instruction) until its buffers change: a buffer freed
+    and another allocated at the same address is read, not the old one."""
+    space = Space("shared", 0)
+    first = space.alloc(64, "first")
+    first.view(np.dtype(np.int32))[:] = np.arange(16)
+    addrs = np.array([12, 4, 0], np.int64)
+    addrs.setflags(write=False)
+    dtype = np.dtype(np.int32)
+    np.testing.assert_array_equal(space.load(addrs, dtype), [3, 1, 0])
+    first.view(dtype)[0] = 7  # the data itself is read each time
+    np.testing.assert_array_equal(space.load(addrs, dtype), [3, 1, 7])
+    space.free(first)
+    second = space.alloc(64, "second")
+    assert second.base == first.base
+    second.view(dtype)[:] = -np.arange(16)
+    np.testing.assert_array_equal(space.load(addrs, dtype), [-3, -1, 0])
+    space.store(addrs, np.array([5, 6, 8], np.int32), dtype)
+    np.testing.assert_array_equal(second.view(dtype)[[3, 1, 0]], [5, 6, 8])
