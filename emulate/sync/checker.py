@@ -312,7 +312,7 @@ class Checker:
         a = np.asarray(addrs, np.int64).reshape(-1)
         if a.size == 0:
             return None
-        kept = addrs.flags.writeable is False and isinstance(addrs, np.ndarray)
+        kept = isinstance(addrs, np.ndarray) and not addrs.flags.writeable
         if kept:
             hit = self._unit_cells_kept.get(id(addrs))
             if hit is not None:
