@@ -57,7 +57,7 @@ holding infinities or NaN take :func:`mma_reference`, the four steps
 written over (M, N, K) arrays, which also holds the fast path to the same
 bits in tests. Where numba is installed, steps 1 to 3 run compiled instead
 (:mod:`.tensorcore_compiled`: the same exact operations, so the same bits,
-in about a sixth of the time).
+in a seventh to a quarter of the time).
 """
 
 from __future__ import annotations
