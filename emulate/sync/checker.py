@@ -316,10 +316,10 @@ class Checker:
         if kept:
             hit = self._unit_cells_kept.get(id(addrs))
             if hit is not None:
-                (owner, owner_space, owner_itemsize), region, gran, off, n = hit
+                (owner, owner_space, owner_itemsize), kept_region, gran, kept_off, kept_n = hit
                 if owner is addrs and owner_space is space and owner_itemsize == itemsize \
-                        and region.shadow.gran == gran:
-                    return region, off, n
+                        and kept_region.shadow.gran == gran:
+                    return kept_region, kept_off, kept_n
         region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
         if not region.tracked:
             return None
