@@ -124,8 +124,9 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
     "f32" or "f16"), or None when the instruction does not add it (scale-d 0). Returns (M, N) in the
     accumulator's type. The same bits as :func:`mma_reference`, term by term
     over (M, N) planes (see the module's docstring), or compiled
-    (:mod:`.tensorcore_compiled`; ``compiled``: None where it is available,
-    True to require it, False for the numpy code).
+    (:mod:`.tensorcore_compiled`; ``compiled``: None where it is chosen --
+    available, after a process's first sums --, True to require it, False
+    for the numpy code).
     """
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
@@ -135,7 +136,7 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
         return mma_reference(a, b, acc, operands=operands, accumulator=accumulator)
     out_type = np.float32 if accumulator == "f32" else np.float16
     a_format, b_format = _formats(operands)
-    if tensorcore_compiled.available() if compiled is None else compiled:
+    if tensorcore_compiled.chosen() if compiled is None else compiled:
         total = tensorcore_compiled.aligned_sum(
             a, b, c, MIN_EXPONENT[a_format], MIN_EXPONENT[b_format], MIN_EXPONENT[accumulator],
             ALIGNMENT_BITS, int(_NONE))

@@ -19,8 +19,10 @@ holds the two (and the reference) to the same bits on every format.
 numba is optional (``pip install smalti[fast]``; the test dependencies
 include it). Without it, or with ``SMALTI_EMULATE_COMPILED=0`` in the
 environment, :func:`available` is false and ``mma`` keeps its numpy code.
-The kernel is compiled on its first use in a process (about a second,
-cached on disk by numba where the package's folder is writable).
+A process adds its first :data:`WARM_UP` sums with numpy, so that a small
+kernel does not wait for numba's import (:func:`chosen`); the kernel is
+compiled on its first use (about a second once, then cached on disk by
+numba where the package's folder is writable).
 """
 
 from __future__ import annotations
@@ -42,10 +44,30 @@ def installed() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+#: sums numpy adds in a process before the compiled one takes over: importing
+#: numba and loading its cached kernel (about 0.5 s) pays only for more work
+#: than a small kernel's (numpy takes 0.3-0.5 ms an m64n128k16 instruction)
+WARM_UP = 1500
+_numpy_sums = 0
+
+
 def available() -> bool:
-    """Whether :func:`aligned_sum` runs: numba is installed and the
+    """Whether :func:`aligned_sum` can run: numba is installed and the
     environment does not turn it off."""
     return os.environ.get(SWITCH, "1") != "0" and installed()
+
+
+def chosen() -> bool:
+    """Whether this sum runs compiled: where :func:`available`, once the
+    kernel is loaded or the process has added :data:`WARM_UP` sums with
+    numpy (the two give the same bits, so a run may switch midway)."""
+    global _numpy_sums
+    if not available():
+        return False
+    if _kernel.cache_info().currsize or _numpy_sums >= WARM_UP:
+        return True
+    _numpy_sums += 1
+    return False
 
 
 def aligned_sum(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, low_a: int, low_b: int,

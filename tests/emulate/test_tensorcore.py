@@ -241,18 +241,28 @@ def test_the_largest_alignment_by_one_matrix_product_is_the_maximum(fmt, k):
     assert (got[2] == tensorcore._NONE).all() and got[0, 0] == 2 * ea[0, 0]
 
 
-def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeypatch):
-    """By default mma adds through the compiled kernel where numba is
-    installed; SMALTI_EMULATE_COMPILED=0 (or compiled=False) keeps numpy's."""
-    calls = []
+@pytest.fixture
+def compiled_calls(monkeypatch) -> list:
+    """The compiled sum's calls (it returns zeros), numba taken as installed."""
+    calls: list = []
 
     def spy(*args):
         calls.append(args)
         return np.zeros((args[0].shape[0], args[1].shape[0]))
     monkeypatch.setattr(tensorcore_compiled, "aligned_sum", spy)
     monkeypatch.setattr(tensorcore_compiled, "installed", lambda: True)
-    a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
     monkeypatch.delenv(tensorcore_compiled.SWITCH, raising=False)
+    return calls
+
+
+def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeypatch,
+                                                                          compiled_calls):
+    """By default mma adds through the compiled kernel where numba is
+    installed (after the warm-up); SMALTI_EMULATE_COMPILED=0 (or
+    compiled=False) keeps numpy's."""
+    calls = compiled_calls
+    monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", tensorcore_compiled.WARM_UP)
+    a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
     assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32").shape == (2, 3)
     assert len(calls) == 1
     monkeypatch.setenv(tensorcore_compiled.SWITCH, "0")
@@ -261,3 +271,15 @@ def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeyp
     assert (tensorcore.mma(a, b, None, operands="f16", accumulator="f32",
                            compiled=False) == 16).all()
     assert len(calls) == 1
+
+
+def test_a_process_adds_its_first_sums_with_numpy(monkeypatch, compiled_calls):
+    """A small kernel does not wait for numba: the first WARM_UP sums of a
+    process (whose kernel is not loaded yet) are numpy's, the rest compiled."""
+    monkeypatch.setattr(tensorcore_compiled, "WARM_UP", 3)
+    monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", 0)
+    tensorcore_compiled._kernel.cache_clear()  # (reloaded at once when needed: imported)
+    a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
+    sums = [tensorcore.mma(a, b, None, operands="f16", accumulator="f32") for _ in range(5)]
+    assert [(s == 16).all() for s in sums] == [True, True, True, False, False]
+    assert len(compiled_calls) == 2
