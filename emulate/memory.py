@@ -18,6 +18,7 @@ import bisect
 import numpy as np
 
 from .errors import EmulationError, Unsupported
+from .recurring import Kept, recurs
 from .sync.reports import OutOfBounds
 
 GLOBAL_BASE = 1 << 32
@@ -77,9 +78,8 @@ class Space:
         self.next = base
         self.bases: list[int] = []
         self.regions: list[Region] = []
-        # read-only address arrays recur (a WGMMA descriptor's operand, made
-        # once per descriptor): where they point is kept until the buffers change
-        self._located: dict[int, tuple] = {}
+        # where recurring address arrays point, until the buffers change
+        self._located = Kept()
 
     def alloc(self, size: int, name: str, align: int = 1024) -> Region:
         base = -(-self.next // align) * align
@@ -111,15 +111,15 @@ class Space:
             f"{self.name} memory access at {lo:#x} is outside every buffer at {where}")
 
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
-        recurring = mask is None and isinstance(addrs, np.ndarray) and not addrs.flags.writeable
-        if recurring:
-            hit = self._located.get(id(addrs))
-            if hit is not None and hit[0] is addrs and hit[1] == itemsize:
-                return hit[2], hit[3], None
+        kept = mask is None and recurs(addrs)
+        if kept:
+            hit = self._located.get(addrs, itemsize)
+            if hit is not None:
+                return hit
         located = self._locate_now(addrs, itemsize, mask, where)
-        if recurring and located[0] is not None:  # (the array kept too: its id names it)
+        if kept and located[0] is not None:
             located[1].setflags(write=False)
-            self._located[id(addrs)] = (addrs, itemsize, located[0], located[1])
+            self._located.put(addrs, itemsize, located)
         return located
 
     def _locate_now(self, addrs: np.ndarray, itemsize: int, mask, where: str):

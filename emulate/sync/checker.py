@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..memory import CLUSTER_SHIFT, Region, Space, _full_mask
+from ..recurring import Kept, recurs
 from .clocks import Clocks, SyncPoint
 from .reports import (
     Access,
@@ -107,7 +108,7 @@ class Checker:
         self._tables: dict[tuple, tuple] = {}  # (site, write, warps) -> (clock version, ids)
         self._stamps = 0  # numbers each multi-warp write (see _overlapping)
         self._patterns: dict[int, tuple] = {}  # op site -> a write pattern without overlap
-        self._unit_cells_kept: dict[int, tuple] = {}  # see _unit_cells
+        self._unit_cells_kept = Kept()  # see _unit_cells
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
@@ -312,14 +313,11 @@ class Checker:
         a = np.asarray(addrs, np.int64).reshape(-1)
         if a.size == 0:
             return None
-        kept = isinstance(addrs, np.ndarray) and not addrs.flags.writeable
+        kept = recurs(addrs)
         if kept:
-            hit = self._unit_cells_kept.get(id(addrs))
-            if hit is not None:
-                (owner, owner_space, owner_itemsize), kept_region, gran, kept_off, kept_n = hit
-                if owner is addrs and owner_space is space and owner_itemsize == itemsize \
-                        and kept_region.shadow.gran == gran:
-                    return kept_region, kept_off, kept_n
+            hit = self._unit_cells_kept.get(addrs, (space, itemsize))
+            if hit is not None and hit[0].shadow.gran == hit[1]:  # (not refined since)
+                return hit[0], hit[2], hit[3]
         region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
         if not region.tracked:
             return None
@@ -327,8 +325,8 @@ class Checker:
         cells = sh.cells(a - region.base, itemsize)
         off: np.ndarray | slice = _as_run(cells)
         n = cells.size if isinstance(off, np.ndarray) else off.stop - off.start
-        if kept:  # (the array itself is kept too: its id names it only while it lives)
-            self._unit_cells_kept[id(addrs)] = ((addrs, space, itemsize), region, sh.gran, off, n)
+        if kept:
+            self._unit_cells_kept.put(addrs, (space, itemsize), (region, sh.gran, off, n))
         return region, off, n
 
     # --- the check --------------------------------------------------------------------------
