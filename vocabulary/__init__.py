@@ -131,6 +131,7 @@ PRIMITIVES: dict[str, str] = {
     # one update per row or column: x.at[jnp.arange(n), cols].add(u) (line_scatter.py)
     "smalti.vocabulary.line_scatter:line_scatter_p": "line_scatter:lower",
     "jax._src.lax.lax:transpose_p": "movement:lower_transpose",
+    "smalti.vocabulary.smem_transpose:relabelled_transpose_p": "smem_transpose:lower_relabelled",
     "jax._src.lax.lax:rev_p": "movement:lower_rev",
     "jax._src.lax.lax:pad_p": "movement:lower_pad",
     "jax._src.lax.slicing:slice_p": "movement:lower_slice",
@@ -200,6 +201,7 @@ RESOURCE_ESTIMATORS: dict[str, str] = {
     "smalti.vocabulary.lines:line_p": "lanes:estimate",
     "smalti.vocabulary.repeats:interleave_p": "repeats:estimate",
     "jax._src.lax.lax:transpose_p": "movement:estimate_transpose",
+    "smalti.vocabulary.smem_transpose:relabelled_transpose_p": "movement:estimate_transpose",
     "jax._src.lax.lax:rev_p": "movement:estimate_one",
     "jax._src.lax.lax:pad_p": "movement:estimate_one",
     "jax._src.lax.slicing:slice_p": "movement:estimate_slice",

@@ -55,6 +55,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax._src import core as jax_core
+from jax._src.interpreters import mlir
 from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import arith, memref, vector
@@ -65,10 +66,18 @@ from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 from smalti.vocabulary import index_ranges
-from smalti.vocabulary.annotations import Aval, EstimatorContext, Operand, PallasContext, Resources
+from smalti.vocabulary.annotations import (
+    Aval,
+    EstimatorContext,
+    Lowered,
+    Operand,
+    PallasContext,
+    Resources,
+)
 from smalti.vocabulary.primitives import refuse
 
-__all__ = ["fits", "lower", "estimate", "from_global_memory"]
+__all__ = ["fits", "lower", "estimate", "from_global_memory", "relabelled_transpose",
+           "relabelled_transpose_p", "lower_relabelled"]
 
 SWIZZLE = 128  # bytes: a tile row is one swizzle group of 8 x 16 bytes
 WGMMA_ROWS = 64  # the rows of a WGMMA layout's tile
@@ -217,7 +226,8 @@ def lower(ctx: PallasContext, x: Operand) -> ir.Value:
     return mgpu_dialect.layout_cast(loaded, wgmma)
 
 
-def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedArray:
+def _transpose_registers(x: fa.FragmentedArray, scratch: Any, relabelled: bool = False
+                         ) -> fa.FragmentedArray:
     """``x.T`` of a WGMMA-layout array: each thread stores its registers
     (two columns of a row: one 8- or 4-byte store) into the scratch, the
     warpgroup synchronizes, and each thread loads the two elements of each
@@ -228,7 +238,18 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
     rows ``2 q + b``) meet 32 distinct banks; for 16-bit types ``S(r) = (r &
     7) << 3``, so that a warp's 4-byte stores (8 rows) meet 32 distinct banks
     and its loads 16 distinct words (two lanes to a word) on distinct banks.
-    One write and one read pass of the block: the ideal."""
+    One write and one read pass of the block: the ideal.
+
+    ``relabelled`` (32-bit types): ``x``'s rows hold position ``p`` at
+    column ``relabelling(n)[p]`` (:func:`relabelled_transpose`), so a
+    register ``j`` of lane ``q`` holds positions ``p = q n / 4 + 2 j + b``
+    (two adjacent positions) and is stored where position ``p`` belongs:
+    the permutation back to position order costs nothing. Position ``p`` of
+    row ``r`` sits at ``P(p) ^ (T(r) << 3)``, ``P(p) = p ^ ((p >> (L - 2)) &
+    3) << 1`` (``n = 2 ** L``) and ``T(r) = ((r ^ (r >> 2)) & 1) | (r & 2)``:
+    a half-warp's stores vary ``p``'s bits 0, ``L - 2``, ``L - 1`` and
+    ``r``'s bits 0, 1, a warp's loads ``p``'s bits 0-2 and ``r``'s bits 1,
+    2, and both sets map one-to-one onto the 5 bank bits."""
     from smalti.vocabulary import rows as row_moves
     from smalti.vocabulary.rows import xor_const
 
@@ -241,18 +262,32 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
 
-    def spread(row: ir.Value) -> ir.Value:  # S(row)
+    top = cols.bit_length() - 3  # relabelled: L - 2, the lane bits' place in a position
+
+    def spread(row: ir.Value) -> ir.Value:  # S(row), or T(row) << 3 where relabelled
+        if relabelled:
+            odd = arith.andi(arith.xori(row, arith.shrui(row, c(2))), c(1))
+            return arith.shli(arith.ori(odd, arith.andi(row, c(2))), c(3))
         if mgpu_utils.bitwidth(element) == 16:
             return arith.shli(arith.andi(row, c(7)), c(3))
         return arith.shli(arith.andi(arith.xori(row, arith.shrui(row, c(1))), c(3)), c(3))
 
+    def placed_const(p: int) -> int:  # P(p) of a constant position
+        return p ^ (((p >> top) & 3) << 1)
+
     place = row_moves.ThreadPlace.here()
     own, lane_cols = place.own, place.lane_cols
     view = scratch.view((n, cols), element)
-    # stores: row own + 64 g + 8 h (S depends on its low 3 bits: own's), column 8 j + 2 q
-    store_cols = arith.xori(lane_cols, spread(own))
     natural = row_moves.natural_rows(own, regs)
-    pair_cols = {j: xor_const(store_cols, 8 * j) for j in range(regs.shape[1])}
+    if relabelled:
+        # stores: position q n / 4 + 2 j of row own + 64 g + 8 h at P(p) ^ T(own)
+        lane_place = arith.shli(lane_cols, c(top - 1))  # q n / 4
+        store_cols = arith.xori(arith.xori(lane_place, lane_cols), spread(own))
+        pair_cols = {j: xor_const(store_cols, 2 * j) for j in range(regs.shape[1])}
+    else:
+        # stores: row own + 64 g + 8 h (S depends on its low 3 bits: own's), column 8 j + 2 q
+        store_cols = arith.xori(lane_cols, spread(own))
+        pair_cols = {j: xor_const(store_cols, 8 * j) for j in range(regs.shape[1])}
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
         vector.store(regs[idx], view, [natural[(idx[0], idx[4])], pair_cols[idx[1]]])
@@ -263,8 +298,13 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
     source_rows = {b: xor_const(lane_cols, b) for b in range(2)}  # 2 q + b; + 8 j' below
     # S(c') of c' = 8 j' + 2 q + b: its low 3 bits are 2 q + b's
     source_spread = {b: spread(source_rows[b]) for b in range(2)}
+    out_rows = row_moves.natural_rows(own, out_regs)
+    if relabelled:  # P(r') ^ T(c'); P is linear: P(own + k) = P(own) ^ P(k)
+        own_place = arith.xori(own, arith.shli(arith.andi(arith.shrui(own, c(top)), c(3)), c(1)))
+        out_rows = {(g, h): xor_const(own_place, placed_const(64 * g + 8 * h))
+                    for g, h in out_rows}
     placed = {(g, h, b): arith.xori(row, source_spread[b])  # r' ^ S(c')
-              for (g, h), row in row_moves.natural_rows(own, out_regs).items() for b in range(2)}
+              for (g, h), row in out_rows.items() for b in range(2)}
     input_rows = {(j, b): xor_const(source_rows[b], 8 * j)
                   for j in range(out_regs.shape[1]) for b in range(2)}
     for idx in np.ndindex(out_regs.shape):
@@ -273,3 +313,55 @@ def _transpose_registers(x: fa.FragmentedArray, scratch: Any) -> fa.FragmentedAr
         out_regs[idx] = vector.from_elements(pair, elements)
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out_regs, _layout=x.layout, _is_signed=x.is_signed)
+
+
+# --- a sort's rows back in position order, transposed ----------------------------------------
+
+#: ``x[:, relabelling(n)].T`` (:func:`relabelled_transpose`).
+relabelled_transpose_p = jax_core.Primitive("smalti_relabelled_transpose")
+
+
+def relabelled_transpose(x: jax.Array) -> jax.Array:
+    """``x[:, relabelling(n)].T`` of a 2-D block of ``n`` columns whose rows
+    hold position ``p`` at column ``relabelling(n)[p]``
+    (:func:`smalti.vocabulary.lanes.relabelling`: a sorting network's
+    placement along the minor axis): the positions back in order, as rows.
+    Where the fast path applies (a 32-bit block in WGMMA's registers, both
+    dims multiples of 64, ``n`` a power of two, the warpgroup's scratch
+    slice free) it is one transpose whose register stores put each position
+    where it belongs, so the permutation costs nothing; elsewhere the
+    permutation in registers (:func:`smalti.vocabulary.lanes.permute`), then
+    the transpose."""
+    return relabelled_transpose_p.bind(x)
+
+
+@relabelled_transpose_p.def_abstract_eval
+def _relabelled_abstract_eval(x: Aval) -> Aval:
+    return jax_core.ShapedArray(tuple(x.shape[::-1]), x.dtype)
+
+
+def _relabelled_f(x: jax.Array) -> jax.Array:
+    from smalti.vocabulary import lanes
+
+    return lanes.permute(x, lanes.relabelling(x.shape[1])).T
+
+
+relabelled_transpose_p.def_impl(_relabelled_f)
+mlir.register_lowering(relabelled_transpose_p,
+                       mlir.lower_fun(_relabelled_f, multiple_results=False))
+
+
+def lower_relabelled(ctx: PallasContext, x: Operand) -> Lowered:
+    """The fast path of :func:`relabelled_transpose` where it applies, the
+    permutation and the transpose by their own rules otherwise."""
+    from smalti.vocabulary import lanes
+    from smalti.vocabulary import rows as row_moves
+
+    [aval] = ctx.avals_in
+    rows, cols = aval.shape
+    scratch = row_moves.scratch_for(ctx, aval) if fits(aval, x) and fits_slices(ctx, aval) \
+        else None
+    if scratch is None or np.dtype(aval.dtype).itemsize != 4 or cols & (cols - 1):
+        return pallas_lowering._lower_fun(_relabelled_f)(ctx, x)
+    return lanes.on_registers(ctx, x, (cols, rows),
+                              lambda value: _transpose_registers(value, scratch, relabelled=True))

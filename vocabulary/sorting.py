@@ -104,6 +104,7 @@ from smalti.vocabulary.annotations import (
     PallasContext,
     Resources,
 )
+from smalti.vocabulary.lanes import relabelling
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.scans import check_block, linear, positions, stride, take_scratch
 
@@ -116,6 +117,7 @@ NAN_BASE = 0x7FC00000
 #: take the keys 0 .. 255 (their index).
 ZERO_ROOM = 255
 FLOATS = tuple(np.dtype(d) for d in (jnp.float32, jnp.float16, jnp.bfloat16))
+BF16 = np.dtype(jnp.bfloat16)
 
 
 # --- keys -----------------------------------------------------------------------------------
@@ -169,6 +171,30 @@ def sort_key(x: jnp.ndarray) -> jnp.ndarray:
     return key
 
 
+def high_sort_key(x: jnp.ndarray) -> jnp.ndarray:
+    """A bfloat16 block's key of lax.sort's order in the high half of an
+    int32 word, the low half zero (for the index): a bfloat16's float32
+    bits ``b`` are its bits shifted up; the key is ``b`` where it is
+    non-negative and ``INT32_MIN - b`` (minus its magnitude) where negative,
+    so ``-0`` and ``+0`` are both 0; NaNs of either sign and any payload are
+    one key above +inf's. 6.5 instructions per element (an extension, a
+    compare, a subtract and a select; the NaN test of two elements at
+    once and its select) against 9 for :func:`sort_key`, its shift and the
+    index's add. Not ``sort_key << 16``: negative keys are one higher,
+    which :func:`from_high_sort_key` undoes."""
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    key = jnp.where(bits < 0, np.int32(INT32_MIN) - bits, bits)
+    return jnp.where(x != x, 0x7FFF << 16, key)
+
+
+def from_high_sort_key(word: jnp.ndarray, dtype: DTypeLike) -> jnp.ndarray:
+    """The bfloat16 value of a :func:`high_sort_key` (whatever the low half
+    holds); a zero's is ``+0`` and NaNs' one NaN (what the key keeps)."""
+    key = word >> 16
+    bits = jnp.where(key < 0, 0x8000 - key, key)  # minus the magnitude: the sign bit and it
+    return lax.bitcast_convert_type(bits.astype(jnp.int16), dtype)
+
+
 # --- the network ------------------------------------------------------------------------------
 
 
@@ -208,7 +234,9 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     if stages is None and axis == 1 and _registers(tuple(shape)):
         return _sort_relabelled(words)
     if stages is None and axis == 0 and _transposed_in_registers(tuple(shape)):
-        return [w.T for w in _sort_relabelled([w.T for w in words])]
+        _, stages = _relabelled_stages(shape[0])
+        words = bitonic_sort([w.T for w in words], 1, stages)
+        return [smem_transpose.relabelled_transpose(w) for w in words]
     stages = _stages(shape[axis]) if stages is None else stages
     if len(shape) == 2:
         for mask, half in stages:
@@ -247,20 +275,6 @@ def _transposed_in_registers(shape: tuple[int, ...]) -> bool:
             and _registers(shape[::-1]))
 
 
-def relabelling(n: int) -> tuple[int, ...]:
-    """Where (column) a row of ``n`` (a power of two, at least 8) keeps each
-    position of the network, so that the positions' two top bits are the
-    lane bits of WGMMA's layout (column ``8 j + 2 q + b``: bits 1 and 2) and
-    the others the register's and the slot's: position ``b + 2 j' + 2 n / 8
-    q`` at column ``8 j' + 2 q + b``. A bitonic network's stages then cross
-    lanes (and choose the side by the lane) only where their masks reach the
-    top two bits: 5 of 28 stages for 128, against 11 (and 4 more crossing)
-    in column order."""
-    registers = n // lanes.TILE_COLS
-    return tuple(lanes.TILE_COLS * ((p >> 1) % registers) + 2 * (p // (2 * registers)) + p % 2
-                 for p in range(n))
-
-
 def _relabel_bits(value: int, place: tuple[int, ...]) -> int:
     """The column bits of a mask or half bit over positions (``place`` of its
     bits: a bit permutation, so XOR partners and bit tests carry over)."""
@@ -286,7 +300,8 @@ def _sort_relabelled(words: list[jnp.ndarray]) -> list[jnp.ndarray]:
     registers on positions placed by :func:`relabelling` (the words are in
     any order to start with: a sort does not care), then each word's columns
     permuted back into position order (a register permutation within each
-    quad)."""
+    quad, :func:`smalti.vocabulary.lanes.permute`'s transpose of the lane
+    bits with two register bits)."""
     place, stages = _relabelled_stages(words[0].shape[1])
     words = bitonic_sort(words, 1, stages)
     return [lanes.permute(w, place) for w in words]
@@ -417,13 +432,18 @@ def _gather_along(x: jnp.ndarray, index: jnp.ndarray, axis: int) -> jnp.ndarray:
 
 
 def _with_index(keys: list[jnp.ndarray], narrow_last: bool, shape: tuple[int, ...], axis: int,
-                padded: bool) -> tuple[list[jnp.ndarray], bool]:
+                padded: bool, high: bool = False) -> tuple[list[jnp.ndarray], bool]:
     """The key words with the index added: packed into the last key word
     when that is a 16-bit key, else as a word of its own. ``padded``: the
-    keys end in :func:`_pad`'s INT32_MAX, which stays greatest."""
+    keys end in :func:`_pad`'s INT32_MAX, which stays greatest. ``high``:
+    the last key is already in its word's high half (:func:`high_sort_key`,
+    at most ``0x7FFF << 16``; INT32_MAX stays itself under the index's
+    bits)."""
     pos = positions(shape, axis)
     if not narrow_last:
         return [*keys, pos], False
+    if high:
+        return [*keys[:-1], keys[-1] | pos], True
     word = keys[-1] * 65536 + pos
     if padded:
         word = jnp.where(keys[-1] == INT32_MAX, INT32_MAX, word)
@@ -501,10 +521,13 @@ def _sort_several(*operands: jnp.ndarray, dimension: int, num_keys: int, screen:
     if screen and num_keys == 1 and dtype == np.dtype(np.float32) and p == n \
             and _relabelled_along(shape, dimension):
         return _sort_f32_key(operands, dimension, skip)
-    keys = _pad([sort_key(k) for k in operands[:num_keys]], dimension, p)
+    last = operands[num_keys - 1]
+    high = np.dtype(last.dtype) == BF16  # its key made in the word's high half
+    keys = [sort_key(k) for k in operands[:num_keys - 1]]
+    keys = _pad([*keys, high_sort_key(last) if high else sort_key(last)], dimension, p)
     padded = keys[0].shape
-    words, packed = _with_index(keys, is_narrow(operands[num_keys - 1].dtype), padded, dimension,
-                                padded=p != n)
+    words, packed = _with_index(keys, is_narrow(last.dtype), padded, dimension, padded=p != n,
+                                high=high)
     words = bitonic_sort(words, dimension)
     index = _index_of([_read(words[-1], dimension, shape)], packed)
 
@@ -512,6 +535,8 @@ def _sort_several(*operands: jnp.ndarray, dimension: int, num_keys: int, screen:
         """The first operand from its sorted keys (the last key word holds
         the index too where it is packed)."""
         key = _read(words[0], dimension, shape)
+        if high and num_keys == 1:
+            return from_high_sort_key(key, dtype)
         return from_total_order_key(key >> 16 if packed and num_keys == 1 else key, dtype)
 
     def first() -> jnp.ndarray:
@@ -590,8 +615,9 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
         tie = jnp.any(key == lanes.permute(key, following))
 
         def in_order(word: jnp.ndarray) -> jnp.ndarray:
-            word = lanes.permute(word, place)
-            return word.T if dimension == 0 else word
+            if dimension == 0:  # the permutation folded into the transpose's stores
+                return smem_transpose.relabelled_transpose(word)
+            return lanes.permute(word, place)
 
         index = in_order(index)
         out = _outputs(ops, skip, lambda: in_order(key), index, dimension)
