@@ -50,6 +50,7 @@ COLUMNS = {
     **{f"xor {m}": lanes.xor_partners(128, m) for m in (1, 2, 4, 8, 3, 7, 127)},
     "permutation": tuple(int(c) for c in RNG.permutation(128)),
     "any map": tuple(int(c) for c in RNG.integers(0, 128, 128)),  # repeats: several rounds
+    "relabelling": lanes.relabelling(128),  # a sort's placement back: the butterfly
 }
 
 
@@ -102,6 +103,25 @@ def test_permute_shapes(pipeline, shape, dtype):
     for columns in (lanes.flipped(n), lanes.shifted(n, 5), tuple(RNG.permutation(n))):
         moved = _profile(pipeline, lambda v, c=columns: lanes.permute(v, c), x)
         np.testing.assert_array_equal(_bits(moved.outputs[0]), _bits(_want(x, columns)))
+
+
+@pytest.mark.parametrize("n, dtype", [(32, F32), (64, F32), (128, F32), (256, F32), (64, BF16),
+                                      (128, BF16), (256, BF16)])  # TMA tiles: 128-byte rows
+def test_relabelling_back_is_a_butterfly(pipeline, n, dtype):
+    """A sort's relabelled positions back in column order (the lanes' bits
+    exchanged with two register bits: a 4 x 4 transpose per quad) in two
+    butterfly steps: bit for bit, nothing through SMEM, at most 4
+    instructions per 32-bit word (a select, a shuffle and two selects per
+    pair of words and step), so 2 per bf16 element, and some 20 per
+    thread of lane predicates and thread ids."""
+    x = _inputs((64, n), dtype)
+    columns = lanes.relabelling(n)
+    moved = _profile(pipeline, lambda v: lanes.permute(v, columns), x)
+    base = _profile(pipeline, lambda v: v, x)
+    np.testing.assert_array_equal(_bits(moved.outputs[0]), _bits(_want(x, columns)))
+    assert moved[WAVEFRONTS] == base[WAVEFRONTS]
+    words = x.size * dtype.itemsize // 4  # 32-bit words of the block
+    assert moved[INST] - base[INST] <= 4 * words // 32 + 24 * 4  # warp instructions, 4 warps
 
 
 @pytest.mark.parametrize("dtype", (F32, BF16, I32), ids=lambda d: d.name)
