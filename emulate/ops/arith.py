@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from .. import irtypes
+from .. import irtypes, subbyte
 from ..compiler import Op, Step, rule
 from ..errors import Unsupported
 from ..machine import Frame
@@ -422,9 +422,12 @@ def fptoui(o: Op) -> Step:
 @rule("arith.bitcast")
 def bitcast(o: Op) -> Step:
     src, dst = o.in_types[0], o.out_types[0]
+    dt = dst.dtype
+    if (src.bits == dst.bits < 8 and np.bool_ not in (src.dtype, dt)
+            and src.shape == dst.shape):  # i4 <-> f4E2M1FN, i2 <-> ui2: the element's bits
+        return _cast(o, lambda x: subbyte.cook(subbyte.raw(x, src.dtype), dt))
     if dst.dtype == np.bool_ or src.bits < 8 or dst.bits < 8:
         raise o.unsupported(f"arith.bitcast {src.text} -> {dst.text}")
-    dt = dst.dtype
     if src.bits == dst.bits:
         return _cast(o, lambda x: np.array(x).view(dt))
     # a scalar and a 1-D vector of the same width (i32 <-> vector<2xbf16>)

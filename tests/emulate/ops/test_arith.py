@@ -419,6 +419,19 @@ def test_bitcast_keeps_the_bits():
     assert_same_bits(got, h.view(np.int16))
 
 
+@covers("arith.bitcast")
+def test_bitcast_between_4_bit_types_keeps_each_element_s_bits():
+    """f4E2M1FN <-> i4 (jax's float abs of fp4 masks the sign as integers):
+    all 16 codes, fp4's -0 (0x8) and the i4 extremes included."""
+    codes = np.arange(16, dtype=np.uint8)
+    f4 = codes.view(ml_dtypes.float4_e2m1fn)
+    got = _cast("arith.bitcast", "f4E2M1FN", "i4", f4)
+    assert got.dtype == np.dtype(ml_dtypes.int4)
+    assert [int(v) for v in got] == [c - 16 if c >= 8 else c for c in range(16)]
+    back = _cast("arith.bitcast", "i4", "f4E2M1FN", got)
+    assert (back.view(np.uint8) & 0xF).tolist() == codes.tolist()
+
+
 @covers("arith.constant", "llvm.mlir.constant")
 def test_constants_of_every_kind():
     got = run("""
