@@ -25,7 +25,9 @@ Words (what makes the order exactly lax's):
   and top_k's lower index first among ties) comes from a last word, the
   element's index along the axis: every pair of words then differs. A
   16-bit key (f16, bf16, integers of at most 16 bits) and the index share
-  one word (``key * 65536 + index``), so a stage is one ``take``; so do
+  one word (``key * 65536 + index``; a bf16 key is made in the high half
+  from its float32 bits, :func:`high_sort_key`), so a stage is one
+  ``take``; so do
   a 32-bit integer key and its index where the block's keys span less
   than ``2**31 / P`` (ids, labels, bucketed values: one block-wide minimum
   and maximum decide at run time) as ``(key - min) * P + index``; a
@@ -51,10 +53,14 @@ its stages on relabelled positions (:func:`relabelling`): the network
 sorts any placement of the positions as long as partners and sides are
 taken on the same labels, and with the lane bits as the positions' top
 two bits only 5 of 28 stages (for 128) exchange across lanes with a side
-chosen by the lane; one register permutation per word puts the result
+chosen by the lane; one register permutation per word (two butterfly
+steps exchanging the lane bits with two register bits) puts the result
 back in column order. A full sort along the rows of a block whose dims
 are multiples of 64 sorts its transpose's minor axis that way, between two
-of :mod:`smalti.vocabulary.smem_transpose`'s vector round trips.
+of :mod:`smalti.vocabulary.smem_transpose`'s vector round trips, the
+second of which stores the relabelled positions where they belong
+(:func:`~smalti.vocabulary.smem_transpose.relabelled_transpose`: no
+permutation at all).
 
 top_k needs only the ``k`` smallest (of the descending keys): it sorts runs
 of ``r`` (the power of two from ``k``), then halves the block each round,
