@@ -573,16 +573,22 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: fro
     the block's keys span less than ``2**31 / P`` (``P``: the padded length;
     a block-wide minimum and maximum, tested at run time alike in every
     thread), :func:`_sort_offset_keys` moves one word through the network;
-    a wider span takes the key and the index as two words."""
+    a wider span compares the key alone with the index riding along
+    (:func:`_key_alone`) where the axis runs in registers on relabelled
+    positions, and takes the key and the index as two words otherwise."""
     key = total_order_key(operands[0])
     lo, hi = jnp.min(key), jnp.max(key)
     span = hi - lo  # int32: negative where it wraps, a span of 2**31 or more
-    p = _padded_length(key.shape[dimension])
+    n = key.shape[dimension]
+    p = _padded_length(n)
+    exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
+    wide: Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]] = exact
+    if p == n and _relabelled_along(tuple(key.shape), dimension):
+        dtype = operands[0].dtype
+        wide = _key_alone(key, lambda k: from_total_order_key(k, dtype), dimension, skip, exact)
     return lax.cond((span >= 0) & (span < 2 ** 31 // p),
                     partial(_sort_offset_keys, key, lo, dimension=dimension, skip=skip),
-                    partial(_sort_several, dimension=dimension, num_keys=1, screen=False,
-                            skip=skip),
-                    *operands)
+                    wide, *operands)
 
 
 def _relabelled_along(shape: tuple[int, ...], axis: int) -> bool:
@@ -595,18 +601,29 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
     """lax.sort of several operands on the first, a float32 block sorted
     along an axis that runs in registers on relabelled positions: where
     the block has no zero, subnormal or NaN (:func:`_has_zero_subnormal_or_nan`,
-    before the network), the stages compare the float word alone and the
-    index rides along (``compare_exchange(keys=1)``: one compare and a
-    select per word, against the two words' lexicographic compare); where
-    two keys of a line are then equal (neighbours on the sorted labels,
-    tested after the network), their order among equals is not the stable
-    one, and the block is sorted again with the index as a second key, as
-    every block with zeros, subnormals or NaNs is."""
+    before the network), the float word is compared alone
+    (:func:`_key_alone`: float min and max of normal numbers and infinities
+    are exact); otherwise the index is a second key."""
     x = operands[0]
     exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
+    return lax.cond(_has_zero_subnormal_or_nan(x), exact,
+                    _key_alone(x, lambda k: k, dimension, skip, exact), *operands)
 
+
+def _key_alone(word: jnp.ndarray, decode: Callable[[jnp.ndarray], jnp.ndarray], dimension: int,
+               skip: frozenset[int], exact: Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]]
+               ) -> Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]]:
+    """The sort of ``lax.cond``'s operands on one key ``word`` per element
+    (the float32 block itself, or an int32 total-order key; ``decode`` makes
+    the first operand from it) along an axis that runs in registers on
+    relabelled positions: the stages compare the word alone and the index
+    rides along (``compare_exchange(keys=1)``: one compare and a select per
+    word, against the two words' lexicographic compare); where two keys of
+    a line are then equal (neighbours on the sorted labels, tested after the
+    network), their order among equals is not the stable one, and the block
+    is sorted by ``exact`` (the index a second key)."""
     def carried(*ops: jnp.ndarray) -> tuple[list[jnp.ndarray], jnp.ndarray]:
-        key, index = x, positions(tuple(x.shape), dimension)
+        key, index = word, positions(tuple(word.shape), dimension)
         if dimension == 0:  # the transpose's minor axis (see _transposed_in_registers)
             key, index = key.T, index.T
         n = key.shape[1]
@@ -620,16 +637,16 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
             following[place[label]] = place[label + 1 if label + 1 < n else n - 2]
         tie = jnp.any(key == lanes.permute(key, following))
 
-        def in_order(word: jnp.ndarray) -> jnp.ndarray:
+        def in_order(w: jnp.ndarray) -> jnp.ndarray:
             if dimension == 0:  # the permutation folded into the transpose's stores
-                return smem_transpose.relabelled_transpose(word)
-            return lanes.permute(word, place)
+                return smem_transpose.relabelled_transpose(w)
+            return lanes.permute(w, place)
 
         index = in_order(index)
-        out = _outputs(ops, skip, lambda: in_order(key), index, dimension)
+        out = _outputs(ops, skip, lambda: decode(in_order(key)), index, dimension)
         return lax.cond(tie, exact, lambda *_: (out, index), *ops)
 
-    return lax.cond(_has_zero_subnormal_or_nan(x), exact, carried, *operands)
+    return carried
 
 
 def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray, dimension: int,

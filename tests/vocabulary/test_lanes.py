@@ -506,6 +506,19 @@ def test_sorted_operands_without_gathers(pipeline):
     assert sorted_[WAVEFRONTS] - base[WAVEFRONTS] <= 2 * 20
 
 
+def _sort_pairs(axis):
+    """An int key sorted with a float payload (num_keys=1), both read back."""
+    def fn(v):
+        key, payload = lax.sort((v, (v % 7).astype(jnp.float32) + 0.5), dimension=axis,
+                                num_keys=1)
+        return key + payload.astype(v.dtype)
+    return fn
+
+
+def _argsort(axis):
+    return lambda v: jnp.argsort(v, axis).astype(v.dtype)
+
+
 def test_integer_keys_of_a_narrow_span_share_a_word_with_their_index(pipeline):
     """A 32-bit integer key sorted with other operands shares one word with
     its index where the block's keys span less than 2**31 / 128 (2**24 for
@@ -525,23 +538,36 @@ def test_integer_keys_of_a_narrow_span_share_a_word_with_their_index(pipeline):
     wraps[0, :2] = [np.iinfo(np.int32).min, np.iinfo(np.int32).max]
     unsigned = (2 ** 31 + rng.integers(-50, 50, (64, 128))).astype(np.uint32)
 
-    def pairs(axis):
-        def fn(v):
-            key, payload = lax.sort((v, (v % 7).astype(jnp.float32) + 0.5), dimension=axis,
-                                    num_keys=1)
-            return key + payload.astype(v.dtype)
-        return fn
-
-    def argsort(axis):
-        return lambda v: jnp.argsort(v, axis).astype(v.dtype)
-
     for x in (ids, under, over, wraps, unsigned):
-        for fn in (argsort(1), argsort(0), pairs(1), pairs(0)):
+        for fn in (_argsort(1), _argsort(0), _sort_pairs(1), _sort_pairs(0)):
             _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ids)
-    costs = [(_profile(pipeline, argsort(1), x)[INST] - base[INST]) * 32 / x.size
+    costs = [(_profile(pipeline, _argsort(1), x)[INST] - base[INST]) * 32 / x.size
              for x in (ids, wraps)]
     assert costs[0] < costs[1] / 2, costs
+
+
+def test_integer_keys_of_a_wide_span_carry_their_index_where_a_line_has_no_ties(pipeline):
+    """A 32-bit integer key whose block spans 2**24 or more is compared alone
+    with its index riding along, as a float32 key is; a line with two equal
+    keys sends the block through the two-word network. Bit for bit jax's
+    (argsort, the decoded key and a payload, int32 and uint32 keys, along
+    either axis); a tie-free argsort costs about what the float32 one does,
+    well below the two-word network's 140.7."""
+    rng = np.random.default_rng(23)
+    wide = rng.permutation(np.arange(-2 ** 31, 2 ** 31, 2 ** 17, dtype=np.int64))[:64 * 128]
+    wide = wide.reshape(64, 128).astype(np.int32)  # distinct, spanning nearly all of int32
+    tied = wide.copy()
+    tied[40, 100] = tied[40, 3]  # one tie in one line
+    unsigned = wide.view(np.uint32)
+
+    for x in (wide, tied, unsigned):
+        for fn in (_argsort(1), _argsort(0), _sort_pairs(1), _sort_pairs(0)):
+            _as_jax(pipeline, fn, x)
+    base = _profile(pipeline, lambda v: v, wide)
+    alone = (_profile(pipeline, _argsort(1), wide)[INST] - base[INST]) * 32 / wide.size
+    both = (_profile(pipeline, _argsort(1), tied)[INST] - base[INST]) * 32 / wide.size
+    assert alone <= 100 and both > alone + 40, (alone, both)
 
 
 def test_f32_keys_carry_their_index_where_the_block_has_no_ties(pipeline):
