@@ -29,6 +29,10 @@ Shuffles and lane predicates are shared between the slots of a row group
 partners ``c ^ m`` cost one shuffle per word where ``m`` has bit 2 or 4
 set (the lane's bits), nothing otherwise; a flip one shuffle per word; a
 roll by ``8 a + r`` a shuffle and a select per word (none where ``r = 0``).
+A sorting network's placement of positions (:func:`relabelling`, the lane
+bits on top) goes back to column order as a 4 x 4 transpose of lanes and
+registers in two butterfly steps (4 instructions per word, where the
+rounds above would take 6.4).
 A column ``-1`` is the static ``fill`` (a shift, as the scans use): a
 constant, a select where only some lanes of a slot take it.
 
