@@ -9,7 +9,9 @@ such a thread, as a host callback of the XLA executable. There, every
 subnormal a numpy operation makes or reads silently became zero (a ue8m0
 code 0, ``2**-127``, converted to bf16 came out ``+0``).
 
-:func:`ieee_subnormals` gives the code inside it the C library's default
+Every run of a kernel (:meth:`smalti.emulate.runner.Program.run`: ``run``,
+``run_module``, ``profile`` and the callbacks of ``on_cpu``) is inside
+:func:`ieee_subnormals`, which gives the code in it the C library's default
 environment (``fesetenv(FE_DFL_ENV)``: round to nearest, exceptions masked,
 FTZ and DAZ clear) and puts the caller's back afterwards. Where that cannot
 be done (no C library found, or subnormals still flushed after it), it

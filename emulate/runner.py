@@ -136,18 +136,21 @@ class Program:
         ``profiler`` (:class:`.profiling.Profiler`, with ``profiled``) counts
         the run. ``workers``: how many processes may run the grid's clusters
         (:mod:`.workers`; ``None``: ``SMALTI_EMULATE_WORKERS``, else the cores)."""
+        from . import fpenv
         from . import workers as parallel
 
         count = parallel.resolve(workers) if profiler is None else 1  # counters: one process
-        started = self.start(inputs, outputs, aliases=aliases, on_race=on_race,
-                             on_uninitialized=on_uninitialized, profiler=profiler)
-        parallel.last_run.clear()
-        parallel.last_run["mode"] = "sequential: workers=1"
-        if count > 1:
-            started.launch.parallel = parallel.plan(self, count, inputs, started.outputs,
-                                                    aliases, on_uninitialized)
-        self.execute(started)
-        return self.collect(started)
+        # the GPU keeps subnormals; a caller's thread may flush them (XLA's callbacks do)
+        with fpenv.ieee_subnormals():
+            started = self.start(inputs, outputs, aliases=aliases, on_race=on_race,
+                                 on_uninitialized=on_uninitialized, profiler=profiler)
+            parallel.last_run.clear()
+            parallel.last_run["mode"] = "sequential: workers=1"
+            if count > 1:
+                started.launch.parallel = parallel.plan(self, count, inputs, started.outputs,
+                                                        aliases, on_uninitialized)
+            self.execute(started)
+            return self.collect(started)
 
     def start(self, inputs: Sequence[np.ndarray],
               outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,

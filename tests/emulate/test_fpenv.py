@@ -48,6 +48,22 @@ def test_subnormals_survive_a_kernel_run_inside_an_xla_program():
     np.testing.assert_array_equal(got.view(np.uint32), (X * np.float32(0.5)).view(np.uint32))
 
 
+def test_a_run_from_a_thread_that_flushes_keeps_them_too():
+    """``run_module`` called on such a thread (a user's own callback, say):
+    the same bits, and the thread's setting back afterwards."""
+    module, avals = emu.lower(halve(), X)
+    outputs = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+
+    def run_there():
+        before = fpenv.flushes_subnormals()
+        (got,) = emu.run_module(module, [X], outputs)
+        return got, before, fpenv.flushes_subnormals()
+
+    got, before, after = _in_callback(run_there)
+    np.testing.assert_array_equal(got.view(np.uint32), (X * np.float32(0.5)).view(np.uint32))
+    assert after == before
+
+
 def test_without_it_the_callback_s_thread_would_flush_them(monkeypatch):
     """The twin: where XLA's thread flushes subnormals (FTZ and DAZ), the
     same kernel with the environment left alone computes zeros."""
