@@ -72,16 +72,17 @@ def ieee_subnormals() -> Iterator[None]:
     saved = ctypes.create_string_buffer(_ENV_BYTES)
     if libm is None or libm.fegetenv(saved) != 0 or \
             libm.fesetenv(_default_environment(libm)) != 0:
-        raise EmulationError(
-            "this thread flushes subnormal numbers to zero (as XLA:CPU's threads do) and the C "
-            "library's fesetenv could not turn that off, so the emulator's arithmetic would be "
-            "wrong on subnormals; run the kernel with smalti.emulate.run outside jax.jit")
+        raise _refusal("the C library's fesetenv could not turn that off")
     try:
         if flushes_subnormals():
-            raise EmulationError(
-                "this thread still flushes subnormal numbers to zero after fesetenv(FE_DFL_ENV), "
-                "so the emulator's arithmetic would be wrong on subnormals; run the kernel with "
-                "smalti.emulate.run outside jax.jit")
+            raise _refusal("it still does after fesetenv(FE_DFL_ENV)")
         yield
     finally:
         libm.fesetenv(saved)
+
+
+def _refusal(why: str) -> EmulationError:
+    return EmulationError(
+        f"this thread flushes subnormal numbers to zero (as XLA:CPU's threads do) and {why}, "
+        "so the emulator's arithmetic would be wrong on subnormals; run the kernel with "
+        "smalti.emulate.run on a thread of your own, outside jax.jit")

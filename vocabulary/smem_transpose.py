@@ -359,9 +359,10 @@ def lower_relabelled(ctx: PallasContext, x: Operand) -> Lowered:
 
     [aval] = ctx.avals_in
     rows, cols = aval.shape
-    scratch = row_moves.scratch_for(ctx, aval) if fits(aval, x) and fits_slices(ctx, aval) \
-        else None
-    if scratch is None or np.dtype(aval.dtype).itemsize != 4 or cols & (cols - 1):
+    fast = (np.dtype(aval.dtype).itemsize == 4 and cols & (cols - 1) == 0
+            and fits(aval, x) and fits_slices(ctx, aval))
+    scratch = row_moves.scratch_for(ctx, aval) if fast else None
+    if scratch is None:
         return pallas_lowering._lower_fun(_relabelled_f)(ctx, x)
     return lanes.on_registers(ctx, x, (cols, rows),
                               lambda value: _transpose_registers(value, scratch, relabelled=True))

@@ -238,11 +238,9 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     through SMEM a vector per register for rows across warps)."""
     shape = words[0].shape
     if stages is None and axis == 1 and _registers(tuple(shape)):
-        return _sort_relabelled(words)
+        return _sort_relabelled(words, axis)
     if stages is None and axis == 0 and _transposed_in_registers(tuple(shape)):
-        _, stages = _relabelled_stages(shape[0])
-        words = bitonic_sort([w.T for w in words], 1, stages)
-        return [smem_transpose.relabelled_transpose(w) for w in words]
+        return _sort_relabelled([w.T for w in words], axis)
     stages = _stages(shape[axis]) if stages is None else stages
     if len(shape) == 2:
         for mask, half in stages:
@@ -301,16 +299,27 @@ def _relabelled_stages(n: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
                    for mask, half in _stages(n)]
 
 
-def _sort_relabelled(words: list[jnp.ndarray]) -> list[jnp.ndarray]:
-    """:func:`bitonic_sort` of a 2-D block along its minor axis in WGMMA's
+def _sort_relabelled(words: list[jnp.ndarray], axis: int) -> list[jnp.ndarray]:
+    """:func:`bitonic_sort` of 2-D blocks along their minor axis in WGMMA's
     registers on positions placed by :func:`relabelling` (the words are in
-    any order to start with: a sort does not care), then each word's columns
-    permuted back into position order (a register permutation within each
-    quad, :func:`smalti.vocabulary.lanes.permute`'s transpose of the lane
-    bits with two register bits)."""
-    place, stages = _relabelled_stages(words[0].shape[1])
-    words = bitonic_sort(words, 1, stages)
-    return [lanes.permute(w, place) for w in words]
+    any order to start with: a sort does not care), each word then back in
+    position order along ``axis`` (:func:`_in_position_order`): the words
+    are the block's own for ``axis`` 1, its transpose's for ``axis`` 0."""
+    _, stages = _relabelled_stages(words[0].shape[1])
+    return [_in_position_order(w, axis) for w in bitonic_sort(words, 1, stages)]
+
+
+def _in_position_order(word: jnp.ndarray, axis: int) -> jnp.ndarray:
+    """A word sorted on :func:`relabelling`'s positions along its minor axis,
+    in position order along ``axis`` of the block: a register permutation
+    within each quad (:func:`smalti.vocabulary.lanes.permute`'s transpose of
+    the lane bits with two register bits) for ``axis`` 1; for ``axis`` 0
+    (``word`` is the block's transpose) the transpose back, whose stores put
+    each position where it belongs
+    (:func:`~smalti.vocabulary.smem_transpose.relabelled_transpose`)."""
+    if axis == 0:
+        return smem_transpose.relabelled_transpose(word)
+    return lanes.permute(word, relabelling(word.shape[1]))
 
 
 def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
@@ -637,13 +646,9 @@ def _key_alone(word: jnp.ndarray, decode: Callable[[jnp.ndarray], jnp.ndarray], 
             following[place[label]] = place[label + 1 if label + 1 < n else n - 2]
         tie = jnp.any(key == lanes.permute(key, following))
 
-        def in_order(w: jnp.ndarray) -> jnp.ndarray:
-            if dimension == 0:  # the permutation folded into the transpose's stores
-                return smem_transpose.relabelled_transpose(w)
-            return lanes.permute(w, place)
-
-        index = in_order(index)
-        out = _outputs(ops, skip, lambda: decode(in_order(key)), index, dimension)
+        index = _in_position_order(index, dimension)
+        out = _outputs(ops, skip, lambda: decode(_in_position_order(key, dimension)), index,
+                       dimension)
         return lax.cond(tie, exact, lambda *_: (out, index), *ops)
 
     return carried
