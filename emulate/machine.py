@@ -82,6 +82,8 @@ class Launch:
         # several processes (.workers): the parent's plan, or a worker's share of the grid
         self.parallel: Any = None
         self.share: Any = None
+        # warpgroups (by index in their block) whose warps run as tasks (..sched)
+        self.warp_split: frozenset[int] = frozenset()
 
 
 TMA_MAGIC = 0x5A4D5441  # "TMAZ": marks an emulated descriptor's 128 bytes

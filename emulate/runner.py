@@ -24,6 +24,7 @@ from .compiler import Compiler
 from .errors import EmulationError, Unsupported
 from .liveness import dead_ops
 from .machine import Frame, Launch
+from .sched import WarpSplit
 from .sync.checker import Checker
 
 
@@ -110,6 +111,9 @@ class Program:
         comp.finish()
         self.nslots = comp.nslots
         self.compile_s = time.perf_counter() - start  # what a worker pays again (.workers)
+        #: warpgroups (by index in their block) whose warps run as tasks: found
+        #: by a run (.sched.WarpSplit), kept for the next
+        self.warp_split: frozenset[int] = frozenset()
 
     @functools.cached_property
     def text(self) -> str:
@@ -142,15 +146,27 @@ class Program:
         count = parallel.resolve(workers) if profiler is None else 1  # counters: one process
         # the GPU keeps subnormals; a caller's thread may flush them (XLA's callbacks do)
         with fpenv.ieee_subnormals():
-            started = self.start(inputs, outputs, aliases=aliases, on_race=on_race,
-                                 on_uninitialized=on_uninitialized, profiler=profiler)
-            parallel.last_run.clear()
-            parallel.last_run["mode"] = "sequential: workers=1"
-            if count > 1:
-                started.launch.parallel = parallel.plan(self, count, inputs, started.outputs,
-                                                        aliases, on_uninitialized)
-            self.execute(started)
-            return self.collect(started)
+            while True:
+                started = self.start(inputs, outputs, aliases=aliases, on_race=on_race,
+                                     on_uninitialized=on_uninitialized, profiler=profiler)
+                parallel.last_run.clear()
+                parallel.last_run["mode"] = "sequential: workers=1"
+                if count > 1:
+                    started.launch.parallel = parallel.plan(self, count, inputs,
+                                                            started.outputs, aliases,
+                                                            on_uninitialized)
+                try:
+                    self.execute(started)
+                except WarpSplit as e:
+                    # warps of one warpgroup wait for each other: again from the
+                    # inputs, that warpgroup's warps as tasks (see .sched)
+                    if e.warpgroup in self.warp_split:
+                        raise EmulationError(f"internal: {e} although they run as tasks") from e
+                    self.warp_split = self.warp_split | {e.warpgroup}
+                    if profiler is not None:
+                        profiler.lines.clear()
+                    continue
+                return self.collect(started)
 
     def start(self, inputs: Sequence[np.ndarray],
               outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
@@ -171,6 +187,7 @@ class Program:
         scratch, profile = ([], []) if aliases else _gmem_scratch(kargs, len(inputs),
                                                                   len(outputs))
         launch = Launch()
+        launch.warp_split = self.warp_split
         if self.sanitize:
             launch.sync = Checker(on_race, on_uninitialized)
         launch.prof = profiler

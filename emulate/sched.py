@@ -17,6 +17,19 @@ hang, and :class:`.sync.reports.Deadlock` names what each task waits for.
 
 Tasks are Python threads passing one baton (the standard library has no
 coroutines that can switch inside nested calls); only the baton holder runs.
+
+**Warps as tasks.** A warpgroup runs its warps in lockstep, and control flow
+that differs between them (``plgpu.warp_map``, ``pl.when(warp_id == ...)``:
+a TMA warp and an MMA warp of one warpgroup) runs one branch after the other
+under a mask. That is a valid order of the GPU's as long as no warp waits for
+another warp of its own warpgroup that lockstep has not run yet. Where a wait
+cannot complete while some warps of the running group are masked off
+(:func:`must_block`), blocking the whole group could stall the very warps
+that would complete it (a false deadlock), so the run raises
+:class:`WarpSplit` instead; :meth:`smalti.emulate.runner.Program.run` runs
+the kernel again from its inputs with that warpgroup's four warps as four
+tasks (``Launch.warp_split``), and keeps doing so in later runs of the same
+program. Other warpgroups keep their lockstep (and its speed).
 """
 
 from __future__ import annotations
@@ -31,6 +44,36 @@ from .sync.clocks import SyncPoint
 from .sync.reports import Deadlock
 
 MAX_POLLS = 10_000
+
+
+class WarpSplit(Exception):
+    """A wait that cannot complete inside control flow that differs between
+    the warps of a warpgroup (see the module's docstring): the run starts
+    again with that warpgroup's warps as tasks. Internal: never reaches the
+    caller of a run."""
+
+    def __init__(self, warpgroup: int, what: str) -> None:
+        super().__init__(warpgroup, what)  # (picklable: a worker process sends it back)
+        self.warpgroup, self.what = warpgroup, what
+
+    def __str__(self) -> str:
+        return (f"warpgroup {self.warpgroup} waits for {self.what} with some of its warps "
+                "masked off: its warps must run as tasks")
+
+
+WARP = 32
+WARPGROUP = 128
+
+
+def must_block(fr, what: str) -> None:
+    """Called where the running group is about to wait for something that
+    has not happened: raises :class:`WarpSplit` when some of its warps have
+    no active thread here (they may be the ones to make it happen)."""
+    b = fr.block
+    if b is None or fr.mask is None or b.T <= WARP or b.T % WARP:
+        return
+    if not fr.mask.reshape(-1, WARP).any(axis=1).all():
+        raise WarpSplit(int(b.flat[0]) // WARPGROUP, what)
 
 
 class _Abort(BaseException):

@@ -53,6 +53,7 @@ def run_job(job: Job, cache: dict[str, Any]) -> Reply:
     launch = None
     try:
         prog = _program(job.text, cache)
+        prog.warp_split = job.warp_split
         with deadline(job.seconds), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the parent warns, in order
             started = prog.start(job.inputs, job.outputs, aliases=job.aliases,

@@ -149,6 +149,7 @@ class Job:
     on_uninitialized: str
     clusters: list[tuple[int, tuple[int, int, int]]]  # (index in the order, first block)
     seconds: float | None  # the deadline left
+    warp_split: frozenset[int] = frozenset()  # the program's (..sched.WarpSplit)
 
 
 @dataclass
@@ -280,7 +281,8 @@ class Parallel:
         text = self.program.text
         for w, lo, hi in zip(workers, cuts[1:], cuts[2:]):
             w.submit(Job(text, self.inputs, self.outputs, self.aliases, self.on_uninitialized,
-                         [(i, order[i]) for i in range(lo, hi)], remaining()))
+                         [(i, order[i]) for i in range(lo, hi)], remaining(),
+                         self.program.warp_split))
         try:
             here(range(1, cuts[1]))
             replies = gather(workers, lambda: check_deadline(where))

@@ -17,7 +17,7 @@ from ..compiler import REGIONS, Op, Step, rule
 from ..deadline import check as check_deadline
 from ..errors import EmulationError
 from ..machine import Block, Cluster, Frame, uniform
-from ..sched import Scheduler
+from ..sched import WARP, WARPGROUP, Scheduler, must_block
 from ..sync.reports import BarrierDivergence, Deadlock
 from ..tmem import check_released
 from ..values import MemRef
@@ -63,11 +63,25 @@ def launch(o: Op) -> Step:
         body.run(bf)
 
     def groups(block: Block) -> list[Block]:
-        n = block.T // WARPGROUP
-        if block.T % WARPGROUP or n == 1:
+        """The block's tasks: its warpgroups, and the warps of those whose
+        warps must run apart (``Launch.warp_split``, see ..sched)."""
+        # (first thread, threads) of each warpgroup; a block of another size is one
+        if block.T % WARPGROUP or block.T == WARPGROUP:
+            parts = [(0, block.T)]
+        else:
+            parts = [(first, WARPGROUP) for first in range(0, block.T, WARPGROUP)]
+        split = block.launch.warp_split
+        if len(parts) == 1 and 0 not in split:
             return [block]
-        return [block.group(k * WARPGROUP, WARPGROUP, f"{block.name} warpgroup {k}")
-                for k in range(n)]
+        tasks = []
+        for first, size in parts:
+            name = block.name if len(parts) == 1 else f"{block.name} warpgroup {first // WARPGROUP}"
+            if first // WARPGROUP in split:
+                tasks += [block.group(first + WARP * w, WARP, f"{name} warp {w}")
+                          for w in range(size // WARP)]
+            else:
+                tasks.append(block.group(first, size, name))
+        return tasks
 
     def run_cluster(blocks: list[Block], r: list, fr: Frame) -> None:
         if fr.launch.sync is not None:
@@ -138,9 +152,6 @@ def launch(o: Op) -> Step:
     return step
 
 
-WARPGROUP = 128  # threads per task of a multi-warpgroup block (see ..sched)
-
-
 def _block_value(o: Op, get) -> Step:
     (out,) = o.outs
     d = _dim(o)
@@ -197,11 +208,11 @@ def named_barrier(fr: Frame, ident: int, count: int, what: str, where: str) -> N
     m = np.ones(b.T, bool) if fr.mask is None else fr.mask
     warps = m.reshape(-1, 32).any(1)
     threads = 32 * int(warps.sum())
-    if b.sched is None and threads < count and not warps.all():
-        raise BarrierDivergence(
-            f"{what} at {where} for {count} threads reached by {threads} (warps "
-            f"{np.flatnonzero(warps).tolist()} of {b.name}); the others skipped it; fix: reach "
-            "the barrier from every warp it counts, or count only the warps that reach it")
+    pending = b.named_barrier(ident, count)
+    if pending.arrived + threads < pending.expected:
+        # it will wait, perhaps for warps of this group masked off here (..sched);
+        # if none can arrive, the warps' tasks deadlock, naming it
+        must_block(fr, f"{what} at {where}")
     rows = None if fr.sync is None else fr.sync.rows(fr)
     b.named_barrier(ident, count).arrive(threads, b.sched, f"{what} at {where}", fr.sync, rows)
 

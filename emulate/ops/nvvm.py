@@ -7,9 +7,11 @@ mbarrier's transaction bytes at once). Fences (``fence.proxy``),
 ``cp.async.bulk.commit_group``/``wait_group`` and the WGMMA group ops change
 no value; they feed the synchronization checker (:mod:`..sync`), which knows
 what they order. An ``mbarrier.try_wait.parity`` whose phase has not completed blocks
-the warpgroup, and the block's other warpgroups run (:mod:`..sched`); in a
-block of one warpgroup nothing else can complete it: :class:`Unsupported`
-(warp specialization inside a warpgroup is not modelled)."""
+the warpgroup, and the block's other warpgroups run (:mod:`..sched`); where
+some warps of the waiting warpgroup are masked off (warp specialization
+inside a warpgroup), its warps run as tasks instead (``sched.WarpSplit``); a
+wait that nothing else in the block (or cluster) can complete is a
+:class:`~..sync.reports.Deadlock`."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from .. import tma
 from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame, MBarrier, uniform
+from ..sched import must_block
+from ..sync.reports import Deadlock
 from . import arith
 from ._util import thread_axis
 
@@ -175,12 +179,13 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
         bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
 
 
-def _not_lockstep(bar: MBarrier, p: int, what: str, where: str) -> Unsupported:
-    return Unsupported(
-        f"{what} on a phase that has not completed (parity {p}, {bar.pending} arrivals and "
-        f"{bar.tx} transaction bytes outstanding) in a block of one warpgroup: in lockstep "
-        "execution nothing else can complete it (warp specialization inside a warpgroup is "
-        "not modelled)", where)
+def _not_lockstep(bar: MBarrier, p: int, what: str, where: str) -> Deadlock:
+    return Deadlock(
+        f"{what} at {where} on a phase that has not completed (parity {p}, {bar.pending} "
+        f"arrivals and {bar.tx} transaction bytes outstanding), which nothing else in this "
+        "block (one task: every warp of it waits here) can complete: the kernel would hang; "
+        "fix: make sure every arrival and transaction the phase counts is made before the "
+        "wait, or by warps that do not wait for it")
 
 
 def mbarrier_wait(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> None:
@@ -193,6 +198,7 @@ def mbarrier_wait(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> No
     for a, p in sorted(set(zip(addrs.tolist(), par.tolist()))):
         bar = b.barrier(a, where)
         if (bar.phase & 1) == p:
+            must_block(fr, f"mbarrier {a:#x} phase parity {p} at {where}")
             if b.sched is None:
                 raise _not_lockstep(bar, p, "mbarrier.try_wait.parity", where)
             b.sched.wait_until(lambda bar=bar, p=p: (bar.phase & 1) != p,
@@ -218,6 +224,7 @@ def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np
 
     out = test()
     if not out[m].all():
+        must_block(fr, f"a poll of mbarrier {int(addrs[np.flatnonzero(m)[0]]):#x} at {where}")
         if b.sched is None:
             t = np.flatnonzero(m & ~out)[0]
             raise _not_lockstep(b.barrier(addrs[t], where), int(par[t]), "polling an mbarrier",

@@ -357,8 +357,9 @@ def official_matmul(a, b):
     return matmul.matmul_kernel(a, b, SMALLEST)
 
 
-@pytest.mark.parametrize("shape", [(128, 128, 128), (256, 256, 128)],
-                         ids=["one-tile", "four-tiles-by-cluster-launch-control"])
+@pytest.mark.parametrize("shape", [(128, 128, 128), (256, 256, 128), (128, 128, 256)],
+                         ids=["one-tile", "four-tiles-by-cluster-launch-control",
+                              "k-steps-beyond-the-slots: the TMA warp waits for the MMA warp"])
 @pytest.mark.parametrize("pipeline", ["jax", "smalti"])
 def test_official_blackwell_matmul(shape, pipeline):
     m, n, k = shape

@@ -75,12 +75,13 @@ def test_warpgroups_that_wait_for_each_other_are_a_named_deadlock():
         emu.run(call)
 
 
-def test_a_wait_nothing_can_complete_in_one_warpgroup_is_unsupported():
+def test_a_wait_nothing_can_complete_in_one_warpgroup_is_a_deadlock():
     def body(o_gmem, a):
         plgpu.barrier_wait(a)
         o_gmem[...] = jnp.zeros((128,), jnp.float32)
 
     call = plgpu.kernel(body, out_type=S((128,), jnp.float32), compiler_params=WG,
                         scratch_types=[plgpu.Barrier()])
-    with pytest.raises(emu.Unsupported, match="phase that has not completed .* one warpgroup"):
+    with pytest.raises(emu.Deadlock,
+                       match="phase that has not completed .* nothing else in this block"):
         emu.run(call)

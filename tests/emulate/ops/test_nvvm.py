@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from smalti.emulate.errors import EmulationError, Unsupported
-from smalti.emulate.sync.reports import BarrierDivergence, MBarrierOverArrival, RaceError
+from smalti.emulate.sched import WarpSplit
+from smalti.emulate.sync.reports import Deadlock, MBarrierOverArrival, RaceError
 
 from .harness import assert_same_bits, covers, run
 from .test_builtin import INIT, init_tma_desc, tma_inputs
@@ -225,7 +226,10 @@ def test_named_and_block_barriers():
       nvvm.barrier id = %id number_of_threads = %n
       nvvm.barrier
       nvvm.barrier id = %id""", threads=T)
-    with pytest.raises(BarrierDivergence, match="for 64 threads reached by 32"):
+    # one warp of four arrives at a barrier for two: in lockstep the others,
+    # masked off, might be the second; the run goes on with warps as tasks
+    # (tests/emulate/test_warp_tasks.py: there, it is a deadlock)
+    with pytest.raises(WarpSplit, match="warpgroup 0 waits for nvvm.barrier"):
         run("""
           %w = nvvm.read.ptx.sreg.warpid : i32
           %z = llvm.mlir.constant(0 : i32) : i32
@@ -274,7 +278,7 @@ def test_mbarrier_phases():
       %s = nvvm.mbarrier.arrive %b : !llvm.ptr<3> -> i64
       nvvm.mbarrier.try_wait.parity %b, %z, %z : !llvm.ptr<3>, i32, i32"""
     run(body, BAR)
-    with pytest.raises(Unsupported, match="parity 1, 27 arrivals"):
+    with pytest.raises(Deadlock, match="parity 1, 27 arrivals"):
         run(body + """
           %one = llvm.mlir.constant(1 : i32) : i32
           scf.if %first {

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from smalti.emulate.errors import EmulationError
-from smalti.emulate.sync.reports import RaceError
+from smalti.emulate.sync.reports import Deadlock, RaceError
 
 from .harness import covers, run
 from .test_ptx import form, side
@@ -223,9 +223,7 @@ def test_noinc_counts_one_arrival_per_thread():
     got = _run(_with_barrier(arrive, T, False))
     np.testing.assert_array_equal(got, X.reshape(T, 4)[PARTNER])
     # one arrival short: the phase never completes (the block is one warpgroup)
-    from smalti.emulate.errors import Unsupported
-
-    with pytest.raises(Unsupported, match="has not completed"):
+    with pytest.raises(Deadlock, match="has not completed"):
         _run(_with_barrier(arrive, T + 1, False))
 
 
