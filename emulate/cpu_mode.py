@@ -31,7 +31,9 @@ input's buffer.
 While the mode is on, CPU devices also answer what kernel code asks of a
 GPU (``core_count``, ``shared_memory_per_block_optin``,
 ``compute_capability``, hence ``mgpu.utils._infer_arch()``) as the emulated
-GPU (:mod:`.device`).
+GPU (:mod:`.device`), and ``lax.dot_general`` with a tensor-core dot
+algorithm (``precision=DotAlgorithmPreset.F16_F16_F32``...) computes as the
+emulated GPU's tensor cores (:mod:`.dot_algorithms`, also a host callback).
 
 The mode is a jax configuration value included in jax's compilation cache
 keys (as jax's own ``force_gpu_interpret_mode`` is): a function compiled
@@ -56,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from . import device
+from . import device, dot_algorithms, fpenv
 from .errors import Unsupported
 
 #: The name of the jax configuration value that holds the mode.
@@ -158,6 +160,7 @@ def set_on_cpu(arch: Sequence[int] | None = (9, 0), *, on_race: str | None = Non
 def _install_rules() -> None:
     """Adds the CPU lowering rules; each hands over to jax's own outside the mode."""
     from jax._src.interpreters import mlir
+    from jax._src.lax import lax
     from jax._src.pallas import mpmd
     from jax._src.pallas import pallas_call as pallas_call_lib
     from jax.experimental.mosaic.gpu import core as mgpu_core
@@ -168,6 +171,8 @@ def _install_rules() -> None:
     pallas_default = mlir._lowerings[pallas_call_lib.pallas_call_p].rule
     mlir.register_lowering(pallas_call_lib.pallas_call_p, _pallas_call_rule(pallas_default),
                            "cpu")
+    dot_default = mlir._platform_specific_lowerings["cpu"][lax.dot_general_p].rule
+    mlir.register_lowering(lax.dot_general_p, _dot_general_rule(dot_default), "cpu")
 
 
 def _mosaic_gpu_rule(ctx: Any, *args: Any, **params: Any) -> Any:
@@ -214,6 +219,33 @@ def _pallas_call_rule(default: Any) -> Any:
                 with _emulating(settings):
                     return gpu_rule(ctx, *args, **params)
         return default(ctx, *args, interpret=interpret, **params)
+
+    return rule
+
+
+def _dot_general_rule(default: Any) -> Any:
+    def rule(ctx: Any, lhs: Any, rhs: Any, *, precision: Any = None, **params: Any) -> Any:
+        """``lax.dot_general`` on the CPU: a tensor-core dot algorithm as the
+        emulated GPU computes it (:mod:`.dot_algorithms`), inside the mode."""
+        settings = current()
+        algo = None if settings is None else dot_algorithms.algorithm(precision)
+        if settings is None or algo is None:
+            return default(ctx, lhs, rhs, precision=precision, **params)
+        from jax._src import callback
+
+        numbers, arch = params["dimension_numbers"], settings.arch
+        dot_algorithms.instruction_of(arch)  # refused here, not when the program runs
+        out_dtype = np.dtype(ctx.avals_out[0].dtype)
+
+        def compute(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
+            # (XLA's threads flush subnormals: the model keeps IEEE's environment)
+            with fpenv.ieee_subnormals():
+                return (dot_algorithms.dot_general(a, b, numbers, algo, arch, out_dtype),)
+
+        results, _, _ = callback.emit_python_callback(
+            ctx, compute, None, [lhs, rhs], ctx.avals_in, ctx.avals_out,
+            has_side_effect=False, returns_token=False)
+        return results
 
     return rule
 

@@ -1,0 +1,208 @@
+"""GPU dot algorithms on the CPU: ``lax.dot`` with a tensor-core ``precision``,
+computed as the emulated GPU's tensor cores compute it.
+
+On a GPU, ``jnp.dot(a, b, precision=lax.DotAlgorithmPreset.F16_F16_F32)``
+runs on the tensor cores: f16 operands, products added into an f32
+accumulator with the tensor core's rounding. XLA's CPU backend has no such
+arithmetic: jax refuses ``F16_F16_F32`` on the CPU ("The precision ... is
+not supported by dot_general on CPU") and computes ``BF16_BF16_F32`` and
+``F16_F16_F16`` with XLA:CPU's own float32 sums. So a test that checks a
+matmul kernel against such a reference bit for bit -- jax's
+``mgpu_matmul_test.py`` (``rtol=1e-7`` on f16 outputs, ``strict=True`` for the
+mixed-type kernels) and ``mgpu_examples_test.py`` -- cannot pass on the CPU,
+whatever the kernel computes.
+
+Inside :func:`smalti.emulate.on_cpu` (hence under the pytest switch) the
+presets below compute as the emulated architecture's tensor core:
+
+* the operands converted to the algorithm's input type as jax's lowering and
+  XLA convert them (round to nearest even);
+* the contraction issued as one tensor-core instruction per 16 values of k
+  (an f16/bf16 instruction's K), in ascending k, into one accumulator of the
+  algorithm's accumulation type -- each instruction the emulator's own:
+  WGMMA's adder (:mod:`.tensorcore`, bit for bit an H200's) at sm_90, and
+  ``tcgen05.mma``'s exact sum rounded to nearest (:mod:`.ops.tcgen05`) at
+  sm_100;
+* the accumulator converted to the output type (round to nearest even), as
+  jax's lowering does.
+
+That order is a kernel's that walks K in one pass without splitting it: the
+order under which jax's own tests expect the GPU's reference to equal their
+kernels' output bit for bit. A library that splits K (cuBLAS does for some
+shapes with small M and N and large K) adds in another order on the GPU, and
+its result may differ from this one in the last place.
+
+Modelled: ``F16_F16_F16``, ``F16_F16_F32``, ``BF16_BF16_F32``. The other
+presets jax refuses on the CPU (tf32 -- whose f32-to-tf32 conversion by XLA
+is not known here --, fp8, a bf16 accumulator, the multi-pass ``_X9`` and
+``TF32_..._X3``) raise :class:`~smalti.emulate.Unsupported` inside the mode;
+the presets XLA:CPU computes in f32 or f64 (``DEFAULT``, ``F32_F32_F32``,
+``F64_F64_F64``, ``BF16_BF16_F32_X3``/``_X6``) and ``precision=None`` or
+``lax.Precision`` values stay XLA:CPU's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from . import tensorcore, tensorcore_compiled
+from .errors import Unsupported
+
+#: k values per tensor-core instruction for 16-bit operands (WGMMA and tcgen05)
+INSTRUCTION_K = 16
+#: output rows per piece of work: the accumulator of a piece stays in cache,
+#: and pieces run on threads (numba's adder releases the GIL)
+ROWS_PER_PIECE = 256
+#: multiply-adds from which a dot loads the compiled adder at once
+COMPILED_FROM = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """A modelled preset: the operands' type and the accumulator's."""
+
+    operands: str  # "f16" or "bf16" (tensorcore's format names)
+    accumulator: str  # "f32" or "f16"
+
+    @property
+    def operand_dtype(self) -> np.dtype:
+        return np.dtype(np.float16 if self.operands == "f16" else ml_dtypes.bfloat16)
+
+    @property
+    def accumulator_dtype(self) -> np.dtype:
+        return np.dtype(np.float32 if self.accumulator == "f32" else np.float16)
+
+
+#: the presets modelled, by ``lax.DotAlgorithmPreset`` member name
+MODELLED = {
+    "F16_F16_F16": Algorithm("f16", "f16"),
+    "F16_F16_F32": Algorithm("f16", "f32"),
+    "BF16_BF16_F32": Algorithm("bf16", "f32"),
+}
+#: the presets XLA:CPU computes itself (jax's CPU lowering accepts them and
+#: they name no tensor-core arithmetic): left to it inside the mode too
+LEFT_TO_XLA = ("DEFAULT", "F32_F32_F32", "F64_F64_F64", "BF16_BF16_F32_X3", "BF16_BF16_F32_X6")
+
+
+def algorithm(precision: object) -> Algorithm | None:
+    """The modelled algorithm ``precision`` (``dot_general``'s parameter) names,
+    ``None`` where XLA:CPU computes the dot; :class:`Unsupported` for a preset
+    that names GPU arithmetic the emulator does not model."""
+    from jax import lax
+
+    if not isinstance(precision, lax.DotAlgorithmPreset):
+        if isinstance(precision, lax.DotAlgorithm):
+            raise Unsupported(
+                f"lax.dot_general with precision={precision!r} inside smalti.emulate.on_cpu: "
+                "a custom DotAlgorithm is not modelled; fix: use one of the presets "
+                f"{', '.join(MODELLED)}, or call the dot outside the mode")
+        return None  # None, or lax.Precision values: XLA:CPU's
+    name = precision.name
+    if name in MODELLED:
+        return MODELLED[name]
+    if name in LEFT_TO_XLA:
+        return None
+    raise Unsupported(
+        f"lax.dot_general with precision=DotAlgorithmPreset.{name} inside "
+        "smalti.emulate.on_cpu: the emulated GPU models the tensor-core presets "
+        f"{', '.join(MODELLED)} only ({name}'s arithmetic on the GPU -- its operand "
+        "conversion or accumulation -- is not modelled); fix: use one of those presets, "
+        "or compute the reference outside the mode")
+
+
+def dot_general(lhs: np.ndarray, rhs: np.ndarray,
+                dimension_numbers: tuple[tuple[Sequence[int], Sequence[int]],
+                                         tuple[Sequence[int], Sequence[int]]],
+                algo: Algorithm, arch: tuple[int, int], out_dtype: np.dtype) -> np.ndarray:
+    """``lax.dot_general(lhs, rhs, dimension_numbers)`` with ``algo`` as the
+    tensor core of ``arch`` computes it (see the module's docstring); the
+    result in ``out_dtype``, dimensions ordered as ``dot_general`` orders them
+    (batch, then lhs's free, then rhs's free)."""
+    (lhs_k, rhs_k), (lhs_b, rhs_b) = dimension_numbers
+    lhs_free = [d for d in range(lhs.ndim) if d not in (*lhs_k, *lhs_b)]
+    rhs_free = [d for d in range(rhs.ndim) if d not in (*rhs_k, *rhs_b)]
+    batch_shape = [lhs.shape[d] for d in lhs_b]
+    out_shape = (*batch_shape, *(lhs.shape[d] for d in lhs_free),
+                 *(rhs.shape[d] for d in rhs_free))
+
+    def grouped(x: np.ndarray, batch: Sequence[int], free: list[int],
+                contracting: Sequence[int]) -> np.ndarray:
+        x = np.transpose(x, (*batch, *free, *contracting)).astype(algo.operand_dtype)
+        rows = int(np.prod([x.shape[len(batch) + i] for i in range(len(free))], dtype=np.int64))
+        return x.reshape(int(np.prod(batch_shape, dtype=np.int64)), rows, -1)
+
+    a = grouped(lhs, lhs_b, lhs_free, lhs_k)  # (B, M, K)
+    b = grouped(rhs, rhs_b, rhs_free, rhs_k)  # (B, N, K)
+    out = np.stack([contract(a[i], b[i], algo, arch) for i in range(a.shape[0])])
+    with np.errstate(over="ignore"):  # as XLA's convert: out of range is inf
+        return out.astype(out_dtype).reshape(out_shape)
+
+
+def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
+             arch: tuple[int, int]) -> np.ndarray:
+    """``a @ b.T`` ((M, K) and (N, K) operands of ``algo``'s type) in its
+    accumulator's type, one instruction of K = 16 at a time in ascending k,
+    as the tensor core of ``arch`` adds; (M, N) rows in pieces on threads."""
+    instruction = instruction_of(arch)
+    m, k = a.shape
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    # a large product pays for loading the compiled adder at once (its first
+    # sums would otherwise be numpy's: tensorcore_compiled.WARM_UP)
+    compiled = (True if m * b.shape[0] * k >= COMPILED_FROM and tensorcore_compiled.available()
+                else None)
+
+    def piece(start: int) -> np.ndarray:
+        rows = a64[start:start + ROWS_PER_PIECE]
+        acc: np.ndarray | None = None  # the first instruction adds no D
+        for k0 in range(0, k, INSTRUCTION_K):
+            acc = instruction(rows[:, k0:k0 + INSTRUCTION_K], b64[:, k0:k0 + INSTRUCTION_K],
+                              acc, algo, compiled)
+        if acc is None:  # K = 0: an empty sum
+            return np.zeros((rows.shape[0], b.shape[0]), algo.accumulator_dtype)
+        return acc
+
+    starts = range(0, m, ROWS_PER_PIECE)
+    if len(starts) <= 1:
+        pieces = [piece(s) for s in starts]
+    else:
+        with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+            pieces = list(pool.map(piece, starts))
+    if not pieces:
+        return np.zeros((0, b.shape[0]), algo.accumulator_dtype)
+    return np.concatenate(pieces)
+
+
+def instruction_of(arch: tuple[int, int]) -> Callable[..., np.ndarray]:
+    """The tensor-core instruction of ``arch`` (sm_9x: WGMMA, sm_10x:
+    ``tcgen05.mma``); :class:`Unsupported` for another."""
+    if arch[0] == 9:
+        return _hopper
+    if arch[0] == 10:
+        return _blackwell
+    raise Unsupported(f"a tensor-core dot algorithm on the emulated sm_{arch[0]}{arch[1]}: "
+                      "the emulator's tensor cores are sm_90's (WGMMA) and sm_100's "
+                      "(tcgen05); fix: on_cpu(arch=(9, 0)) or on_cpu(arch=(10, 0))")
+
+
+def _hopper(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None,
+            algo: Algorithm, compiled: bool | None = None) -> np.ndarray:
+    """One WGMMA instruction: the H200's adder (:func:`.tensorcore.mma`)."""
+    return tensorcore.mma(a, b, acc, operands=algo.operands, accumulator=algo.accumulator,
+                          compiled=compiled)
+
+
+def _blackwell(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None,
+               algo: Algorithm, compiled: bool | None = None) -> np.ndarray:
+    """One ``tcgen05.mma``, as :mod:`.ops.tcgen05` computes it: the K products
+    summed in float64, D added, rounded once to D's type (nearest even)."""
+    total = a @ b.T
+    if acc is not None:
+        total = total + acc.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return total.astype(algo.accumulator_dtype)
