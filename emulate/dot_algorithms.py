@@ -133,13 +133,17 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray,
 
     def grouped(x: np.ndarray, batch: Sequence[int], free: list[int],
                 contracting: Sequence[int]) -> np.ndarray:
-        x = np.transpose(x, (*batch, *free, *contracting)).astype(algo.operand_dtype)
-        rows = int(np.prod([x.shape[len(batch) + i] for i in range(len(free))], dtype=np.int64))
-        return x.reshape(int(np.prod(batch_shape, dtype=np.int64)), rows, -1)
+        """x as (batch, rows, k): its dimensions moved, flattened by kind."""
+        size = [int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
+                for dims in (batch, free, contracting)]
+        moved = np.transpose(x, (*batch, *free, *contracting))
+        return moved.astype(algo.operand_dtype).reshape(size)
 
     a = grouped(lhs, lhs_b, lhs_free, lhs_k)  # (B, M, K)
     b = grouped(rhs, rhs_b, rhs_free, rhs_k)  # (B, N, K)
-    out = np.stack([contract(a[i], b[i], algo, arch) for i in range(a.shape[0])])
+    out = np.zeros((0, a.shape[1], b.shape[1]), algo.accumulator_dtype)
+    if a.shape[0]:
+        out = np.stack([contract(a[i], b[i], algo, arch) for i in range(a.shape[0])])
     with np.errstate(over="ignore"):  # as XLA's convert: out of range is inf
         return out.astype(out_dtype).reshape(out_shape)
 

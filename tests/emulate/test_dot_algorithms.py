@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import smalti.emulate as emu
-from smalti.emulate import tensorcore
+from smalti.emulate import dot_algorithms, tensorcore
 
 P = lax.DotAlgorithmPreset
 F16, BF16, F32 = np.float16, ml_dtypes.bfloat16, np.float32
@@ -141,10 +141,19 @@ def test_empty_and_non_finite_operands():
     with emu.on_cpu():
         empty = np.asarray(jnp.dot(np.zeros((4, 0), F16), np.zeros((0, 3), F16),
                                    precision=P.F16_F16_F32))
+        no_batch = np.asarray(lax.dot_general(np.zeros((0, 4, 16), F16),
+                                              np.zeros((0, 16, 3), F16),
+                                              (((2,), (1,)), ((0,), (0,))),
+                                              precision=P.F16_F16_F32))
         a, b = normal((4, 16)), normal((16, 3))
         a[1, 3] = np.inf
         inf = np.asarray(jnp.dot(a, b, precision=P.F16_F16_F32, preferred_element_type=F32))
     np.testing.assert_array_equal(empty, np.zeros((4, 3), F16))
+    assert no_batch.shape == (0, 4, 3)
+    direct = dot_algorithms.dot_general(  # XLA may not call back for an empty result
+        np.zeros((0, 4, 16), F16), np.zeros((0, 16, 3), F16), (((2,), (1,)), ((0,), (0,))),
+        dot_algorithms.MODELLED["F16_F16_F32"], (9, 0), np.dtype(F16))
+    assert direct.shape == (0, 4, 3) and direct.dtype == F16
     # the IEEE sum of the exact terms where one is infinite
     np.testing.assert_array_equal(inf[1], np.inf * np.sign(b[3].astype(F32)))
     np.testing.assert_array_equal(np.delete(inf, 1, axis=0),
