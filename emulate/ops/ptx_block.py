@@ -34,6 +34,7 @@ Modelled instructions (the PTX ISA's definitions):
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 
@@ -220,6 +221,7 @@ def _split_operands(rest: str) -> list[str]:
     return out
 
 
+@functools.cache  # (operand strings recur: a block's step reads them every run)
 def _immediate(a: str) -> int | None:
     """An integer literal, or a parenthesized expression of them with ``& | ^ ~``."""
     try:

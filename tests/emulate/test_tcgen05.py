@@ -582,10 +582,12 @@ def test_official_collective_blackwell_matmul(pipeline):
     assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
 
 
+@pytest.mark.parametrize("k", [128, 256], ids=["k-in-the-slots", "k-steps-beyond-the-slots"])
 @pytest.mark.parametrize("pipeline", ["jax", "smalti"])
-def test_official_blackwell_ragged_dot(pipeline):
+def test_official_blackwell_ragged_dot(pipeline, k):
     """blackwell_ragged_dot_mgpu (collective, its smallest tiles): two groups of
-    rows, neither on a tile boundary, against numpy."""
+    rows, neither on a tile boundary, against numpy; with more K steps than
+    slots its TMA warp waits for its MMA warp (warps as tasks)."""
     import types
 
     from jax.experimental.pallas.ops.gpu import blackwell_ragged_dot_mgpu as ragged
@@ -593,7 +595,7 @@ def test_official_blackwell_ragged_dot(pipeline):
     cfg = ragged.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
                               collective=True, grid_tile_width=1,
                               grid_minor_dim=matmul.MatmulDimension.N)
-    a, b = normal((256, 128), F16), normal((2, 128, 256), F16)
+    a, b = normal((256, k), F16), normal((2, k, 256), F16)
     sizes = np.array([100, 156], np.int32)
     device = types.SimpleNamespace(core_count=132)
     saved = jax.local_devices
@@ -606,7 +608,7 @@ def test_official_blackwell_ragged_dot(pipeline):
     rows = np.repeat([0, 1], sizes)
     exact = np.einsum("mk,mkn->mn", a.astype(np.float64), b[rows].astype(np.float64))
     bound = np.einsum("mk,mkn->mn", np.abs(a.astype(np.float64)),
-                      np.abs(b[rows].astype(np.float64))) * 129 * 2.0 ** -24 \
+                      np.abs(b[rows].astype(np.float64))) * (k + 1) * 2.0 ** -24 \
         + np.abs(exact) * 2.0 ** -11
     assert np.all(np.abs(got.astype(np.float64) - exact) <= bound)
 
