@@ -36,12 +36,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .deadline import check as check_deadline
 from .sync.clocks import SyncPoint
 from .sync.reports import Deadlock
+
+if TYPE_CHECKING:
+    from .machine import Frame
 
 MAX_POLLS = 10_000
 
@@ -65,7 +69,7 @@ WARP = 32
 WARPGROUP = 128
 
 
-def must_block(fr, what: str) -> None:
+def must_block(fr: Frame, what: str) -> None:
     """Called where the running group is about to wait for something that
     has not happened: raises :class:`WarpSplit` when some of its warps have
     no active thread here (they may be the ones to make it happen)."""

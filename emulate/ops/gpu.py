@@ -214,7 +214,7 @@ def named_barrier(fr: Frame, ident: int, count: int, what: str, where: str) -> N
         # if none can arrive, the warps' tasks deadlock, naming it
         must_block(fr, f"{what} at {where}")
     rows = None if fr.sync is None else fr.sync.rows(fr)
-    b.named_barrier(ident, count).arrive(threads, b.sched, f"{what} at {where}", fr.sync, rows)
+    pending.arrive(threads, b.sched, f"{what} at {where}", fr.sync, rows)
 
 
 def cluster_arrive(fr: Frame, what: str, where: str) -> None:
