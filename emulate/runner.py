@@ -178,6 +178,13 @@ class Program:
         kargs = self.kargs
         aliases = dict(aliases or {})
         if outputs is None:
+            untyped = [i for i in range(len(inputs), len(kargs)) if i not in kargs]
+            if untyped:
+                raise EmulationError(
+                    f"the kernel's buffer arguments {untyped} (after its {len(inputs)} "
+                    "inputs) have no memref type in the module to take the outputs' types "
+                    "from (Pallas' GMEM scratch, say); fix: pass outputs=[(shape, dtype), "
+                    "...], one pair per output")
             outputs = [(tuple(kargs[i].shape), kargs[i].dtype)
                        for i in range(len(inputs), len(kargs))]
         # With ``aliases`` the buffers are the custom call's, all of them

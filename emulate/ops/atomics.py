@@ -31,7 +31,9 @@ where one waits: a poll that sees memory unchanged lets the other warpgroups
 of the block (or cluster) run first; when none can, or after
 ``sched.MAX_POLLS`` unchanged polls in a block of one warpgroup, the wait
 could only be ended by a block that has not run yet, which is not modelled:
-:class:`..sync.reports.Deadlock`."""
+:class:`..sync.reports.Deadlock`. A poll that sees memory unchanged while
+some warps of its warpgroup are masked off (one warp waits, another of the
+same warpgroup signals) makes that warpgroup's warps tasks (``sched``)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from .. import generic
 from ..compiler import Step
 from ..errors import Unsupported
 from ..machine import Frame
-from ..sched import MAX_POLLS
+from ..sched import MAX_POLLS, must_block
 from ..sync.reports import Deadlock
 from .inline_asm import Instr, ptx, ptx_pattern
 from .nvvm import effective, per_thread
@@ -193,6 +195,7 @@ def _observe(fr: Frame, key: tuple, value: int, what: str) -> None:
     polls.seen[key] = (value, count)
     if count == 0:
         return
+    must_block(fr, what)  # a warp masked off here may be the one to change it (..sched)
     s = None if fr.block is None else fr.block.sched
     if s is not None and any(t is not s.current and not t.done and (t.cond is None or t.cond())
                              for t in s.tasks):
@@ -225,6 +228,7 @@ def atom(i: Instr) -> Step:
         args = [per_thread(np.asarray(fr.regs[v]), fr.T).astype(np.int64).astype(dt)
                 for v in vals]
         found = np.zeros(fr.T, dt)
+        failed = []  # cas polls that found another value
         for name_, where, sel in _parts(fr, name, addrs[:, None], m, loc, i.opcode):
             space = fr.mem[name_]
             for t in np.flatnonzero(sel):
@@ -233,8 +237,8 @@ def atom(i: Instr) -> Step:
                 if op == "cas":
                     new = args[1][t:t + 1] if old[0] == args[0][t] else old
                     if old[0] != args[0][t]:
-                        _observe(fr, (id(site), name_, int(a[0])), int(old[0]),
-                                 f"an atom.cas poll of {int(a[0]):#x} at {loc}")
+                        failed.append(((id(site), name_, int(a[0])), int(old[0]),
+                                       f"an atom.cas poll of {int(a[0]):#x} at {loc}"))
                 else:
                     with np.errstate(over="ignore"):
                         new = np.asarray(fn(old, args[0][t:t + 1]), dt)
@@ -242,6 +246,10 @@ def atom(i: Instr) -> Step:
                 found[t] = old[0]
             _check(fr, name_, where, sel, dt.itemsize, True, site)
         fr.regs[out] = found.view(np.int32) if dt.itemsize == 4 else found
+        # only now may other tasks run (_observe): a read-modify-write is atomic,
+        # and a signal made meanwhile must not be overwritten by this one's store
+        for key, value, what in failed:
+            _observe(fr, key, value, what)
     return step
 
 
@@ -258,16 +266,19 @@ def strong_load(i: Instr) -> Step:
         m = effective(fr, [])
         addrs = per_thread(np.asarray(fr.regs[ptr], np.int64), fr.T)
         vals = np.zeros(fr.T, np.int32)
+        seen = []
         for space, a, sel in _parts(fr, name, addrs[:, None], m, loc, i.opcode):
             got = fr.mem[space].load(a[:, 0], np.dtype(np.int32), sel, loc)
             vals = np.where(sel, got, vals)
             if sel.any():
                 first = np.flatnonzero(sel)[0]
                 at = int(a[first, 0])
-                _observe(fr, (id(site), space, at), int(got[first]),
-                         f"a poll ({i.opcode}) of {at:#x} at {loc}")
+                seen.append(((id(site), space, at), int(got[first]),
+                             f"a poll ({i.opcode}) of {at:#x} at {loc}"))
                 _check(fr, space, a, sel, 4, False, site)
         fr.regs[out] = vals
+        for key, value, what in seen:  # the load is done: others may run now
+            _observe(fr, key, value, what)
     return step
 
 

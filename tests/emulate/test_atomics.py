@@ -108,6 +108,30 @@ def test_a_wait_for_a_block_that_runs_later_is_a_named_deadlock():
         emu.run(_semaphore_kernel(1, 0))
 
 
+def test_a_semaphore_waited_for_by_one_warpgroup_and_signalled_by_the_other():
+    """Warpgroup 0 polls (atom.cas) before warpgroup 1 has signalled: the poll
+    lets warpgroup 1 run only once its own read-modify-write is stored, so the
+    signal made meanwhile is not overwritten by the failed cas (it was: a
+    false deadlock)."""
+    def body(x_gmem, o_gmem, sem):
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg == 0)
+        def _():
+            pl.semaphore_wait(sem, 1)
+            o_gmem[...] = x_gmem[...] + 1
+
+        @pl.when(wg == 1)
+        def _():
+            pl.semaphore_signal(sem, 1)
+
+    k = plgpu.kernel(body, out_type=S((128,), jnp.float32), num_threads=2, thread_name="wg",
+                     scratch_types=[plgpu.SemaphoreType.REGULAR])
+    x = np.arange(128, dtype=np.float32)
+    (out,) = emu.run(k, x)
+    np.testing.assert_array_equal(out, x + 1)
+
+
 @pytest.mark.parametrize("op,dtype", [("add", jnp.int32), ("max", jnp.int32), ("add", jnp.float32)])
 def test_shared_memory_atomics_from_two_warpgroups(op, dtype):
     """Two warpgroups atomically combine their halves of x into one SMEM

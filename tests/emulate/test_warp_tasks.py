@@ -131,6 +131,34 @@ def test_warps_that_wait_for_a_warp_that_never_arrives_are_a_deadlock_naming_the
         emu.run(call)
 
 
+def test_a_warp_polling_a_semaphore_another_warp_of_its_warpgroup_signals():
+    """The poll (atom.cas) that sees memory unchanged with warps masked off
+    makes the warps tasks, as a wait on an mbarrier does."""
+    def body(x_gmem, o_gmem, sem):
+        @plgpu.warp_map
+        def _(warp_id):
+            @pl.when(warp_id == 0)
+            def _():
+                pl.semaphore_wait(sem, 1)
+
+            @pl.when(warp_id == 1)
+            def _():
+                pl.semaphore_signal(sem, 1)
+
+        o_gmem[...] = x_gmem[...] + 1
+
+    call = plgpu.kernel(body, out_type=S((128,), F32),
+                        scratch_types=[plgpu.SemaphoreType.REGULAR])
+    x = np.arange(128, dtype=np.float32)
+    module, _ = emu.lower(call, x)
+    program = Program(module)
+    with pytest.raises(emu.EmulationError, match=r"fix: pass outputs="):
+        program.run([x], workers=1)  # the GMEM scratch's buffer has no type to go by
+    (out,) = program.run([x], [((128,), np.dtype(np.float32))], workers=1)
+    assert program.warp_split == {0}
+    np.testing.assert_array_equal(out, x + 1)
+
+
 def test_the_split_error_crosses_processes_with_its_warpgroup():
     back = unpack_error(pack_error(WarpSplit(1, "a barrier")))
     assert isinstance(back, WarpSplit) and back.warpgroup == 1
