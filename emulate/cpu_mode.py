@@ -228,8 +228,7 @@ def _dot_general_rule(default: Any) -> Any:
         """``lax.dot_general`` on the CPU: a tensor-core dot algorithm as the
         emulated GPU computes it (:mod:`.dot_algorithms`), inside the mode."""
         settings = current()
-        algo = None if settings is None else dot_algorithms.algorithm(precision)
-        if settings is None or algo is None:
+        if settings is None or (algo := dot_algorithms.algorithm(precision)) is None:
             return default(ctx, lhs, rhs, precision=precision, **params)
         from jax._src import callback
 

@@ -155,6 +155,8 @@ def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
     as the tensor core of ``arch`` adds; (M, N) rows in pieces on threads."""
     instruction = instruction_of(arch)
     m, k = a.shape
+    if m == 0:
+        return np.zeros((0, b.shape[0]), algo.accumulator_dtype)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     # a large product pays for loading the compiled adder at once (its first
     # sums would otherwise be numpy's: tensorcore_compiled.WARM_UP)
@@ -172,14 +174,10 @@ def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
         return acc
 
     starts = range(0, m, ROWS_PER_PIECE)
-    if len(starts) <= 1:
-        pieces = [piece(s) for s in starts]
-    else:
-        with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
-            pieces = list(pool.map(piece, starts))
-    if not pieces:
-        return np.zeros((0, b.shape[0]), algo.accumulator_dtype)
-    return np.concatenate(pieces)
+    if len(starts) == 1:
+        return piece(0)
+    with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+        return np.concatenate(list(pool.map(piece, starts)))
 
 
 def instruction_of(arch: tuple[int, int]) -> Callable[..., np.ndarray]:

@@ -179,7 +179,7 @@ def mbarrier_arrive(fr: Frame, addr_slot: int, m: np.ndarray, where: str,
         bar.arrive(int(sel.sum()) if cnt is None else int(cnt[sel].sum()), where)
 
 
-def _not_lockstep(bar: MBarrier, p: int, what: str, where: str) -> Deadlock:
+def _never_completes(bar: MBarrier, p: int, what: str, where: str) -> Deadlock:
     return Deadlock(
         f"{what} at {where} on a phase that has not completed (parity {p}, {bar.pending} "
         f"arrivals and {bar.tx} transaction bytes outstanding), which nothing else in this "
@@ -200,7 +200,7 @@ def mbarrier_wait(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> No
         if (bar.phase & 1) == p:
             must_block(fr, f"mbarrier {a:#x} phase parity {p} at {where}")
             if b.sched is None:
-                raise _not_lockstep(bar, p, "mbarrier.try_wait.parity", where)
+                raise _never_completes(bar, p, "mbarrier.try_wait.parity", where)
             b.sched.wait_until(lambda bar=bar, p=p: (bar.phase & 1) != p,
                                f"mbarrier {a:#x} phase parity {p} at {where}")
         if fr.sync is not None:  # the completed phase is acquired
@@ -227,7 +227,7 @@ def mbarrier_test(fr: Frame, addr_slot: int, parity_slot: int, where: str) -> np
         must_block(fr, f"a poll of mbarrier {int(addrs[np.flatnonzero(m)[0]]):#x} at {where}")
         if b.sched is None:
             t = np.flatnonzero(m & ~out)[0]
-            raise _not_lockstep(b.barrier(addrs[t], where), int(par[t]), "polling an mbarrier",
+            raise _never_completes(b.barrier(addrs[t], where), int(par[t]), "polling an mbarrier",
                                 where)
         b.sched.poll(f"a poll of mbarrier {int(addrs[np.flatnonzero(m)[0]]):#x} at {where}")
         out = test()
