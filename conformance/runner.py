@@ -308,6 +308,29 @@ class _Timeout:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if test in self.collector.timed_out:
+                _stop_abandoned_work()
+
+
+def _stop_abandoned_work() -> None:
+    """After a test that timed out: the jax computations it dispatched and
+    left running (a kernel, or a reference dot, still in an XLA host
+    callback) stop at the emulator's next deadline check, and are waited
+    for here -- not left to run on into the next test's time, or into the
+    interpreter's shutdown, where their callbacks fail or crash."""
+    import jax
+
+    from smalti.emulate.deadline import deadline
+
+    with deadline(1e-9):  # already past: every check raises
+        try:
+            jax.effects_barrier()
+        except Exception:  # noqa: BLE001 -- the abandoned work's own error; the test failed
+            # a failed wait keeps the failed computations' tokens, which jax's
+            # exit handler would wait for (and report) again
+            from jax._src import dispatch
+
+            dispatch.runtime_tokens.clear()
 
 
 def _timed_out(error: BaseException) -> bool:

@@ -26,6 +26,10 @@ presets below compute as the emulated architecture's tensor core:
 * the accumulator converted to the output type (round to nearest even), as
   jax's lowering does.
 
+A long dot looks at the emulator's deadline (:mod:`.deadline`) between its
+pieces of rows, as a kernel does between clusters, so a test runner's
+timeout stops a test's reference too.
+
 That order is a kernel's that walks K in one pass without splitting it: the
 order under which jax's own tests expect the GPU's reference to equal their
 kernels' output bit for bit. A library that splits K (cuBLAS does for some
@@ -51,7 +55,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from . import tensorcore, tensorcore_compiled
+from . import deadline, tensorcore, tensorcore_compiled
 from .errors import Unsupported
 
 #: k values per tensor-core instruction for 16-bit operands (WGMMA and tcgen05)
@@ -164,6 +168,8 @@ def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
                 else None)
 
     def piece(start: int) -> np.ndarray:
+        # a test runner's timeout stops a reference dot as it stops a kernel
+        deadline.check(f"a tensor-core dot_general, rows {start}..")
         rows = a64[start:start + ROWS_PER_PIECE]
         acc: np.ndarray | None = None  # the first instruction adds no D
         for k0 in range(0, k, INSTRUCTION_K):

@@ -254,3 +254,30 @@ def test_a_shard_outside_one_to_n_is_a_usage_error(test_dir, shard):
     done = conformance(str(test_dir), "--shard", shard)
     assert done.returncode == 2
     assert "a shard is K/N with 1 <= K <= N" in done.stderr
+
+
+def test_work_a_timed_out_test_left_running_is_stopped_and_forgotten():
+    """After a timeout the runner stops what the test dispatched and left
+    running -- here a reference dot waiting for its operand, as a test's
+    reference waits for its inputs while the kernel times out -- at its next
+    deadline check, and jax no longer waits for it (at the next test, or at
+    the interpreter's exit, where its callback would fail)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    from smalti import emulate
+    from smalti.conformance.runner import _stop_abandoned_work
+
+    @jax.jit
+    def operand(x):  # about a second of XLA:CPU's work: the dot is dispatched before it ends
+        return (x @ x @ x)[:, :1024].astype(jnp.float16)
+
+    a = operand(jnp.full((4096, 4096), 1 / 64, jnp.float32))
+    with emulate.on_cpu((9, 0)):
+        reference = jnp.dot(a, a.T, precision=lax.DotAlgorithmPreset.F16_F16_F32)
+    _stop_abandoned_work()  # returns once the dot has stopped
+    with pytest.raises(Exception, match="DeadlineExceeded"):
+        np.asarray(reference)
+    jax.effects_barrier()  # nothing failed is left to wait for
