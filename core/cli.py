@@ -373,13 +373,26 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if missing:
         _error(SmaltiValueError(
             "SM301", f"no such file or directory: {missing[0]}",
-            fix="give jax's test files or their directory, and the list of expected tests"))
+            fix=_unquoted_pytest_args(args, missing[0], "the paths")
+            or "give jax's test files or their directory, and the list of expected tests"))
         return EXIT_USAGE
     return conformance.main(args.paths, args.expected, args.require,
                             shlex.split(args.pytest_args), sys.stdout, reference=args.jax,
                             write_passing=args.write_passing, emulate=args.emulate,
                             timeout=args.timeout, shard=args.shard,
                             write_outcomes=args.write_outcomes, on_race=args.on_race)
+
+
+def _unquoted_pytest_args(args: argparse.Namespace, first: str, taken_by: str) -> str | None:
+    """The fix for ``--pytest-args=-k not slow`` unquoted, where the shell split
+    the option's value off (into the paths, or into arguments nobody takes),
+    ``first`` being the first word split off: ``None`` where ``--pytest-args``
+    does not end with an option, or ``first`` is an option itself."""
+    pytest_args = shlex.split(getattr(args, "pytest_args", "") or "")
+    if not pytest_args or not pytest_args[-1].startswith("-") or first.startswith("-"):
+        return None
+    return (f"quote --pytest-args's whole value, option and value together (here "
+            f"{pytest_args[-1]} lost its value to {taken_by}): --pytest-args=\"-k 'not slow'\"")
 
 
 # --- smalti explain ----------------------------------------------------------------------
@@ -483,7 +496,14 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
     try:
-        args = parser.parse_args(argv)
+        args, stray = parser.parse_known_args(argv)
+        if stray:
+            fix = _unquoted_pytest_args(args, stray[0], "arguments nobody takes")
+            if fix is None:
+                parser.error(f"unrecognized arguments: {' '.join(stray)}")
+            _error(SmaltiValueError("SM301", f"unrecognized arguments: {' '.join(stray)}",
+                                    fix=fix))
+            return EXIT_USAGE
     except SystemExit as e:  # --help, --version and usage errors: return, don't exit
         return EXIT_OK if e.code is None else e.code if isinstance(e.code, int) else EXIT_USAGE
     run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)

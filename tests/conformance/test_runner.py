@@ -209,6 +209,23 @@ def test_a_missing_path_is_a_usage_error(tmp_path):
     assert "[SM301] no such file or directory" in done.stderr
 
 
+def test_an_unquoted_pytest_option_value_is_explained(test_dir):
+    """``--pytest-args=-k not slow`` unquoted: the shell hands ``not`` and
+    ``slow`` over as paths; the error says to quote the whole value."""
+    done = conformance(str(test_dir), "--pytest-args=-k", "not", "slow")
+    assert done.returncode == 2
+    assert "[SM301] unrecognized arguments: not slow" in done.stderr
+    assert "quote --pytest-args's whole value" in done.stderr
+    assert "(here -k lost its value to arguments nobody takes)" in done.stderr
+    done = conformance("--pytest-args=-k", "not", "slow", str(test_dir))
+    assert done.returncode == 2
+    assert "[SM301] no such file or directory: not" in done.stderr
+    assert "(here -k lost its value to the paths)" in done.stderr
+    done = conformance(str(test_dir), "--pytest-args=-x", "--bogus")
+    assert done.returncode == 2  # argparse's own error: nothing was split off an option
+    assert "unrecognized arguments: --bogus" in done.stderr and "quote" not in done.stderr
+
+
 def test_jax_is_restored_after_a_run(test_dir):
     script = textwrap.dedent(f"""
         import sys
