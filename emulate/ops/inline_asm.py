@@ -288,18 +288,11 @@ FLOAT_BINARY: dict[str, tuple[frozenset[str], Callable[[set[str]], Callable]]] =
 
 
 def _prmt(a, b, c):
-    a = irtypes.unsigned(np.asarray(a, np.int32)).astype(np.uint64)
-    b = irtypes.unsigned(np.asarray(b, np.int32)).astype(np.uint64)
-    c = irtypes.unsigned(np.asarray(c, np.int32)).astype(np.uint64)
-    src = a | (b << np.uint64(32))
-    out = np.zeros(np.broadcast(a, b, c).shape, np.uint64)
-    for i in range(4):
-        sel = (c >> np.uint64(4 * i)) & np.uint64(0xF)
-        byte = (src >> ((sel & np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
-        sign = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
-        byte = np.where(sel & np.uint64(8), sign, byte)
-        out = out | (byte << np.uint64(8 * i))
-    return out.astype(np.uint32).view(np.int32)
+    def bits(x):
+        return irtypes.unsigned(np.asarray(x, np.int32)).astype(np.uint64)
+
+    out = ptx_block.prmt(bits(a), bits(b), bits(c))
+    return np.asarray(out).astype(np.uint32).view(np.int32)
 
 
 def _pure(o: Op, fn) -> Step:

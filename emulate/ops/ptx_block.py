@@ -86,14 +86,30 @@ def _lop3(a, b, c, lut):
     return out
 
 
-def _prmt(a, b, c):
+def prmt(a, b, c):
+    """``prmt.b32`` (default mode) on ``uint64`` bits: byte i of the result is
+    byte ``c[4i+2:4i]`` of ``{b, a}``, or its sign replicated when ``c[4i+3]``
+    is set."""
     src = (a & U64(_mask(32))) | ((b & U64(_mask(32))) << U64(32))
+    if np.ndim(c) == 0:  # an immediate or uniform selector (jax's blocks): picked in Python
+        return _prmt_uniform(src, int(c), np.broadcast(a, b).shape)
     out = np.zeros(np.broadcast(a, b, c).shape, U64)
     for i in range(4):
         sel = (c >> U64(4 * i)) & U64(0xF)
         byte = (src >> ((sel & U64(7)) * U64(8))) & U64(0xFF)
         sign = np.where(byte & U64(0x80), U64(0xFF), U64(0))
         out = out | (np.where(sel & U64(8), sign, byte) << U64(8 * i))
+    return out
+
+
+def _prmt_uniform(src, c: int, shape: tuple[int, ...]):
+    out = np.zeros(shape, U64)
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = (src >> U64(8 * (sel & 7))) & U64(0xFF)
+        if sel & 8:
+            byte = np.where(byte & U64(0x80), U64(0xFF), U64(0))
+        out |= byte << U64(8 * i)
     return out
 
 
@@ -187,7 +203,7 @@ def semantics(opcode: str) -> tuple[Callable, int] | None:
     if opcode == "lop3.b32":
         return _lop3, 4
     if opcode == "prmt.b32":
-        return _prmt, 3
+        return prmt, 3
     if base in BINARY_FLOAT and parts[1:-1] in ([], ["rn"]):
         m = re.fullmatch(r"(b?f16)(x2)?", ty)
         if m:

@@ -192,6 +192,20 @@ def test_prmt_b32():
     assert got.tolist() == [_prmt(int(x), int(y), int(z)) for x, y, z in zip(a, b, c)]
 
 
+@pytest.mark.parametrize("selector", [0x3210, 0x7654, 0xFEDC, 0xBA98, 0x8F07, 0x0000, 0xFFFF])
+def test_prmt_b32_with_a_uniform_selector(selector):
+    """A selector the same in every thread (an immediate, as jax's blocks
+    have it) takes another path; every nibble value, sign bytes included."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(-2 ** 31, 2 ** 31, 64).astype(np.int32)
+    b = rng.integers(-2 ** 31, 2 ** 31, 64).astype(np.int32)
+    got = run(f"""
+      %c = arith.constant {selector} : i32
+      %r = llvm.inline_asm "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r" %a, %b, %c
+        : (i32, i32, i32) -> i32""", {"a": ("i32", a), "b": ("i32", b)}, {"r": "i32"})["r"]
+    assert got.tolist() == [_prmt(int(x), int(y), selector) for x, y in zip(a, b)]
+
+
 @covers(form(""))
 def test_empty_string_is_an_optimization_barrier():
     got = run("""
