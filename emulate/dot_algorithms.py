@@ -40,17 +40,42 @@ Modelled: ``F16_F16_F16``, ``F16_F16_F32``, ``BF16_BF16_F32``. The other
 presets jax refuses on the CPU (tf32 -- whose f32-to-tf32 conversion by XLA
 is not known here --, fp8, a bf16 accumulator, the multi-pass ``_X9`` and
 ``TF32_..._X3``) raise :class:`~smalti.emulate.Unsupported` inside the mode;
-the presets XLA:CPU computes in f32 or f64 (``DEFAULT``, ``F32_F32_F32``,
-``F64_F64_F64``, ``BF16_BF16_F32_X3``/``_X6``) and ``precision=None`` or
-``lax.Precision`` values stay XLA:CPU's.
+the presets XLA:CPU computes in f32 or f64 (``F32_F32_F32``,
+``F64_F64_F64``, ``BF16_BF16_F32_X3``/``_X6``) and the ``lax.Precision``
+values other than ``DEFAULT`` stay XLA:CPU's; ``DEFAULT`` is the default
+precision below.
+
+**Default precision.** A float32 matrix product with no precision
+(``x @ y``, ``precision=None`` or ``Precision.DEFAULT``, and
+``jax_default_matmul_precision`` unset) promises no arithmetic; on a recent
+NVIDIA GPU jax computes it in TF32 on the tensor cores ("TF32 on recent
+GPUs", jax's matmul-precision guide), not in float32. So a test whose
+kernel adds on the tensor cores and whose reference is such a product --
+jax's ``WGMMATest``: f16 operands, K = 128, ``atol=5e-6`` -- sees errors of
+one kind on both sides on the GPU, and passes there; against XLA:CPU's
+float32 sums (up to 8.5e-6 from the exact product there, twice the
+kernel's own error) it fails. Inside the mode such a product -- f32
+operands and result, more than one row, column and k, the shape XLA:GPU
+hands to a GEMM rather than rewriting as a reduction -- computes as the
+emulated GPU's TF32 GEMM: each operand's low 13 bits dropped (what the
+tensor core reads of f32 bits handed to it unconverted, as Triton's GEMMs
+hand them, and as the emulator's own ``.tf32`` WGMMA reads them), then
+instructions of K = 8 in ascending k as above. A library that rounds the
+operands to tf32 first (cuBLAS may) differs from this by at most a tf32
+unit per operand, well inside TF32's own error, which a test written for
+the GPU allows. A subnormal operand is refused (:class:`Unsupported`, as
+in WGMMA: the ISA leaves subnormal inputs unspecified). Precisions that
+ask for float32 (``HIGHEST``, ``F32_F32_F32``, a
+``jax_default_matmul_precision`` of ``"float32"``) stay XLA:CPU's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -58,8 +83,10 @@ import numpy as np
 from . import deadline, tensorcore, tensorcore_compiled
 from .errors import Unsupported
 
-#: k values per tensor-core instruction for 16-bit operands (WGMMA and tcgen05)
-INSTRUCTION_K = 16
+#: k values per tensor-core instruction, by operand format (WGMMA and tcgen05)
+INSTRUCTION_K = {"f16": 16, "bf16": 16, "tf32": 8}
+#: what the tensor core keeps of an f32 element read as tf32
+TF32_MASK = np.uint32(0xFFFFE000)
 #: output rows per piece of work: the accumulator of a piece stays in cache,
 #: and pieces run on threads (numba's adder releases the GIL)
 ROWS_PER_PIECE = 256
@@ -71,12 +98,30 @@ COMPILED_FROM = 1 << 24
 class Algorithm:
     """A modelled preset: the operands' type and the accumulator's."""
 
-    operands: str  # "f16" or "bf16" (tensorcore's format names)
+    operands: str  # "f16", "bf16" or "tf32" (tensorcore's format names)
     accumulator: str  # "f32" or "f16"
 
     @property
     def operand_dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self.operands == "f16" else ml_dtypes.bfloat16)
+        return np.dtype({"f16": np.float16, "bf16": ml_dtypes.bfloat16,
+                         "tf32": np.float32}[self.operands])
+
+    def convert(self, x: np.ndarray) -> np.ndarray:
+        """An operand in the algorithm's input type: f16/bf16 rounded to
+        nearest even (as jax's lowering converts); tf32 as the tensor core
+        reads f32 bits (low 13 bits dropped), a subnormal refused."""
+        if self.operands != "tf32":
+            return x.astype(self.operand_dtype)
+        bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+        t = (bits & TF32_MASK).view(np.float32)
+        subnormal = (t != 0) & (np.abs(t) < np.finfo(np.float32).tiny)
+        if subnormal.any():
+            raise Unsupported(
+                f"a subnormal f32 operand ({t[subnormal][0]!r}) of a default-precision dot "
+                "inside smalti.emulate.on_cpu: the emulated GPU computes it in TF32 on the "
+                "tensor cores, whose handling of subnormal inputs the PTX ISA leaves "
+                "unspecified; fix: precision=lax.Precision.HIGHEST for a float32 product")
+        return t
 
     @property
     def accumulator_dtype(self) -> np.dtype:
@@ -89,8 +134,11 @@ MODELLED = {
     "F16_F16_F32": Algorithm("f16", "f32"),
     "BF16_BF16_F32": Algorithm("bf16", "f32"),
 }
+#: a default-precision float32 GEMM on the emulated GPU
+TF32_GEMM = Algorithm("tf32", "f32")
 #: the presets XLA:CPU computes itself (jax's CPU lowering accepts them and
 #: they name no tensor-core arithmetic): left to it inside the mode too
+#: (DEFAULT: see default_precision_algorithm)
 LEFT_TO_XLA = ("DEFAULT", "F32_F32_F32", "F64_F64_F64", "BF16_BF16_F32_X3", "BF16_BF16_F32_X6")
 
 
@@ -120,6 +168,36 @@ def algorithm(precision: object) -> Algorithm | None:
         "or compute the reference outside the mode")
 
 
+def default_precision_algorithm(precision: object, lhs: Any, rhs: Any, out: Any,
+                                dimension_numbers: Any) -> Algorithm | None:
+    """:data:`TF32_GEMM` for a float32 product at default precision that
+    XLA:GPU would hand to a GEMM (see the module's docstring) -- ``lhs``,
+    ``rhs`` and ``out`` are the avals --, ``None`` for any other dot."""
+    import jax
+    from jax import lax
+
+    default = precision is None or precision == lax.DotAlgorithmPreset.DEFAULT or (
+        isinstance(precision, tuple)
+        and all(p in (None, lax.Precision.DEFAULT) for p in precision))
+    if not default or (precision is None and jax.config.jax_default_matmul_precision
+                       not in (None, "tensorfloat32")):
+        return None
+    f32 = np.dtype(np.float32)
+    if not all(np.dtype(a.dtype) == f32 for a in (lhs, rhs, out)):
+        return None
+    (lhs_k, rhs_k), (lhs_b, rhs_b) = dimension_numbers
+
+    def size(shape: Sequence[int], dims: Iterable[int]) -> int:
+        return int(np.prod([shape[d] for d in dims], dtype=np.int64))
+
+    rows = size(lhs.shape, (d for d in range(len(lhs.shape)) if d not in (*lhs_k, *lhs_b)))
+    cols = size(rhs.shape, (d for d in range(len(rhs.shape)) if d not in (*rhs_k, *rhs_b)))
+    k = size(lhs.shape, lhs_k)
+    # a matrix-vector product, an outer product or a sum of one term is a
+    # reduction or a multiply on XLA:GPU, in float32
+    return TF32_GEMM if rows > 1 and cols > 1 and k > 1 else None
+
+
 def dot_general(lhs: np.ndarray, rhs: np.ndarray,
                 dimension_numbers: tuple[tuple[Sequence[int], Sequence[int]],
                                          tuple[Sequence[int], Sequence[int]]],
@@ -141,7 +219,7 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray,
         size = [int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
                 for dims in (batch, free, contracting)]
         moved = np.transpose(x, (*batch, *free, *contracting))
-        return moved.astype(algo.operand_dtype).reshape(size)
+        return algo.convert(moved).reshape(size)
 
     a = grouped(lhs, lhs_b, lhs_free, lhs_k)  # (B, M, K)
     b = grouped(rhs, rhs_b, rhs_free, rhs_k)  # (B, N, K)
@@ -155,9 +233,11 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray,
 def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
              arch: tuple[int, int]) -> np.ndarray:
     """``a @ b.T`` ((M, K) and (N, K) operands of ``algo``'s type) in its
-    accumulator's type, one instruction of K = 16 at a time in ascending k,
-    as the tensor core of ``arch`` adds; (M, N) rows in pieces on threads."""
+    accumulator's type, one instruction (K = 16, or 8 for tf32) at a time in
+    ascending k, as the tensor core of ``arch`` adds; (M, N) rows in pieces
+    on threads."""
     instruction = instruction_of(arch)
+    step = INSTRUCTION_K[algo.operands]
     m, k = a.shape
     if m == 0:
         return np.zeros((0, b.shape[0]), algo.accumulator_dtype)
@@ -172,9 +252,8 @@ def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
         deadline.check(f"a tensor-core dot_general, rows {start}..")
         rows = a64[start:start + ROWS_PER_PIECE]
         acc: np.ndarray | None = None  # the first instruction adds no D
-        for k0 in range(0, k, INSTRUCTION_K):
-            acc = instruction(rows[:, k0:k0 + INSTRUCTION_K], b64[:, k0:k0 + INSTRUCTION_K],
-                              acc, algo, compiled)
+        for k0 in range(0, k, step):
+            acc = instruction(rows[:, k0:k0 + step], b64[:, k0:k0 + step], acc, algo, compiled)
         if acc is None:  # K = 0: an empty sum
             return np.zeros((rows.shape[0], b.shape[0]), algo.accumulator_dtype)
         return acc

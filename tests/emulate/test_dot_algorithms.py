@@ -169,7 +169,7 @@ def test_presets_not_modelled_are_refused(preset):
         jnp.dot(a, a, precision=getattr(P, preset))
 
 
-@pytest.mark.parametrize("preset", ["DEFAULT", "F32_F32_F32", "BF16_BF16_F32_X3"])
+@pytest.mark.parametrize("preset", ["F32_F32_F32", "BF16_BF16_F32_X3"])
 def test_presets_xla_computes_stay_xlas(preset):
     a = normal((16, 16), F32)
     outside = np.asarray(jnp.dot(a, a, precision=getattr(P, preset)))
@@ -182,3 +182,88 @@ def test_an_architecture_without_a_modelled_tensor_core_is_refused():
     a = normal((16, 16))
     with emu.on_cpu(arch=(8, 0)), pytest.raises(emu.Unsupported, match="sm_80.*fix: on_cpu"):
         jnp.dot(a, a, precision=P.F16_F16_F32)
+
+
+# --- default precision: a float32 GEMM in TF32 ------------------------------------------------
+
+
+def tf32_chain(a, b, arch=(9, 0)):
+    """a @ b.T ((M, K), (N, K) float32) as the emulated GPU's TF32 GEMM: the
+    operands' low 13 bits dropped, instructions of K = 8 in ascending k (the
+    H200's adder at sm_90; the exact sum rounded once at sm_100)."""
+    def tf32(x):
+        return (np.ascontiguousarray(x, F32).view(np.uint32)
+                & np.uint32(0xFFFFE000)).view(F32).astype(np.float64)
+    a, b, acc = tf32(a), tf32(b), None
+    for k0 in range(0, a.shape[1], 8):
+        if arch[0] == 9:
+            acc = tensorcore.mma_reference(a[:, k0:k0 + 8], b[:, k0:k0 + 8], acc,
+                                           operands="tf32", accumulator="f32")
+        else:
+            total = a[:, k0:k0 + 8] @ b[:, k0:k0 + 8].T
+            acc = (total if acc is None else total + acc.astype(np.float64)).astype(F32)
+    return acc
+
+
+@pytest.mark.parametrize("arch", [(9, 0), (10, 0)])
+def test_a_default_precision_f32_product_is_the_gpus_tf32_gemm(arch):
+    a, b = normal((40, 72), F32), normal((72, 24), F32)  # K = 72: nine instructions
+    want = tf32_chain(a, b.T, arch)
+    with emu.on_cpu(arch):
+        forms = {
+            "@": a @ jnp.asarray(b),
+            "precision=None": jnp.dot(a, b),
+            "Precision.DEFAULT": jnp.dot(a, b, precision=lax.Precision.DEFAULT),
+            "DotAlgorithmPreset.DEFAULT": jnp.dot(a, b, precision=P.DEFAULT),
+            "jit": jax.jit(jnp.matmul)(a, b),
+            "einsum, batched": jnp.einsum("bmk,bkn->bmn", a[None], b[None])[0],
+        }
+    for form, got in forms.items():
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=form)
+    assert not np.array_equal(want, np.asarray(jnp.dot(a, b)))  # XLA:CPU's float32 sums
+
+
+def test_a_tensor_core_kernel_meets_a_default_reference_as_on_the_gpu():
+    """jax's WGMMATest: f16 operands, K = 128, f32 output, ``atol=5e-6``
+    against ``x32 @ y32``. The kernel's WGMMAs (the adder) are within it of
+    the TF32 reference the GPU computes; XLA:CPU's float32 sums are not."""
+    x, y = (RNG.uniform(-1, 1, s).astype(F16) for s in ((128, 128), (128, 128)))
+    kernel = hopper_chain(x, y.T)
+    x32, y32 = x.astype(F32), y.astype(F32)
+    with emu.on_cpu():
+        reference = np.asarray(jnp.asarray(x32) @ y32)
+    np.testing.assert_allclose(kernel, reference, atol=5e-6, rtol=0)
+    assert np.abs(kernel - np.asarray(jnp.asarray(x32) @ y32)).max() > 5e-6
+
+
+@pytest.mark.parametrize("case", ["HIGHEST", "float32 default", "matrix-vector",
+                                  "vector-matrix", "outer product", "f16 operands"])
+def test_products_the_gpu_computes_otherwise_stay_xlas(case):
+    a, b = normal((16, 32), F32), normal((32, 8), F32)
+
+    def product():
+        if case == "HIGHEST":
+            return jnp.dot(a, b, precision=lax.Precision.HIGHEST)
+        if case == "float32 default":
+            with jax.default_matmul_precision("float32"):
+                return jax.jit(jnp.dot)(a, b)
+        if case == "matrix-vector":
+            return jnp.dot(a, b[:, 0])
+        if case == "vector-matrix":
+            return jnp.dot(a[:1], b)
+        if case == "outer product":
+            return jnp.dot(a[:, :1], b[:1])
+        return jnp.dot(a.astype(F16), b.astype(F16))
+
+    outside = np.asarray(product())
+    with emu.on_cpu():
+        inside = np.asarray(product())
+    np.testing.assert_array_equal(inside, outside)
+
+
+def test_a_subnormal_operand_of_a_default_product_is_refused():
+    a = normal((16, 16), F32)
+    a[3, 5] = 1e-40
+    with emu.on_cpu(), pytest.raises(Exception, match="subnormal f32 operand.*"
+                                                      "fix: precision=lax.Precision.HIGHEST"):
+        np.asarray(a @ jnp.asarray(a))
