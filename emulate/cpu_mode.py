@@ -228,9 +228,11 @@ def _dot_general_rule(default: Any) -> Any:
         """``lax.dot_general`` on the CPU: a tensor-core dot algorithm as the
         emulated GPU computes it (:mod:`.dot_algorithms`), inside the mode."""
         settings = current()
-        algo = None if settings is None else (
-            dot_algorithms.algorithm(precision) or dot_algorithms.default_precision_algorithm(
-                precision, *ctx.avals_in, ctx.avals_out[0], params["dimension_numbers"]))
+        if settings is None:
+            return default(ctx, lhs, rhs, precision=precision, **params)
+        lhs_aval, rhs_aval = ctx.avals_in
+        algo = dot_algorithms.algorithm(precision) or dot_algorithms.default_precision_algorithm(
+            precision, lhs_aval, rhs_aval, ctx.avals_out[0], params["dimension_numbers"])
         if algo is None:
             return default(ctx, lhs, rhs, precision=precision, **params)
         from jax._src import callback
