@@ -45,28 +45,33 @@ the presets XLA:CPU computes in f32 or f64 (``F32_F32_F32``,
 values other than ``DEFAULT`` stay XLA:CPU's; ``DEFAULT`` is the default
 precision below.
 
-**Default precision.** A float32 matrix product with no precision
-(``x @ y``, ``precision=None`` or ``Precision.DEFAULT``, and
+**Default precision.** A matrix product with no precision (``x @ y``,
+``precision=None`` or ``Precision.DEFAULT``, and
 ``jax_default_matmul_precision`` unset) promises no arithmetic; on a recent
-NVIDIA GPU jax computes it in TF32 on the tensor cores ("TF32 on recent
-GPUs", jax's matmul-precision guide), not in float32. So a test whose
-kernel adds on the tensor cores and whose reference is such a product --
-jax's ``WGMMATest``: f16 operands, K = 128, ``atol=5e-6`` -- sees errors of
-one kind on both sides on the GPU, and passes there; against XLA:CPU's
-float32 sums (up to 8.5e-6 from the exact product there, twice the
-kernel's own error) it fails. Inside the mode such a product -- f32
-operands and result, more than one row, column and k, the shape XLA:GPU
-hands to a GEMM rather than rewriting as a reduction -- computes as the
-emulated GPU's TF32 GEMM: each operand's low 13 bits dropped (what the
-tensor core reads of f32 bits handed to it unconverted, as Triton's GEMMs
-hand them, and as the emulator's own ``.tf32`` WGMMA reads them), then
-instructions of K = 8 in ascending k as above. A library that rounds the
-operands to tf32 first (cuBLAS may) differs from this by at most a tf32
-unit per operand, well inside TF32's own error, which a test written for
-the GPU allows. A subnormal operand is refused (:class:`Unsupported`, as
-in WGMMA: the ISA leaves subnormal inputs unspecified). Precisions that
-ask for float32 (``HIGHEST``, ``F32_F32_F32``, a
-``jax_default_matmul_precision`` of ``"float32"``) stay XLA:CPU's.
+NVIDIA GPU jax computes it on the tensor cores -- float32 in TF32 ("TF32 on
+recent GPUs", jax's matmul-precision guide), f16 and bf16 as their own
+instructions into float32 --, not in float32 sums. So a test whose kernel
+adds on the tensor cores and whose reference is such a product -- jax's
+``WGMMATest``: f16 operands, K = 128, ``atol=5e-6`` against ``x32 @ y32``;
+``test_narrow_n``: ``lax.dot`` of f16 with an f32 result, ``rtol=1e-3`` on
+a sum that cancels terms up to 8191 -- sees errors of one kind on both
+sides on the GPU, and passes there; against XLA:CPU's float32 sums (up to
+8.5e-6 from the exact product in ``WGMMATest``, twice the kernel's own
+error) it fails. Inside the mode such a product -- operands of one
+floating dtype (f32, f16, bf16), the result in it or in f32, more than one
+row, column and k: the shape XLA:GPU hands to a GEMM rather than rewriting
+as a reduction -- computes as the emulated GPU's GEMM: f16/bf16 as
+``F16_F16_F32``/``BF16_BF16_F32`` above (then rounded to a 16-bit result);
+f32 in TF32, each operand's low 13 bits dropped (what the tensor core reads
+of f32 bits handed to it unconverted, as Triton's GEMMs hand them, and as
+the emulator's own ``.tf32`` WGMMA reads them), instructions of K = 8. A
+library that rounds the operands to tf32 first (cuBLAS may) differs from
+this by at most a tf32 unit per operand, well inside TF32's own error, which
+a test written for the GPU allows. A subnormal f32 operand is refused
+(:class:`Unsupported`, as in WGMMA: the ISA leaves subnormal inputs
+unspecified). Precisions that ask for float32 (``HIGHEST``,
+``F32_F32_F32``, a ``jax_default_matmul_precision`` of ``"float32"``) stay
+XLA:CPU's.
 """
 
 from __future__ import annotations
@@ -134,8 +139,10 @@ MODELLED = {
     "F16_F16_F32": Algorithm("f16", "f32"),
     "BF16_BF16_F32": Algorithm("bf16", "f32"),
 }
-#: a default-precision float32 GEMM on the emulated GPU
-TF32_GEMM = Algorithm("tf32", "f32")
+#: a default-precision GEMM on the emulated GPU, by its operands' dtype: float32
+#: in TF32, 16-bit floats as their tensor-core instructions, all into float32
+DEFAULT_GEMMS = {"float32": Algorithm("tf32", "f32"), "float16": MODELLED["F16_F16_F32"],
+                 "bfloat16": MODELLED["BF16_BF16_F32"]}
 #: the presets XLA:CPU computes itself (jax's CPU lowering accepts them and
 #: they name no tensor-core arithmetic): left to it inside the mode too
 #: (DEFAULT: see default_precision_algorithm)
@@ -170,9 +177,11 @@ def algorithm(precision: object) -> Algorithm | None:
 
 def default_precision_algorithm(precision: object, lhs: Any, rhs: Any, out: Any,
                                 dimension_numbers: Any) -> Algorithm | None:
-    """:data:`TF32_GEMM` for a float32 product at default precision that
-    XLA:GPU would hand to a GEMM (see the module's docstring) -- ``lhs``,
-    ``rhs`` and ``out`` are the avals --, ``None`` for any other dot."""
+    """The algorithm of :data:`DEFAULT_GEMMS` for a product at default
+    precision that XLA:GPU would hand to a GEMM (see the module's
+    docstring): operands of one floating dtype, the result in it or float32
+    -- ``lhs``, ``rhs`` and ``out`` are the avals --; ``None`` for any other
+    dot."""
     import jax
     from jax import lax
 
@@ -182,8 +191,9 @@ def default_precision_algorithm(precision: object, lhs: Any, rhs: Any, out: Any,
     if not default or (precision is None and jax.config.jax_default_matmul_precision
                        not in (None, "tensorfloat32")):
         return None
-    f32 = np.dtype(np.float32)
-    if not all(np.dtype(a.dtype) == f32 for a in (lhs, rhs, out)):
+    operands, result = np.dtype(lhs.dtype), np.dtype(out.dtype)
+    algo = DEFAULT_GEMMS.get(operands.name)
+    if algo is None or np.dtype(rhs.dtype) != operands or result not in (operands, np.float32):
         return None
     (lhs_k, rhs_k), (lhs_b, rhs_b) = dimension_numbers
 
@@ -195,7 +205,7 @@ def default_precision_algorithm(precision: object, lhs: Any, rhs: Any, out: Any,
     k = size(lhs.shape, lhs_k)
     # a matrix-vector product, an outer product or a sum of one term is a
     # reduction or a multiply on XLA:GPU, in float32
-    return TF32_GEMM if rows > 1 and cols > 1 and k > 1 else None
+    return algo if rows > 1 and cols > 1 and k > 1 else None
 
 
 def dot_general(lhs: np.ndarray, rhs: np.ndarray,

@@ -223,6 +223,17 @@ def test_a_default_precision_f32_product_is_the_gpus_tf32_gemm(arch):
     assert not np.array_equal(want, np.asarray(jnp.dot(a, b)))  # XLA:CPU's float32 sums
 
 
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_a_default_precision_16_bit_product_is_the_gpus_gemm(dtype):
+    a, b = normal((24, 40), dtype), normal((40, 8), dtype)
+    want = hopper_chain(a, b.T, operands="f16" if dtype is F16 else "bf16")
+    with emu.on_cpu():
+        to_f32 = np.asarray(lax.dot(a, b, preferred_element_type=F32))
+        same = np.asarray(a @ jnp.asarray(b))
+    np.testing.assert_array_equal(to_f32, want)
+    np.testing.assert_array_equal(same, want.astype(dtype))  # rounded once, to nearest even
+
+
 def test_a_tensor_core_kernel_meets_a_default_reference_as_on_the_gpu():
     """jax's WGMMATest: f16 operands, K = 128, f32 output, ``atol=5e-6``
     against ``x32 @ y32``. The kernel's WGMMAs (the adder) are within it of
@@ -237,7 +248,8 @@ def test_a_tensor_core_kernel_meets_a_default_reference_as_on_the_gpu():
 
 
 @pytest.mark.parametrize("case", ["HIGHEST", "float32 default", "matrix-vector",
-                                  "vector-matrix", "outer product", "f16 operands"])
+                                  "vector-matrix", "outer product", "int32 operands",
+                                  "f16 to bf16"])
 def test_products_the_gpu_computes_otherwise_stay_xlas(case):
     a, b = normal((16, 32), F32), normal((32, 8), F32)
 
@@ -253,7 +265,9 @@ def test_products_the_gpu_computes_otherwise_stay_xlas(case):
             return jnp.dot(a[:1], b)
         if case == "outer product":
             return jnp.dot(a[:, :1], b[:1])
-        return jnp.dot(a.astype(F16), b.astype(F16))
+        if case == "int32 operands":
+            return jnp.dot(a.astype(np.int32), b.astype(np.int32))
+        return lax.dot(a.astype(F16), b.astype(F16), preferred_element_type=BF16)
 
     outside = np.asarray(product())
     with emu.on_cpu():
