@@ -77,7 +77,7 @@ XLA:CPU's.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -196,16 +196,22 @@ def default_precision_algorithm(precision: object, lhs: Any, rhs: Any, out: Any,
     if algo is None or np.dtype(rhs.dtype) != operands or result not in (operands, np.float32):
         return None
     (lhs_k, rhs_k), (lhs_b, rhs_b) = dimension_numbers
-
-    def size(shape: Sequence[int], dims: Iterable[int]) -> int:
-        return int(np.prod([shape[d] for d in dims], dtype=np.int64))
-
-    rows = size(lhs.shape, (d for d in range(len(lhs.shape)) if d not in (*lhs_k, *lhs_b)))
-    cols = size(rhs.shape, (d for d in range(len(rhs.shape)) if d not in (*rhs_k, *rhs_b)))
-    k = size(lhs.shape, lhs_k)
+    rows = _size(lhs.shape, _free(len(lhs.shape), lhs_k, lhs_b))
+    cols = _size(rhs.shape, _free(len(rhs.shape), rhs_k, rhs_b))
+    k = _size(lhs.shape, lhs_k)
     # a matrix-vector product, an outer product or a sum of one term is a
     # reduction or a multiply on XLA:GPU, in float32
     return algo if rows > 1 and cols > 1 and k > 1 else None
+
+
+def _free(ndim: int, contracting: Sequence[int], batch: Sequence[int]) -> list[int]:
+    """An operand's free dimensions: neither contracting nor batch."""
+    return [d for d in range(ndim) if d not in (*contracting, *batch)]
+
+
+def _size(shape: Sequence[int], dims: Sequence[int]) -> int:
+    """The number of elements over ``dims`` of ``shape``."""
+    return int(np.prod([shape[d] for d in dims], dtype=np.int64))
 
 
 def dot_general(lhs: np.ndarray, rhs: np.ndarray,
@@ -217,8 +223,8 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray,
     result in ``out_dtype``, dimensions ordered as ``dot_general`` orders them
     (batch, then lhs's free, then rhs's free)."""
     (lhs_k, rhs_k), (lhs_b, rhs_b) = dimension_numbers
-    lhs_free = [d for d in range(lhs.ndim) if d not in (*lhs_k, *lhs_b)]
-    rhs_free = [d for d in range(rhs.ndim) if d not in (*rhs_k, *rhs_b)]
+    lhs_free = _free(lhs.ndim, lhs_k, lhs_b)
+    rhs_free = _free(rhs.ndim, rhs_k, rhs_b)
     batch_shape = [lhs.shape[d] for d in lhs_b]
     out_shape = (*batch_shape, *(lhs.shape[d] for d in lhs_free),
                  *(rhs.shape[d] for d in rhs_free))
@@ -226,8 +232,7 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray,
     def grouped(x: np.ndarray, batch: Sequence[int], free: list[int],
                 contracting: Sequence[int]) -> np.ndarray:
         """x as (batch, rows, k): its dimensions moved, flattened by kind."""
-        size = [int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
-                for dims in (batch, free, contracting)]
+        size = [_size(x.shape, dims) for dims in (batch, free, contracting)]
         moved = np.transpose(x, (*batch, *free, *contracting))
         return algo.convert(moved).reshape(size)
 
