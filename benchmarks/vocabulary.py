@@ -296,6 +296,9 @@ MORE: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
     ("concatenate", lambda x: jnp.concatenate([x[:, 64:], x[:, :64]], 1), lambda: [x32()]),
     ("argsort", lambda x: jnp.argsort(x, 1).astype(jnp.int32), lambda: [x32()]),
     ("sort cols", lambda x: jnp.sort(x, 0), lambda: [x32()]),
+    ("sort bf16", lambda x: jnp.sort(x, 1), lambda: [bf16()]),
+    ("sort cols bf16", lambda x: jnp.sort(x, 0), lambda: [bf16()]),
+    ("argsort bf16", lambda x: jnp.argsort(x, 1).astype(jnp.int32), lambda: [bf16()]),
     ("matvec", lambda x: x @ x[0], lambda: [x32()]),
     ("f16 dot", lambda x: jnp.dot(x, x.T, preferred_element_type=jnp.float32),
      lambda: [f16()]),
@@ -394,6 +397,7 @@ COSTED: dict[str, tuple[str, int]] = {
     "cumsum": (SCAN, 1), "cumsum rev": (SCAN, 1), "cummax": (SCAN, 1), "cummin": (SCAN, 0),
     "cumprod": (SCAN, 1),
     "sort": (SORT, 1), "argsort": (SORT, 1), "sort cols": (SORT, 0), "top_k": (SORT, 1),
+    "sort bf16": (SORT, 1), "sort cols bf16": (SORT, 0), "argsort bf16": (SORT, 1),
 }
 WAVEFRONT_BYTES = 128  # 32 banks x 4 bytes
 

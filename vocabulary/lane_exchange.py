@@ -14,7 +14,12 @@ reuses the compare with its selects' operands swapped (distinct elements:
 ``mine < theirs`` is ``not theirs < mine``). A single word keeps its
 compare per slot, which MLIR folds with the select into a min or a max;
 a float word is a ``minimumf``/``maximumf`` (PTX ``min``/``max``) where
-the side is static, an ordered ``cmpf`` otherwise.
+the side is static, an ordered ``cmpf`` otherwise. A lone f16 or bf16
+word whose mask leaves bit 0 alone (each half of a register paired with
+the same half of its partner register, both keeping the same side) is
+exchanged a register at a time: one packed ``min``/``max``
+(``min.bf16x2``), a shuffle of the register where the partner is in
+another lane, and where the side is the lane's both extrema and a select.
 With ``keys=k`` only the first ``k`` words are compared and the others
 ride along (sorts whose keys are known to differ: the index beside a
 float32 key). Which of the two an element keeps is known statically for each register
@@ -199,6 +204,9 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
     quad = lanes.Quad()
     cols = values[0].shape[1]
     partners = lanes.xor_partners(cols, mask)
+    # a 16-bit float word whose partners keep their half of the register:
+    # both halves at once (packed min/max)
+    packed = float_word and _bits(elements[0]) == 16 and not mask & 1
     rows = [np.moveaxis(v.registers, 1, -1) for v in values]  # row groups x registers
     outs = [np.empty_like(r) for r in rows]
     for group in np.ndindex(rows[0].shape[:-1]):
@@ -207,6 +215,16 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
         caches: list[dict[tuple[Any, ...], ir.Value]] = [{} for _ in values]
         # slot -> "mine < theirs" decided at its partner slot of this thread
         decided: dict[int, ir.Value] = {}
+        if packed:
+            registers = list(rows[0][group])
+            words = [mgpu_utils.bitcast(r, ir.IntegerType.get_signless(32)) for r in registers] \
+                if (mask >> 1) % lanes.QUAD else []  # what a shuffle moves
+            for j in range(len(registers)):
+                dead = live is not None and not any(live[lanes.TILE_COLS * j:
+                                                         lanes.TILE_COLS * (j + 1)])
+                outs[0][group + (j,)] = registers[j] if dead else _packed_stage(
+                    quad, registers, words, j, mask, half, caches[0])
+            continue
         for j in range(rows[0].shape[-1]):
             kept: list[list[ir.Value]] = [[] for _ in values]
             for b in range(2):
@@ -256,6 +274,37 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                     ir.VectorType.get((2,), elements[i]), kept[i])
     return tuple(fa.FragmentedArray(_registers=np.moveaxis(o, -1, 1), _layout=v.layout,
                                     _is_signed=v.is_signed) for o, v in zip(outs, values))
+
+
+def _bits(t: ir.Type) -> int:
+    return 16 if isinstance(t, (ir.BF16Type, ir.F16Type)) else 32
+
+
+def _packed_stage(quad: lanes.Quad, registers: list[ir.Value], words: list[ir.Value], j: int,
+                  mask: int, half: int, cache: dict[tuple[Any, ...], ir.Value]) -> ir.Value:
+    """Register ``j`` (columns ``8 j + 2 q + b``) of a lone 16-bit float word
+    after the stage, both halves at once: ``mask`` leaves bit 0 alone, so
+    column ``c``'s partner ``c ^ mask`` is in the same half of register
+    ``j ^ mask // 8`` of lane ``q ^ (mask >> 1) % 4``, and ``half`` (a bit
+    of ``mask``) is not bit 0, so both halves keep the same side. One
+    packed ``min``/``max`` (``min.bf16x2``), a shuffle of the whole
+    register (``words``: the registers as i32) where the partner is in
+    another lane, and where the side is the lane's, both extrema and a
+    select of the register."""
+    lane_mask, register_mask = (mask >> 1) % lanes.QUAD, mask // lanes.TILE_COLS
+    mine = registers[j]
+    theirs = registers[j ^ register_mask]
+    if lane_mask:
+        sources = [(q ^ lane_mask, j ^ register_mask) for q in range(lanes.QUAD)]
+        theirs = mgpu_utils.bitcast(_routed(quad, words, sources, cache), mine.type)
+    keep_min = [(lanes.TILE_COLS * j + 2 * q) & half == 0 for q in range(lanes.QUAD)]
+    if all(keep_min):
+        return arith.minimumf(theirs, mine)
+    if not any(keep_min):
+        return arith.maximumf(theirs, mine)
+    maxing = frozenset(q for q in range(lanes.QUAD) if not keep_min[q])
+    return arith.select(quad.lanes_in(maxing), arith.maximumf(theirs, mine),
+                        arith.minimumf(theirs, mine))
 
 
 def _exchange_rows(values: tuple[fa.FragmentedArray, ...], mask: int, half: int,

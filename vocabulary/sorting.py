@@ -41,9 +41,13 @@ Words (what makes the order exactly lax's):
   every thread branches on alike), and a float32 block with any folds
   its index into the keys of those only (the one place where equal keys
   may be different values, ``-0.0``/``0.0`` and NaN payloads): again one
-  ``take`` per stage, and one more for those elements' values. A float32
-  block that passes the screen is its own word: float min and max of
-  normal numbers and infinities are exact. Pallas' reduction to a scalar
+  ``take`` per stage, and one more for those elements' values. A float
+  block (f32, f16, bf16) that passes the screen is its own word: float min
+  and max of normal numbers and infinities are exact, and in registers an
+  f16 or bf16 stage takes both halves of a register at once
+  (``min.bf16x2``) wherever partners keep their halves
+  (:mod:`smalti.vocabulary.lane_exchange`); an f16 or bf16 block with any
+  runs the key-and-index network below. Pallas' reduction to a scalar
   shares its scratch among a kernel's warpgroups (which races), so kernels
   of several Pallas warpgroups skip the screen, as do blocks loaded
   plainly from global memory (whose strided layout no reduction takes).
@@ -504,18 +508,25 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
 
 
 def _sort_alone(x: jnp.ndarray, dimension: int, screen: bool) -> jnp.ndarray:
-    """One operand sorted on its own (jnp.sort)."""
+    """One operand sorted on its own (jnp.sort): integers, and float blocks
+    the screen finds without zeros, subnormals and NaNs, on their own
+    values (:func:`_sort_bijective`); other float blocks on keys that keep
+    lax.sort's order among equal keys (f32: :func:`_sort_f32`; f16, bf16:
+    the key and its index in one word)."""
     if x.shape[dimension] == 1:
         return x
     p = _padded_length(x.shape[dimension])
     if np.dtype(x.dtype).kind in "iu":  # equal keys are equal values: no index needed
         return _sort_bijective(x, dimension, p)
-    if np.dtype(x.dtype) != np.dtype(np.float32):
-        [out], _ = _sort_several(x, dimension=dimension, num_keys=1, screen=screen)
-        return out
+
+    def exact(v: jnp.ndarray) -> jnp.ndarray:
+        if np.dtype(v.dtype) == np.dtype(np.float32):
+            return _sort_f32(v, dimension, p)
+        [out], _ = _sort_several(v, dimension=dimension, num_keys=1, screen=False)
+        return out  # f16, bf16: the key and the index share a word
     if not screen:
-        return _sort_f32(x, dimension, p)
-    return lax.cond(_has_zero_subnormal_or_nan(x), partial(_sort_f32, axis=dimension, p=p),
+        return exact(x)
+    return lax.cond(_has_zero_subnormal_or_nan(x), exact,
                     partial(_sort_bijective, axis=dimension, p=p), x)
 
 
@@ -677,10 +688,11 @@ def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray,
 def _sort_bijective(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
     """One operand whose equal total-order keys are equal values (integers,
     floats without zeros, subnormals and NaNs): its keys sorted alone, no
-    index. A float32 block is its own key there: its stages compare floats
-    (a ``min.f32``/``max.f32`` each, exact on normal numbers and
-    infinities), which saves encoding and decoding the integer keys."""
-    if np.dtype(x.dtype) == np.dtype(np.float32):
+    index. A float block is its own key there: its stages compare floats
+    (a ``min``/``max`` each, exact on normal numbers and infinities; f16
+    and bf16 two to an instruction where a register's halves pair with
+    the same halves), which saves encoding and decoding integer keys."""
+    if np.dtype(x.dtype) in FLOATS:
         [word] = bitonic_sort(_pad([x], axis, p), axis)
         return _read(word, axis, tuple(x.shape))
     [word] = bitonic_sort(_pad([total_order_key(x)], axis, p), axis)

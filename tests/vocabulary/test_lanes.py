@@ -374,6 +374,42 @@ def test_compare_exchange_carries_the_words_past_its_keys(pipeline, axis, mask, 
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.name)
+@pytest.mark.parametrize("mask,half", [(2, 2), (4, 4), (8, 8), (16, 16), (6, 4), (14, 8),
+                                       (32, 32), (96, 64), (126, 64), (2, 32), (1, 1),
+                                       (127, 64)])
+def test_compare_exchange_of_a_16_bit_float_word(pipeline, dtype, mask, half):
+    """A lone f16 or bf16 word: where the mask leaves a register's halves
+    paired with the same halves of the partner register (bit 0 clear), both
+    halves go through one packed min or max (sides static, by the lane, the
+    partner in this thread or shuffled from another lane); bit 0 set, per
+    element. Each stage is the jnp stage's answer bit for bit, on distinct
+    values with infinities, the extreme normals and subnormals among them;
+    a packed stage costs one instruction per register, plus its shuffle,
+    and where the side is the lane's, the other extremum and a select."""
+    from smalti.vocabulary import lane_exchange
+
+    info = ml_dtypes.finfo(dtype)
+    rng = np.random.default_rng(37)
+    x = (rng.permutation(64 * 128).reshape(64, 128) / 64 - 60).astype(dtype)
+    x[0, :6] = [np.inf, -np.inf, info.max, info.min, info.smallest_normal,
+                info.smallest_subnormal]
+
+    def fn(v):
+        [out] = lane_exchange.compare_exchange([v], mask=mask, half=half)
+        return out
+
+    base = _profile(pipeline, lambda v: v, x)
+    got = _profile(pipeline, fn, x)
+    assert_bits(got.outputs[0], np.asarray(jax.jit(fn)(x)))
+    per_register = (got[INST] - base[INST]) * 32 / (x.size / 2)
+    if not mask & 1:  # the lane's side: a predicate made once per thread (0.5-0.7)
+        shuffle, by_lane = bool(mask & 6), bool(half & 6)
+        assert per_register <= 1 + shuffle + 2 * by_lane + 0.75 * by_lane, per_register
+    else:  # a min or a max per element at least
+        assert per_register >= 2, per_register
+
+
 def test_compare_exchange_live_columns_are_checked():
     from smalti.vocabulary import lane_exchange
 
@@ -426,17 +462,20 @@ def _lone_specials(rng, shape, axis) -> np.ndarray:
     return np.moveaxis(x, 1, axis)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=lambda d: d.name)
 @pytest.mark.parametrize("axis", [1, 0])
-def test_sort_f32_screened_blocks(pipeline, axis):
-    """A block without zeros and NaNs sorts its bare keys, one with a lone
-    pair of zeros or a lone NaN takes the path that keeps lax.sort's order
-    (a wrong screen would swap the zeros or put the NaN first); both bit
-    for bit jnp's, and the ordinary block cheaper (issue 37's 57 extra
-    instructions per element along the columns; along the rows through two
-    transposes)."""
+def test_sort_screened_float_blocks(pipeline, axis, dtype):
+    """A block without zeros and NaNs sorts its bare values (f16 and bf16
+    two to a register: packed min and max), one with a lone pair of zeros
+    or a lone NaN takes the path that keeps lax.sort's order (a wrong screen
+    would swap the zeros or put the NaN first); both bit for bit jnp's, and
+    the ordinary block cheaper (issue 37's 57 extra instructions per
+    element along the columns; along the rows through two transposes)."""
     rng = np.random.default_rng(12)
-    ordinary = rng.standard_normal((64, 128)).astype(np.float32)
-    special = _lone_specials(rng, (64, 128), axis)
+    ordinary = rng.standard_normal((64, 128)).astype(dtype)
+    ordinary[ordinary == 0] = 1
+    ordinary[1, :8] = ordinary[1, 8:16]  # ties: equal values, either order right
+    special = _lone_specials(rng, (64, 128), axis).astype(dtype)
     fn = lambda v: jnp.sort(v, axis)  # noqa: E731
     costs = []
     for x in (ordinary, special):
