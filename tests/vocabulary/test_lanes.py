@@ -486,6 +486,19 @@ def test_sort_screened_float_blocks(pipeline, axis, dtype):
     assert costs[0] <= 57 and costs[0] < costs[1] - 10, costs
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.name)
+def test_sort_screened_16_bit_blocks_of_other_shapes(pipeline, dtype):
+    """f16 and bf16 blocks without zeros and NaNs, sorted on their own values
+    along rows of 64 (fewer registers per row: the packed stages reach other
+    lanes sooner) and along the rows of a (128, 64) block (its transpose's
+    minor axis): jax's answer bit for bit."""
+    rng = np.random.default_rng(43)
+    for shape, axis in [((64, 64), 1), ((128, 64), 0), ((128, 64), 1)]:
+        x = rng.standard_normal(shape).astype(dtype)
+        x[x == 0] = 1
+        _as_jax(pipeline, lambda v, axis=axis: jnp.sort(v, axis), x)
+
+
 def test_sort_along_rows_through_transposes(pipeline):
     """jnp.sort and argsort along the rows of (64, 128) blocks sort the
     transpose's minor axis (two vector transposes around the register
