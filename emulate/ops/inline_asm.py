@@ -50,6 +50,7 @@ from .nvvm import (
     bulk_commit,
     bulk_wait,
     effective,
+    mapa_step,
     mbarrier_arrive,
     mbarrier_init,
     per_thread,
@@ -797,6 +798,16 @@ def st_async(i: Instr) -> Step:
     vals = [i.arg_slot(x) for x in args[1:-1]]
     pred_slots, loc, site = i.pred_slots, i.loc, i.site
     return lambda fr: _st_async(fr, pred_slots, a, vals, width, bar, loc, site)
+
+
+@ptx("mapa.shared::cluster.u32", value=True)
+def mapa_shared_cluster(i: Instr) -> Step:
+    """``$0, $1, $2``: the shared::cluster address of SMEM address ``$1`` in the
+    block of CTA rank ``$2`` (jax 0.12's ``get_cluster_ptr``; 0.11.2 emits
+    ``nvvm.mapa``, modelled alike)."""
+    if i.args != ["$0", "$1", "$2"] or len(i.ins) != 2 or len(i.results) != 1:
+        raise i.unknown
+    return mapa_step(i.ins[0], i.ins[1], i.results[0], i.loc)
 
 
 @ptx("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64",

@@ -544,8 +544,12 @@ def mapa(o: Op) -> Step:
     if o.in_types[0].space != "shared" or o.out_types[0].space != "cluster":
         raise o.unsupported(f"nvvm.mapa from {o.in_types[0].text} to {o.out_types[0].text}")
     (a, rank), (out,) = o.ins, o.outs
-    loc = o.loc
+    return mapa_step(a, rank, out, o.loc)
 
+
+def mapa_step(a: int, rank: int, out: int, loc: str) -> Step:
+    """``mapa`` of the SMEM address in slot ``a`` to the block of CTA rank
+    ``rank`` (``nvvm.mapa``, and the inline PTX form jax 0.12 emits)."""
     def step(fr: Frame) -> None:
         b = fr.need_block("mapa", loc)
         rk = np.asarray(fr.regs[rank], np.int64)

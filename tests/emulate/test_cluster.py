@@ -140,6 +140,28 @@ def test_cluster_ids_with_two_warpgroups_a_block():
     assert_close_ulp(got, want.astype(np.int32), 0)
 
 
+def test_mapa_as_jax_0_12_emits_it(monkeypatch):
+    """jax 0.12 maps an SMEM pointer to a peer block's with inline PTX
+    (``mapa.shared::cluster.u32 $0, $1, $2;``) where 0.11.2 emits
+    ``nvvm.mapa``: the kernel reading its peer's SMEM and arriving on its
+    barriers, lowered with 0.12's form, computes the same bits."""
+    from jax._src.lib.mlir.dialects import llvm
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    def get_cluster_ptr(ptr, cluster_block, generic=True):  # jax 0.12's
+        mapped = llvm.inline_asm(llvm.PointerType.get(7), [ptr, cluster_block],
+                                 "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r")
+        return llvm.addrspacecast(llvm.PointerType.get(), mapped) if generic else mapped
+
+    monkeypatch.setattr(mgpu_utils, "get_cluster_ptr", get_cluster_ptr)
+    x = RNG.standard_normal((2, 128)).astype(np.float32)
+    module, _ = emu.lower(cluster_barrier_kernel(), x)
+    text = str(module)
+    assert "mapa.shared::cluster.u32 $0, $1, $2;" in text and "nvvm.mapa" not in text
+    (got,) = emu.run(cluster_barrier_kernel(), x, workers=1)  # the patch is this process's
+    assert_close_ulp(got, (x[::-1] * 2 + 1).astype(np.float32), 0)
+
+
 def test_a_wrong_peer_would_be_noticed(monkeypatch):
     """With mapa mapping every rank to the block itself, each block stores
     into (and completes) its own SMEM: the exchange no longer matches."""

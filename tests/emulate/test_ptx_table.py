@@ -57,6 +57,7 @@ def test_exact_opcodes_are_matched_by_no_pattern():
     ("tanh.approx.bf16x2 $0, $1;", ptx.value_instruction),
     ("max.NaN.f16x2 $0, $1, $2;", ptx.value_instruction),
     ("prmt.b32 $0, $1, $2, $3;", ptx.value_instruction),
+    ("mapa.shared::cluster.u32 $0, $1, $2;", ptx.mapa_shared_cluster),
     ("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
      "{$10,$11,$12,$13};", ptx.mma_sync_warp),
     ("", ptx.optimization_barrier),

@@ -259,6 +259,30 @@ def test_mapa_to_the_own_rank_reaches_the_own_smem():
             {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, cluster=(2, 1, 1), grid=(2, 1, 1))
 
 
+@covers("mapa.shared::cluster.u32", "nvvm.read.ptx.sreg.cluster.ctarank", "llvm.store")
+def test_mapa_as_inline_ptx_reaches_the_ranks_smem():
+    """jax 0.12's form of ``nvvm.mapa`` (``mapa.shared::cluster.u32 $0, $1,
+    $2;``) maps as nvvm.mapa does: a store through the shared::cluster
+    address of the block's own rank lands in its SMEM (a peer's, in
+    test_cluster.py's kernel); a rank outside the cluster is refused."""
+    mapa = ('llvm.inline_asm "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r" %s, %r '
+            ': (!llvm.ptr<3>, i32) -> !llvm.ptr<7>')
+    got = run(f"""
+      %r = nvvm.read.ptx.sreg.cluster.ctarank : i32
+      %q = {mapa}
+      %v = llvm.mlir.constant(-5 : i32) : i32
+      llvm.store %v, %q : i32, !llvm.ptr<7>
+      %back = llvm.load %s : !llvm.ptr<3> -> i32""",
+              {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, {"back": "i32"},
+              cluster=(2, 1, 1), grid=(2, 1, 1), rank=1)
+    assert np.all(got["back"] == -5)
+    with pytest.raises(EmulationError, match="mapa to CTA rank 2 in a cluster of 2"):
+        run(f"""
+          %r = llvm.mlir.constant(2 : i32) : i32
+          %q = {mapa}""",
+            {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, cluster=(2, 1, 1), grid=(2, 1, 1))
+
+
 BAR = {"b": ("!llvm.ptr<3>", np.zeros(1, np.int64))}
 
 
