@@ -23,6 +23,13 @@ the pair's first CTA; jax emits it only for a pair (a collective of 2) whose
 first CTA is rank 0, where both readings are one barrier -- any other mask
 (a CTA outside the issuer's pair, or a pair other than ranks 0 and 1) is
 :class:`Unsupported`.
+
+jax 0.12 maps the mbarrier beforehand (``BarrierRef.remap_to_cluster``: its
+own inline ``mapa``) and emits the copy alone, the mbarrier operand ``$3``
+a shared::cluster address: ``@$0 cp.async.bulk.tensor.Nd.shared::cta...
+.cta_group::2 [$1], [$2, {coords}], [$3];`` and the multicast form with
+``, $M``. The bytes complete on the mbarrier that address names, which must
+be in a CTA of the pair of ranks 0 and 1.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from .. import tma
 from ..compiler import Step
 from ..errors import Unsupported
 from ..machine import Frame
+from ..memory import split_cluster_address
 from .inline_asm import Instr, ptx_text
 from .nvvm import effective, per_thread, tma_load_check
 
@@ -47,26 +55,50 @@ PAIR_MULTICAST = re.compile(
     r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cluster\.global\.tile\."
     r"mbarrier::complete_tx::bytes\.multicast::cluster\.cta_group::2 "
     r"\[\$1\], \[\$2, \{([$\d,]*)\}\], \[\1\], \$(\d+); \}")
+#: jax 0.12's forms: the mbarrier ($3) already a shared::cluster address
+PAIR_LOAD_MAPPED = re.compile(
+    r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cta\.global\.tile\."
+    r"mbarrier::complete_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{([$\d,]*)\}\], "
+    r"\[\$3\];")
+PAIR_MULTICAST_MAPPED = re.compile(
+    r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cluster\.global\.tile\."
+    r"mbarrier::complete_tx::bytes\.multicast::cluster\.cta_group::2 "
+    r"\[\$1\], \[\$2, \{([$\d,]*)\}\], \[\$3\], \$(\d+);")
 
 
 def _pair_load(fr: Frame, pred: int, smem: int, desc: int, bar: int, coords: list[int],
-               where: str, site, mask: int | None = None) -> None:
+               where: str, site, mask: int | None = None, mapped: bool = False) -> None:
     """The loads of the threads that execute it: into the issuing block's
     SMEM, or (``mask``: the slot of the multicast CTA mask) into each CTA of
-    the mask, every byte completing on the leader's mbarrier."""
+    the mask, every byte completing on the leader's mbarrier (``bar``: its
+    offset, or where ``mapped``, its shared::cluster address)."""
     b = fr.need_block("cp.async.bulk.tensor .cta_group::2", where)
-    leader = b.peer(0, where)
     r = fr.regs
     for t in np.flatnonzero(effective(fr, [pred])):
         d = tma.descriptor(fr, per_thread(r[desc], fr.T)[t], where)
         at = [int(per_thread(r[c], fr.T)[t]) for c in coords]
-        target = leader.barrier(int(per_thread(r[bar], fr.T)[t]), where)
+        leader, offset = _tracking_block(b, int(per_thread(r[bar], fr.T)[t]), mapped, where)
+        target = leader.barrier(offset, where)
         destinations = [b] if mask is None else \
             _pair_destinations(b, int(per_thread(r[mask], fr.T)[t]) & 0xFFFF, where)
         for dest in destinations:
             n = tma.load(fr, d, int(per_thread(r[smem], fr.T)[t]), at, where,
                          smem_space=dest.smem, check=tma_load_check(fr, t, leader, target, site))
             target.complete_tx(n)
+
+
+def _tracking_block(b, bar: int, mapped: bool, where: str):
+    """(the block whose mbarrier tracks the transfer, the mbarrier's offset
+    in its SMEM): CTA 0's at offset ``bar``, or the block a mapped address
+    names -- one of the pair of ranks 0 and 1."""
+    if not mapped:
+        return b.peer(0, where), bar
+    rank, offset = split_cluster_address(bar, b.cluster.size, where)
+    if int(rank) > 1:
+        raise Unsupported(f"a TMA load of a CTA pair tracked by the mbarrier of CTA rank "
+                          f"{int(rank)} (modelled: the pair of cluster ranks 0 and 1, as jax "
+                          "maps it to rank 0)", where)
+    return b.peer(int(rank), where), int(offset)
 
 
 def _pair_destinations(b, mask: int, where: str) -> list:
@@ -86,30 +118,51 @@ def _operands(i: Instr, pattern: re.Pattern, multicast: bool) -> list[int]:
     barrier, coordinates, and the CTA mask of the multicast form)."""
     m = pattern.fullmatch(" ".join(i.text.split()))
     assert m is not None  # the table matched it
-    rank = int(m[2])
-    coords = [c.strip() for c in m[3].split(",")]
+    # the mapa block's groups: (its register,) rank, coordinates[, mask]
+    rank_, coords_, *mask_ = m.groups()[1:] if pattern in (PAIR_LOAD, PAIR_MULTICAST) \
+        else m.groups()
+    rank = int(rank_)
+    coords = [c.strip() for c in coords_.split(",")]
     if coords != [f"${4 + k}" for k in range(rank)] or i.results \
-            or len(i.ins) != 4 + rank + multicast or (multicast and int(m[4]) != 4 + rank):
+            or len(i.ins) != 4 + rank + multicast or (multicast and int(mask_[0]) != 4 + rank):
         raise i.unknown
     return list(i.ins)
 
 
-@ptx_text(PAIR_LOAD.pattern, "jax's TMA load of a CTA pair (leader_tracked): mapa of the "
-          "mbarrier to CTA 0 + cp.async.bulk.tensor.Nd.shared::cta.global.tile.mbarrier::"
-          "complete_tx::bytes.cta_group::2: the box into the issuing block's SMEM, its bytes "
-          "completed on the leader's mbarrier")
-def pair_load(i: Instr) -> Step:
-    pred, smem, desc, bar, *cs = _operands(i, PAIR_LOAD, multicast=False)
-    loc, site = i.loc, i.op.site("cp.async.bulk.tensor.cta_group::2")
-    return lambda fr: _pair_load(fr, pred, smem, desc, bar, cs, loc, site)
+def _handler(pattern: re.Pattern, multicast: bool, mapped: bool):
+    """The table handler of one of jax's pair-load forms."""
+    opcode = ("cp.async.bulk.tensor.multicast.cta_group::2" if multicast
+              else "cp.async.bulk.tensor.cta_group::2")
+
+    def handler(i: Instr) -> Step:
+        pred, smem, desc, bar, *rest = _operands(i, pattern, multicast)
+        coords, mask = (rest[:-1], rest[-1]) if multicast else (rest, None)
+        loc, site = i.loc, i.op.site(opcode)
+        return lambda fr: _pair_load(fr, pred, smem, desc, bar, coords, loc, site, mask, mapped)
+    return handler
 
 
-@ptx_text(PAIR_MULTICAST.pattern, "jax's multicast TMA load of a CTA pair (leader_tracked="
-          "REPLICATED): mapa of the mbarrier to CTA 0 + cp.async.bulk.tensor.Nd.shared::"
-          "cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster.cta_group::2: "
-          "the box into each CTA of the mask (ranks 0 and 1), all bytes completed on the "
-          "leader's mbarrier")
-def pair_multicast_load(i: Instr) -> Step:
-    pred, smem, desc, bar, *cs, mask = _operands(i, PAIR_MULTICAST, multicast=True)
-    loc, site = i.loc, i.op.site("cp.async.bulk.tensor.multicast.cta_group::2")
-    return lambda fr: _pair_load(fr, pred, smem, desc, bar, cs, loc, site, mask)
+pair_load = ptx_text(
+    PAIR_LOAD.pattern, "jax's TMA load of a CTA pair (leader_tracked): mapa of the mbarrier "
+    "to CTA 0 + cp.async.bulk.tensor.Nd.shared::cta.global.tile.mbarrier::complete_tx::bytes."
+    "cta_group::2: the box into the issuing block's SMEM, its bytes completed on the leader's "
+    "mbarrier")(_handler(PAIR_LOAD, multicast=False, mapped=False))
+pair_multicast_load = ptx_text(
+    PAIR_MULTICAST.pattern, "jax's multicast TMA load of a CTA pair (leader_tracked="
+    "REPLICATED): mapa of the mbarrier to CTA 0 + cp.async.bulk.tensor.Nd.shared::cluster."
+    "global.tile.mbarrier::complete_tx::bytes.multicast::cluster.cta_group::2: the box into "
+    "each CTA of the mask (ranks 0 and 1), all bytes completed on the leader's mbarrier")(
+    _handler(PAIR_MULTICAST, multicast=True, mapped=False))
+pair_load_mapped = ptx_text(
+    PAIR_LOAD_MAPPED.pattern, "jax 0.12's TMA load of a CTA pair (leader_tracked): "
+    "cp.async.bulk.tensor.Nd.shared::cta.global.tile.mbarrier::complete_tx::bytes.cta_group::2 "
+    "with the mbarrier mapped beforehand: the box into the issuing block's SMEM, its bytes "
+    "completed on the mbarrier the shared::cluster address names (a CTA of the pair of ranks "
+    "0 and 1)")(_handler(PAIR_LOAD_MAPPED, multicast=False, mapped=True))
+pair_multicast_load_mapped = ptx_text(
+    PAIR_MULTICAST_MAPPED.pattern, "jax 0.12's multicast TMA load of a CTA pair "
+    "(leader_tracked=REPLICATED): cp.async.bulk.tensor.Nd.shared::cluster.global.tile."
+    "mbarrier::complete_tx::bytes.multicast::cluster.cta_group::2 with the mbarrier mapped "
+    "beforehand: the box into each CTA of the mask (ranks 0 and 1), all bytes completed on "
+    "the mbarrier the shared::cluster address names")(
+    _handler(PAIR_MULTICAST_MAPPED, multicast=True, mapped=True))

@@ -381,8 +381,9 @@ CLUSTER_LAUNCH = """
   %c2 = arith.constant 2 : index
   %cgrid = arith.constant {blocks} : index
   %cthreads = arith.constant {threads} : index
+  %ccluster = arith.constant {cluster} : index
   %smem_bytes = arith.constant {smem} : i32
-  gpu.launch clusters(%cx, %cy, %cz) in (%ncx = %c2, %ncy = %c1, %ncz = %c1)
+  gpu.launch clusters(%cx, %cy, %cz) in (%ncx = %ccluster, %ncy = %c1, %ncz = %c1)
              blocks(%bx, %by, %bz) in (%gx = %cgrid, %gy = %c1, %gz = %c1)
              threads(%tx, %ty, %tz) in (%sx = %cthreads, %sy = %c1, %sz = %c1)
              dynamic_shared_memory_size %smem_bytes {{
@@ -402,9 +403,11 @@ CLUSTER_LAUNCH = """
   }}"""  # noqa: E501 -- MLIR text, one op a line
 
 
-def cluster_launch(body: str, blocks: int = 2, smem: int = 256, threads: int = 32) -> str:
-    """:data:`CLUSTER_LAUNCH` around ``body``."""
-    return CLUSTER_LAUNCH.format(blocks=blocks, smem=smem, body=body, threads=threads)
+def cluster_launch(body: str, blocks: int = 2, smem: int = 256, threads: int = 32,
+                   cluster: int = 2) -> str:
+    """:data:`CLUSTER_LAUNCH` around ``body`` (clusters of ``cluster`` blocks)."""
+    return CLUSTER_LAUNCH.format(blocks=blocks, smem=smem, body=body, threads=threads,
+                                 cluster=cluster)
 
 
 ARRIVE = ["barrier.cluster.arrive", "barrier.cluster.arrive.aligned",

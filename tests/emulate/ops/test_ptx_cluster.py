@@ -27,6 +27,16 @@ FENCE_ACQUIRE = "fence.proxy.async::generic.acquire.sync_restrict::shared::clust
 PAIR_LOAD = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_addr, $3, 0; "
              "@$0 cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
              ".cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr]; }")
+# jax 0.12's: the mbarrier mapped to CTA 0 beforehand (its own inline mapa)
+PAIR_LOAD_MAPPED = ("@$0 cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx"
+                    "::bytes.cta_group::2 [$1], [$2, {$4,$5}], [$3];")
+PAIR_MULTICAST_MAPPED = ("@$0 cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::"
+                         "complete_tx::bytes.multicast::cluster.cta_group::2 [$1], [$2, {$4,$5}], "
+                         "[$3], $6;")
+MAPA = "mapa.shared::cluster.u32 $0, $1, $2;"
+# the leader's mbarrier (%smem of CTA 0) as jax 0.12 maps it, in %barc
+MAPPED_BARRIER = (f'%barc = llvm.inline_asm "{MAPA}", "=r,r,r" %smem, %z '
+                  ': (!llvm.ptr<3>, i32) -> !llvm.ptr<7>')
 PAIR_MULTICAST = ("{ .reg .b32 mapped_addr; @$0 mapa.shared::cluster.u32 mapped_addr, $3, 0; "
                   "@$0 cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
                   "::bytes.multicast::cluster.cta_group::2 [$1], [$2, {$4,$5}], [mapped_addr], "
@@ -49,10 +59,17 @@ LEADER = """
     %issuer = arith.andi %first, %leader : i1"""
 
 
-def pair_load(row: str) -> str:
+def pair_load(row: str, mapped: bool = False) -> str:
     """The leader's mbarrier expecting the pair's 256 bytes, a cluster
     barrier, then each CTA's TMA load of its (4, 8) box at (``row``, 8) into
-    SMEM byte 128 (``%tile``), on the leader's barrier (``%bar``)."""
+    SMEM byte 128 (``%tile``), on the leader's barrier (``%bar``, its
+    offset; ``mapped``: as jax 0.12 emits it, ``%barc``, its shared::cluster
+    address)."""
+    load = side(PAIR_LOAD_MAPPED, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
+                ("%desc", "!llvm.ptr"), ("%barc", "!llvm.ptr<7>"), ("%col", "i32"),
+                (row, "i32")) if mapped else \
+        side(PAIR_LOAD, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
+             ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), (row, "i32"))
     return f"""
       %nbytes = llvm.mlir.constant(256 : i32) : i32
       %col = llvm.mlir.constant(8 : i32) : i32
@@ -64,8 +81,8 @@ def pair_load(row: str) -> str:
             ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
       {side("barrier.cluster.arrive.release.aligned;")}
       {side("barrier.cluster.wait.acquire.aligned;")}
-      {side(PAIR_LOAD, "b,l,l,r,r,r", ("%first", "i1"), ("%tile", "!llvm.ptr<3>"),
-            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), (row, "i32"))}"""
+      {MAPPED_BARRIER}
+      {load}"""
 
 
 ONE_BLOCK_AN_SM = 120 * 1024  # dynamic SMEM for which an SM holds one block
@@ -147,50 +164,75 @@ def test_with_no_cluster_left_the_response_says_not_canceled():
     assert got.tolist() == [[0, 0, 0, 0]] * 2
 
 
-@covers(form(PAIR_LOAD))
+@covers(form(PAIR_LOAD), form(PAIR_LOAD_MAPPED), form(MAPA))
 def test_a_cta_pair_loads_its_boxes_on_the_leaders_barrier():
     """Each CTA of a pair loads its (4, 8) box (rows 4 rank on, columns 8 on)
     into its own SMEM, both completing on the leader's mbarrier, which
     expects the pair's 256 bytes; the leader waits, then a cluster barrier,
-    and each thread reads its word: the pair holds rows 0-7 of the tensor."""
+    and each thread reads its word: the pair holds rows 0-7 of the tensor.
+    In jax 0.11.2's form and in 0.12's (the barrier mapped beforehand)."""
     x = (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) - 40) * 0.5
     x[0, 8:11] = [np.inf, -0.0, np.nan]
-    body = f"""
+    for mapped in (False, True):
+        body = f"""
       %c4 = llvm.mlir.constant(4 : i32) : i32
-      %row = llvm.mul %rank, %c4 : i32{pair_load("%row")}
+      %row = llvm.mul %rank, %c4 : i32{pair_load("%row", mapped)}
       scf.if %leader {{
         nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
       }}
       {side("barrier.cluster.arrive.release.aligned;")}
       {side("barrier.cluster.wait.acquire.aligned;")}
 {READ_BACK}"""
-    got = run(init_tma_desc() + cluster_launch(LEADER + body, smem=512),
-              {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
-              host=True, prelude=INIT, sanitize=True)
-    assert_same_bits(got["out"], x[0:8, 8:16].reshape(-1))
+        got = run(init_tma_desc() + cluster_launch(LEADER + body, smem=512),
+                  {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
+                  host=True, prelude=INIT, sanitize=True)
+        assert_same_bits(got["out"], x[0:8, 8:16].reshape(-1))
 
 
-@covers(form(PAIR_LOAD))
+@covers(form(PAIR_LOAD), form(PAIR_LOAD_MAPPED))
 def test_a_pair_load_without_the_leaders_wait_races():
     from smalti.emulate.sync.reports import RaceError
 
     x = np.zeros((8, 16), np.float32)
-    body = f"""{pair_load("%z")}
+    for mapped in (False, True):
+        body = f"""{pair_load("%z", mapped)}
       %mine = llvm.getelementptr %tile[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, f32
       %v = llvm.load %mine : !llvm.ptr<3> -> f32
       scf.if %leader {{
         nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
       }}"""
-    with pytest.raises(RaceError, match="read-after-write"):
-        run(init_tma_desc() + cluster_launch(LEADER + body, smem=512), tma_inputs(x, (4, 8)),
-            host=True, prelude=INIT, sanitize=True)
+        with pytest.raises(RaceError, match="read-after-write"):
+            run(init_tma_desc() + cluster_launch(LEADER + body, smem=512), tma_inputs(x, (4, 8)),
+                host=True, prelude=INIT, sanitize=True)
 
 
-def pair_multicast(mask: int, leader_waits: bool) -> str:
+def test_a_pair_load_tracked_beyond_the_first_pair_is_unsupported():
+    """jax 0.12's form names the tracking mbarrier by its shared::cluster
+    address: one in CTA rank 2 (outside the pair of ranks 0 and 1) is
+    refused."""
+    from smalti.emulate.errors import Unsupported
+
+    body = pair_load("%z", mapped=True).replace(
+        '%smem, %z : (!llvm.ptr<3>, i32)', '%smem, %two : (!llvm.ptr<3>, i32)')
+    body = "\n      %two = llvm.mlir.constant(2 : i32) : i32" + body
+    with pytest.raises(Unsupported, match="mbarrier of CTA rank 2"):
+        run(init_tma_desc() + cluster_launch(LEADER + body, smem=512, cluster=4, blocks=4),
+            tma_inputs(np.zeros((8, 16), np.float32), (4, 8)), host=True, prelude=INIT,
+            sanitize=True)
+
+
+def pair_multicast(mask: int, leader_waits: bool, mapped: bool = False) -> str:
     """The leader's mbarrier expecting 256 bytes; the leader thread alone
     multicasts the (4, 8) box at (0, 8) into SMEM byte 128 of the CTAs in
-    ``mask``, on its own barrier; the leader waits (or not); a cluster
-    barrier; each thread reads its word to out[rank * 32 + t]."""
+    ``mask``, on its own barrier (``mapped``: as jax 0.12 names it); the
+    leader waits (or not); a cluster barrier; each thread reads its word to
+    out[rank * 32 + t]."""
+    copy = side(PAIR_MULTICAST_MAPPED, "b,l,l,r,r,r,h", ("%issuer", "i1"),
+                ("%tile", "!llvm.ptr<3>"), ("%desc", "!llvm.ptr"), ("%barc", "!llvm.ptr<7>"),
+                ("%col", "i32"), ("%z", "i32"), ("%mask", "i16")) if mapped else \
+        side(PAIR_MULTICAST, "b,l,l,r,r,r,h", ("%issuer", "i1"), ("%tile", "!llvm.ptr<3>"),
+             ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), ("%z", "i32"),
+             ("%mask", "i16"))
     wait = """scf.if %leader {
         nvvm.mbarrier.try_wait.parity %smem, %z, %z : !llvm.ptr<3>, i32, i32
       }""" if leader_waits else ""
@@ -206,47 +248,50 @@ def pair_multicast(mask: int, leader_waits: bool) -> str:
             ("%smem", "!llvm.ptr<3>"), ("%nbytes", "i32"), ("%issuer", "i1"))}
       {side("barrier.cluster.arrive.release.aligned;")}
       {side("barrier.cluster.wait.acquire.aligned;")}
-      {side(PAIR_MULTICAST, "b,l,l,r,r,r,h", ("%issuer", "i1"), ("%tile", "!llvm.ptr<3>"),
-            ("%desc", "!llvm.ptr"), ("%bar", "i32"), ("%col", "i32"), ("%z", "i32"),
-            ("%mask", "i16"))}
+      {MAPPED_BARRIER}
+      {copy}
       {wait}
       {side("barrier.cluster.arrive.release.aligned;")}
       {side("barrier.cluster.wait.acquire.aligned;")}
 {READ_BACK}"""
 
 
-def _multicast(x: np.ndarray, mask: int, leader_waits: bool = True) -> np.ndarray:
-    got = run(init_tma_desc() + cluster_launch(LEADER + pair_multicast(mask, leader_waits),
-                                               smem=512),
+def _multicast(x: np.ndarray, mask: int, leader_waits: bool = True,
+               mapped: bool = False) -> np.ndarray:
+    got = run(init_tma_desc() + cluster_launch(LEADER + pair_multicast(mask, leader_waits,
+                                                                       mapped), smem=512),
               {**tma_inputs(x, (4, 8)), "out": ("memref<64xf32>", np.zeros(64, np.float32))},
               host=True, prelude=INIT, sanitize=True)
     return got["out"]
 
 
-@covers(form(PAIR_MULTICAST))
+@covers(form(PAIR_MULTICAST), form(PAIR_MULTICAST_MAPPED))
 def test_a_pair_multicast_lands_in_both_ctas_on_the_leaders_barrier():
     """jax's leader_tracked=REPLICATED copy: one (4, 8) box, multicast to
     both CTAs of the pair (mask 0b11), 2 x 128 bytes completing the leader's
     barrier; after the leader's wait and a cluster barrier both CTAs hold
-    it."""
+    it. In jax 0.11.2's form and in 0.12's."""
     x = (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) - 40) * 0.5
     x[1, 8:11] = [np.inf, -0.0, np.nan]
     box = x[0:4, 8:16].reshape(-1)
-    assert_same_bits(_multicast(x, 0b11), np.concatenate([box, box]))
+    for mapped in (False, True):
+        assert_same_bits(_multicast(x, 0b11, mapped=mapped), np.concatenate([box, box]))
 
 
-@covers(form(PAIR_MULTICAST))
+@covers(form(PAIR_MULTICAST), form(PAIR_MULTICAST_MAPPED))
 def test_a_pair_multicast_read_without_the_leaders_wait_races_in_the_peer():
     from smalti.emulate.sync.reports import RaceError
 
-    with pytest.raises(RaceError, match="read-after-write") as e:
-        _multicast(np.zeros((8, 16), np.float32), 0b11, leader_waits=False)
-    assert "TMA load issued by block (0, 0, 0)" in str(e.value)
+    for mapped in (False, True):
+        with pytest.raises(RaceError, match="read-after-write") as e:
+            _multicast(np.zeros((8, 16), np.float32), 0b11, leader_waits=False, mapped=mapped)
+        assert "TMA load issued by block (0, 0, 0)" in str(e.value)
 
 
-@covers(form(PAIR_MULTICAST))
+@covers(form(PAIR_MULTICAST), form(PAIR_MULTICAST_MAPPED))
 def test_a_pair_multicast_beyond_the_first_pair_is_unsupported():
     from smalti.emulate.errors import Unsupported
 
-    with pytest.raises(Unsupported, match="CTA mask 0x0004"):
-        _multicast(np.zeros((8, 16), np.float32), 0b100)
+    for mapped in (False, True):
+        with pytest.raises(Unsupported, match="CTA mask 0x0004"):
+            _multicast(np.zeros((8, 16), np.float32), 0b100, mapped=mapped)
