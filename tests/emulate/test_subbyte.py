@@ -160,6 +160,6 @@ def test_a_tma_copy_of_packed_int4(swizzle):
     x = np.random.default_rng(4).integers(-8, 8, (128, 2 * cols)).astype(jnp.int4)
     f = lane_kernel(kernel, [jax.ShapeDtypeStruct(x.shape, jnp.int4)],
                     [jax.ShapeDtypeStruct((64, cols), jnp.int4)],
-                    (jax.ShapeDtypeStruct((64, cols), jnp.int4), mgpu.TMABarrier(1)))
+                    (jax.ShapeDtypeStruct((64, cols), jnp.int4), mgpu.Barrier(1)))
     (y,) = emu.run(f, x)
     np.testing.assert_array_equal(y, x[64:, cols:])

@@ -734,7 +734,7 @@ def block_scaled_kernel(m, n, k, in_dtype, scale_dtype, block, swizzle, lhs_tmem
             jax.ShapeDtypeStruct((1,) + sa_shape[1:], scale_dtype),
             jax.ShapeDtypeStruct(sb_shape, scale_dtype),
             jax.ShapeDtypeStruct(meta_shape, jnp.uint2) if sparse else None,
-            mgpu.TMABarrier(5 if sparse else 4), mgpu.Barrier(1),
+            mgpu.Barrier(1, 5 if sparse else 4), mgpu.Barrier(1),
             mgpu.ClusterBarrier(collective_dims=(gpu.Dimension.x,)) if collective else None,
             mgpu.TMEM((mc, n), jnp.float32, collective=collective),
             mgpu.TMEM((max(mc, 128), k // block), scale_dtype, layout=jtc.scales_layout(),
@@ -895,7 +895,7 @@ def sparse_kernel(m, n, k, dtype, swizzle, lhs_tmem=False):
             jax.ShapeDtypeStruct((m // 8, k // 2 // width, 8, width), dtype),
             jax.ShapeDtypeStruct((k // 8, n // width, 8, width), dtype),
             jax.ShapeDtypeStruct(meta_shape, jnp.uint2),
-            mgpu.TMABarrier(3), mgpu.Barrier(1),
+            mgpu.Barrier(1, 3), mgpu.Barrier(1),
             mgpu.TMEM((m, n), acc_type),
             mgpu.TMEM((m, k // 2), jnp.uint2, layout=jtc.sparse_meta_layout()),
             mgpu.TMEM((m, k // 2), dtype, packing=4 // np.dtype(dtype).itemsize)

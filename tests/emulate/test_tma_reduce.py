@@ -40,7 +40,7 @@ def _reduce_kernel(shape, dtype, op, blocks=1):
     sds = jax.ShapeDtypeStruct(shape, dtype)
     with mlir.make_ir_context(), ir.Location.unknown():
         return mgpu.as_gpu_kernel(body, (blocks, 1, 1), (128, 1, 1), (sds,), (),
-                                  (sds, mgpu.TMABarrier(1)), inout_shape=(sds,))
+                                  (sds, mgpu.Barrier(1)), inout_shape=(sds,))
 
 
 def _values(shape, dtype, seed):
@@ -89,6 +89,6 @@ def test_a_tma_prefetch_then_copy(dtype, shape):
     x = _values(shape, dtype, 4)
     sds = jax.ShapeDtypeStruct(shape, dtype)
     with mlir.make_ir_context(), ir.Location.unknown():
-        f = mgpu.as_gpu_kernel(body, (1, 1, 1), (128, 1, 1), sds, sds, (sds, mgpu.TMABarrier()))
+        f = mgpu.as_gpu_kernel(body, (1, 1, 1), (128, 1, 1), sds, sds, (sds, mgpu.Barrier(1)))
     (y,) = emu.run(f, x)
     np.testing.assert_array_equal(y, x)
