@@ -104,7 +104,9 @@ def test_a_slot_freed_before_the_store_read_it_is_a_race_between_the_warps():
     report = str(raised.value)
     assert "write-after-read" in report
     assert "warpgroup" not in report or "warp 0" in report
-    assert "warp 0: cp.async.bulk.tensor (TMA load)" in report  # the producer's load...
+    # the producer's load (jax 0.11.2's nvvm op, named "cp.async.bulk.tensor (TMA
+    # load)"; 0.12's inline PTX, by its instruction)...
+    assert "TMA load issued by block (0, 0, 0) warpgroup 0 warp 0: cp.async.bulk.tensor" in report
     assert "warp 1: cp.async.bulk" in report  # ...against the consumer's store
     assert "test_warp_tasks.py" in report
 
