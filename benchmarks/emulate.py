@@ -36,7 +36,10 @@ timed apart. jax's figures are calls of a ``jax.jit`` function after a first
 call of the same (in the same mode), which traced, lowered and compiled it:
 the timed calls only interpret the kernel. With ``--repeat N`` each figure
 is the fastest of N calls, (1) and (2) taken in turns, each first in every
-other turn, and likewise (3) and (4). Where a run fails, its short error
+other turn, and likewise (3) and (4). Every timed run, the lowering
+included, runs with Python's cyclic garbage collector off, as ``timeit``
+times (a collection of the whole heap, about 0.1 s, would otherwise land
+on whichever run crosses its threshold). Where a run fails, its short error
 stands in place of the figure (``jax: ...`` for jax's interpret mode,
 ``emu: ...`` for the emulator); where jax's race detector reports a race, its
 figure is marked ``!``. An emulator without the ``sanitize=`` keyword (before
@@ -69,6 +72,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import inspect
 import io
 import logging
@@ -621,6 +625,21 @@ def warm_up() -> None:
 Figure = float | str | BaseException
 
 
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """A timed run without the cyclic garbage collector, as ``timeit`` times:
+    a full collection of this process's heap (jax's objects and the lowered
+    modules: about 0.1 s) would land on whichever run crosses its threshold,
+    not on the run that made the garbage."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def fastest(runs: list[Callable[[], Any]], repeat: int) -> list[Figure]:
     """Calls each of ``runs`` ``repeat`` times, in turns (each first in every
     other turn); returns each one's fastest time, or its first error."""
@@ -632,7 +651,8 @@ def fastest(runs: list[Callable[[], Any]], repeat: int) -> list[Figure]:
                 continue
             t0 = time.perf_counter()
             try:
-                runs[i]()
+                with no_collection():
+                    runs[i]()
             except Exception as e:  # noqa: BLE001 (shown in place of the figure)
                 best[i] = e
                 continue
@@ -670,7 +690,8 @@ def lowered_row(case: Case) -> tuple[Row, Any]:
     row = Row(case.name)
     t0 = time.perf_counter()
     try:
-        launches = case.lower()
+        with no_collection():
+            launches = case.lower()
     except Exception as e:  # noqa: BLE001
         row.lower_s = e
         return row, None
