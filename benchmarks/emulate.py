@@ -72,7 +72,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import gc
 import inspect
 import io
 import logging
@@ -93,6 +92,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import smalti.emulate as smalti_emulate
+from benchmarks.run import collection_paused  # a full collection (~0.1 s) lands on any run
 from smalti.emulate import lower, run_module
 from smalti.emulate.capture import gpu_facts, lower_for_cuda
 
@@ -625,21 +625,6 @@ def warm_up() -> None:
 Figure = float | str | BaseException
 
 
-@contextlib.contextmanager
-def no_collection() -> Iterator[None]:
-    """A timed run without the cyclic garbage collector, as ``timeit`` times:
-    a full collection of this process's heap (jax's objects and the lowered
-    modules: about 0.1 s) would land on whichever run crosses its threshold,
-    not on the run that made the garbage."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def fastest(runs: list[Callable[[], Any]], repeat: int) -> list[Figure]:
     """Calls each of ``runs`` ``repeat`` times, in turns (each first in every
     other turn); returns each one's fastest time, or its first error."""
@@ -651,7 +636,7 @@ def fastest(runs: list[Callable[[], Any]], repeat: int) -> list[Figure]:
                 continue
             t0 = time.perf_counter()
             try:
-                with no_collection():
+                with collection_paused():
                     runs[i]()
             except Exception as e:  # noqa: BLE001 (shown in place of the figure)
                 best[i] = e
@@ -690,7 +675,7 @@ def lowered_row(case: Case) -> tuple[Row, Any]:
     row = Row(case.name)
     t0 = time.perf_counter()
     try:
-        with no_collection():
+        with collection_paused():
             launches = case.lower()
     except Exception as e:  # noqa: BLE001
         row.lower_s = e

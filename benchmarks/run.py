@@ -455,12 +455,9 @@ def _timing(module: object, names: tuple[str, ...], times: dict[str, list[float]
 
 
 @contextlib.contextmanager
-def collector_kept_out() -> Iterator[None]:
-    """The garbage left by earlier runs collected first, and no collection
-    during the run: where one falls decides a run's time more than either
-    compiler's work does (measured on attention's lowering: jax's fastest
-    runs were those that no collection hit)."""
-    gc.collect()
+def collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection during the run, as ``timeit`` times (the
+    collector's previous state restored after)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -468,6 +465,17 @@ def collector_kept_out() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def collector_kept_out() -> Iterator[None]:
+    """The garbage left by earlier runs collected first, and no collection
+    during the run: where one falls decides a run's time more than either
+    compiler's work does (measured on attention's lowering: jax's fastest
+    runs were those that no collection hit)."""
+    gc.collect()
+    with collection_paused():
+        yield
 
 
 @contextlib.contextmanager

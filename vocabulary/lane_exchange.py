@@ -206,7 +206,7 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
     partners = lanes.xor_partners(cols, mask)
     # a 16-bit float word whose partners keep their half of the register:
     # both halves at once (packed min/max)
-    packed = float_word and _bits(elements[0]) == 16 and not mask & 1
+    packed = float_word and isinstance(elements[0], (ir.BF16Type, ir.F16Type)) and not mask & 1
     rows = [np.moveaxis(v.registers, 1, -1) for v in values]  # row groups x registers
     outs = [np.empty_like(r) for r in rows]
     for group in np.ndindex(rows[0].shape[:-1]):
@@ -274,10 +274,6 @@ def _exchange_registers(values: tuple[fa.FragmentedArray, ...], mask: int, half:
                     ir.VectorType.get((2,), elements[i]), kept[i])
     return tuple(fa.FragmentedArray(_registers=np.moveaxis(o, -1, 1), _layout=v.layout,
                                     _is_signed=v.is_signed) for o, v in zip(outs, values))
-
-
-def _bits(t: ir.Type) -> int:
-    return 16 if isinstance(t, (ir.BF16Type, ir.F16Type)) else 32
 
 
 def _packed_stage(quad: lanes.Quad, registers: list[ir.Value], words: list[ir.Value], j: int,

@@ -46,24 +46,26 @@ from ..memory import split_cluster_address
 from .inline_asm import Instr, ptx_text
 from .nvvm import effective, per_thread, tma_load_check
 
+# named groups: ``reg`` (the mapa block's register), ``rank``, ``coords``, ``mask``
 PAIR_LOAD = re.compile(
-    r"\{ \.reg \.b32 (\w+); @\$0 mapa\.shared::cluster\.u32 \1, \$3, 0; "
-    r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cta\.global\.tile\."
-    r"mbarrier::complete_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{([$\d,]*)\}\], \[\1\]; \}")
+    r"\{ \.reg \.b32 (?P<reg>\w+); @\$0 mapa\.shared::cluster\.u32 (?P=reg), \$3, 0; "
+    r"@\$0 cp\.async\.bulk\.tensor\.(?P<rank>[1-5])d\.shared::cta\.global\.tile\."
+    r"mbarrier::complete_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{(?P<coords>[$\d,]*)\}\], "
+    r"\[(?P=reg)\]; \}")
 PAIR_MULTICAST = re.compile(
-    r"\{ \.reg \.b32 (\w+); @\$0 mapa\.shared::cluster\.u32 \1, \$3, 0; "
-    r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cluster\.global\.tile\."
+    r"\{ \.reg \.b32 (?P<reg>\w+); @\$0 mapa\.shared::cluster\.u32 (?P=reg), \$3, 0; "
+    r"@\$0 cp\.async\.bulk\.tensor\.(?P<rank>[1-5])d\.shared::cluster\.global\.tile\."
     r"mbarrier::complete_tx::bytes\.multicast::cluster\.cta_group::2 "
-    r"\[\$1\], \[\$2, \{([$\d,]*)\}\], \[\1\], \$(\d+); \}")
+    r"\[\$1\], \[\$2, \{(?P<coords>[$\d,]*)\}\], \[(?P=reg)\], \$(?P<mask>\d+); \}")
 #: jax 0.12's forms: the mbarrier ($3) already a shared::cluster address
 PAIR_LOAD_MAPPED = re.compile(
-    r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cta\.global\.tile\."
-    r"mbarrier::complete_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{([$\d,]*)\}\], "
+    r"@\$0 cp\.async\.bulk\.tensor\.(?P<rank>[1-5])d\.shared::cta\.global\.tile\."
+    r"mbarrier::complete_tx::bytes\.cta_group::2 \[\$1\], \[\$2, \{(?P<coords>[$\d,]*)\}\], "
     r"\[\$3\];")
 PAIR_MULTICAST_MAPPED = re.compile(
-    r"@\$0 cp\.async\.bulk\.tensor\.([1-5])d\.shared::cluster\.global\.tile\."
+    r"@\$0 cp\.async\.bulk\.tensor\.(?P<rank>[1-5])d\.shared::cluster\.global\.tile\."
     r"mbarrier::complete_tx::bytes\.multicast::cluster\.cta_group::2 "
-    r"\[\$1\], \[\$2, \{([$\d,]*)\}\], \[\$3\], \$(\d+);")
+    r"\[\$1\], \[\$2, \{(?P<coords>[$\d,]*)\}\], \[\$3\], \$(?P<mask>\d+);")
 
 
 def _pair_load(fr: Frame, pred: int, smem: int, desc: int, bar: int, coords: list[int],
@@ -113,29 +115,30 @@ def _pair_destinations(b, mask: int, where: str) -> list:
     return [b.peer(k, where) for k in ranks]
 
 
-def _operands(i: Instr, pattern: re.Pattern, multicast: bool) -> list[int]:
+def _operands(i: Instr, pattern: re.Pattern) -> list[int]:
     """The slots of jax's operands, in its order (predicate, SMEM, descriptor,
     barrier, coordinates, and the CTA mask of the multicast form)."""
     m = pattern.fullmatch(" ".join(i.text.split()))
     assert m is not None  # the table matched it
-    # the mapa block's groups: (its register,) rank, coordinates[, mask]
-    rank_, coords_, *mask_ = m.groups()[1:] if pattern in (PAIR_LOAD, PAIR_MULTICAST) \
-        else m.groups()
-    rank = int(rank_)
-    coords = [c.strip() for c in coords_.split(",")]
+    rank = int(m["rank"])
+    multicast = m.groupdict().get("mask") is not None
+    coords = [c.strip() for c in m["coords"].split(",")]
     if coords != [f"${4 + k}" for k in range(rank)] or i.results \
-            or len(i.ins) != 4 + rank + multicast or (multicast and int(mask_[0]) != 4 + rank):
+            or len(i.ins) != 4 + rank + multicast or (multicast and int(m["mask"]) != 4 + rank):
         raise i.unknown
     return list(i.ins)
 
 
-def _handler(pattern: re.Pattern, multicast: bool, mapped: bool):
-    """The table handler of one of jax's pair-load forms."""
+def _handler(pattern: re.Pattern):
+    """The table handler of one of jax's pair-load forms (multicast where it
+    has a CTA mask; its mbarrier mapped beforehand where no mapa block maps it)."""
+    multicast = "mask" in pattern.groupindex
+    mapped = "reg" not in pattern.groupindex
     opcode = ("cp.async.bulk.tensor.multicast.cta_group::2" if multicast
               else "cp.async.bulk.tensor.cta_group::2")
 
     def handler(i: Instr) -> Step:
-        pred, smem, desc, bar, *rest = _operands(i, pattern, multicast)
+        pred, smem, desc, bar, *rest = _operands(i, pattern)
         coords, mask = (rest[:-1], rest[-1]) if multicast else (rest, None)
         loc, site = i.loc, i.op.site(opcode)
         return lambda fr: _pair_load(fr, pred, smem, desc, bar, coords, loc, site, mask, mapped)
@@ -146,23 +149,23 @@ pair_load = ptx_text(
     PAIR_LOAD.pattern, "jax's TMA load of a CTA pair (leader_tracked): mapa of the mbarrier "
     "to CTA 0 + cp.async.bulk.tensor.Nd.shared::cta.global.tile.mbarrier::complete_tx::bytes."
     "cta_group::2: the box into the issuing block's SMEM, its bytes completed on the leader's "
-    "mbarrier")(_handler(PAIR_LOAD, multicast=False, mapped=False))
+    "mbarrier")(_handler(PAIR_LOAD))
 pair_multicast_load = ptx_text(
     PAIR_MULTICAST.pattern, "jax's multicast TMA load of a CTA pair (leader_tracked="
     "REPLICATED): mapa of the mbarrier to CTA 0 + cp.async.bulk.tensor.Nd.shared::cluster."
     "global.tile.mbarrier::complete_tx::bytes.multicast::cluster.cta_group::2: the box into "
     "each CTA of the mask (ranks 0 and 1), all bytes completed on the leader's mbarrier")(
-    _handler(PAIR_MULTICAST, multicast=True, mapped=False))
+    _handler(PAIR_MULTICAST))
 pair_load_mapped = ptx_text(
     PAIR_LOAD_MAPPED.pattern, "jax 0.12's TMA load of a CTA pair (leader_tracked): "
     "cp.async.bulk.tensor.Nd.shared::cta.global.tile.mbarrier::complete_tx::bytes.cta_group::2 "
     "with the mbarrier mapped beforehand: the box into the issuing block's SMEM, its bytes "
     "completed on the mbarrier the shared::cluster address names (a CTA of the pair of ranks "
-    "0 and 1)")(_handler(PAIR_LOAD_MAPPED, multicast=False, mapped=True))
+    "0 and 1)")(_handler(PAIR_LOAD_MAPPED))
 pair_multicast_load_mapped = ptx_text(
     PAIR_MULTICAST_MAPPED.pattern, "jax 0.12's multicast TMA load of a CTA pair "
     "(leader_tracked=REPLICATED): cp.async.bulk.tensor.Nd.shared::cluster.global.tile."
     "mbarrier::complete_tx::bytes.multicast::cluster.cta_group::2 with the mbarrier mapped "
     "beforehand: the box into each CTA of the mask (ranks 0 and 1), all bytes completed on "
     "the mbarrier the shared::cluster address names")(
-    _handler(PAIR_MULTICAST_MAPPED, multicast=True, mapped=True))
+    _handler(PAIR_MULTICAST_MAPPED))

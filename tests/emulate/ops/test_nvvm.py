@@ -241,32 +241,10 @@ def test_named_and_block_barriers():
           }""", threads=T)
 
 
-@covers("nvvm.mapa", "llvm.store", "llvm.load")
-def test_mapa_to_the_own_rank_reaches_the_own_smem():
-    got = run("""
-      %r = nvvm.read.ptx.sreg.cluster.ctarank : i32
-      %q = nvvm.mapa %s, %r : !llvm.ptr<3> -> !llvm.ptr<7>
-      %v = llvm.mlir.constant(-5 : i32) : i32
-      llvm.store %v, %q : i32, !llvm.ptr<7>
-      %back = llvm.load %s : !llvm.ptr<3> -> i32""",
-              {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, {"back": "i32"},
-              cluster=(2, 1, 1), grid=(2, 1, 1), rank=0)
-    assert np.all(got["back"] == -5)
-    with pytest.raises(EmulationError, match="mapa to CTA rank 2 in a cluster of 2"):
-        run("""
-          %r = llvm.mlir.constant(2 : i32) : i32
-          %q = nvvm.mapa %s, %r : !llvm.ptr<3> -> !llvm.ptr<7>""",
-            {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, cluster=(2, 1, 1), grid=(2, 1, 1))
-
-
-@covers("mapa.shared::cluster.u32", "nvvm.read.ptx.sreg.cluster.ctarank", "llvm.store")
-def test_mapa_as_inline_ptx_reaches_the_ranks_smem():
-    """jax 0.12's form of ``nvvm.mapa`` (``mapa.shared::cluster.u32 $0, $1,
-    $2;``) maps as nvvm.mapa does: a store through the shared::cluster
-    address of the block's own rank lands in its SMEM (a peer's, in
-    test_cluster.py's kernel); a rank outside the cluster is refused."""
-    mapa = ('llvm.inline_asm "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r" %s, %r '
-            ': (!llvm.ptr<3>, i32) -> !llvm.ptr<7>')
+def _mapa_reaches_the_ranks_smem(mapa: str, rank: int) -> None:
+    """``mapa`` (the op line defining ``%q`` from ``%s`` and ``%r``): a store
+    through the shared::cluster address of the block's own rank lands in its
+    SMEM; a rank outside the cluster of 2 is refused."""
     got = run(f"""
       %r = nvvm.read.ptx.sreg.cluster.ctarank : i32
       %q = {mapa}
@@ -274,13 +252,27 @@ def test_mapa_as_inline_ptx_reaches_the_ranks_smem():
       llvm.store %v, %q : i32, !llvm.ptr<7>
       %back = llvm.load %s : !llvm.ptr<3> -> i32""",
               {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, {"back": "i32"},
-              cluster=(2, 1, 1), grid=(2, 1, 1), rank=1)
+              cluster=(2, 1, 1), grid=(2, 1, 1), rank=rank)
     assert np.all(got["back"] == -5)
     with pytest.raises(EmulationError, match="mapa to CTA rank 2 in a cluster of 2"):
         run(f"""
           %r = llvm.mlir.constant(2 : i32) : i32
           %q = {mapa}""",
             {"s": ("!llvm.ptr<3>", np.zeros(1, np.int32))}, cluster=(2, 1, 1), grid=(2, 1, 1))
+
+
+@covers("nvvm.mapa", "llvm.store", "llvm.load")
+def test_mapa_to_the_own_rank_reaches_the_own_smem():
+    _mapa_reaches_the_ranks_smem("nvvm.mapa %s, %r : !llvm.ptr<3> -> !llvm.ptr<7>", rank=0)
+
+
+@covers("mapa.shared::cluster.u32", "nvvm.read.ptx.sreg.cluster.ctarank", "llvm.store")
+def test_mapa_as_inline_ptx_reaches_the_ranks_smem():
+    """jax 0.12's form of ``nvvm.mapa`` (``mapa.shared::cluster.u32 $0, $1,
+    $2;``) maps as nvvm.mapa does (a peer's SMEM in test_cluster.py's kernel)."""
+    _mapa_reaches_the_ranks_smem(
+        'llvm.inline_asm "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r" %s, %r '
+        ': (!llvm.ptr<3>, i32) -> !llvm.ptr<7>', rank=1)
 
 
 BAR = {"b": ("!llvm.ptr<3>", np.zeros(1, np.int64))}
