@@ -124,6 +124,7 @@ PRIMITIVES: dict[str, str] = {
     "smalti.vocabulary.lanes:permute_p": "lanes:lower",
     "smalti.vocabulary.lane_exchange:exchange_p": "lane_exchange:lower",
     "smalti.vocabulary.lanes:iota_p": "lanes:lower_iota",
+    "smalti.vocabulary.fixed_point:truncate_p": "fixed_point:lower",
     "smalti.vocabulary.rows:row_permute_p": "rows:lower",
     "smalti.vocabulary.lane_scan:lane_scan_p": "lane_scan:lower",
     "smalti.vocabulary.lines:line_p": "lines:lower",

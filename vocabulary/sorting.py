@@ -30,11 +30,15 @@ Words (what makes the order exactly lax's):
   ``take``; so do
   a 32-bit integer key and its index where the block's keys span less
   than ``2**31 / P`` (ids, labels, bucketed values: one block-wide minimum
-  and maximum decide at run time) as ``(key - min) * P + index``; a
-  float32 key in registers is compared alone, the index riding along,
-  where the block has no zero, subnormal or NaN and no two equal keys in a
-  line (tested before and after the network; the two-word network
-  otherwise);
+  and maximum decide at run time) as ``(key - min) * P + index``. Along
+  an axis in registers a float32 key, and an integer key of a wider
+  span, share one word with the index *quantized*: ``q * P + index``,
+  ``q`` the block in fixed point (scaled by a power of two from its
+  largest magnitude) or the keys' offsets shifted right. That word sorts
+  by key but among equal ``q``: where sorted neighbours share ``q``, the
+  exact keys are read at the sorted indices and those runs sorted
+  (:func:`_repair`), and the two-word network takes blocks the repair
+  cannot finish;
 - a single operand sorted on its own needs no index word where equal keys
   are equal values (integers, and float32 blocks without zeros, subnormals
   and NaNs: one block-wide minimum screens for them at run time, a scalar
@@ -104,7 +108,7 @@ from jax._src.interpreters import mlir
 from jax._src.lax import lax as lax_internal
 from jax._src.lib.mlir import ir
 
-from smalti.vocabulary import block_gather, lane_exchange, lanes, smem_transpose
+from smalti.vocabulary import block_gather, fixed_point, lane_exchange, lanes, smem_transpose
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -593,9 +597,9 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: fro
     the block's keys span less than ``2**31 / P`` (``P``: the padded length;
     a block-wide minimum and maximum, tested at run time alike in every
     thread), :func:`_sort_offset_keys` moves one word through the network;
-    a wider span compares the key alone with the index riding along
-    (:func:`_key_alone`) where the axis runs in registers on relabelled
-    positions, and takes the key and the index as two words otherwise."""
+    a wider span quantizes the offsets (:func:`_sort_by_span`) where the
+    axis runs in registers on relabelled positions, and takes the key and
+    the index as two words otherwise (and where the quantized sort fails)."""
     key = total_order_key(operands[0])
     lo, hi = jnp.min(key), jnp.max(key)
     span = hi - lo  # int32: negative where it wraps, a span of 2**31 or more
@@ -604,8 +608,10 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: fro
     exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
     wide: Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]] = exact
     if p == n and _relabelled_along(tuple(key.shape), dimension):
-        dtype = operands[0].dtype
-        wide = _key_alone(key, lambda k: from_total_order_key(k, dtype), dimension, skip, exact)
+        def wide(*ops: jnp.ndarray) -> tuple[list[jnp.ndarray], jnp.ndarray]:
+            out, index, failed = _sort_by_span(key, lo, span, *ops, dimension=dimension,
+                                               skip=skip)
+            return lax.cond(failed, exact, lambda *_: (out, index), *ops)
     return lax.cond((span >= 0) & (span < 2 ** 31 // p),
                     partial(_sort_offset_keys, key, lo, dimension=dimension, skip=skip),
                     wide, *operands)
@@ -619,50 +625,209 @@ def _relabelled_along(shape: tuple[int, ...], axis: int) -> bool:
 def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: frozenset[int]
                   ) -> tuple[list[jnp.ndarray], jnp.ndarray]:
     """lax.sort of several operands on the first, a float32 block sorted
-    along an axis that runs in registers on relabelled positions: where
-    the block has no zero, subnormal or NaN (:func:`_has_zero_subnormal_or_nan`,
-    before the network), the float word is compared alone
-    (:func:`_key_alone`: float min and max of normal numbers and infinities
-    are exact); otherwise the index is a second key."""
+    along an axis that runs in registers on relabelled positions, through
+    one word per element (:func:`_sort_quantized`): the block in fixed
+    point, scaled by a power of two from its largest finite magnitude
+    (infinities clamped to the ends), where :func:`_fixed_point_fits`;
+    otherwise, or where that leaves too many neighbours out of order,
+    lax.sort's int32 keys' offsets from their minimum, shifted to fit
+    (:func:`_sort_by_span`: every octave alike, as the float bits are);
+    where that fails too, the index as a second key."""
     x = operands[0]
+    top = _quantized_top(x.shape[dimension])
+    magnitude = jnp.max(jnp.abs(x))  # NaN where the block has one
+    infinite = magnitude == np.inf
+
+    def finite_magnitude() -> jnp.ndarray:
+        size = jnp.abs(x)
+        return jnp.max(jnp.where(size < np.inf, size, 0))
+
+    bound = lax.cond(infinite, finite_magnitude, lambda: magnitude)
+
+    def fixed(*ops: jnp.ndarray) -> Quantized:
+        scaled = ops[0] * _scale(bound, top)  # exact but where it underflows; monotone
+        # infinities to the ends (only there: a min and a max per element)
+        scaled = lax.cond(infinite, lambda v: jnp.clip(v, -top, top - 1), lambda v: v, scaled)
+        q = fixed_point.truncate_in_range(scaled)  # toward zero: monotone too
+        return _sort_quantized(q, lambda: sort_key(ops[0]), *ops, dimension=dimension,
+                               skip=skip)
+
+    def by_span(*ops: jnp.ndarray) -> Quantized:
+        key = sort_key(ops[0])
+        lo = jnp.min(key)
+        return _sort_by_span(key, lo, jnp.max(key) - lo, *ops, dimension=dimension, skip=skip)
+
+    out, index, failed = lax.cond(_fixed_point_fits(x, bound, top), fixed,
+                                  partial(_not_sorted, dimension=dimension), *operands)
+    out, index, failed = lax.cond(failed, by_span, lambda *_: (out, index, failed), *operands)
     exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
-    return lax.cond(_has_zero_subnormal_or_nan(x), exact,
-                    _key_alone(x, lambda k: k, dimension, skip, exact), *operands)
+    return lax.cond(failed, exact, lambda *_: (out, index), *operands)
 
 
-def _key_alone(word: jnp.ndarray, decode: Callable[[jnp.ndarray], jnp.ndarray], dimension: int,
-               skip: frozenset[int], exact: Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]]
-               ) -> Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]]:
-    """The sort of ``lax.cond``'s operands on one key ``word`` per element
-    (the float32 block itself, or an int32 total-order key; ``decode`` makes
-    the first operand from it) along an axis that runs in registers on
-    relabelled positions: the stages compare the word alone and the index
-    rides along (``compare_exchange(keys=1)``: one compare and a select per
-    word, against the two words' lexicographic compare); where two keys of
-    a line are then equal (neighbours on the sorted labels, tested after the
-    network), their order among equals is not the stable one, and the block
-    is sorted by ``exact`` (the index a second key)."""
-    def carried(*ops: jnp.ndarray) -> tuple[list[jnp.ndarray], jnp.ndarray]:
-        key, index = word, positions(tuple(word.shape), dimension)
-        if dimension == 0:  # the transpose's minor axis (see _transposed_in_registers)
-            key, index = key.T, index.T
-        n = key.shape[1]
-        place, stages = _relabelled_stages(n)
-        for mask, half in stages:
-            key, index = lane_exchange.compare_exchange([key, index], mask=mask, half=half,
-                                                        keys=1)
-        # each label's successor (the last one's predecessor)
-        following = [0] * n
-        for label in range(n):
-            following[place[label]] = place[label + 1 if label + 1 < n else n - 2]
-        tie = jnp.any(key == lanes.permute(key, following))
+def _fixed_point_fits(x: jnp.ndarray, bound: jnp.ndarray, top: int) -> jnp.ndarray:
+    """Whether a float32 block whose largest finite magnitude is ``bound``
+    (a scalar; NaN where the block has a NaN) is worth sorting in fixed
+    point: :func:`_scale` applies, and of a sample (the first 8 columns: a
+    register per thread and row pair) at most an eighth lies below
+    ``bound * 2**-12``, where fixed point keeps fewer than 13 bits (a
+    block of a wide dynamic range: softmax outputs, magnitudes over many
+    octaves, whose fixed-point keys would tie)."""
+    sample = jnp.abs(lax.slice(x, (0, 0), (x.shape[0], 8)))
+    tiny = jnp.sum((sample < bound * 2.0 ** -12).astype(jnp.int32))
+    return _scales(bound, top) & (tiny * 8 <= sample.size)
 
+
+# --- keys quantized beside their index ---------------------------------------------------------
+
+#: A quantized sort's outputs, its index, and whether it failed (then the
+#: outputs are placeholders).
+Quantized = tuple[list[jnp.ndarray], jnp.ndarray, jnp.ndarray]
+#: Sweeps of :func:`_repair` before a quantized sort fails.
+REPAIR_SWEEPS = 2
+
+
+def _not_sorted(*operands: jnp.ndarray, dimension: int) -> Quantized:
+    """A quantized sort that does not apply: placeholders (constants, whose
+    layout yields to the other branch's), failed."""
+    return ([jnp.zeros(o.shape, o.dtype) for o in operands],
+            jnp.zeros(operands[0].shape, jnp.int32), jnp.bool_(True))
+
+
+def _quantized_top(n: int) -> int:
+    """Quantized keys of a row of ``n`` (a power of two) lie in ``[-top,
+    top)``: with the index's ``log2 n`` bits, one signed int32 word."""
+    return 1 << (31 - (n.bit_length() - 1))
+
+
+def _exponent_field(magnitude: jnp.ndarray) -> jnp.ndarray:
+    return lax.shift_right_logical(lax.bitcast_convert_type(magnitude, jnp.int32), 23)
+
+
+def _scales(magnitude: jnp.ndarray, top: int) -> jnp.ndarray:
+    """Whether :func:`_scale` of a float32 block's largest magnitude (a
+    scalar; NaN where the block has one) applies: the magnitude finite and
+    not below ``2**(log2 top - 127)`` (a block of zeros, or of nothing but
+    tiny numbers, does not scale to a normal float32)."""
+    field = _exponent_field(magnitude)
+    t = top.bit_length() - 1
+    return (field >= t - 1) & (field < 255)
+
+
+def _scale(magnitude: jnp.ndarray, top: int) -> jnp.ndarray:
+    """The power of two that maps ``(-magnitude, magnitude)`` into ``(-top,
+    top)``: ``magnitude < 2**(field - 126)``, so ``top * 2**(126 - field)``
+    (its float32 exponent field ``log2 top + 253 - field``)."""
+    t = top.bit_length() - 1
+    return lax.bitcast_convert_type((t + 253 - _exponent_field(magnitude)) << 23, jnp.float32)
+
+
+def _sort_by_span(key: jnp.ndarray, lo: jnp.ndarray, span: jnp.ndarray, *operands: jnp.ndarray,
+                  dimension: int, skip: frozenset[int]) -> Quantized:
+    """:func:`_sort_quantized` on the int32 ``key`` (lax.sort's order), whose
+    block's keys lie in ``[lo, lo + span]`` (``span`` taken as unsigned):
+    the offsets ``key - lo`` shifted right just enough to fit the word
+    beside the index."""
+    top = _quantized_top(key.shape[dimension])
+    room = (2 * top).bit_length() - 1  # the bits of a quantized offset
+    s = sum((lax.shift_right_logical(span, room + j) != 0).astype(jnp.int32)
+            for j in range(32 - room))  # the span's bits beyond room
+    # (key - lo) / 2**s - top, floored, as one subtract and one shift: key - lo
+    # - top * 2**s lies in [-top * 2**s, top * 2**s), within int32 (s <= 32 - room)
+    q = (key - (lo + (top << s))) >> jnp.broadcast_to(s, key.shape)
+    return _sort_quantized(q, lambda: key, *operands, dimension=dimension, skip=skip)
+
+
+def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: jnp.ndarray,
+                    dimension: int, skip: frozenset[int]) -> Quantized:
+    """lax.sort of ``operands`` on a 32-bit key along an axis that runs in
+    registers on relabelled positions, through one word per element: ``q``
+    (in ``[-top, top)``, :func:`_quantized_top`) quantizes the key, which
+    ``key()`` gives exactly (int32, lax.sort's order): ``q`` never decreases
+    where the key increases. The word ``q * n + index`` sorts the elements
+    by key but among equal ``q``, which the index orders. A test of the
+    sorted neighbours finds equal ``q``; only then are the exact keys read
+    at the sorted indices and, where neighbours are out of order, the runs
+    sorted (:func:`_repair`). It fails where more neighbours than the block
+    has lines are out of order (another quantization may do better) or the
+    repair does not finish. The operands are read at the sorted index."""
+    shape = tuple(q.shape)
+    n = shape[dimension]
+    bits = n.bit_length() - 1
+    word = (q << bits) | positions(shape, dimension)
+    if dimension == 0:  # the transpose's minor axis (see _transposed_in_registers)
+        word = word.T
+    place, stages = _relabelled_stages(n)
+    [word] = bitonic_sort([word], 1, stages)
+    index = word & (n - 1)
+    # equal q in sorted neighbours: their words differ in the index bits alone
+    tied = jnp.min(lax.bitcast_convert_type(word ^ lanes.permute(word, _successors(place)),
+                                            jnp.uint32)) < n
+
+    def repaired(index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+        exact_key = _gather_along(key().T if dimension == 0 else key(), index, 1)
+        inverted = jnp.sum(_inverted(exact_key, index, place).astype(jnp.int32))
+        return lax.cond(
+            inverted > shape[1 - dimension], lambda i: (i, jnp.bool_(True)),
+            lambda i: lax.cond(inverted == 0, lambda j: (j, jnp.bool_(False)),
+                               partial(_repair, exact_key, place=place), i), index)
+
+    index, failed = lax.cond(tied, repaired, lambda i: (i, jnp.bool_(False)), index)
+
+    def done(index: jnp.ndarray) -> Quantized:
         index = _in_position_order(index, dimension)
-        out = _outputs(ops, skip, lambda: decode(_in_position_order(key, dimension)), index,
-                       dimension)
-        return lax.cond(tie, exact, lambda *_: (out, index), *ops)
+        x = operands[0]
+        return _outputs(operands, skip, lambda: _gather_along(x, index, dimension), index,
+                        dimension), index, jnp.bool_(False)
 
-    return carried
+    return lax.cond(failed, lambda _: _not_sorted(*operands, dimension=dimension), done, index)
+
+
+def _successors(place: tuple[int, ...]) -> tuple[int, ...]:
+    """For each column of a row on relabelled positions ``place``, the column
+    of the next position (the last one's: the one before it)."""
+    n = len(place)
+    following = [0] * n
+    for label in range(n):
+        following[place[label]] = place[label + 1 if label + 1 < n else n - 2]
+    return tuple(following)
+
+
+def _inverted(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...]) -> jnp.ndarray:
+    """Per element of ``(key, index)`` pairs on relabelled positions
+    ``place``: whether the next position's pair is smaller."""
+    n = len(place)
+    following = [lanes.permute(w, _successors(place)) for w in (key, index)]
+    last = positions(tuple(key.shape), 1) == place[n - 1]
+    return ~lane_exchange.less([key, index], following) & ~last
+
+
+def _repair(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...]
+            ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Sort ``(key, index)`` pairs on relabelled positions ``place`` that are
+    sorted but within runs of neighbours (what a quantized sort leaves),
+    and out of order: sweeps of the network's mirror stages (``i ^ (k -
+    1)`` for ``k = 2, 4, ..., n``, the smaller to the lower position), which
+    between them pair every position with the next (``m`` and ``m + 1``
+    meet in the stage of the lowest set bit of ``m + 1``), so runs of two
+    take one sweep. A compare-exchange only removes inversions: the pairs
+    stay sorted outside the runs. Returns the index and whether the pairs
+    are still unsorted after :data:`REPAIR_SWEEPS` sweeps."""
+    n = len(place)
+    mirrors = [(_relabel_bits(k - 1, place), _relabel_bits(k // 2, place))
+               for k in (1 << b for b in range(1, n.bit_length()))]
+
+    Sweeps = tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]
+
+    def sweep(state: Sweeps) -> Sweeps:
+        key, index, rounds, _ = state
+        for mask, half in mirrors:
+            key, index = lane_exchange.compare_exchange([key, index], mask=mask, half=half)
+        return key, index, rounds + 1, jnp.any(_inverted(key, index, place))
+
+    _, index, _, unsorted = lax.while_loop(
+        lambda state: state[3] & (state[2] < REPAIR_SWEEPS), sweep,
+        (key, index, jnp.int32(0), jnp.bool_(True)))
+    return index, unsorted
 
 
 def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray, dimension: int,

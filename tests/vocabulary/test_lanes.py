@@ -524,13 +524,14 @@ def test_sort_along_rows_through_transposes(pipeline):
 def test_sorted_operands_without_gathers(pipeline):
     """lax.sort's outputs where the network's words already hold them:
     argsort's iota is the sorted index, and the first operand is decoded
-    from its sorted keys (integers always; floats where the block-wide
-    screen finds no zero or NaN, else read at the sorted indices). Bit for
-    bit jax's on ties, specials and ordinary blocks, an iota along the other
-    axis still read at the indices; an ordinary f32 argsort moves nothing
-    through SMEM but its two reductions to a flag, 20 wavefronts each (the
-    screen before its network and the test of equal neighbours after it;
-    2,278 extra wavefronts when both operands were gathered)."""
+    from its sorted keys where they keep it (integers of a narrow span;
+    else read at the sorted indices). Bit for bit jax's on ties, specials
+    and ordinary blocks, an iota along the other axis still read at the
+    indices; an ordinary f32 argsort moves nothing through SMEM but its
+    three reductions to a flag, 20 wavefronts each (the largest magnitude
+    and a sample's test for a wide dynamic range before its network, the
+    test of equal neighbours after it; 2,278 extra wavefronts when both
+    operands were gathered)."""
     rng = np.random.default_rng(14)
     ordinary = rng.standard_normal((64, 128)).astype(np.float32)
     floats = ties(rng, (64, 128), np.float32)
@@ -555,7 +556,7 @@ def test_sorted_operands_without_gathers(pipeline):
         _as_jax(pipeline, fn, x)
     base = _profile(pipeline, lambda v: v, ordinary)
     sorted_ = _profile(pipeline, argsort, ordinary)
-    assert sorted_[WAVEFRONTS] - base[WAVEFRONTS] <= 2 * 20
+    assert sorted_[WAVEFRONTS] - base[WAVEFRONTS] <= 3 * 20
 
 
 def _sort_pairs(axis):
@@ -596,58 +597,6 @@ def test_integer_keys_of_a_narrow_span_share_a_word_with_their_index(pipeline):
     base = _profile(pipeline, lambda v: v, ids)
     costs = [(_profile(pipeline, _argsort(1), x)[INST] - base[INST]) * 32 / x.size
              for x in (ids, wraps)]
-    assert costs[0] < costs[1] / 2, costs
-
-
-def test_integer_keys_of_a_wide_span_carry_their_index_where_a_line_has_no_ties(pipeline):
-    """A 32-bit integer key whose block spans 2**24 or more is compared alone
-    with its index riding along, as a float32 key is; a line with two equal
-    keys sends the block through the two-word network. Bit for bit jax's
-    (argsort, the decoded key and a payload, int32 and uint32 keys, along
-    either axis); a tie-free argsort costs about what the float32 one does,
-    well below the two-word network's 140.7."""
-    rng = np.random.default_rng(23)
-    wide = rng.permutation(np.arange(-2 ** 31, 2 ** 31, 2 ** 17, dtype=np.int64))[:64 * 128]
-    wide = wide.reshape(64, 128).astype(np.int32)  # distinct, spanning nearly all of int32
-    tied = wide.copy()
-    tied[40, 100] = tied[40, 3]  # one tie in one line
-    unsigned = wide.view(np.uint32)
-
-    for x in (wide, tied, unsigned):
-        for fn in (_argsort(1), _argsort(0), _sort_pairs(1), _sort_pairs(0)):
-            _as_jax(pipeline, fn, x)
-    base = _profile(pipeline, lambda v: v, wide)
-    alone = (_profile(pipeline, _argsort(1), wide)[INST] - base[INST]) * 32 / wide.size
-    both = (_profile(pipeline, _argsort(1), tied)[INST] - base[INST]) * 32 / wide.size
-    assert alone <= 100 and both > alone + 40, (alone, both)
-
-
-def test_f32_keys_carry_their_index_where_the_block_has_no_ties(pipeline):
-    """A float32 key sorted with other operands: where the block has no zero,
-    subnormal or NaN (the screen before) and no two equal keys in a line
-    (a test after the network, on the sorted keys' neighbours), the network
-    compares the float word alone and the index rides along; otherwise the
-    two-word path. Bit for bit jax's on blocks of either kind along either
-    axis, for argsort, the sorted keys and a payload; an ordinary argsort
-    costs 96.7 extra instructions per element (148.4 as two words), one
-    with ties pays both networks."""
-    rng = np.random.default_rng(29)
-    ordinary = rng.standard_normal((64, 128)).astype(np.float32)
-    tied = (np.round(ordinary * 4) / 4 + 8).astype(np.float32)  # ties, no zeros
-    special = ties(rng, (64, 128), np.float32)
-
-    def argsort(axis):
-        return lambda v: jnp.argsort(v, axis).astype(jnp.int32)
-
-    def sorted_(axis, which):
-        return lambda v: lax.sort((v, -v), dimension=axis, num_keys=1)[which]
-
-    for x in (ordinary, tied, special):
-        for fn in (argsort(1), argsort(0), sorted_(1, 1), sorted_(0, 0)):
-            _as_jax(pipeline, fn, x)
-    base = _profile(pipeline, lambda v: v, ordinary)
-    costs = [(_profile(pipeline, argsort(1), x)[INST] - base[INST]) * 32 / x.size
-             for x in (ordinary, tied)]
     assert costs[0] < costs[1] / 2, costs
 
 
