@@ -682,8 +682,8 @@ def _fixed_point_fits(x: jnp.ndarray, bound: jnp.ndarray, top: int) -> jnp.ndarr
 #: A quantized sort's outputs, its index, and whether it failed (then the
 #: outputs are placeholders).
 Quantized = tuple[list[jnp.ndarray], jnp.ndarray, jnp.ndarray]
-#: Sweeps of :func:`_repair` before a quantized sort fails.
-REPAIR_SWEEPS = 2
+#: Sweeps of :func:`_repair` before a quantized sort fails: runs of up to 8.
+REPAIR_SWEEPS = 4
 
 
 def _not_sorted(*operands: jnp.ndarray, dimension: int) -> Quantized:
@@ -792,42 +792,64 @@ def _successors(place: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(following)
 
 
-def _inverted(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...]) -> jnp.ndarray:
+def _inverted(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...],
+              last: jnp.ndarray | None = None) -> jnp.ndarray:
     """Per element of ``(key, index)`` pairs on relabelled positions
-    ``place``: whether the next position's pair is smaller."""
-    n = len(place)
+    ``place``: whether the next position's pair is smaller (``last``: the
+    last position's column, which has no next; computed here if not given)."""
     following = [lanes.permute(w, _successors(place)) for w in (key, index)]
-    last = positions(tuple(key.shape), 1) == place[n - 1]
-    return ~lane_exchange.less([key, index], following) & ~last
+    if last is None:
+        last = positions(tuple(key.shape), 1) == place[-1]
+    return lane_exchange.less(following, [key, index]) & ~last
 
 
 def _repair(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...]
             ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Sort ``(key, index)`` pairs on relabelled positions ``place`` that are
     sorted but within runs of neighbours (what a quantized sort leaves),
-    and out of order: sweeps of the network's mirror stages (``i ^ (k -
-    1)`` for ``k = 2, 4, ..., n``, the smaller to the lower position), which
-    between them pair every position with the next (``m`` and ``m + 1``
-    meet in the stage of the lowest set bit of ``m + 1``), so runs of two
-    take one sweep. A compare-exchange only removes inversions: the pairs
+    and out of order: odd-even transposition, each sweep a compare-exchange
+    of positions ``2 j`` and ``2 j + 1`` (the network's stage of mask 1:
+    the two elements of one register) and then of ``2 j + 1`` and ``2 j +
+    2`` (:func:`_odd_pairs`), the smaller to the lower position, until no
+    neighbours are out of order; a sweep sorts runs of two, and ``s`` sweeps
+    runs of ``2 s``. A compare-exchange only removes inversions: the pairs
     stay sorted outside the runs. Returns the index and whether the pairs
     are still unsorted after :data:`REPAIR_SWEEPS` sweeps."""
-    n = len(place)
-    mirrors = [(_relabel_bits(k - 1, place), _relabel_bits(k // 2, place))
-               for k in (1 << b for b in range(1, n.bit_length()))]
+    bit0 = _relabel_bits(1, place)
+    columns = positions(tuple(key.shape), 1)
+    odd = (columns & 1) == 1  # the odd positions (computed once, outside the loop)
+    last = columns == place[-1]
 
     Sweeps = tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]
 
     def sweep(state: Sweeps) -> Sweeps:
         key, index, rounds, _ = state
-        for mask, half in mirrors:
-            key, index = lane_exchange.compare_exchange([key, index], mask=mask, half=half)
-        return key, index, rounds + 1, jnp.any(_inverted(key, index, place))
+        key, index = lane_exchange.compare_exchange([key, index], mask=bit0, half=bit0)
+        key, index = _odd_pairs(key, index, place, odd)
+        return key, index, rounds + 1, jnp.any(_inverted(key, index, place, last))
 
     _, index, _, unsorted = lax.while_loop(
         lambda state: state[3] & (state[2] < REPAIR_SWEEPS), sweep,
         (key, index, jnp.int32(0), jnp.bool_(True)))
     return index, unsorted
+
+
+def _odd_pairs(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...],
+               odd: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The compare-exchange of positions ``2 j + 1`` and ``2 j + 2`` (the
+    first and last positions keep their pairs) on relabelled positions: each
+    element's partner by a static column map, the odd position keeping the
+    smaller. Position bit 0 is column bit 0 (:func:`relabelling`), so
+    ``odd`` (the odd positions) is the odd columns."""
+    n = len(place)
+    partner = list(range(n))
+    for p in range(1, n - 1, 2):
+        partner[place[p]], partner[place[p + 1]] = place[p + 1], place[p]
+    theirs = [lanes.permute(w, partner) for w in (key, index)]
+    # distinct pairs: theirs > mine is not(theirs < mine); a lone position is
+    # its own partner and keeps its pair either way
+    swap = lane_exchange.less(theirs, [key, index]) == odd
+    return jnp.where(swap, theirs[0], key), jnp.where(swap, theirs[1], index)
 
 
 def _sort_offset_keys(key: jnp.ndarray, lo: jnp.ndarray, *operands: jnp.ndarray, dimension: int,
