@@ -124,8 +124,8 @@ def _wide_ints(seed=7):
 INT_BLOCKS = {
     "full range": _wide_ints,  # offsets shifted right by 7
     # a span in [2**24, 2**25): quantized without loss
-    "span 2**24": lambda: np.random.default_rng(8).integers(0, 2 ** 24 + 5, SHAPE)
-    .astype(np.int32),
+    "span 2**24": lambda: _with_row(np.random.default_rng(8).integers(0, 2 ** 24, SHAPE)
+                                    .astype(np.int32), 0, [0, 2 ** 24 + 4]),
     # keys 1 apart in one row, full range elsewhere: one quantized key, out of order
     "close keys": lambda: _with_row(_wide_ints(), 9, np.arange(40, 0, -1) + 123_456),
     "duplicates": lambda: _with_row(_wide_ints(), 9, np.full(40, -77)),
