@@ -80,8 +80,9 @@ Outputs: an operand that is an iota along the axis (``jnp.argsort``'s) is
 the sorted index itself (and where nothing else reads the iota, the
 ``argsort`` jaxpr rewrite, :func:`fuse`, drops it before Pallas builds
 it); the first operand is decoded from its sorted keys where they are
-one-to-one (integers; floats where the screen above finds no zero and no
-NaN); every other operand is read once at the sorted indices; outputs
+one-to-one (integers of a narrow span; floats where the screen above finds
+no zero and no NaN, outside the quantized keys' path); every other operand
+is read once at the sorted indices; outputs
 nobody reads are not computed; top_k's values are decoded from their
 (bijective) keys. Everything is exact: bit for bit
 lax.sort's and lax.top_k's answer.
@@ -486,11 +487,12 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     """lax.sort(operands, dimension, is_stable=True, num_keys): stable,
     lexicographic on the first ``num_keys`` operands.
 
-    ``screen``: a float block may be tested at run time for zeros,
-    subnormals and NaNs (:func:`_has_zero_subnormal_or_nan`); without them,
-    a lone float32 operand sorts its own values (no index) and the first
-    operand of several is decoded from its sorted keys instead of read at
-    the sorted indices.
+    ``screen``: the block may be reduced to scalars that choose a path at
+    run time: a float block tested for zeros, subnormals and NaNs
+    (:func:`_has_zero_subnormal_or_nan`; without them, a lone float
+    operand sorts its own values, no index), and the first of several
+    operands (f32, or 32-bit integers) measured for a one-word key
+    (:func:`_sort_int32_key`, :func:`_sort_f32_key`).
     Pallas' reduction to a scalar shares one scratch among a kernel's
     warpgroups (which races), so only kernels of one Pallas warpgroup
     screen, and a reduction cannot take the strided layout of a block
