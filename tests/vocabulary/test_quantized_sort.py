@@ -50,14 +50,20 @@ def _payload(v):
     return key + payload
 
 
+_IDENTITY: dict[tuple[int, str], int] = {}
+
+
 def _run(pipeline, fn, x):
     """``fn`` of ``x`` on the emulator, checked bit for bit against jax; its
     extra thread-instructions per element over the identity kernel."""
     with smalti.jax.installed(pipeline):
         profile = smalti.emulate.profile(tma_kernel(fn, [x]), x)
-        base = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
+        key = (id(pipeline), x.dtype.str)
+        if key not in _IDENTITY:
+            identity = smalti.emulate.profile(tma_kernel(lambda v: v, [x]), x)
+            _IDENTITY[key] = identity.counters[INST]
     assert_bits(profile.outputs[0], np.asarray(jax.jit(fn)(x)))
-    return (profile.counters[INST] - base.counters[INST]) * 32 / x.size
+    return (profile.counters[INST] - _IDENTITY[key]) * 32 / x.size
 
 
 def _normal(seed=0):
@@ -83,7 +89,6 @@ def _reversed_run(length):
 
 F32_BLOCKS = {
     "ordinary": _normal,
-    "uniform": lambda: np.random.default_rng(2).random(SHAPE).astype(np.float32),
     # equal neighbours already in index order: read, found sorted
     "duplicates": lambda: (np.round(_normal() * 4) / 4).astype(np.float32),
     "run of 2": lambda: _reversed_run(2),
@@ -106,9 +111,15 @@ F32_BLOCKS = {
 }
 
 
+#: Blocks whose argsort along the columns test_costs_show_the_path_taken runs.
+COSTED = ("ordinary", "duplicates", "run of 2", "run of 8", "softmax", "run of 12")
+
+
 @pytest.mark.parametrize("kind", F32_BLOCKS)
 def test_f32_argsort_along_either_axis(pipeline, kind):
-    _run(pipeline, _argsorts, F32_BLOCKS[kind]())
+    """Along the rows (and the columns, where the cost test does not)."""
+    _run(pipeline, (lambda v: jnp.argsort(v, 0).astype(jnp.int32)) if kind in COSTED
+         else _argsorts, F32_BLOCKS[kind]())
 
 
 @pytest.mark.parametrize("kind", ["ordinary", "run of 2", "softmax"])
@@ -153,9 +164,7 @@ def test_costs_show_the_path_taken(pipeline):
     sweep, a run of 8 four; a wide dynamic range skips fixed point and
     pays one network (not two); a run of 12 falls back to the two-word
     network after the four sweeps."""
-    cost = {kind: _run(pipeline, _argsort, F32_BLOCKS[kind]())
-            for kind in ("ordinary", "duplicates", "run of 2", "run of 8", "softmax",
-                         "run of 12")}
+    cost = {kind: _run(pipeline, _argsort, F32_BLOCKS[kind]()) for kind in COSTED}
     wide = _run(pipeline, _argsort, _wide_ints())
     assert cost["ordinary"] <= BOUND and wide <= BOUND, (cost, wide)
     assert cost["ordinary"] + 10 < cost["duplicates"] < cost["ordinary"] + 30, cost
