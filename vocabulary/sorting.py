@@ -611,9 +611,9 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: fro
     wide: Callable[..., tuple[list[jnp.ndarray], jnp.ndarray]] = exact
     if p == n and _relabelled_along(tuple(key.shape), dimension):
         def wide(*ops: jnp.ndarray) -> tuple[list[jnp.ndarray], jnp.ndarray]:
-            out, index, failed = _sort_by_span(key, lo, span, *ops, dimension=dimension,
+            out, index, status = _sort_by_span(key, lo, span, *ops, dimension=dimension,
                                                skip=skip)
-            return lax.cond(failed, exact, lambda *_: (out, index), *ops)
+            return lax.cond(status != SORTED, exact, lambda *_: (out, index), *ops)
     return lax.cond((span >= 0) & (span < 2 ** 31 // p),
                     partial(_sort_offset_keys, key, lo, dimension=dimension, skip=skip),
                     wide, *operands)
@@ -631,10 +631,11 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
     one word per element (:func:`_sort_quantized`): the block in fixed
     point, scaled by a power of two from its largest finite magnitude
     (infinities clamped to the ends), where :func:`_fixed_point_fits`;
-    otherwise, or where that leaves too many neighbours out of order,
-    lax.sort's int32 keys' offsets from their minimum, shifted to fit
-    (:func:`_sort_by_span`: every octave alike, as the float bits are);
-    where that fails too, the index as a second key."""
+    otherwise, or where that leaves too many neighbours out of order
+    (:data:`CROWDED`), lax.sort's int32 keys' offsets from their minimum,
+    shifted to fit (:func:`_sort_by_span`: every octave alike, as the
+    float bits are); where either leaves runs the repair cannot sort, the
+    index as a second key."""
     x = operands[0]
     top = _quantized_top(x.shape[dimension])
     magnitude = jnp.max(jnp.abs(x))  # NaN where the block has one
@@ -659,11 +660,12 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
         lo = jnp.min(key)
         return _sort_by_span(key, lo, jnp.max(key) - lo, *ops, dimension=dimension, skip=skip)
 
-    out, index, failed = lax.cond(_fixed_point_fits(x, bound, top), fixed,
-                                  partial(_not_sorted, dimension=dimension), *operands)
-    out, index, failed = lax.cond(failed, by_span, lambda *_: (out, index, failed), *operands)
+    out, index, status = lax.cond(_fixed_point_fits(x, bound, top), fixed,
+                                  partial(_not_sorted, CROWDED, dimension=dimension), *operands)
+    out, index, status = lax.cond(status == CROWDED, by_span,
+                                  lambda *_: (out, index, status), *operands)
     exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
-    return lax.cond(failed, exact, lambda *_: (out, index), *operands)
+    return lax.cond(status != SORTED, exact, lambda *_: (out, index), *operands)
 
 
 def _fixed_point_fits(x: jnp.ndarray, bound: jnp.ndarray, top: int) -> jnp.ndarray:
@@ -681,18 +683,23 @@ def _fixed_point_fits(x: jnp.ndarray, bound: jnp.ndarray, top: int) -> jnp.ndarr
 
 # --- keys quantized beside their index ---------------------------------------------------------
 
-#: A quantized sort's outputs, its index, and whether it failed (then the
-#: outputs are placeholders).
+#: A quantized sort's outputs, its index, and its status (an int32 scalar:
+#: :data:`SORTED`, else the outputs are placeholders).
 Quantized = tuple[list[jnp.ndarray], jnp.ndarray, jnp.ndarray]
+#: Statuses of a quantized sort: done; more neighbours out of order than the
+#: block has lines (another quantization may tie fewer); runs left that the
+#: repair could not sort (the two-word network's to do).
+SORTED, CROWDED, UNSORTED = 0, 1, 2
 #: Sweeps of :func:`_repair` before a quantized sort fails: runs of up to 8.
 REPAIR_SWEEPS = 4
 
 
-def _not_sorted(*operands: jnp.ndarray, dimension: int) -> Quantized:
-    """A quantized sort that does not apply: placeholders (constants, whose
-    layout yields to the other branch's), failed."""
+def _not_sorted(status: int, *operands: jnp.ndarray, dimension: int) -> Quantized:
+    """A quantized sort that did not sort: placeholders (constants, whose
+    layout yields to the other branch's) and its ``status``."""
+    del dimension
     return ([jnp.zeros(o.shape, o.dtype) for o in operands],
-            jnp.zeros(operands[0].shape, jnp.int32), jnp.bool_(True))
+            jnp.zeros(operands[0].shape, jnp.int32), jnp.int32(status))
 
 
 def _quantized_top(n: int) -> int:
@@ -749,9 +756,10 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
     by key but among equal ``q``, which the index orders. A test of the
     sorted neighbours finds equal ``q``; only then are the exact keys read
     at the sorted indices and, where neighbours are out of order, the runs
-    sorted (:func:`_repair`). It fails where more neighbours than the block
-    has lines are out of order (another quantization may do better) or the
-    repair does not finish. The operands are read at the sorted index."""
+    sorted (:func:`_repair`). It stops :data:`CROWDED` where more
+    neighbours than the block has lines are out of order, :data:`UNSORTED`
+    where the repair does not finish. The operands are read at the sorted
+    index."""
     shape = tuple(q.shape)
     n = shape[dimension]
     bits = n.bit_length() - 1
@@ -768,20 +776,26 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
     def repaired(index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         exact_key = _gather_along(key().T if dimension == 0 else key(), index, 1)
         inverted = jnp.sum(_inverted(exact_key, index, place).astype(jnp.int32))
-        return lax.cond(
-            inverted > shape[1 - dimension], lambda i: (i, jnp.bool_(True)),
-            lambda i: lax.cond(inverted == 0, lambda j: (j, jnp.bool_(False)),
-                               partial(_repair, exact_key, place=place), i), index)
 
-    index, failed = lax.cond(tied, repaired, lambda i: (i, jnp.bool_(False)), index)
+        def swept(index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+            index, unsorted = _repair(exact_key, index, place)
+            return index, jnp.where(unsorted, UNSORTED, SORTED)
+
+        return lax.cond(
+            inverted > shape[1 - dimension], lambda i: (i, jnp.int32(CROWDED)),
+            lambda i: lax.cond(inverted == 0, lambda j: (j, jnp.int32(SORTED)), swept, i),
+            index)
+
+    index, status = lax.cond(tied, repaired, lambda i: (i, jnp.int32(SORTED)), index)
 
     def done(index: jnp.ndarray) -> Quantized:
         index = _in_position_order(index, dimension)
         x = operands[0]
         return _outputs(operands, skip, lambda: _gather_along(x, index, dimension), index,
-                        dimension), index, jnp.bool_(False)
+                        dimension), index, jnp.int32(SORTED)
 
-    return lax.cond(failed, lambda _: _not_sorted(*operands, dimension=dimension), done, index)
+    return lax.cond(status != SORTED,
+                    lambda _: _not_sorted(status, *operands, dimension=dimension), done, index)
 
 
 def _successors(place: tuple[int, ...]) -> tuple[int, ...]:
