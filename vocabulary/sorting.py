@@ -661,7 +661,7 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
         return _sort_by_span(key, lo, jnp.max(key) - lo, *ops, dimension=dimension, skip=skip)
 
     out, index, status = lax.cond(_fixed_point_fits(x, bound, top), fixed,
-                                  partial(_not_sorted, CROWDED, dimension=dimension), *operands)
+                                  partial(_not_sorted, CROWDED), *operands)
     out, index, status = lax.cond(status == CROWDED, by_span,
                                   lambda *_: (out, index, status), *operands)
     exact = partial(_sort_several, dimension=dimension, num_keys=1, screen=False, skip=skip)
@@ -694,10 +694,9 @@ SORTED, CROWDED, UNSORTED = 0, 1, 2
 REPAIR_SWEEPS = 4
 
 
-def _not_sorted(status: int, *operands: jnp.ndarray, dimension: int) -> Quantized:
+def _not_sorted(status: int, *operands: jnp.ndarray) -> Quantized:
     """A quantized sort that did not sort: placeholders (constants, whose
     layout yields to the other branch's) and its ``status``."""
-    del dimension
     return ([jnp.zeros(o.shape, o.dtype) for o in operands],
             jnp.zeros(operands[0].shape, jnp.int32), jnp.int32(status))
 
@@ -715,7 +714,7 @@ def _exponent_field(magnitude: jnp.ndarray) -> jnp.ndarray:
 def _scales(magnitude: jnp.ndarray, top: int) -> jnp.ndarray:
     """Whether :func:`_scale` of a float32 block's largest magnitude (a
     scalar; NaN where the block has one) applies: the magnitude finite and
-    not below ``2**(log2 top - 127)`` (a block of zeros, or of nothing but
+    not below ``2**(log2 top - 128)`` (a block of zeros, or of nothing but
     tiny numbers, does not scale to a normal float32)."""
     field = _exponent_field(magnitude)
     t = top.bit_length() - 1
@@ -795,7 +794,7 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
                         dimension), index, jnp.int32(SORTED)
 
     return lax.cond(status != SORTED,
-                    lambda _: _not_sorted(status, *operands, dimension=dimension), done, index)
+                    lambda _: _not_sorted(status, *operands), done, index)
 
 
 def _successors(place: tuple[int, ...]) -> tuple[int, ...]:
