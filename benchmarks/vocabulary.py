@@ -302,6 +302,8 @@ MORE: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
     ("matvec", lambda x: x @ x[0], lambda: [x32()]),
     ("f16 dot", lambda x: jnp.dot(x, x.T, preferred_element_type=jnp.float32),
      lambda: [f16()]),
+    ("argsort rows", lambda x: jnp.argsort(x, 0).astype(jnp.int32), lambda: [x32()]),
+    ("argsort int32", lambda x: jnp.argsort(x, 1).astype(jnp.int32), lambda: [i32()]),
 ]
 
 
@@ -398,6 +400,7 @@ COSTED: dict[str, tuple[str, int]] = {
     "cumprod": (SCAN, 1),
     "sort": (SORT, 1), "argsort": (SORT, 1), "sort cols": (SORT, 0), "top_k": (SORT, 1),
     "sort bf16": (SORT, 1), "sort cols bf16": (SORT, 0), "argsort bf16": (SORT, 1),
+    "argsort rows": (SORT, 0), "argsort int32": (SORT, 1),
 }
 WAVEFRONT_BYTES = 128  # 32 banks x 4 bytes
 
