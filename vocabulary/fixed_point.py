@@ -15,19 +15,12 @@ is jnp's ``astype`` (jax's rule, clamp included).
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core
 from jax._src.interpreters import mlir
-from jax._src.lib import mosaic_gpu_dialect as mgpu_dialect
 from jax._src.lib.mlir import ir
-from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
-from jax.experimental.mosaic.gpu import fragmented_array as fa
-from jax.experimental.mosaic.gpu import layouts as mgpu_layouts
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from smalti.vocabulary import lanes
 from smalti.vocabulary.annotations import Aval, Lowered, Operand, PallasContext
@@ -64,13 +57,6 @@ mlir.register_lowering(truncate_p, mlir.lower_fun(_impl, multiple_results=False)
 def lower(ctx: PallasContext, x: Operand) -> Lowered:
     """``fptosi`` of each register, the operand and result in WGMMA's layout."""
     [aval] = ctx.avals_in
-    layout = plgpu.Layout.WGMMA
-    wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
-    x = mgpu_dialect.layout_cast(pallas_lowering._ensure_ir_value(x, aval.dtype), wgmma)
-
-    @plgpu.inline_mgpu(arg_types=(layout,),
-                       return_type=plgpu.ShapeDtypeStruct(tuple(aval.shape), jnp.int32, layout))
-    def body(_: Any, value: fa.FragmentedArray) -> fa.FragmentedArray:
-        return value.astype(ir.IntegerType.get_signless(32), is_signed=True)
-
-    return pallas_lowering._lower_fun(body)(ctx, x)
+    i32 = ir.IntegerType.get_signless(32)
+    return lanes.on_registers(ctx, x, tuple(aval.shape),
+                              lambda value: value.astype(i32, is_signed=True), jnp.int32)
