@@ -26,15 +26,18 @@ The last column is the first line of the error where smalti does not lower.
 For the data-movement, scan and sort primitives (:data:`COSTED`), two more
 columns say what smalti's lowering costs, from the emulator's profiler
 (``smalti.emulate.profile``) over an identity kernel that moves the same
-block in and out unchanged: *extra wavefronts* (shared-memory wavefronts
-beyond the identity's) against the ideal for the primitive's kind, and
+block in and out unchanged (for the gathers, less what the profiler counts
+at :func:`_index_bits`' lines: the indices are the caller's work): *extra
+wavefronts* (shared-memory wavefronts beyond the identity's) against the
+ideal for the primitive's kind, and
 *extra inst/el* (``smsp__inst_executed`` beyond the identity's, x 32 per
 element of the block: thread-instructions per element) against its ideal.
 The ideals (``docs/vocabulary.md``, "What it costs"), for a block of ``B``
 bytes of ``s``-byte elements, rows of ``n`` along the primitive's axis:
 movement, one conflict-free write and one read pass through SMEM,
 ``2 B / 128`` wavefronts and ``2 s / 16`` instructions per element (16-byte
-vector stores and loads); a scan, that pass plus a work-efficient scan's 2
+vector stores and loads); a gather, the write pass and a read pass at its
+indices' own bank conflicts (:func:`gather_reads`); a scan, that pass plus a work-efficient scan's 2
 combining operations per element; a sort (and top_k), that pass plus a
 bitonic network's ``log2 n (log2 n + 1) / 4`` compare-exchanges per
 element, 2 instructions (min, max) each.
@@ -43,6 +46,7 @@ element, 2 instructions (min, max) each.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -321,6 +325,26 @@ def _group_scale(x):
     return (groups / s[..., None]).reshape(64, 128)
 
 
+def _index_bits(x, n: int):
+    """The gathers' index block: the data's own bits masked to an axis of ``n``."""
+    bits = lax.bitcast_convert_type(x, {2: jnp.int16, 4: jnp.int32}[x.dtype.itemsize])
+    return bits.astype(jnp.int32) & (n - 1)
+
+
+def _index_bits_np(x: np.ndarray, n: int) -> np.ndarray:
+    return x.view({2: np.int16, 4: np.int32}[x.dtype.itemsize]).astype(np.int32) & (n - 1)
+
+
+def _index_lines() -> set[str]:
+    """The profiler's line keys of :func:`_index_bits`' body."""
+    import inspect
+    import os
+
+    lines, start = inspect.getsourcelines(_index_bits)
+    path = os.path.abspath(inspect.getsourcefile(_index_bits) or "")
+    return {f"{path}:{start + k}" for k in range(len(lines))}
+
+
 def _top2(x):
     v, i = lax.top_k(jax.nn.softmax(x), 2)
     return jnp.concatenate([v, i.astype(jnp.float32)], 1)
@@ -353,10 +377,13 @@ ISSUE_37: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
     ("interleave", lambda x: jnp.stack([x[:, :64], x[:, 64:]], -1).reshape(64, 128),
      lambda: [x32()]),
     # take_along_axis of a whole index block, the indices the data's own bits
-    ("gather", lambda x: jnp.take_along_axis(x, lax.bitcast_convert_type(x, jnp.int32) & 127,
-                                             axis=1), lambda: [x32()]),
-    ("gather rows 1", lambda x: jnp.take_along_axis(x, lax.bitcast_convert_type(x, jnp.int32) & 63,
-                                                    axis=0), lambda: [x32()]),
+    ("gather", lambda x: jnp.take_along_axis(x, _index_bits(x, 128), axis=1), lambda: [x32()]),
+    ("gather rows 1", lambda x: jnp.take_along_axis(x, _index_bits(x, 64), axis=0),
+     lambda: [x32()]),
+    ("gather bf16", lambda x: jnp.take_along_axis(x, _index_bits(x, 128), axis=1),
+     lambda: [bf16()]),
+    ("gather rows bf16", lambda x: jnp.take_along_axis(x, _index_bits(x, 64), axis=0),
+     lambda: [bf16()]),
     ("top_k + concat", _top2, lambda: [x32()]),
     ("top_k 1", lambda x: lax.top_k(x, 1)[0][:, 0], lambda: [x32()]),
     ("sort - x", lambda x: jnp.sort(x, 1) - x, lambda: [x32()]),
@@ -388,28 +415,61 @@ def entries() -> list[Entry]:
     return out
 
 
-MOVEMENT, SCAN, SORT = "movement", "scan", "sort"
+MOVEMENT, GATHER, SCAN, SORT = "movement", "gather", "scan", "sort"
 #: The primitives whose cost the table shows: name -> (kind, axis of its rows).
 COSTED: dict[str, tuple[str, int]] = {
     "transpose": (MOVEMENT, 1), "rev": (MOVEMENT, 0), "flip cols": (MOVEMENT, 1),
     "pad": (MOVEMENT, 1), "roll": (MOVEMENT, 1), "concatenate": (MOVEMENT, 1),
     "strided slice": (MOVEMENT, 1), "outer broadcast": (MOVEMENT, 1), "repeat": (MOVEMENT, 1),
-    "interleave": (MOVEMENT, 1), "tile": (MOVEMENT, 1), "gather": (MOVEMENT, 1),
-    "gather rows 1": (MOVEMENT, 0),
+    "interleave": (MOVEMENT, 1), "tile": (MOVEMENT, 1), "gather": (GATHER, 1),
+    "gather rows 1": (GATHER, 0), "gather bf16": (GATHER, 1), "gather rows bf16": (GATHER, 0),
     "cumsum": (SCAN, 1), "cumsum rev": (SCAN, 1), "cummax": (SCAN, 1), "cummin": (SCAN, 0),
     "cumprod": (SCAN, 1),
     "sort": (SORT, 1), "argsort": (SORT, 1), "sort cols": (SORT, 0), "top_k": (SORT, 1),
     "sort bf16": (SORT, 1), "sort cols bf16": (SORT, 0), "argsort bf16": (SORT, 1),
     "argsort rows": (SORT, 0), "argsort int32": (SORT, 1),
 }
+#: The length of the axis each gather's index block (:func:`_index_bits` of
+#: its first input) indexes.
+GATHER_AXES = {"gather": 128, "gather rows 1": 64, "gather bf16": 128, "gather rows bf16": 64}
 WAVEFRONT_BYTES = 128  # 32 banks x 4 bytes
 
 
-def ideal(kind: str, shape: tuple[int, ...], axis: int, itemsize: int) -> tuple[float, float]:
+def gather_reads(indices: np.ndarray, axis: int, itemsize: int) -> int:
+    """The wavefronts of a gather's read pass at its indices' own bank
+    conflicts: each warp-wide load fetches one register slot of the result
+    in WGMMA's layout (lane ``l`` of warp ``w``: row ``64 g + 16 w + 8 h + l
+    // 4``, column ``8 j + 2 (l % 4) + b``), each element from a copy of the
+    block whose lines are contiguous (row-major for a gather along the
+    columns, column-major along the rows) and padded by the number of words
+    (0 to 31) that serves these indices best, as many wavefronts as its
+    most-requested bank has distinct words. Any lowering whose result is in
+    WGMMA's layout loads these groups (or pays another pass to regroup);
+    random indices take about 3.5 wavefronts per load, not 1: no layout
+    puts 32 arbitrary words on 32 banks."""
+    from smalti.emulate.profiling import wavefronts
+
+    rows, cols = indices.shape
+    lane = np.arange(32)
+    slots = itertools.product(range(rows // 64), range(4), range(2), range(cols // 8), range(2))
+    r, c = map(np.array, zip(*((64 * g + 16 * w + 8 * h + lane // 4, 8 * j + 2 * (lane % 4) + b)
+                               for g, w, h, j, b in slots)))
+    picked = np.asarray(indices, np.int64)[r, c]
+    line, length = (r, cols) if axis == 1 else (c, rows)
+    per_word = 4 // itemsize
+    return min(int(wavefronts((line * (length + per_word * pad) + picked) // per_word).sum())
+               for pad in range(32))
+
+
+def ideal(kind: str, shape: tuple[int, ...], axis: int, itemsize: int,
+          indices: np.ndarray | None = None) -> tuple[float, float]:
     """(extra shared wavefronts, extra thread-instructions per element) of the
-    ideal lowering of a primitive of ``kind`` along ``axis`` of a block of ``shape``."""
+    ideal lowering of a primitive of ``kind`` along ``axis`` of a block of
+    ``shape`` (a gather's at its ``indices``)."""
     nbytes = int(np.prod(shape)) * itemsize
     wavefronts = 2 * nbytes / WAVEFRONT_BYTES  # one conflict-free write + read pass
+    if kind == GATHER:  # the write pass, and the reads at the indices' conflicts
+        wavefronts = nbytes / WAVEFRONT_BYTES + gather_reads(indices, axis, itemsize)
     inst = 2 * itemsize / 16  # that pass: 16-byte stores and loads, per element
     if kind == SCAN:
         inst += 2  # a work-efficient scan: 2 (n - 1) combines per row of n
@@ -425,18 +485,24 @@ _IDENTITY: dict = {}
 def cost(entry: Entry, prof) -> tuple[int, float, float, float]:
     """(extra wavefronts, their ideal, extra thread-instructions per element,
     their ideal) of ``entry``'s profile against the identity kernel on its
-    first input's block (profiled once per shape and dtype)."""
+    first input's block (profiled once per shape and dtype); a gather's
+    without its index block's computation (its instructions at
+    :func:`_index_bits`' lines)."""
     from smalti.emulate.profiling import INST, WAVEFRONTS
 
     x = entry.args[0]
+    kind, axis = COSTED[entry.name]
     key = (x.shape, x.dtype.str)
     if key not in _IDENTITY:
         _IDENTITY[key] = smalti.emulate.profile(kernel(lambda v: v, [x]), x)
     base = _IDENTITY[key]
-    kind, axis = COSTED[entry.name]
-    want = ideal(kind, x.shape, axis, x.dtype.itemsize)
+    indices, callers = None, 0
+    if kind == GATHER:
+        indices = _index_bits_np(x, GATHER_AXES[entry.name])
+        callers = sum(c.get(INST, 0) for line, c in prof.by_line.items() if line in _index_lines())
+    want = ideal(kind, x.shape, axis, x.dtype.itemsize, indices)
     extra_wf = prof[WAVEFRONTS] - base[WAVEFRONTS]
-    extra_inst = (prof[INST] - base[INST]) * 32 / x.size
+    extra_inst = (prof[INST] - base[INST] - callers) * 32 / x.size
     return extra_wf, want[0], extra_inst, want[1]
 
 

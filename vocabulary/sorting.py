@@ -109,7 +109,14 @@ from jax._src.interpreters import mlir
 from jax._src.lax import lax as lax_internal
 from jax._src.lib.mlir import ir
 
-from smalti.vocabulary import block_gather, fixed_point, lane_exchange, lanes, smem_transpose
+from smalti.vocabulary import (
+    block_gather,
+    column_sort,
+    fixed_point,
+    lane_exchange,
+    lanes,
+    smem_transpose,
+)
 from smalti.vocabulary.annotations import (
     Aval,
     DTypeLike,
@@ -213,7 +220,7 @@ def from_high_sort_key(word: jnp.ndarray, dtype: DTypeLike) -> jnp.ndarray:
 # --- the network ------------------------------------------------------------------------------
 
 
-def _stages(p: int, runs: int | None = None) -> Iterator[tuple[int, int]]:
+def network_stages(p: int, runs: int | None = None) -> Iterator[tuple[int, int]]:
     """The bitonic network sorting runs of ``runs`` (default ``p``; powers
     of two) elements, all ascending: for each merge of runs of ``k``, first
     each element against its mirror in the run (``i ^ (k - 1)``), then
@@ -238,7 +245,7 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
                  stages: Iterable[tuple[int, int]] | None = None) -> list[jnp.ndarray]:
     """Sort the elements (lists of int32 words, compared lexicographically)
     along ``axis``, whose length must be a power of two: a bitonic network
-    (``stages``, default :func:`_stages` of the whole axis), one ``take``
+    (``stages``, default :func:`network_stages` of the whole axis), one ``take``
     per word and stage. Elements must differ in some word, or be equal
     values (then which one lands where does not matter). Along either axis
     of a 2-D block each stage is a
@@ -249,8 +256,10 @@ def bitonic_sort(words: list[jnp.ndarray], axis: int,
     if stages is None and axis == 1 and _registers(tuple(shape)):
         return _sort_relabelled(words, axis)
     if stages is None and axis == 0 and _transposed_in_registers(tuple(shape)):
+        if len(words) == 1 and column_sort.applies(tuple(shape), words[0].dtype):
+            return [column_sort.sort_columns(words[0])]
         return _sort_relabelled([w.T for w in words], axis)
-    stages = _stages(shape[axis]) if stages is None else stages
+    stages = network_stages(shape[axis]) if stages is None else stages
     if len(shape) == 2:
         for mask, half in stages:
             words = lane_exchange.compare_exchange(words, mask=mask, half=half, axis=axis)
@@ -300,12 +309,12 @@ def _relabel_bits(value: int, place: tuple[int, ...]) -> int:
     return out
 
 
-def _relabelled_stages(n: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+def relabelled_stages(n: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
     """:func:`relabelling` of a row of ``n`` and the full network's stages
     on the columns it places the positions at."""
     place = relabelling(n)
     return place, [(_relabel_bits(mask, place), _relabel_bits(half, place))
-                   for mask, half in _stages(n)]
+                   for mask, half in network_stages(n)]
 
 
 def _sort_relabelled(words: list[jnp.ndarray], axis: int) -> list[jnp.ndarray]:
@@ -314,7 +323,7 @@ def _sort_relabelled(words: list[jnp.ndarray], axis: int) -> list[jnp.ndarray]:
     any order to start with: a sort does not care), each word then back in
     position order along ``axis`` (:func:`_in_position_order`): the words
     are the block's own for ``axis`` 1, its transpose's for ``axis`` 0."""
-    _, stages = _relabelled_stages(words[0].shape[1])
+    _, stages = relabelled_stages(words[0].shape[1])
     return [_in_position_order(w, axis) for w in bitonic_sort(words, 1, stages)]
 
 
@@ -344,7 +353,7 @@ def smallest(words: list[jnp.ndarray], axis: int, k: int) -> list[jnp.ndarray]:
         return bitonic_sort(words, axis)
     if len(words[0].shape) == 2 and axis == 1:
         return _smallest_minor(words, r)
-    words = bitonic_sort(words, axis, _stages(length, r))
+    words = bitonic_sort(words, axis, network_stages(length, r))
     while length > r:
         length //= 2
         shape = tuple(length if d == axis else s for d, s in enumerate(words[0].shape))
@@ -381,7 +390,7 @@ def _smallest_minor(words: list[jnp.ndarray], r: int) -> list[jnp.ndarray]:
     def column(bits: int) -> int:
         return _relabel_bits(bits, place)
 
-    words = bitonic_sort(words, 1, [(column(m), column(h)) for m, h in _stages(length, r)])
+    words = bitonic_sort(words, 1, [(column(m), column(h)) for m, h in network_stages(length, r)])
     span = r
     while span < length:
         # read later: the r smallest of each merged pair, at multiples of 2 span
@@ -763,10 +772,11 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
     n = shape[dimension]
     bits = n.bit_length() - 1
     word = (q << bits) | positions(shape, dimension)
-    if dimension == 0:  # the transpose's minor axis (see _transposed_in_registers)
-        word = word.T
-    place, stages = _relabelled_stages(n)
-    [word] = bitonic_sort([word], 1, stages)
+    place, stages = relabelled_stages(n)
+    if dimension == 0 and column_sort.applies(shape, word.dtype):
+        word = column_sort.sort_columns(word, transposed=True)  # a column to a thread
+    else:  # on the transpose's minor axis where dimension is 0 (_transposed_in_registers)
+        [word] = bitonic_sort([word.T if dimension == 0 else word], 1, stages)
     index = word & (n - 1)
     # equal q in sorted neighbours: their words differ in the index bits alone
     tied = jnp.min(lax.bitcast_convert_type(word ^ lanes.permute(word, _successors(place)),
@@ -1128,10 +1138,13 @@ def _padded_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
 def estimate_sort(ctx: EstimatorContext, *avals: Aval, dimension: int, is_stable: bool,
                   num_keys: int) -> Resources:
     """The largest take: an int32 word of the padded block, or an operand
-    (as :mod:`smalti.vocabulary.block_gather` pads it, where it gathers from it)."""
+    (as :mod:`smalti.vocabulary.block_gather` pads it, where it gathers from
+    it), or along the rows :mod:`smalti.vocabulary.column_sort`'s scratch."""
     del is_stable, num_keys
     padded = _padded_shape(tuple(avals[0].shape), dimension)
     sizes = [int(np.prod(padded)) * 4]
+    if dimension == 0 and column_sort.applies(padded, np.int32):
+        sizes.append(column_sort.scratch_bytes(padded))
     for a in avals:
         gathered = lanes.fits(a)  # where _gather_along may use block_gather
         sizes.append(block_gather.scratch_bytes(a) if gathered

@@ -470,7 +470,8 @@ def test_sort_screened_float_blocks(pipeline, axis, dtype):
     or a lone NaN takes the path that keeps lax.sort's order (a wrong screen
     would swap the zeros or put the NaN first); both bit for bit jnp's, and
     the ordinary block cheaper (issue 37's 57 extra instructions per
-    element along the columns; along the rows through two transposes)."""
+    element along the columns; along the rows, f32 keys and the special
+    blocks' int32 words take a column to a thread, column_sort.py)."""
     rng = np.random.default_rng(12)
     ordinary = rng.standard_normal((64, 128)).astype(dtype)
     ordinary[ordinary == 0] = 1
@@ -483,7 +484,7 @@ def test_sort_screened_float_blocks(pipeline, axis, dtype):
         got = _profile(pipeline, fn, x)
         assert_bits(got.outputs[0], np.asarray(jax.jit(fn)(x)))
         costs.append((got[INST] - base[INST]) * 32 / x.size)
-    assert costs[0] <= 57 and costs[0] < costs[1] - 10, costs
+    assert costs[0] <= 57 and costs[0] < costs[1] - 5, costs
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.name)

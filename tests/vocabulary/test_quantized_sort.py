@@ -196,7 +196,7 @@ def test_no_scale_for_zeros_tiny_numbers_and_specials(magnitude):
 
 def _labelled(rows):
     """Positions' values at their relabelled columns."""
-    place, _ = sorting._relabelled_stages(rows.shape[1])
+    place, _ = sorting.relabelled_stages(rows.shape[1])
     out = np.empty_like(rows)
     out[:, list(place)] = rows
     return out, place
