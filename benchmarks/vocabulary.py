@@ -326,9 +326,13 @@ def _group_scale(x):
 
 
 def _index_bits(x, n: int):
-    """The gathers' index block: the data's own bits masked to an axis of ``n``."""
+    """The gathers' index block: the data's own bits masked to an axis of
+    ``n``. In lax's own ops: jnp's are jitted, and a jitted function's
+    traced body keeps the source lines of its first caller, which the
+    profiler would then count there instead of here."""
     bits = lax.bitcast_convert_type(x, {2: jnp.int16, 4: jnp.int32}[x.dtype.itemsize])
-    return bits.astype(jnp.int32) & (n - 1)
+    bits = lax.convert_element_type(bits, jnp.int32)
+    return lax.bitwise_and(bits, lax.full_like(bits, n - 1))
 
 
 def _index_bits_np(x: np.ndarray, n: int) -> np.ndarray:
