@@ -109,6 +109,8 @@ THREADS = mgpu_utils.WARPGROUP_SIZE
 #: stores on distinct banks) and of the second's (4 words: a quarter-warp's 8 rows).
 ROW_PAD, COLUMN_PAD = 8, 4
 VECTOR = 4  # positions per 16-byte store and load
+#: The types it sorts: int32 words (signed), float32 values (without NaN).
+WORDS = (np.dtype(np.int32), np.dtype(np.float32))
 
 sort_columns_p = jax_core.Primitive("smalti_sort_columns")
 
@@ -116,7 +118,13 @@ sort_columns_p = jax_core.Primitive("smalti_sort_columns")
 def sort_columns(x: jax.Array, *, transposed: bool = False) -> jax.Array:
     """Each column of a 2-D 32-bit block sorted ascending; with
     ``transposed``, as the rows of ``x.T``, position ``p`` at column
-    ``relabelling(R)[p]`` (see the module docstring)."""
+    ``relabelling(R)[p]`` (see the module docstring). ``R`` must be a power
+    of two, at least 8; int32 words compare signed, float32 values must not
+    be NaN."""
+    rows = x.shape[0] if x.ndim == 2 else 0
+    if (x.ndim != 2 or np.dtype(x.dtype) not in WORDS or rows < 8 or rows & (rows - 1)):
+        raise ValueError("sort_columns: a 2-D int32 or float32 block whose columns' length is a "
+                         f"power of two, at least 8; got {x.dtype} of shape {x.shape}")
     return sort_columns_p.bind(x, transposed=transposed)
 
 
@@ -125,7 +133,7 @@ def applies(shape: tuple[int, ...], dtype: DTypeLike) -> bool:
     ``dtype`` (the lowering also needs the value in WGMMA's layout and the
     scratch free, and falls back otherwise)."""
     return (len(shape) == 2 and shape[0] in LINE_LENGTHS and shape[1] % THREADS == 0
-            and np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.float32)))
+            and np.dtype(dtype) in WORDS)
 
 
 def scratch_bytes(shape: tuple[int, ...]) -> int:
@@ -185,10 +193,11 @@ def _group_place(v: int, rows: int) -> int:
     return v ^ (lane << 1)
 
 
-def _extrema(element: ir.Type, signed: bool) -> tuple[Any, Any]:
+def _extrema(element: ir.Type) -> tuple[Any, Any]:
+    """The ``min`` and ``max`` of two words: float32's, or int32's signed."""
     if isinstance(element, ir.FloatType):
         return arith.minimumf, arith.maximumf
-    return (arith.minsi, arith.maxsi) if signed else (arith.minui, arith.maxui)
+    return arith.minsi, arith.maxsi
 
 
 def _sort_registers(x: fa.FragmentedArray, scratch: Scratch, transposed: bool
@@ -213,7 +222,7 @@ def _sort_registers(x: fa.FragmentedArray, scratch: Scratch, transposed: bool
     if transposed:  # (in place, each thread rewrites only the words it alone read)
         mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is rewritten
     # 3: the network, all in this thread's registers
-    smaller, larger = _extrema(element, x.is_signed is not False)
+    smaller, larger = _extrema(element)
     for mask, _ in network_stages(rows):
         for values in columns:
             for i in range(rows):

@@ -175,6 +175,15 @@ def test_applies(shape, dtype, applies):
     assert column_sort.applies(shape, dtype) is applies
 
 
+@pytest.mark.parametrize("shape, dtype", [
+    ((128,), I32), ((2, 64, 128), F32), ((48, 128), F32), ((4, 128), I32),
+    ((64, 128), np.dtype(np.float16)), ((64, 128), np.dtype(np.bool_)),
+], ids=str)
+def test_refuses_what_it_cannot_sort(shape, dtype):
+    with pytest.raises(ValueError, match="sort_columns: a 2-D int32 or float32 block"):
+        column_sort.sort_columns(jnp.zeros(shape, dtype))
+
+
 def test_scratch_is_the_larger_phase():
     assert column_sort.scratch_bytes((64, 128)) == 4 * 64 * 136 == 4 * 128 * 68
     assert column_sort.scratch_bytes((64, 256)) == 4 * 256 * 68  # the rows' phase is larger
