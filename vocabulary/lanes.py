@@ -335,11 +335,11 @@ def lower(ctx: PallasContext, x: Operand, *, columns: tuple[int, ...], fill: Any
 
 def on_registers(ctx: PallasContext, x: Operand, out_shape: tuple[int, ...],
                  fn: Callable[[fa.FragmentedArray], fa.FragmentedArray],
-                 out_dtype: Any = None) -> Lowered:
+                 out_dtype: Any = None, out_layout: Any = None) -> Lowered:
     """``fn`` of the rule's one operand ``x`` as WGMMA-layout registers, a
-    result of ``out_shape`` in the same layout and of ``out_dtype`` (default:
-    the operand's type): the ``plgpu.inline_mgpu`` body every register path
-    of the vocabulary is."""
+    result of ``out_shape`` in the same layout (or ``out_layout``, a
+    ``plgpu.Layout``) and of ``out_dtype`` (default: the operand's type):
+    the ``plgpu.inline_mgpu`` body every register path of the vocabulary is."""
     [aval] = ctx.avals_in
     layout = plgpu.Layout.WGMMA
     wgmma = mgpu_layouts.to_layout_attr(fa.WGMMA_LAYOUT)
@@ -348,7 +348,7 @@ def on_registers(ctx: PallasContext, x: Operand, out_shape: tuple[int, ...],
     @plgpu.inline_mgpu(arg_types=(layout,),
                        return_type=plgpu.ShapeDtypeStruct(
                            tuple(out_shape), aval.dtype if out_dtype is None else out_dtype,
-                           layout))
+                           layout if out_layout is None else out_layout))
     def body(_: Any, value: fa.FragmentedArray) -> fa.FragmentedArray:
         return fn(value)
 

@@ -51,10 +51,12 @@ Words (what makes the order exactly lax's):
   f16 or bf16 stage takes both halves of a register at once
   (``min.bf16x2``) wherever partners keep their halves
   (:mod:`smalti.vocabulary.lane_exchange`); an f16 or bf16 block with any
-  runs the key-and-index network below. Pallas' reduction to a scalar
-  shares its scratch among a kernel's warpgroups (which races), so kernels
-  of several Pallas warpgroups skip the screen, as do blocks loaded
-  plainly from global memory (whose strided layout no reduction takes).
+  runs the key-and-index network below. The screen's scalars, like every
+  block-wide scalar here, are :mod:`smalti.vocabulary.block_reduce`'s, on
+  the warpgroup's own scratch slice (Pallas' reduction to a scalar shares
+  one scratch among a kernel's warpgroups, which races), so kernels of
+  several Pallas warpgroups screen too; blocks loaded plainly from global
+  memory (whose strided layout no reduction takes) skip it.
 
 Along the minor axis of a 2-D block in WGMMA's registers, a full sort runs
 its stages on relabelled positions (:func:`relabelling`): the network
@@ -111,6 +113,7 @@ from jax._src.lib.mlir import ir
 
 from smalti.vocabulary import (
     block_gather,
+    block_reduce,
     column_sort,
     fixed_point,
     lane_exchange,
@@ -502,10 +505,9 @@ def sort_f(*operands: jnp.ndarray, dimension: int, num_keys: int, screen: bool =
     operand sorts its own values, no index), and the first of several
     operands (f32, or 32-bit integers) measured for a one-word key
     (:func:`_sort_int32_key`, :func:`_sort_f32_key`).
-    Pallas' reduction to a scalar shares one scratch among a kernel's
-    warpgroups (which races), so only kernels of one Pallas warpgroup
-    screen, and a reduction cannot take the strided layout of a block
-    loaded plainly from global memory, so such blocks are not screened.
+    The scalars are :func:`_reduce`'s (each warpgroup's own); a reduction
+    cannot take the strided layout of a block loaded plainly from global
+    memory, so such blocks are not screened.
     ``indices``: (position, dtype) of lax.sort's outputs whose operands were
     iotas along ``dimension`` (``jnp.argsort``'s) and are not passed: they
     are the sorted index itself. ``unused``: positions of outputs nobody
@@ -612,7 +614,7 @@ def _sort_int32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: fro
     axis runs in registers on relabelled positions, and takes the key and
     the index as two words otherwise (and where the quantized sort fails)."""
     key = total_order_key(operands[0])
-    lo, hi = jnp.min(key), jnp.max(key)
+    lo, hi = _reduce(key, "min"), _reduce(key, "max")
     span = hi - lo  # int32: negative where it wraps, a span of 2**31 or more
     n = key.shape[dimension]
     p = _padded_length(n)
@@ -647,12 +649,12 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
     index as a second key."""
     x = operands[0]
     top = _quantized_top(x.shape[dimension])
-    magnitude = jnp.max(jnp.abs(x))  # NaN where the block has one
+    magnitude = _reduce(jnp.abs(x), "max")  # NaN where the block has one
     infinite = magnitude == np.inf
 
     def finite_magnitude() -> jnp.ndarray:
         size = jnp.abs(x)
-        return jnp.max(jnp.where(size < np.inf, size, 0))
+        return _reduce(jnp.where(size < np.inf, size, 0), "max")
 
     bound = lax.cond(infinite, finite_magnitude, lambda: magnitude)
 
@@ -666,8 +668,9 @@ def _sort_f32_key(operands: tuple[jnp.ndarray, ...], dimension: int, skip: froze
 
     def by_span(*ops: jnp.ndarray) -> Quantized:
         key = sort_key(ops[0])
-        lo = jnp.min(key)
-        return _sort_by_span(key, lo, jnp.max(key) - lo, *ops, dimension=dimension, skip=skip)
+        lo = _reduce(key, "min")
+        return _sort_by_span(key, lo, _reduce(key, "max") - lo, *ops, dimension=dimension,
+                             skip=skip)
 
     out, index, status = lax.cond(_fixed_point_fits(x, bound, top), fixed,
                                   partial(_not_sorted, CROWDED), *operands)
@@ -686,7 +689,7 @@ def _fixed_point_fits(x: jnp.ndarray, bound: jnp.ndarray, top: int) -> jnp.ndarr
     block of a wide dynamic range: softmax outputs, magnitudes over many
     octaves, whose fixed-point keys would tie)."""
     sample = jnp.abs(lax.slice(x, (0, 0), (x.shape[0], 8)))
-    tiny = jnp.sum((sample < bound * 2.0 ** -12).astype(jnp.int32))
+    tiny = _reduce((sample < bound * 2.0 ** -12).astype(jnp.int32), "sum")
     return _scales(bound, top) & (tiny * 8 <= sample.size)
 
 
@@ -779,12 +782,12 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
         [word] = bitonic_sort([word.T if dimension == 0 else word], 1, stages)
     index = word & (n - 1)
     # equal q in sorted neighbours: their words differ in the index bits alone
-    tied = jnp.min(lax.bitcast_convert_type(word ^ lanes.permute(word, _successors(place)),
-                                            jnp.uint32)) < n
+    tied = _reduce(lax.bitcast_convert_type(word ^ lanes.permute(word, _successors(place)),
+                                                 jnp.uint32), "min") < n
 
     def repaired(index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         exact_key = _gather_along(key().T if dimension == 0 else key(), index, 1)
-        inverted = jnp.sum(_inverted(exact_key, index, place).astype(jnp.int32))
+        inverted = _reduce(_inverted(exact_key, index, place).astype(jnp.int32), "sum")
 
         def swept(index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
             index, unsorted = _repair(exact_key, index, place)
@@ -805,6 +808,21 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
 
     return lax.cond(status != SORTED,
                     lambda _: _not_sorted(status, *operands), done, index)
+
+
+def _reduce(x: jnp.ndarray, op: str) -> jnp.ndarray:
+    """``jnp.max``, ``min`` or ``sum`` (``op``) of a whole block: on the
+    warpgroup's own scratch where :mod:`smalti.vocabulary.block_reduce`
+    takes the type (Pallas' reduction to a scalar shares one scratch among
+    warpgroups), jnp's otherwise."""
+    if np.dtype(x.dtype) in block_reduce.OPERATIONS[op]:
+        return block_reduce.block_reduce(x, op)
+    return block_reduce.JNP[op](x)
+
+
+def _any(flags: jnp.ndarray) -> jnp.ndarray:
+    """Whether any of a block of booleans is set (:func:`_reduce`)."""
+    return _reduce(flags.astype(jnp.int32), "max") > 0
 
 
 def _successors(place: tuple[int, ...]) -> tuple[int, ...]:
@@ -851,7 +869,7 @@ def _repair(key: jnp.ndarray, index: jnp.ndarray, place: tuple[int, ...]
         key, index, rounds, _ = state
         key, index = lane_exchange.compare_exchange([key, index], mask=bit0, half=bit0)
         key, index = _odd_pairs(key, index, place, odd)
-        return key, index, rounds + 1, jnp.any(_inverted(key, index, place, last))
+        return key, index, rounds + 1, _any(_inverted(key, index, place, last))
 
     _, index, _, unsorted = lax.while_loop(
         lambda state: state[3] & (state[2] < REPAIR_SWEEPS), sweep,
@@ -922,7 +940,7 @@ def _has_zero_subnormal_or_nan(x: jnp.ndarray) -> jnp.ndarray:
     flushed subnormal here is only taken as one more reason for the exact
     path)."""
     tiny = np.array(jnp.finfo(x.dtype).smallest_normal, x.dtype)
-    return ~(jnp.min(jnp.abs(x)) >= tiny)
+    return ~(_reduce(jnp.abs(x), "min") >= tiny)
 
 
 def _sort_f32(x: jnp.ndarray, axis: int, p: int) -> jnp.ndarray:
@@ -1094,12 +1112,10 @@ def _lower(ctx: PallasContext, operands: tuple[Operand, ...], *, dimension: int,
 
     _check_dtypes(ctx, "sort")
     check_block(ctx, tuple(ctx.avals_in[0].shape), dimension, "sort")
-    module_ctx = ctx.module_ctx
-    one_warpgroup = smem_transpose.warpgroups(module_ctx.axis_names, module_ctx.mesh_info) == 1
     with lanes.for_operands(*operands):
         # not screened: a block loaded plainly from global memory (a strided
         # layout, which the screen's reduction cannot take)
-        screen = one_warpgroup and lanes.registers_allowed()
+        screen = lanes.registers_allowed()
         fn = partial(sort_f, dimension=dimension, num_keys=num_keys, screen=screen,
                      indices=indices, unused=unused)
         return _lower_fun(lambda *xs: fn(*(x for i, x in enumerate(xs) if i not in dropped)))(
