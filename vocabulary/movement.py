@@ -60,7 +60,7 @@ from jax._src.lib.mlir.dialects import arith, vector
 from jax._src.pallas.mosaic_gpu import lowering as pallas_lowering
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from smalti.vocabulary import lanes, lines, smem_transpose
+from smalti.vocabulary import block_reduce, lanes, lines, smem_transpose
 from smalti.vocabulary import rows as row_moves
 from smalti.vocabulary.annotations import (
     Aval,
@@ -595,23 +595,39 @@ def element_f(x: jax.Array, index: tuple[int, int]) -> jax.Array:
     """``x[r:r+1, c:c+1]`` of a 2-D block as a (1, 1) broadcast of one
     value the same in every thread (what ``x[r, c]`` squeezes to a scalar):
     the block's maximum where every other element is the dtype's least
-    (an exact pick: ``-0.0`` and NaN included, float maxima propagate NaN)."""
+    (an exact pick: ``-0.0`` and NaN included, float maxima propagate NaN),
+    on the warpgroup's own scratch where
+    :mod:`smalti.vocabulary.block_reduce` takes the type."""
     from smalti.vocabulary.scans import identity  # scans imports this module
 
     dtype = np.dtype(x.dtype)
     lowest = False if dtype == np.dtype(bool) else identity("cummax", dtype)
     rows, columns = _iotas(tuple(x.shape))
     hit = (rows == index[0]) & (columns == index[1])
-    value = jnp.max(jnp.where(hit, x, np.asarray(lowest, dtype)))
+    picked = jnp.where(hit, x, np.asarray(lowest, dtype))
+    if _own_reduction(dtype):
+        value = block_reduce.block_reduce(picked, "max")
+    else:
+        value = jnp.max(picked)
     return jax.lax.broadcast_in_dim(value, (1, 1), ())
 
 
+def _own_reduction(dtype: np.dtype) -> bool:
+    """Whether :mod:`smalti.vocabulary.block_reduce` reduces ``dtype``."""
+    return np.dtype(dtype) in block_reduce.OPERATIONS["max"]
+
+
 def _lower_element(ctx: PallasContext, x: Operand, index: tuple[int, int]) -> Lowered:
-    if smem_transpose.warpgroups(ctx.module_ctx.axis_names, ctx.module_ctx.mesh_info) != 1:
-        raise refuse(ctx, "one element of a block in a kernel of several Pallas warpgroups "
-                          "is not supported: Pallas' reduction to a scalar shares one scratch "
-                          "among the warpgroups", fix="read the element from its ref "
-                          "(x_ref[r, c]) instead of from the loaded block", jax_cannot=True)
+    [aval] = ctx.avals_in
+    several = smem_transpose.warpgroups(ctx.module_ctx.axis_names,
+                                        ctx.module_ctx.mesh_info) != 1
+    if several and not (_own_reduction(aval.dtype) and lanes.fits(aval, x)):
+        raise refuse(ctx, f"one element of a {np.dtype(aval.dtype).name} block "
+                          f"{'not in registers ' if _own_reduction(aval.dtype) else ''}"
+                          "in a kernel of several Pallas warpgroups is not supported: "
+                          "Pallas' reduction to a scalar shares one scratch among the "
+                          "warpgroups", fix="read the element from its ref (x_ref[r, c]) "
+                          "instead of from the loaded block", jax_cannot=True)
     return _lowered(element_f)(ctx, x, index=index)
 
 

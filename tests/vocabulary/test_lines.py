@@ -114,13 +114,29 @@ def test_one_element(pipeline, index, dtype):
                 np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
-def test_one_element_of_several_warpgroups_is_refused(pipeline):
-    """Pallas' reduction to a scalar shares its scratch among warpgroups (a
-    race the checker finds), so the pick is refused there, with the fix."""
-    x = _inputs((2, 64, 128), F32)
+@pytest.mark.parametrize("dtype", [F32, BF16, I32], ids=lambda d: d.name)
+def test_one_element_of_several_warpgroups(pipeline, dtype):
+    """Each warpgroup picks from its own block on its own scratch slice
+    (``block_reduce``): race-free, each block's element."""
+    x = _inputs((2, 64, 128), dtype)
+    x[np.isnan(x.astype(np.float32))] = 2
+    fn = lambda v: v - v[3, 4]  # noqa: E731
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), dtype, 2), x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.stack([b - b[3, 4] for b in x])
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_one_element_of_several_warpgroups_is_refused_for_other_types(pipeline):
+    """A type ``block_reduce`` does not take goes by Pallas' reduction to a
+    scalar, which shares its scratch among warpgroups (a race the checker
+    finds): the pick is refused there, with the fix."""
+    x = _inputs((2, 64, 128), I32).astype(np.int16)
     with smalti.jax.installed(pipeline), pytest.raises(Exception, match="SM206") as info:
-        smalti.emulate.run(_blocks_kernel(lambda v: v * v[3, 4], (64, 128), F32, 2), x)
-    assert "x_ref[r, c]" in str(info.value)
+        smalti.emulate.run(_blocks_kernel(lambda v: v * v[3, 4], (64, 128), np.dtype(np.int16),
+                                          2), x)
+    assert "x_ref[r, c]" in str(info.value) and "int16 block" in str(info.value)
 
 
 def test_bad_index():
