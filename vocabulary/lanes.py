@@ -15,7 +15,9 @@ or the pair of 16-bit elements of a register, so a 16-bit shuffle moves
 two elements):
 
 - the four receivers' sources ``(lane q', word, half)`` are split into
-  rounds in which no lane sends twice (one round for any permutation);
+  rounds in which no lane sends two different words (one round for any
+  permutation, and wherever receivers share a sender's word: a 16-bit
+  interleave's two lanes reading the halves of one word);
 - in a round each sender lane sends the word its receiver wants (selects
   on the sender's lane where that word differs between lanes) through one
   ``shfl.sync``: none where every receiver reads its own lane, ``bfly``
@@ -436,18 +438,25 @@ class Quad:
                               nvvm.ShflKind.idx)
 
 
-def _rounds(senders: Sequence[int], receivers: Sequence[int]) -> list[list[int]]:
-    """The ``receivers`` (lanes) split into rounds in which no lane sends twice."""
+def _rounds(sources: Sequence[tuple[int, int] | None], receivers: Sequence[int]
+            ) -> list[list[int]]:
+    """The ``receivers`` (lanes) split into rounds in which no lane sends two
+    different words (one shuffle hands a lane's word to any number of
+    receivers)."""
     rounds: list[list[int]] = []
     for q in receivers:
-        s = senders[q]
+        source = sources[q]
         for r in rounds:
-            if all(senders[o] != s for o in r):
+            if all(sources[o] == source or _sender(sources[o]) != _sender(source) for o in r):
                 r.append(q)
                 break
         else:
             rounds.append([q])
     return rounds
+
+
+def _sender(source: tuple[int, int] | None) -> int:
+    return -1 if source is None else source[0]
 
 
 def _lane_map(senders: Sequence[int], served: Sequence[int]) -> tuple[int, ...]:
@@ -471,7 +480,7 @@ def route(quad: Quad, words: Sequence[ir.Value], sources: Sequence[tuple[int, in
     wanted = [q for q in range(QUAD) if sources[q] is not None]
     senders = [s[0] if s is not None else -1 for s in sources]
     value: ir.Value | None = None
-    for served in _rounds(senders, wanted):
+    for served in _rounds(sources, wanted):
         lanes = _lane_map(senders, served)
         sent: list[int | None] = [None] * QUAD  # the word each sender lane sends
         for q in served:
