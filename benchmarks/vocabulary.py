@@ -165,8 +165,17 @@ def _scan_bound(x, axis=1):
     return (np.ceil(np.log2(n)) + 1) * EPS32 * np.cumsum(np.abs(x), axis)
 
 
+def _half_scan_bound(x, axis=1):
+    """A bf16 cumsum summed in f32 in any order (a sequential one's ``i u
+    sum |x|``, the loosest), then rounded once: half an ulp of bf16 more."""
+    i = np.arange(1, x.shape[axis] + 1).reshape((-1, 1) if axis == 0 else (1, -1))
+    return i * EPS32 / 2 * np.cumsum(np.abs(x), axis) + 2.0 ** -8 * np.abs(np.cumsum(x, axis))
+
+
 #: Equality for the entries whose answer is a sum in another order than jnp's.
 BOUNDED = {
+    "cumsum bf16": within(lambda x: np.cumsum(x, 1), _half_scan_bound),
+    "cumsum rows bf16": within(lambda x: np.cumsum(x, 0), lambda x: _half_scan_bound(x, 0)),
     "cumsum": within(lambda x: np.cumsum(x, 1), _scan_bound),
     "cumsum rev": within(lambda x: np.cumsum(x[:, ::-1], 1)[:, ::-1],
                          lambda x: _scan_bound(x[:, ::-1])[:, ::-1]),
@@ -388,6 +397,13 @@ ISSUE_37: list[tuple[str, Callable, Callable[[], list[np.ndarray]]]] = [
      lambda: [bf16()]),
     ("gather rows bf16", lambda x: jnp.take_along_axis(x, _index_bits(x, 64), axis=0),
      lambda: [bf16()]),
+    # the movement and scan lines in bf16 (issue 37's targets are on f32 and bf16 blocks)
+    ("interleave bf16", lambda x: jnp.stack([x[:, :64], x[:, 64:]], -1).reshape(64, 128),
+     lambda: [bf16()]),
+    ("cumsum bf16", lambda x: jnp.cumsum(x, 1), lambda: [bf16()]),
+    ("cummax bf16", lambda x: lax.cummax(x, 1), lambda: [bf16()]),
+    ("cumsum rows bf16", lambda x: jnp.cumsum(x, 0), lambda: [bf16()]),
+    ("cummin rows bf16", lambda x: lax.cummin(x, 0), lambda: [bf16()]),
     ("top_k + concat", _top2, lambda: [x32()]),
     ("top_k 1", lambda x: lax.top_k(x, 1)[0][:, 0], lambda: [x32()]),
     ("sort - x", lambda x: jnp.sort(x, 1) - x, lambda: [x32()]),
@@ -427,6 +443,8 @@ COSTED: dict[str, tuple[str, int]] = {
     "strided slice": (MOVEMENT, 1), "outer broadcast": (MOVEMENT, 1), "repeat": (MOVEMENT, 1),
     "interleave": (MOVEMENT, 1), "tile": (MOVEMENT, 1), "gather": (GATHER, 1),
     "gather rows 1": (GATHER, 0), "gather bf16": (GATHER, 1), "gather rows bf16": (GATHER, 0),
+    "interleave bf16": (MOVEMENT, 1), "cumsum bf16": (SCAN, 1), "cummax bf16": (SCAN, 1),
+    "cumsum rows bf16": (SCAN, 0), "cummin rows bf16": (SCAN, 0),
     "cumsum": (SCAN, 1), "cumsum rev": (SCAN, 1), "cummax": (SCAN, 1), "cummin": (SCAN, 0),
     "cumprod": (SCAN, 1),
     "sort": (SORT, 1), "argsort": (SORT, 1), "sort cols": (SORT, 0), "top_k": (SORT, 1),

@@ -64,6 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core as jax_core
@@ -88,6 +89,10 @@ KINDS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "add": lax.add, "mul": lax.mul, "max": lax.max, "min": lax.min,
 }
 ROW_LENGTHS = (32, 64, 128, 256)
+#: 16-bit floats: rows of 64 to 256 (16 to 64 words: runs of 2 to 8 chunks,
+#: which the pairs' swizzle keeps conflict-free).
+PAIR_ROW_LENGTHS = (64, 128, 256)
+SIXTEEN_BIT_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 def identity(kind: str, dtype: Any) -> float | int:
@@ -118,16 +123,24 @@ def scan(x: jax.Array, kind: str, *, reverse: bool = False, axis: int = 1) -> ja
 def _fallback(x: jax.Array, *, kind: str, reverse: bool, axis: int) -> jax.Array:
     from smalti.vocabulary.scans import scan as hillis_steele
 
+    if np.dtype(x.dtype) in SIXTEEN_BIT_FLOATS:  # in f32 (the 32-bit round trip), rounded once
+        return scan(x.astype(jnp.float32), kind, reverse=reverse, axis=axis).astype(x.dtype)
+
     return hillis_steele(x, KINDS[kind], axis=axis, reverse=reverse,
                          fill=identity(kind, x.dtype))
 
 
 def fits(aval: Aval, x: ir.Value | None = None, axis: int = 1) -> bool:
     """Whether the round trip scans ``aval`` along ``axis`` (see the module
-    docstring)."""
-    if not (lanes.fits(aval, x) and np.dtype(aval.dtype).itemsize == 4):
+    docstring): 32-bit types, and 16-bit floats along the minor axis."""
+    dtype = np.dtype(aval.dtype)
+    if not lanes.fits(aval, x):
         return False
     cols = aval.shape[1]
+    if dtype in SIXTEEN_BIT_FLOATS and axis == 1:
+        return cols in PAIR_ROW_LENGTHS
+    if dtype.itemsize != 4 and dtype not in SIXTEEN_BIT_FLOATS:
+        return False
     return cols in ROW_LENGTHS if axis == 1 else cols % mgpu_utils.WARPGROUP_SIZE == 0
 
 
@@ -138,6 +151,9 @@ def _abstract_eval(x: Aval, *, kind: str, reverse: bool, axis: int) -> Aval:
 
 
 def _impl(x: jax.Array, *, kind: str, reverse: bool, axis: int) -> jax.Array:
+    if np.dtype(x.dtype) in SIXTEEN_BIT_FLOATS:  # computed in f32, rounded once
+        return _impl(x.astype(jnp.float32), kind=kind, reverse=reverse, axis=axis
+                     ).astype(x.dtype)
     return lax.associative_scan(KINDS[kind], x, reverse=reverse, axis=axis)
 
 
@@ -153,6 +169,10 @@ def lower(ctx: PallasContext, x: Operand, *, kind: str, reverse: bool, axis: int
     if scratch is None or not fits(aval, x, axis):
         return pallas_lowering._lower_fun(
             lambda v: _fallback(v, kind=kind, reverse=reverse, axis=axis))(ctx, x)
+    if np.dtype(aval.dtype) in SIXTEEN_BIT_FLOATS:
+        pairs = _scan_pairs if axis == 1 else _scan_word_columns
+        return lanes.on_registers(ctx, x, aval.shape,
+                                  lambda value: pairs(value, kind, reverse, scratch))
     if axis == 0:
         return lanes.on_registers(ctx, x, aval.shape,
                                   lambda value: _scan_columns(value, kind, reverse, scratch))
@@ -247,6 +267,92 @@ def _scan_registers(x: fa.FragmentedArray, kind: str, reverse: bool,
     return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
 
 
+def _scan_pairs(x: fa.FragmentedArray, kind: str, reverse: bool,
+                scratch: row_moves.Scratch) -> fa.FragmentedArray:
+    """The round trip of a 16-bit float block along its minor axis, in
+    32-bit words (a register's two elements, consecutive columns): each
+    register is stored as one word (a warp's 32 lanes: 8 rows of 4 words),
+    each lane loads its quarter of the row in 16-byte chunks, scans it --
+    sums and products in float32, rounded to the 16-bit type once at the
+    end; maxima and minima in the 16-bit type, exact -- stores it back, and
+    the registers are loaded back. Logical chunk ``c`` of row ``r`` in
+    quarter ``s`` is kept at chunk ``c ^ s ^ bitrev3(r & 7)``: the 8 rows of a
+    warp's word stores meet 8 distinct groups of 4 banks, and the 8 lanes of
+    a quarter-warp's 16-byte accesses (two rows, four quarters) too (found
+    by search over such XORs for runs of 2, 4 and 8 chunks)."""
+    regs = x.registers  # (rows / 64, cols / 8, 1, 1, 2, 1, 1, 1, 1) of vector<2 x T>
+    n, cols = x.shape
+    pair = ir.VectorType(regs.flat[0].type)
+    element = pair.element_type
+    i32 = ir.IntegerType.get_signless(32)
+    index = ir.IndexType.get()
+    exact = kind in ("max", "min")  # extrema of 16-bit values are 16-bit values
+    compute = element if exact else ir.F32Type.get()
+    combine = _combiner(kind, compute, True)
+    fill = identity(kind, np.float32)
+    chunk = ir.VectorType.get((4,), i32)  # 16 bytes: 8 elements
+    run = cols // 4  # elements per lane's run: a quarter of the row
+    chunks = run // 8  # chunks per run
+
+    def c(v: int) -> ir.Value:
+        return mgpu_utils.c(v, index)
+
+    place = row_moves.ThreadPlace.here()
+    own = place.own
+    q = arith.andi(place.tid, c(3))
+    # 4 bitrev3(own & 7): bit 0 of the row to bit 2 of the chunk and back
+    flipped = arith.ori(arith.ori(arith.andi(arith.shrui(own, c(2)), c(1)), arith.andi(own, c(2))),
+                        arith.shli(arith.andi(own, c(1)), c(2)))
+    view = scratch.view((n, cols // 2), i32)
+    # register j (word 4 j + q, chunk j, quarter j // chunks) at 4 (j ^ s ^ R) + q
+    word_base = arith.ori(arith.shli(flipped, c(2)), q)
+    word_cols = {j: xor_const(word_base, 4 * (j ^ (j // chunks))) for j in range(regs.shape[1])}
+    # this lane's run: chunks q chunks + k, at (q chunks + k) ^ q ^ R
+    run_base = arith.shli(arith.xori(arith.xori(arith.muli(q, c(chunks)), q), flipped), c(2))
+    run_cols = [xor_const(run_base, 4 * k) for k in range(chunks)]
+    rows = row_moves.natural_rows(own, regs)
+
+    def as_word(register: ir.Value) -> ir.Value:
+        return lanes.extract(vector.bitcast(ir.VectorType.get((1,), i32), register), 0)
+
+    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+    for idx in np.ndindex(regs.shape):
+        memref.store(as_word(regs.item(idx)), view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
+    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+
+    quad = lanes.Quad()
+    eight = ir.VectorType.get((8,), element)
+    order = list(range(run))[::-1] if reverse else list(range(run))
+    for g, h in row_moves.row_groups(regs):
+        loaded = [vector.bitcast(eight, vector.load(chunk, view, [rows[(g, h)], col]))
+                  for col in run_cols]
+        values = [lanes.extract(v, i) for v in loaded for i in range(8)]
+        if not exact:
+            values = [arith.extf(compute, v) for v in values]
+        prefix: list[ir.Value] = list(values)
+        for before, i in zip(order, order[1:]):  # the run, in scan order
+            prefix[i] = combine(prefix[before], values[i])
+        f32 = ir.F32Type.get()  # the quad's exchange in 32-bit words
+        total = prefix[order[-1]]
+        offset = _exclusive_in_quad(quad, arith.extf(f32, total) if exact else total,
+                                    _combiner(kind, f32, True), reverse, f32, fill)
+        if exact:
+            offset = arith.truncf(element, offset)  # a 16-bit value: exact
+        done = [combine(offset, p) for p in prefix]
+        if not exact:
+            done = [arith.truncf(element, v) for v in done]
+        for k, col in enumerate(run_cols):
+            stored = vector.from_elements(eight, done[8 * k:8 * k + 8])
+            vector.store(vector.bitcast(chunk, stored), view, [rows[(g, h)], col])
+    mgpu_utils.warpgroup_barrier()  # every run is back
+    out = np.empty_like(regs)
+    for idx in np.ndindex(regs.shape):
+        word = memref.load(view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
+        out[idx] = vector.bitcast(pair, vector.broadcast(ir.VectorType.get((1,), i32), word))
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
+
+
 def _exclusive_in_quad(quad: lanes.Quad, total: ir.Value, combine: Callable[..., ir.Value],
                        reverse: bool, element: ir.Type, fill: float | int) -> ir.Value:
     """The combination of the runs before this lane's in the quad (after it,
@@ -282,8 +388,8 @@ def _scan_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     """The scan along the rows: every thread stores its registers (WGMMA's
     layout, swizzled as :mod:`smalti.vocabulary.rows` does), then thread
     ``t`` of the warpgroup scans columns ``t, t + 128, ...`` sequentially
-    with scalar loads and stores (a warp's 32 lanes: 32 consecutive words of
-    one row, one wavefront), and the registers are loaded back."""
+    with scalar loads and stores (a warp's 32 lanes: 32 consecutive
+    elements of one row, one wavefront), and the registers are loaded back."""
     regs = x.registers
     n, cols = x.shape
     pair = ir.VectorType(regs.flat[0].type)
@@ -319,5 +425,72 @@ def _scan_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     out = np.empty_like(regs)
     for idx in np.ndindex(regs.shape):
         out[idx] = vector.load(pair, view, [rows[(idx[0], idx[4])], pair_cols[idx[1]]])
+    mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
+    return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
+
+
+def _scan_word_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
+                       scratch: row_moves.Scratch) -> fa.FragmentedArray:
+    """The scan along the rows of a 16-bit float block, in 32-bit words (a
+    register's two elements, two adjacent columns): every register is
+    stored as one word, word ``w`` of row ``r`` at ``w ^ ((r & 7) << 2)``
+    (a warp's 8 rows of 4 words on 32 distinct banks), then thread ``t`` of
+    the warpgroup scans word column ``t`` (and ``t + 128``; the threads
+    beyond the row's words skip the loop) sequentially, a word load and
+    store per row (a warp's 32 lanes: 32 words of one row, one wavefront),
+    both columns at once: maxima and minima in the 16-bit type (a packed
+    ``max``/``min`` per word), sums and products in float32, each running
+    value rounded once as it is stored; then the registers are loaded back."""
+    regs = x.registers
+    n, cols = x.shape
+    pair = ir.VectorType(regs.flat[0].type)
+    i32 = ir.IntegerType.get_signless(32)
+    index = ir.IndexType.get()
+    exact = kind in ("max", "min")
+    compute = pair if exact else ir.VectorType.get((2,), ir.F32Type.get())
+    combine = _combiner(kind, compute.element_type, True)
+    words = cols // 2
+    one = ir.VectorType.get((1,), i32)
+
+    def c(v: int) -> ir.Value:
+        return mgpu_utils.c(v, index)
+
+    place = row_moves.ThreadPlace.here()
+    view = scratch.view((n, words), i32)
+    q = arith.andi(place.tid, c(3))
+    # register j of a row is word 4 j + q, kept at (4 j + q) ^ ((r & 7) << 2)
+    spread = arith.shli(arith.andi(place.own, c(7)), c(2))
+    word_cols = {j: xor_const(arith.ori(spread, q), 4 * j) for j in range(regs.shape[1])}
+    rows = row_moves.natural_rows(place.own, regs)
+
+    def as_word(register: ir.Value) -> ir.Value:
+        return lanes.extract(vector.bitcast(one, register), 0)
+
+    def as_pair(word: ir.Value) -> ir.Value:
+        return vector.bitcast(pair, vector.broadcast(one, word))
+
+    mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
+    for idx in np.ndindex(regs.shape):
+        memref.store(as_word(regs.item(idx)), view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
+    mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    for first in range(0, words, mgpu_utils.WARPGROUP_SIZE):
+        column = xor_const(place.tid, first)
+        busy = arith.cmpi(arith.CmpIPredicate.ult, column, c(words))
+        with mgpu_utils.when(busy):
+            placed = {low: xor_const(column, low << 2) for low in range(8)}
+            running: ir.Value | None = None
+            for r in order:
+                where = [c(r), placed[r & 7]]
+                value = as_pair(memref.load(view, where))
+                if not exact:
+                    value = arith.extf(compute, value)
+                running = value if running is None else combine(running, value)
+                done = running if exact else arith.truncf(pair, running)
+                memref.store(as_word(done), view, where)
+    mgpu_utils.warpgroup_barrier()  # every column is scanned
+    out = np.empty_like(regs)
+    for idx in np.ndindex(regs.shape):
+        out[idx] = as_pair(memref.load(view, [rows[(idx[0], idx[4])], word_cols[idx[1]]]))
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)

@@ -186,6 +186,10 @@ def cumulative(x: jnp.ndarray, *, name: str, axis: int, reverse: bool) -> jnp.nd
     :func:`compute_dtype`, converted back once: exact for 16-bit floats'
     maxima and minima)."""
     wide = compute_dtype(name, x.dtype)
+    if (x.ndim == 2 and name in LANE_SCAN_KINDS
+            and np.dtype(x.dtype) in lane_scan.SIXTEEN_BIT_FLOATS):
+        # the round trip in the 16-bit type, computed in float32 (or exact) inside
+        return lane_scan.scan(x, LANE_SCAN_KINDS[name], reverse=reverse, axis=axis)
     y = x.astype(wide) if wide != x.dtype else x
     if y.ndim == 2 and name in LANE_SCAN_KINDS:  # work-efficient
         y = lane_scan.scan(y, LANE_SCAN_KINDS[name], reverse=reverse, axis=axis)

@@ -258,3 +258,75 @@ def test_along_rows_race_free(pipeline, warpgroups):
         (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), F32, warpgroups), x)
     for g, b in zip(got, x):
         np.testing.assert_array_equal(_bits(g), _bits(np.asarray(jax.jit(fn)(b))))
+
+
+# --- 16-bit floats --------------------------------------------------------------------------
+
+F16 = np.dtype(np.float16)
+
+
+def _half_bound(x: np.ndarray, axis: int, reverse: bool) -> tuple[np.ndarray, np.ndarray]:
+    """float64 truth and the bound of a 16-bit sum computed in float32 and
+    rounded once: the float32 order's (along the minor axis the module
+    docstring's, along the rows a sequential sum's) and half an ulp of the
+    16-bit type (u16: 2**-8 for bf16, 2**-11 for f16)."""
+    x64 = np.moveaxis(x.astype(np.float64), axis, 1)
+    n = x64.shape[1]
+    depth = n // 4 + 2 if axis == 1 else np.arange(1, n + 1)[None, :]
+    truth = _along(np.cumsum, x64, reverse)
+    u16 = 2.0 ** -(np.finfo(x.dtype).nmant + 1)
+    bound = depth * U * _along(np.cumsum, np.abs(x64), reverse) * (1 + u16) + u16 * np.abs(truth)
+    return np.moveaxis(truth, 1, axis), np.moveaxis(bound, 1, axis)
+
+
+@pytest.mark.parametrize("shape, axis", [((64, 64), 1), ((64, 128), 1), ((64, 256), 1),
+                                         ((64, 128), 0), ((128, 128), 0)], ids=str)
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.name)
+def test_16_bit_sums_in_float32_rounded_once(pipeline, shape, axis, reverse, dtype):
+    """A 16-bit float block's cumsum moves through SMEM in its own type and
+    is summed in float32, each result rounded once: within the float32
+    order's bound and half an ulp of the type."""
+    x = (RNG.standard_normal(shape) * 10).astype(dtype)
+    (got,) = _profile(pipeline, lambda v: lax.cumsum(v, axis, reverse=reverse), x).outputs
+    want, bound = _half_bound(x, axis, reverse)
+    assert np.all(np.abs(got.astype(np.float64) - want) <= bound)
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=lambda d: d.name)
+def test_16_bit_extrema_exact_in_their_type(pipeline, axis, dtype):
+    x = (RNG.standard_normal((64, 128)) * 10).astype(dtype)
+    x[5, ::9] = np.nan
+    for fn in (lambda v: lax.cummax(v, axis), lambda v: lax.cummin(v, axis, reverse=True)):
+        (got,) = _profile(pipeline, fn, x).outputs
+        assert_bits(got, np.asarray(jax.jit(fn)(x)), nan_equal=True)
+
+
+@pytest.mark.parametrize("name, fn, axis", [
+    ("cumsum", lambda v: jnp.cumsum(v, 1), 1), ("cummax", lambda v: lax.cummax(v, 1), 1),
+    ("cumsum rows", lambda v: jnp.cumsum(v, 0), 0), ("cummin rows", lambda v: lax.cummin(v, 0), 0),
+])
+def test_16_bit_cost(pipeline, name, fn, axis):
+    """bf16 scans within issue 37's target, 3x a work-efficient scan's
+    ``2 s / 16 + 2`` instructions per element and 3x the ideal ``2 B / 128``
+    wavefronts: the block moves as 32-bit words, two passes each way (4 B
+    / 128), conflict-free -- along the rows a thread scans a word column,
+    two columns at once."""
+    x = (RNG.standard_normal((64, 128)) * 10).astype(BF16)
+    scanned = _profile(pipeline, fn, x)
+    base = _profile(pipeline, lambda v: v, x)
+    passes = 2 * x.nbytes // 128
+    assert scanned[WAVEFRONTS] - base[WAVEFRONTS] == 2 * passes
+    assert scanned["l1tex__data_bank_conflicts_pipe_lsu_mem_shared"] == 0
+    assert (scanned[INST] - base[INST]) * 32 / x.size <= 3 * (2 * 2 / 16 + 2)
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_16_bit_scans_race_free_with_two_warpgroups(pipeline, axis):
+    x = (RNG.standard_normal((2, 64, 128)) * 10).astype(BF16)
+    fn = lambda v: lax.cummax(v, axis)  # noqa: E731
+    with smalti.jax.installed(pipeline):
+        (got,) = smalti.emulate.run(_blocks_kernel(fn, (64, 128), BF16, 2), x)
+    for g, b in zip(got, x):
+        np.testing.assert_array_equal(_bits(g), _bits(np.asarray(jax.jit(fn)(b))))
