@@ -521,7 +521,8 @@ def cost(entry: Entry, prof) -> tuple[int, float, float, float]:
     indices, callers = None, 0
     if kind == GATHER:
         indices = _index_bits_np(x, GATHER_AXES[entry.name])
-        callers = sum(c.get(INST, 0) for line, c in prof.by_line.items() if line in _index_lines())
+        lines = _index_lines()
+        callers = sum(c.get(INST, 0) for line, c in prof.by_line.items() if line in lines)
     want = ideal(kind, x.shape, axis, x.dtype.itemsize, indices)
     extra_wf = prof[WAVEFRONTS] - base[WAVEFRONTS]
     extra_inst = (prof[INST] - base[INST] - callers) * 32 / x.size

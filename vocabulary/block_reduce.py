@@ -49,10 +49,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from smalti.vocabulary import lanes, smem_transpose
 from smalti.vocabulary.annotations import Aval, EstimatorContext, Lowered, Operand, PallasContext
+from smalti.vocabulary.lane_scan import combiner
 from smalti.vocabulary.rows import Scratch, scratch_for
 
-__all__ = ["block_reduce", "block_reduce_p", "OPERATIONS", "JNP", "lower", "estimate",
-           "SCRATCH_BYTES"]
+__all__ = ["block_reduce", "block_reduce_p", "reduce", "takes", "OPERATIONS", "JNP", "lower",
+           "estimate", "SCRATCH_BYTES"]
 
 #: The operations and the types each takes.
 _EXTREMA = tuple(np.dtype(d) for d in (np.float32, jnp.bfloat16, np.float16, np.int32, np.uint32))
@@ -91,6 +92,18 @@ def _reduce_f(x: jax.Array, *, op: str) -> jax.Array:
     return JNP[op](x)
 
 
+def takes(op: str, dtype: Any) -> bool:
+    """Whether :func:`block_reduce` does ``op`` of ``dtype``."""
+    return np.dtype(dtype) in OPERATIONS[op]
+
+
+def reduce(x: jax.Array, op: str) -> jax.Array:
+    """``op`` of a whole block: :func:`block_reduce` where it :func:`takes`
+    the type, jnp's reduction (Pallas' rule: one scratch for the kernel's
+    warpgroups) otherwise."""
+    return block_reduce(x, op) if takes(op, x.dtype) else JNP[op](x)
+
+
 block_reduce_p.def_impl(_reduce_f)
 mlir.register_lowering(block_reduce_p, mlir.lower_fun(_reduce_f, multiple_results=False))
 
@@ -116,28 +129,17 @@ def estimate(ctx: EstimatorContext, aval: Aval, **params: Any) -> pallas_lowerin
     return pallas_lowering.Resources(smem_scratch_bytes=count * SCRATCH_BYTES)
 
 
-def _combine(op: str, element: ir.Type, signed: bool) -> Callable[[ir.Value, ir.Value], ir.Value]:
-    if isinstance(element, ir.FloatType):
-        return {"max": arith.maximumf, "min": arith.minimumf}[op]
-    if op == "sum":
-        return arith.addi
-    if signed:
-        return {"max": arith.maxsi, "min": arith.minsi}[op]
-    return {"max": arith.maxui, "min": arith.minui}[op]
-
-
 def _reduce_registers(x: fa.FragmentedArray, op: str, scratch: Scratch) -> fa.FragmentedArray:
     """The module docstring's steps on a WGMMA-layout array."""
     registers = list(x.registers.flat)
     element = ir.VectorType(registers[0].type).element_type
-    combine = _combine(op, element, x.is_signed is not False)
+    combine = combiner("add" if op == "sum" else op, element, x.is_signed)
     index = ir.IndexType.get()
     # this thread's registers, then the two halves of the last
     mine = registers[0]
     for register in registers[1:]:
         mine = combine(mine, register)
-    halves = [vector.extract(mine, dynamic_position=[], static_position=[k]) for k in range(2)]
-    value = combine(*halves)
+    value = combine(lanes.extract(mine, 0), lanes.extract(mine, 1))
     # the warp's lanes
     for distance in (1, 2, 4, 8, 16):
         value = combine(value, mgpu_utils.shfl_bfly(value, distance))
@@ -151,8 +153,8 @@ def _reduce_registers(x: fa.FragmentedArray, op: str, scratch: Scratch) -> fa.Fr
         memref.store(value, view, [warp])
     mgpu_utils.warpgroup_barrier()  # every warp's value is visible
     partials = vector.load(ir.VectorType.get([WARPS], element), view, [mgpu_utils.c(0, index)])
-    parts = [vector.extract(partials, dynamic_position=[], static_position=[k])
-             for k in range(WARPS)]
-    value = combine(combine(parts[0], parts[1]), combine(parts[2], parts[3]))
+    value = lanes.extract(partials, 0)
+    for k in range(1, WARPS):
+        value = combine(value, lanes.extract(partials, k))
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray.splat(value, (1,), is_signed=x.is_signed)

@@ -88,6 +88,7 @@ from smalti.vocabulary.annotations import (
     Operand,
     PallasContext,
 )
+from smalti.vocabulary.lane_scan import combiner
 from smalti.vocabulary.rows import (
     Scratch,
     ThreadPlace,
@@ -193,13 +194,6 @@ def _group_place(v: int, rows: int) -> int:
     return v ^ (lane << 1)
 
 
-def _extrema(element: ir.Type) -> tuple[Any, Any]:
-    """The ``min`` and ``max`` of two words: float32's, or int32's signed."""
-    if isinstance(element, ir.FloatType):
-        return arith.minimumf, arith.maximumf
-    return arith.minsi, arith.maxsi
-
-
 def _sort_registers(x: fa.FragmentedArray, scratch: Scratch, transposed: bool
                     ) -> fa.FragmentedArray:
     """:func:`sort_columns` of a WGMMA-layout array (the module docstring's steps)."""
@@ -222,7 +216,7 @@ def _sort_registers(x: fa.FragmentedArray, scratch: Scratch, transposed: bool
     if transposed:  # (in place, each thread rewrites only the words it alone read)
         mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is rewritten
     # 3: the network, all in this thread's registers
-    smaller, larger = _extrema(element)
+    smaller, larger = (combiner(kind, element, True) for kind in ("min", "max"))
     for mask, _ in network_stages(rows):
         for values in columns:
             for i in range(rows):

@@ -183,7 +183,7 @@ def lower(ctx: PallasContext, x: Operand, *, kind: str, reverse: bool, axis: int
 # --- the round trip ----------------------------------------------------------------------------
 
 
-def _combiner(kind: str, element: ir.Type, signed: bool | None
+def combiner(kind: str, element: ir.Type, signed: bool | None
               ) -> Callable[[ir.Value, ir.Value], ir.Value]:
     floating = isinstance(element, ir.FloatType)
     if kind == "add":
@@ -203,7 +203,7 @@ def _scan_registers(x: fa.FragmentedArray, kind: str, reverse: bool,
     element = pair.element_type
     quad_vector = ir.VectorType.get((4,), element)
     index = ir.IndexType.get()
-    combine = _combiner(kind, element, x.is_signed)
+    combine = combiner(kind, element, x.is_signed)
     floating = isinstance(element, ir.FloatType)
     fill = identity(kind, np.float32 if floating else
                     np.uint32 if x.is_signed is False else np.int32)
@@ -288,7 +288,7 @@ def _scan_pairs(x: fa.FragmentedArray, kind: str, reverse: bool,
     index = ir.IndexType.get()
     exact = kind in ("max", "min")  # extrema of 16-bit values are 16-bit values
     compute = element if exact else ir.F32Type.get()
-    combine = _combiner(kind, compute, True)
+    combine = combiner(kind, compute, True)
     fill = identity(kind, np.float32)
     chunk = ir.VectorType.get((4,), i32)  # 16 bytes: 8 elements
     run = cols // 4  # elements per lane's run: a quarter of the row
@@ -312,12 +312,9 @@ def _scan_pairs(x: fa.FragmentedArray, kind: str, reverse: bool,
     run_cols = [xor_const(run_base, 4 * k) for k in range(chunks)]
     rows = row_moves.natural_rows(own, regs)
 
-    def as_word(register: ir.Value) -> ir.Value:
-        return lanes.extract(vector.bitcast(ir.VectorType.get((1,), i32), register), 0)
-
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
-        memref.store(as_word(regs.item(idx)), view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
+        memref.store(_as_word(regs.item(idx)), view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
     mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
 
     quad = lanes.Quad()
@@ -335,7 +332,7 @@ def _scan_pairs(x: fa.FragmentedArray, kind: str, reverse: bool,
         f32 = ir.F32Type.get()  # the quad's exchange in 32-bit words
         total = prefix[order[-1]]
         offset = _exclusive_in_quad(quad, arith.extf(f32, total) if exact else total,
-                                    _combiner(kind, f32, True), reverse, f32, fill)
+                                    combiner(kind, f32, True), reverse, f32, fill)
         if exact:
             offset = arith.truncf(element, offset)  # a 16-bit value: exact
         done = [combine(offset, p) for p in prefix]
@@ -348,9 +345,20 @@ def _scan_pairs(x: fa.FragmentedArray, kind: str, reverse: bool,
     out = np.empty_like(regs)
     for idx in np.ndindex(regs.shape):
         word = memref.load(view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
-        out[idx] = vector.bitcast(pair, vector.broadcast(ir.VectorType.get((1,), i32), word))
+        out[idx] = _as_pair(word, pair)
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)
+
+
+def _as_word(register: ir.Value) -> ir.Value:
+    """A register of two 16-bit elements as one i32 word (no instruction)."""
+    i32 = ir.IntegerType.get_signless(32)
+    return lanes.extract(vector.bitcast(ir.VectorType.get((1,), i32), register), 0)
+
+
+def _as_pair(word: ir.Value, pair: ir.Type) -> ir.Value:
+    """An i32 word as a register of two 16-bit elements (no instruction)."""
+    return vector.bitcast(pair, vector.broadcast(ir.VectorType.get((1,), word.type), word))
 
 
 def _exclusive_in_quad(quad: lanes.Quad, total: ir.Value, combine: Callable[..., ir.Value],
@@ -395,7 +403,7 @@ def _scan_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     pair = ir.VectorType(regs.flat[0].type)
     element = pair.element_type
     index = ir.IndexType.get()
-    combine = _combiner(kind, element, x.is_signed)
+    combine = combiner(kind, element, x.is_signed)
 
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
@@ -448,9 +456,8 @@ def _scan_word_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     index = ir.IndexType.get()
     exact = kind in ("max", "min")
     compute = pair if exact else ir.VectorType.get((2,), ir.F32Type.get())
-    combine = _combiner(kind, compute.element_type, True)
+    combine = combiner(kind, compute.element_type, True)
     words = cols // 2
-    one = ir.VectorType.get((1,), i32)
 
     def c(v: int) -> ir.Value:
         return mgpu_utils.c(v, index)
@@ -462,16 +469,9 @@ def _scan_word_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
     spread = arith.shli(arith.andi(place.own, c(7)), c(2))
     word_cols = {j: xor_const(arith.ori(spread, q), 4 * j) for j in range(regs.shape[1])}
     rows = row_moves.natural_rows(place.own, regs)
-
-    def as_word(register: ir.Value) -> ir.Value:
-        return lanes.extract(vector.bitcast(one, register), 0)
-
-    def as_pair(word: ir.Value) -> ir.Value:
-        return vector.bitcast(pair, vector.broadcast(one, word))
-
     mgpu_utils.warpgroup_barrier()  # earlier reads of the scratch are done
     for idx in np.ndindex(regs.shape):
-        memref.store(as_word(regs.item(idx)), view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
+        memref.store(_as_word(regs.item(idx)), view, [rows[(idx[0], idx[4])], word_cols[idx[1]]])
     mgpu_utils.warpgroup_barrier()  # every write is visible to the warpgroup
     order = range(n - 1, -1, -1) if reverse else range(n)
     for first in range(0, words, mgpu_utils.WARPGROUP_SIZE):
@@ -482,15 +482,15 @@ def _scan_word_columns(x: fa.FragmentedArray, kind: str, reverse: bool,
             running: ir.Value | None = None
             for r in order:
                 where = [c(r), placed[r & 7]]
-                value = as_pair(memref.load(view, where))
+                value = _as_pair(memref.load(view, where), pair)
                 if not exact:
                     value = arith.extf(compute, value)
                 running = value if running is None else combine(running, value)
                 done = running if exact else arith.truncf(pair, running)
-                memref.store(as_word(done), view, where)
+                memref.store(_as_word(done), view, where)
     mgpu_utils.warpgroup_barrier()  # every column is scanned
     out = np.empty_like(regs)
     for idx in np.ndindex(regs.shape):
-        out[idx] = as_pair(memref.load(view, [rows[(idx[0], idx[4])], word_cols[idx[1]]]))
+        out[idx] = _as_pair(memref.load(view, [rows[(idx[0], idx[4])], word_cols[idx[1]]]), pair)
     mgpu_utils.warpgroup_barrier()  # every read is done before the scratch is reused
     return fa.FragmentedArray(_registers=out, _layout=x.layout, _is_signed=x.is_signed)

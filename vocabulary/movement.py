@@ -604,26 +604,18 @@ def element_f(x: jax.Array, index: tuple[int, int]) -> jax.Array:
     lowest = False if dtype == np.dtype(bool) else identity("cummax", dtype)
     rows, columns = _iotas(tuple(x.shape))
     hit = (rows == index[0]) & (columns == index[1])
-    picked = jnp.where(hit, x, np.asarray(lowest, dtype))
-    if _own_reduction(dtype):
-        value = block_reduce.block_reduce(picked, "max")
-    else:
-        value = jnp.max(picked)
+    value = block_reduce.reduce(jnp.where(hit, x, np.asarray(lowest, dtype)), "max")
     return jax.lax.broadcast_in_dim(value, (1, 1), ())
-
-
-def _own_reduction(dtype: np.dtype) -> bool:
-    """Whether :mod:`smalti.vocabulary.block_reduce` reduces ``dtype``."""
-    return np.dtype(dtype) in block_reduce.OPERATIONS["max"]
 
 
 def _lower_element(ctx: PallasContext, x: Operand, index: tuple[int, int]) -> Lowered:
     [aval] = ctx.avals_in
     several = smem_transpose.warpgroups(ctx.module_ctx.axis_names,
                                         ctx.module_ctx.mesh_info) != 1
-    if several and not (_own_reduction(aval.dtype) and lanes.fits(aval, x)):
+    own = block_reduce.takes("max", aval.dtype)
+    if several and not (own and lanes.fits(aval, x)):
         raise refuse(ctx, f"one element of a {np.dtype(aval.dtype).name} block "
-                          f"{'not in registers ' if _own_reduction(aval.dtype) else ''}"
+                          f"{'not in registers ' if own else ''}"
                           "in a kernel of several Pallas warpgroups is not supported: "
                           "Pallas' reduction to a scalar shares one scratch among the "
                           "warpgroups", fix="read the element from its ref (x_ref[r, c]) "

@@ -113,7 +113,6 @@ from jax._src.lib.mlir import ir
 
 from smalti.vocabulary import (
     block_gather,
-    block_reduce,
     column_sort,
     fixed_point,
     lane_exchange,
@@ -129,6 +128,7 @@ from smalti.vocabulary.annotations import (
     PallasContext,
     Resources,
 )
+from smalti.vocabulary.block_reduce import reduce as _reduce
 from smalti.vocabulary.lanes import relabelling
 from smalti.vocabulary.movement import take
 from smalti.vocabulary.scans import check_block, linear, positions, stride, take_scratch
@@ -776,10 +776,10 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
     bits = n.bit_length() - 1
     word = (q << bits) | positions(shape, dimension)
     place, stages = relabelled_stages(n)
-    if dimension == 0 and column_sort.applies(shape, word.dtype):
-        word = column_sort.sort_columns(word, transposed=True)  # a column to a thread
-    else:  # on the transpose's minor axis where dimension is 0 (_transposed_in_registers)
-        [word] = bitonic_sort([word.T if dimension == 0 else word], 1, stages)
+    if dimension == 0:  # the transpose's rows on relabelled positions (column_sort)
+        word = column_sort.sort_columns(word, transposed=True)
+    else:
+        [word] = bitonic_sort([word], 1, stages)
     index = word & (n - 1)
     # equal q in sorted neighbours: their words differ in the index bits alone
     tied = _reduce(lax.bitcast_convert_type(word ^ lanes.permute(word, _successors(place)),
@@ -808,16 +808,6 @@ def _sort_quantized(q: jnp.ndarray, key: Callable[[], jnp.ndarray], *operands: j
 
     return lax.cond(status != SORTED,
                     lambda _: _not_sorted(status, *operands), done, index)
-
-
-def _reduce(x: jnp.ndarray, op: str) -> jnp.ndarray:
-    """``jnp.max``, ``min`` or ``sum`` (``op``) of a whole block: on the
-    warpgroup's own scratch where :mod:`smalti.vocabulary.block_reduce`
-    takes the type (Pallas' reduction to a scalar shares one scratch among
-    warpgroups), jnp's otherwise."""
-    if np.dtype(x.dtype) in block_reduce.OPERATIONS[op]:
-        return block_reduce.block_reduce(x, op)
-    return block_reduce.JNP[op](x)
 
 
 def _any(flags: jnp.ndarray) -> jnp.ndarray:
