@@ -59,7 +59,7 @@ The emulator never guesses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,13 +110,42 @@ def _policies(on_race: str | None, on_uninitialized: str | None) -> tuple[str, s
 def lower(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0)) -> tuple[Any, list]:
     """Lowers ``f`` for CUDA on the CPU; returns (the Lane-level module, the
     output avals)."""
-    from .capture import lower_for_cuda
+    module, out_avals, _ = _lower_one(f, args, arch)
+    return module, out_avals
 
-    modules, out_avals = lower_for_cuda(f, args, arch)
+
+def _lower_one(f: Callable, args: Sequence[np.ndarray], arch: tuple[int, int]):
+    """(module, output avals, its :class:`.capture.KernelCall` or None) of a
+    function of exactly one kernel."""
+    from .capture import lower_calls
+
+    modules, out_avals, calls = lower_calls(f, args, arch)
     if len(modules) != 1:
         raise Unsupported(f"a function lowering to {len(modules)} Mosaic GPU kernels "
                           "(exactly one is modelled)")
-    return modules[0], out_avals
+    return modules[0], out_avals, calls[0]
+
+
+def _buffers(call, args: Sequence[np.ndarray], out_avals: list):
+    """(inputs, outputs, aliases, how many outputs are ``f``'s) to run the
+    kernel of ``call`` on ``f``'s ``args``. Where Pallas added operands (GMEM
+    scratch: semaphores), they are made here -- zeroed, as Pallas makes
+    them -- and every buffer of the call is given, so none is guessed from
+    the module (a scratch the kernel never touches has no type there)."""
+    inputs = [np.asarray(a) for a in args]
+    outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+    if call is None or len(call.avals_in) == len(args):
+        return inputs, outs, None, len(outs)
+    mine = [(tuple(a.shape), np.dtype(a.dtype)) for a in call.avals_in[:len(args)]]
+    theirs = [(tuple(a.shape), a.dtype) for a in inputs]
+    results = [(tuple(a.shape), np.dtype(a.dtype)) for a in call.avals_out]
+    if len(call.avals_in) < len(args) or mine != theirs or results[:len(outs)] != outs:
+        raise Unsupported(f"a function whose arguments {theirs} and results {outs} are not "
+                          f"the first operands {mine} and results {results[:len(outs)]} of its "
+                          "kernel call (run a function that only calls the kernel, or use "
+                          "smalti.emulate.on_cpu)")
+    extra = [np.zeros(tuple(a.shape), np.dtype(a.dtype)) for a in call.avals_in[len(args):]]
+    return inputs + extra, results, call.aliases, len(outs)
 
 
 def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
@@ -140,10 +169,10 @@ def run(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
 
     race, uninit = _policies(on_race, on_uninitialized)
     count = resolve(workers)
-    module, out_avals = lower(f, *args, arch=arch)
-    outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
-    return _run(module, [np.asarray(a) for a in args], outs, on_race=race,
-                on_uninitialized=uninit, sanitize=sanitize, workers=count)
+    module, out_avals, call = _lower_one(f, args, arch)
+    inputs, outs, aliases, keep = _buffers(call, args, out_avals)
+    return _run(module, inputs, outs, aliases=aliases, on_race=race, on_uninitialized=uninit,
+                sanitize=sanitize, workers=count)[:keep]
 
 
 def profile(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
@@ -160,12 +189,12 @@ def profile(f: Callable, *args: np.ndarray, arch: tuple[int, int] = (9, 0),
     from .runner import run_module as _run
 
     race, uninit = _policies(on_race, on_uninitialized)
-    module, out_avals = lower(f, *args, arch=arch)
-    outs = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+    module, out_avals, call = _lower_one(f, args, arch)
+    inputs, outs, aliases, keep = _buffers(call, args, out_avals)
     p = Profiler()
-    outputs = _run(module, [np.asarray(a) for a in args], outs, on_race=race,
+    outputs = _run(module, inputs, outs, aliases=aliases, on_race=race,
                    on_uninitialized=uninit, sanitize=sanitize, profiler=p)
-    return Profile(outputs, p)
+    return Profile(outputs[:keep], p)
 
 
 def run_module(module: Any, inputs, outputs=None, *, on_race: str | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,15 +57,63 @@ def capturing(sink: list) -> Iterator[None]:
         mgpu_core.lower_mgpu_module = current
 
 
+@dataclass
+class KernelCall:
+    """One ``mosaic_gpu`` custom call as jax lowered it: the avals of its
+    operands and results and which results are operands' buffers. Pallas
+    adds operands of its own after the user's (GMEM scratch: semaphores),
+    each aliased to a result; a buffer the kernel never touches has no type
+    in the module, so only the call says how many there are."""
+
+    avals_in: list
+    avals_out: list
+    aliases: dict[int, int] = field(default_factory=dict)  # result index -> operand index
+
+
+@contextlib.contextmanager
+def recording_calls(calls: dict[int, KernelCall]) -> Iterator[None]:
+    """Records, by ``id`` of its module, every ``mosaic_gpu`` custom call
+    lowered inside (jax's lowering rule still emits it)."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    current = mgpu_core._mosaic_gpu_lowering_rule
+
+    def spy(ctx: Any, *args: Any, module: Any, out_types: Any, inout_types: Any,
+            input_output_aliases: tuple[tuple[int, int], ...] = (), **kwargs: Any) -> Any:
+        n_in, n_out = len(ctx.avals_in), len(ctx.avals_out)
+        aliases = {o: i for i, o in input_output_aliases}
+        for k in range(len(inout_types)):  # as jax's rule: the last inputs are the last outputs
+            aliases[n_out - 1 - k] = n_in - 1 - k
+        calls[id(module)] = KernelCall(list(ctx.avals_in), list(ctx.avals_out), aliases)
+        return current(ctx, *args, module=module, out_types=out_types, inout_types=inout_types,
+                       input_output_aliases=input_output_aliases, **kwargs)
+
+    mgpu_core._mosaic_gpu_lowering_rule = spy
+    try:
+        yield
+    finally:
+        mgpu_core._mosaic_gpu_lowering_rule = current
+
+
 def lower_for_cuda(f: Callable, args: Sequence[np.ndarray],
                    arch: tuple[int, int] = (9, 0)) -> tuple[list, Any]:
     """Lowers ``f`` for CUDA on the CPU; returns (captured modules, the traced
     function's output avals)."""
+    modules, out_avals, _ = lower_calls(f, args, arch)
+    return modules, out_avals
+
+
+def lower_calls(f: Callable, args: Sequence[np.ndarray], arch: tuple[int, int] = (9, 0)
+                ) -> tuple[list, Any, list[KernelCall | None]]:
+    """:func:`lower_for_cuda`, and each module's :class:`KernelCall` (None
+    where the call did not lower: a prebuilt module riding on a function
+    with a host callback)."""
     import jax
 
     structs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args]
     modules: list = []
-    with gpu_facts(arch), capturing(modules):
+    calls: dict[int, KernelCall] = {}
+    with gpu_facts(arch), capturing(modules), recording_calls(calls):
         jax.clear_caches()  # jax caches lowerings: make it lower again
         traced = jax.jit(f).trace(*structs)
         try:
@@ -77,7 +126,7 @@ def lower_for_cuda(f: Callable, args: Sequence[np.ndarray],
     out_avals = jax.tree.leaves(traced.out_info)
     if not modules:  # mgpu.as_gpu_kernel lowers when it is built: the module rides on the call
         modules = prebuilt_modules(traced.jaxpr)
-    return modules, out_avals
+    return modules, out_avals, [calls.get(id(m)) for m in modules]
 
 
 def prebuilt_modules(jaxpr: Any) -> list:

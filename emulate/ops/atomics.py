@@ -20,10 +20,10 @@ the space its window maps it to (:mod:`..generic`).
 
 **Synchronization.** The checker records them as atomic accesses: an atomic
 access races with no other atomic one, only with plain reads and writes it is
-not ordered with. Release/acquire through memory between blocks of different
-clusters is not modelled (blocks of different clusters are never ordered), so
-plain data handed from one block to another through a semaphore is reported
-as a race.
+not ordered with. Their ``.release``/``.acquire`` semantics, and the fences
+around relaxed ones, order the threads' other accesses as the PTX memory
+model says (:mod:`..sync.memory_order`): the data a semaphore hands from one
+warpgroup, block or cluster to another is not a race.
 
 **Spinning.** A semaphore wait polls memory in a loop. Blocks of different
 clusters run one after another, and the warpgroups of one block switch only
@@ -47,6 +47,7 @@ from ..compiler import Step
 from ..errors import Unsupported
 from ..machine import Frame
 from ..sched import MAX_POLLS, must_block
+from ..sync.memory_order import Agent, semantics_and_scope
 from ..sync.reports import Deadlock
 from .inline_asm import Instr, ptx, ptx_pattern
 from .nvvm import effective, per_thread
@@ -140,6 +141,33 @@ def _check(fr: Frame, space_name: str, addrs: np.ndarray, m: np.ndarray, itemsiz
                               atomic=True)
 
 
+def _location(space_name: str, run: int, rank: int, addr: int) -> tuple:
+    """An atomic location: a global address, or a block's shared one."""
+    return ("global", addr) if space_name == "global" else (space_name, run, rank, addr)
+
+
+def _order(fr: Frame, opcode: str, space_name: str, addrs: np.ndarray, threads: np.ndarray,
+           is_write: bool) -> None:
+    """Tells the checker's memory order (:mod:`..sync.memory_order`) that
+    ``threads`` (indices into the frame's) read or wrote atomically at
+    ``addrs`` (a row of addresses per thread of the frame)."""
+    sync, b = fr.sync, fr.block
+    if sync is None or b is None or threads.size == 0:
+        return
+    order = sync.memory_order
+    sem, scope = semantics_and_scope(opcode)
+    if is_write and sem not in ("release", "acq_rel") and not order.fenced:
+        return  # continues the release sequences already there
+    if not is_write and not order.locations:
+        return  # nothing was released anywhere
+    agent = Agent(sync.cluster, b.rank)
+    rows = b.warp_rows[threads]
+    for row in np.unique(rows):
+        mine = np.unique(np.asarray(addrs)[threads[rows == row]])
+        locs = [_location(space_name, sync.cluster, b.rank, int(a)) for a in mine.tolist()]
+        (order.write if is_write else order.read)(np.array([row]), agent, locs, sem, scope)
+
+
 @ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,gpu,sys}[.space].op[.noftz][.v2|.v4].type "
              "[addr], value(s): an atomic reduction into memory, each active thread's in turn "
              "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2]; no "
@@ -172,6 +200,7 @@ def red(i: Instr) -> Step:
             t = np.flatnonzero(sel)
             read_modify_write(fr.mem[space], a[t].reshape(-1), elems[t].reshape(-1), dt, fn, loc)
             _check(fr, space, a, sel, dt.itemsize, True, site)
+            _order(fr, i.opcode, space, a, t, is_write=True)
     return step
 
 
@@ -231,12 +260,15 @@ def atom(i: Instr) -> Step:
         failed = []  # cas polls that found another value
         for name_, where, sel in _parts(fr, name, addrs[:, None], m, loc, i.opcode):
             space = fr.mem[name_]
-            for t in np.flatnonzero(sel):
+            threads = np.flatnonzero(sel)
+            wrote = np.ones(threads.size, bool)  # a failed cas writes nothing
+            for k, t in enumerate(threads):
                 a = where[t]
                 old = space.load(a, dt, None, loc)
                 if op == "cas":
                     new = args[1][t:t + 1] if old[0] == args[0][t] else old
                     if old[0] != args[0][t]:
+                        wrote[k] = False
                         failed.append(((id(site), name_, int(a[0])), int(old[0]),
                                        f"an atom.cas poll of {int(a[0]):#x} at {loc}"))
                 else:
@@ -245,6 +277,8 @@ def atom(i: Instr) -> Step:
                 space.store(a, new, dt, None, loc)
                 found[t] = old[0]
             _check(fr, name_, where, sel, dt.itemsize, True, site)
+            _order(fr, i.opcode, name_, where, threads, is_write=False)  # acquire, then release
+            _order(fr, i.opcode, name_, where, threads[wrote], is_write=True)
         fr.regs[out] = found.view(np.int32) if dt.itemsize == 4 else found
         # only now may other tasks run (_observe): a read-modify-write is atomic,
         # and a signal made meanwhile must not be overwritten by this one's store
@@ -276,6 +310,7 @@ def strong_load(i: Instr) -> Step:
                 seen.append(((id(site), space, at), int(got[first]),
                              f"a poll ({i.opcode}) of {at:#x} at {loc}"))
                 _check(fr, space, a, sel, 4, False, site)
+                _order(fr, i.opcode, space, a, np.flatnonzero(sel), is_write=False)
         fr.regs[out] = vals
         for key, value, what in seen:  # the load is done: others may run now
             _observe(fr, key, value, what)
@@ -285,11 +320,22 @@ def strong_load(i: Instr) -> Step:
 @ptx("fence.acquire.sys", "fence.acquire.gpu", "fence.release.sys", "fence.release.gpu",
      "fence.acq_rel.sys", "fence.acq_rel.gpu")
 def memory_fence(i: Instr) -> Step:
-    """Nothing to compute (memory effects are immediate); the ordering between
-    blocks it would give is not modelled by the checker (see ``red``)."""
+    """Nothing to compute (memory effects are immediate); for the checker, an
+    acquire fence makes what the thread's earlier strong reads saw released
+    ordered before its later accesses, a release fence makes its next strong
+    write publish what the thread knows now (:mod:`..sync.memory_order`)."""
     if i.args:
         raise i.unknown
-    return lambda fr: None
+    sem, _ = semantics_and_scope(i.opcode)
+    pred_slots = i.pred_slots
+
+    def step(fr: Frame) -> None:
+        if fr.sync is None or fr.block is None:
+            return
+        m = effective(fr, pred_slots)
+        if m.any():
+            fr.sync.memory_order.fence(fr.block.warp_rows[m], sem)
+    return step
 
 
 

@@ -44,8 +44,11 @@ does not depend on that schedule:
   beyond its count :class:`~.reports.MBarrierOverArrival`; warpgroups all
   waiting for each other :class:`~.reports.Deadlock`.
 
-Blocks of different clusters are never ordered (no grid-wide
-synchronization is modelled): any conflict between them is a race.
+* **Through memory** (:mod:`.memory_order`): atomics with release and
+  acquire semantics (and fences around relaxed ones) order what a
+  semaphore hands from one warpgroup, block or cluster to another. Blocks
+  of different clusters are ordered only so: any other conflict between
+  them is a race.
 
 The reports' classes are public as :mod:`smalti.emulate`'s (they live in
 :mod:`.reports`).

@@ -19,6 +19,7 @@ import numpy as np
 from ..memory import CLUSTER_SHIFT, Region, Space, _full_mask
 from ..recurring import Kept, recurs
 from .clocks import Clocks, SyncPoint
+from .memory_order import GlobalClock, MemoryOrder
 from .reports import (
     Access,
     Race,
@@ -34,6 +35,7 @@ MAX_REPORTS = 64  # distinct races (or uninitialized reads) kept per run
 # component kinds: what a race's fix talks about
 WARP, TMA_LOAD, STORE_READ, STORE_WRITE, WGMMA, ST_ASYNC = (
     "warp", "TMA load", "TMA store (read)", "TMA store (write)", "WGMMA", "st.async")
+EARLIER = "an earlier cluster run's component"  # a column learned through memory
 TMEM_LOAD, TMEM_STORE, TCGEN05 = "tcgen05.ld", "tcgen05.st", "tcgen05.mma"
 CP_ASYNC = "cp.async"
 
@@ -115,13 +117,24 @@ class Checker:
         self._units: dict[tuple, list[int]] = {}  # tcgen05 units (see unit) -> [comp, count]
         self._cp_async: dict[tuple[int, int], list[int]] = {}  # (rank, warp row) -> [comp, seq]
         self._cp_groups: dict[tuple[int, int], list[int]] = {}  # (rank, thread) -> group ends
+        self.memory_order = MemoryOrder(self)  # release/acquire through atomics
+        # earlier cluster runs' components the running one learned of (through
+        # memory_order): their columns in its clocks, and back
+        self.past: dict[tuple[int, int], int] = {}
+        self._origin: dict[int, tuple[int, int]] = {}
+        self._past_fences: dict[tuple[int, int], list[int]] = {}  # (run, warp) -> fence times
 
     # --- cluster runs -----------------------------------------------------------------------
 
     def begin_cluster(self, blocks) -> None:
         """Numbers the warps of a cluster's blocks: clock rows and components."""
+        for row, times in enumerate(self.clocks.fences[:self.clocks.warps]):
+            if times:  # an earlier run's generic writes may reach a later run's TMA
+                self._past_fences[(self.cluster, row)] = times
         self.cluster += 1
         self.first_site = self.sites.n  # sites are numbered in order: older ones are earlier runs'
+        self.past, self._origin = {}, {}
+        self.memory_order.new_run()
         names = []
         for b in blocks:
             b.warp_row0 = len(names)
@@ -142,6 +155,49 @@ class Checker:
     def component(self, kind: str, name: str) -> int:
         self.kinds.append(kind)
         return self.clocks.component(name)
+
+    # --- clocks across cluster runs (see .memory_order) ---------------------------------------
+
+    def global_clock(self, row: int) -> GlobalClock:
+        """Warp ``row``'s clock keyed by (cluster run, component)."""
+        clock = self.clocks.matrix[row]
+        return {self._origin.get(c, (self.cluster, c)): int(clock[c])
+                for c in np.flatnonzero(clock).tolist()}
+
+    def learn_global(self, row: int, clock: GlobalClock) -> None:
+        """Warp ``row`` learns ``clock``: this run's components directly, an
+        earlier run's through a column of its own (made on first use)."""
+        for (run, comp), t in clock.items():
+            if run == self.cluster:
+                col = comp
+            else:
+                col = self.past.get((run, comp))
+                if col is None:
+                    col = self.component(EARLIER, f"component {comp} of cluster run {run}")
+                    self.past[(run, comp)] = col
+                    self._origin[col] = (run, comp)
+            self.clocks.learn(row, col, t)
+
+    def _ordered_earlier(self, sites: np.ndarray, rows: np.ndarray | None,
+                         view: np.ndarray | None) -> np.ndarray:
+        """Whether each site of an earlier cluster run happens before the
+        accessor (per site ``rows``, or the one clock ``view``): only what
+        the run learned through memory (``past``) orders them."""
+        if not self.past:
+            return np.zeros(sites.size, bool)
+        S = self.sites
+        uniq, inv = np.unique(sites, return_inverse=True)
+        cols = np.array([self.past.get((int(S.cluster[s]), int(S.component[s])), -1)
+                         for s in uniq.tolist()], np.int64)[inv]
+        has = cols >= 0
+        known = np.zeros(sites.size, np.int64)
+        if view is not None:
+            v = self._full_width(view)
+            known[has] = v[cols[has]]
+        else:
+            assert rows is not None  # (a thread access passes its rows)
+            known[has] = self.clocks.matrix[rows[has], cols[has]]
+        return has & (known >= S.time[sites])
 
     # --- who -------------------------------------------------------------------------------
 
@@ -352,6 +408,10 @@ class Checker:
             view = self._full_width(view)
             known = view[c]
         ok = same & plain & (known >= S.time[earlier])
+        if self.past and not np.all(same):
+            old = plain & ~same
+            ok[old] = self._ordered_earlier(earlier[old], None if rows is None else rows[old],
+                                            view)
         if not plain.all():
             for g in np.unique(earlier[~plain]):
                 members = S.members[int(g)]
@@ -429,7 +489,8 @@ class Checker:
             return bool(self._ordered(np.array([site]), None if row is None else np.array([row]),
                                       view, need_all)[0])
         if site < self.first_site:
-            return False
+            return bool(self._ordered_earlier(np.array([site]), None if row is None else
+                                              np.array([row]), view)[0])
         if view is not None:  # a unit's clock (else the warp's: ``row``)
             known = int(view[comp]) if comp < view.size else 0
         else:
@@ -446,14 +507,29 @@ class Checker:
         """Which generic writes (site ids, ordered before ``view``) no proxy
         fence of their warp ordered before ``view`` follows."""
         S = self.sites
-        fenced = self.clocks.last_fences(self._full_width(view))
+        view = self._full_width(view)
+        fenced = self.clocks.last_fences(view)
         comp = S.component[writes]
-        bad = S.time[writes] > fenced[np.maximum(comp, 0)]
-        for k in np.flatnonzero(comp < 0):
-            members = S.members[int(writes[k])]
-            members = members[members >= self.first_site]  # earlier clusters': never ordered
+        here = (comp >= 0) & (writes >= self.first_site)
+        bad = np.ones(writes.size, bool)
+        bad[here] = S.time[writes[here]] > fenced[comp[here]]
+        for k in np.flatnonzero(~here):
+            w = int(writes[k])
+            if comp[k] >= 0:  # an earlier run's write, ordered through memory
+                bad[k] = S.time[w] > self._past_fence(w, view)
+                continue
+            members = S.members[w]
+            members = members[members >= self.first_site]  # an earlier run's: judged by order alone
             bad[k] = bool((S.time[members] > fenced[S.component[members]]).any())
         return bad
+
+    def _past_fence(self, site: int, view: np.ndarray) -> int:
+        """The time of the latest proxy fence of the warp that made ``site``
+        (of an earlier cluster run) that ``view`` is ordered after; -1: none."""
+        key = (int(self.sites.cluster[site]), int(self.sites.component[site]))
+        col = self.past.get(key)
+        known = int(view[col]) if col is not None and col < view.size else 0
+        return max((t for t in self._past_fences.get(key, []) if t <= known), default=-1)
 
     @staticmethod
     def _shadow(region: Region, itemsize: int) -> Shadow:
@@ -697,8 +773,10 @@ class Checker:
         S = self.sites
         same_cluster = S.cluster[f] == S.cluster[s]
         if not same_cluster:
-            return ("blocks of different clusters are never ordered: make them access "
-                    "disjoint bytes (or put them in one cluster and synchronize)")
+            return ("order the blocks' accesses through a semaphore (pl.semaphore_signal after "
+                    "the first, pl.semaphore_wait before the second: a release and an "
+                    "acquire), or make them access disjoint bytes (or put them in one "
+                    "cluster and synchronize)")
         kf = self.kinds[S.component[f]] if S.component[f] >= 0 else WARP
         ks = self.kinds[S.component[s]] if S.component[s] >= 0 else WARP
         if unfenced:

@@ -69,6 +69,13 @@ class Clocks:
         self.matrix[rows, rows] += 1
         self.version += 1
 
+    def tick(self, rows) -> None:
+        """The warps' own times advance: what they do next is after what they
+        just published."""
+        rows = np.atleast_1d(rows)
+        self.matrix[rows, rows] += 1
+        self.version += 1
+
     def acquire(self, rows, clock: np.ndarray | None) -> None:
         """The warps learn ``clock`` (a completed point's)."""
         if clock is None:

@@ -8,8 +8,8 @@ column per component: an agent's reads come in program order and an
 asynchronous unit's complete in order, so a later writer ordered after the
 latest read of a component is ordered after all its earlier ones. Reads a
 component of an earlier cluster run made are kept apart (``earlier``):
-components are numbered per cluster, and blocks of different clusters are
-never ordered."""
+components are numbered per cluster run (a later run knows an earlier
+one's only through memory: :mod:`.memory_order`)."""
 
 from __future__ import annotations
 

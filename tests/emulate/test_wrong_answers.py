@@ -160,3 +160,44 @@ def test_an_access_of_no_elements_touches_nothing():
     space.store(at_end, np.zeros(0, np.float32), np.dtype(np.float32))
     assert space.read_bytes(region.end, 0).size == 0
     assert not region.data.any()
+
+
+def _scratch_kernel(used: bool):
+    """A Pallas kernel with a GMEM semaphore scratch it uses (``used``) or
+    only declares: ``o = x + 1``."""
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def body(x_gmem, o_gmem):
+        sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+        if used:
+            pl.semaphore_signal(sem, 1)
+            pl.semaphore_wait(sem, 1)
+        o_gmem[...] = x_gmem[...] + 1
+
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+
+
+@pytest.mark.parametrize("used", [True, False])
+def test_a_gmem_scratch_the_kernel_never_touches_does_not_shift_the_outputs(used):
+    """The buffer table is the custom call's operands and results, Pallas'
+    scratch among them. A scratch the kernel never touches has no type in
+    the module, and the table guessed from the module's types took the
+    output for an unrequested profiler buffer: ``run`` returned zeros."""
+    x = np.arange(128, dtype=np.float32)
+    (out,) = emu.run(_scratch_kernel(used), x)
+    np.testing.assert_array_equal(out, x + 1)
+    (profiled,) = emu.profile(_scratch_kernel(used), x).outputs
+    np.testing.assert_array_equal(profiled, x + 1)
+
+
+def test_a_function_that_is_not_only_its_kernel_call_is_refused_by_run():
+    """Where the function's arguments are not the kernel call's first
+    operands (here it transposes before the call), ``run`` cannot tell which
+    buffer is which: Unsupported, naming on_cpu."""
+    def f(x):
+        return _scratch_kernel(True)(x.T.reshape(-1)[:128])
+
+    with pytest.raises(emu.Unsupported, match="on_cpu"):
+        emu.run(f, np.arange(256, dtype=np.float32).reshape(2, 128))
