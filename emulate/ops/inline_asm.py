@@ -690,11 +690,16 @@ def no_op(i: Instr) -> Step:
 
 @ptx("fence.proxy.async.shared::cta", "fence.proxy.async", "fence.proxy.async.global")
 def fence_proxy_async(i: Instr) -> Step:
-    """Orders the thread's generic-proxy accesses with async-proxy ones (the
-    checker's proxy fence)."""
+    """Orders the thread's generic-proxy accesses with async-proxy ones in the
+    state space it names, every space where it names none (the checker's
+    proxy fence)."""
     if i.args:
         raise i.unknown
-    return proxy_fence
+    if i.opcode.endswith(".shared::cta"):
+        return proxy_fence(frozenset({"smem"}))
+    if i.opcode.endswith(".global"):
+        return proxy_fence(frozenset({"gmem"}))
+    return proxy_fence()
 
 
 @ptx("cp.async.bulk.commit_group")

@@ -24,6 +24,7 @@ from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame, MBarrier, uniform
 from ..sched import must_block
+from ..sync.clocks import ALL_SPACES
 from ..sync.reports import Deadlock
 from . import arith
 from ._util import thread_axis
@@ -457,11 +458,13 @@ def bulk_wait(fr: Frame, pending: int, read_only: bool, pred_slots=()) -> None:
         fr.sync.bulk_wait(fr, np.flatnonzero(effective(fr, list(pred_slots))), pending, read_only)
 
 
-def proxy_fence(fr: Frame) -> None:
-    """``fence.proxy.async``: the executing warps' earlier generic writes
-    become visible to the async proxy (TMA, WGMMA)."""
-    if fr.sync is not None:
-        fr.sync.fence(fr.sync.rows(fr))
+def proxy_fence(spaces: frozenset[str] = ALL_SPACES) -> Step:
+    """``fence.proxy.async`` of state ``spaces``: the executing warps' earlier
+    generic writes there become visible to the async proxy (TMA, WGMMA)."""
+    def step(fr: Frame) -> None:
+        if fr.sync is not None:
+            fr.sync.fence(fr.sync.rows(fr), spaces)
+    return step
 
 
 def wgmma_commit(fr: Frame) -> None:
@@ -494,7 +497,11 @@ def fence_proxy(o: Op) -> Step:
     kind = str(o.attr("kind"))
     if "async" not in kind:  # alias / tensormap proxies order nothing modelled
         return _noop(o)
-    return proxy_fence
+    if "async.shared" in kind:  # (its space attribute: cta or cluster; both SMEM)
+        return proxy_fence(frozenset({"smem"}))
+    if "async.global" in kind:
+        return proxy_fence(frozenset({"gmem"}))
+    return proxy_fence()
 
 
 def group_rules(commit: str, wait: str, pending_attr: str, on_commit: Step,

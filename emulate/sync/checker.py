@@ -18,7 +18,7 @@ import numpy as np
 
 from ..memory import CLUSTER_SHIFT, Region, Space, _full_mask
 from ..recurring import Kept, recurs
-from .clocks import Clocks, SyncPoint
+from .clocks import ALL_SPACES, Clocks, SyncPoint, latest_fence
 from .memory_order import GlobalClock, MemoryOrder
 from .reports import (
     Access,
@@ -122,7 +122,8 @@ class Checker:
         # memory_order): their columns in its clocks, and back
         self.past: dict[tuple[int, int], int] = {}
         self._origin: dict[int, tuple[int, int]] = {}
-        self._past_fences: dict[tuple[int, int], list[int]] = {}  # (run, warp) -> fence times
+        # (run, warp) -> its fences (time, state spaces)
+        self._past_fences: dict[tuple[int, int], list[tuple[int, frozenset[str]]]] = {}
 
     # --- cluster runs -----------------------------------------------------------------------
 
@@ -503,12 +504,13 @@ class Checker:
             view = np.concatenate([view, np.zeros(width - view.size, view.dtype)])
         return view
 
-    def _unfenced(self, writes: np.ndarray, view: np.ndarray) -> np.ndarray:
-        """Which generic writes (site ids, ordered before ``view``) no proxy
-        fence of their warp ordered before ``view`` follows."""
+    def _unfenced(self, writes: np.ndarray, view: np.ndarray, space: str) -> np.ndarray:
+        """Which generic writes (site ids, ordered before ``view``) to memory
+        of ``space`` no proxy fence of that space by their warp, ordered
+        before ``view``, follows."""
         S = self.sites
         view = self._full_width(view)
-        fenced = self.clocks.last_fences(view)
+        fenced = self.clocks.last_fences(view, space)
         comp = S.component[writes]
         here = (comp >= 0) & (writes >= self.first_site)
         bad = np.ones(writes.size, bool)
@@ -516,20 +518,21 @@ class Checker:
         for k in np.flatnonzero(~here):
             w = int(writes[k])
             if comp[k] >= 0:  # an earlier run's write, ordered through memory
-                bad[k] = S.time[w] > self._past_fence(w, view)
+                bad[k] = S.time[w] > self._past_fence(w, view, space)
                 continue
             members = S.members[w]
             members = members[members >= self.first_site]  # an earlier run's: judged by order alone
             bad[k] = bool((S.time[members] > fenced[S.component[members]]).any())
         return bad
 
-    def _past_fence(self, site: int, view: np.ndarray) -> int:
-        """The time of the latest proxy fence of the warp that made ``site``
-        (of an earlier cluster run) that ``view`` is ordered after; -1: none."""
+    def _past_fence(self, site: int, view: np.ndarray, space: str) -> int:
+        """The time of the latest proxy fence of ``space`` by the warp that
+        made ``site`` (of an earlier cluster run) that ``view`` is ordered
+        after; -1: none."""
         key = (int(self.sites.cluster[site]), int(self.sites.component[site]))
         col = self.past.get(key)
         known = int(view[col]) if col is not None and col < view.size else 0
-        return max((t for t in self._past_fences.get(key, []) if t <= known), default=-1)
+        return latest_fence(self._past_fences.get(key, []), known, space)
 
     @staticmethod
     def _shadow(region: Region, itemsize: int) -> Shadow:
@@ -584,7 +587,7 @@ class Checker:
             gen[gen] = S.generic[w[gen]]
             if gen.any():
                 g = w[gen]
-                unfenced = self._unfenced(g, view)
+                unfenced = self._unfenced(g, view, space)
                 if unfenced.any():
                     self._race(region, space, g[unfenced], sites[gen][unfenced],
                                at(gen)[unfenced], unfenced=True)
@@ -742,7 +745,7 @@ class Checker:
             kind = ("write-after-write" if a.is_write and b.is_write else
                     "read-after-write" if a.is_write else "write-after-read")
             self._keep((kind, space, a.op, a.location, b.op, b.location, unfenced),
-                       lambda: Race(kind, space, a, b, self._fix(f, s, a, b, unfenced)))  # noqa: B023 -- called within _keep
+                       lambda: Race(kind, space, a, b, self._fix(f, s, a, b, unfenced, space)))  # noqa: B023 -- called within _keep
 
     def _keep(self, key: tuple, race: Callable[[], Race]) -> None:
         """One report per pair of ops and lines (``count``: how often hit)."""
@@ -769,7 +772,8 @@ class Checker:
         if self.on_uninitialized == "warn":
             warnings.warn(UninitializedReadWarning(report), stacklevel=2)
 
-    def _fix(self, f: int, s: int, a: Access, b: Access, unfenced: bool) -> str:
+    def _fix(self, f: int, s: int, a: Access, b: Access, unfenced: bool,
+             space: str = "smem") -> str:
         S = self.sites
         same_cluster = S.cluster[f] == S.cluster[s]
         if not same_cluster:
@@ -781,6 +785,10 @@ class Checker:
         ks = self.kinds[S.component[s]] if S.component[s] >= 0 else WARP
         if unfenced:
             target = "the wgmma" if ks == WGMMA else "the copy"
+            if space == "gmem":  # commit_smem's fence.proxy.async.shared::cta covers SMEM only
+                return (f"fence the global writes for the async proxy after them and before "
+                        f"{target}: fence.proxy.async.global or fence.proxy.async "
+                        "(plgpu.commit_smem() fences SMEM only)")
             return f"call plgpu.commit_smem() after the writes and before {target}"
         if kf == STORE_READ:
             return ("wait until the copy has read its source (plgpu.wait_smem_to_gmem(n, "
@@ -862,8 +870,8 @@ class Checker:
     def acquire(self, rows, clock) -> None:
         self.clocks.acquire(rows, clock)
 
-    def fence(self, rows) -> None:
-        self.clocks.fence(rows)
+    def fence(self, rows, spaces: frozenset[str] = ALL_SPACES) -> None:
+        self.clocks.fence(rows, spaces)
 
     def barrier_component(self, bar, block) -> int:
         """The component of the transfers that complete on mbarrier ``bar``."""

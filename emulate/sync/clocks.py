@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+#: the state spaces a fence.proxy.async without one covers (PTX: all of them)
+ALL_SPACES = frozenset({"smem", "gmem", "tmem"})
+
 
 def join(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
     """The elementwise max of two clocks of possibly different widths."""
@@ -37,7 +40,8 @@ class Clocks:
         self.names: list[str] = list(warp_names)
         self.matrix = np.zeros((n, max(2 * n, 8)), np.int32)
         self.matrix[np.arange(n), np.arange(n)] = 1  # every warp starts at time 1
-        self.fences: list[list[int]] = [[] for _ in range(n)]  # fence.proxy.async times
+        # per warp: (time, state spaces) of each fence.proxy.async
+        self.fences: list[list[tuple[int, frozenset[str]]]] = [[] for _ in range(n)]
         self.version = 0  # advances whenever a warp's own time does
 
     @property
@@ -90,26 +94,32 @@ class Clocks:
         rows = np.atleast_1d(rows)
         self.matrix[rows, component] = np.maximum(self.matrix[rows, component], value)
 
-    def fence(self, rows) -> None:
-        """``fence.proxy.async``: the warps' earlier generic writes become
-        visible to the async proxy once the fence is ordered before it."""
+    def fence(self, rows, spaces: frozenset[str] = ALL_SPACES) -> None:
+        """``fence.proxy.async``: the warps' earlier generic writes to
+        ``spaces`` (``"smem"``, ``"gmem"``) become visible to the async proxy
+        once the fence is ordered before it."""
         for r in np.atleast_1d(rows):
             r = int(r)
-            self.fences[r].append(int(self.matrix[r, r]))
+            self.fences[r].append((int(self.matrix[r, r]), spaces))
             self.matrix[r, r] += 1
         self.version += 1
 
-    def last_fences(self, view: np.ndarray) -> np.ndarray:
-        """Per warp: the time of its latest proxy fence that ``view`` is ordered
-        after (-1: none)."""
+    def last_fences(self, view: np.ndarray, space: str) -> np.ndarray:
+        """Per warp: the time of its latest proxy fence of ``space`` that
+        ``view`` is ordered after (-1: none)."""
         out = np.full(self.warps, -1, np.int64)
-        for r, times in enumerate(self.fences):
-            known = int(view[r])
-            for t in reversed(times):
-                if t <= known:
-                    out[r] = t
-                    break
+        for r, fences in enumerate(self.fences):
+            out[r] = latest_fence(fences, int(view[r]), space)
         return out
+
+
+def latest_fence(fences: list[tuple[int, frozenset[str]]], known: int, space: str) -> int:
+    """The time of the latest of a warp's ``fences`` of ``space`` at or before
+    ``known``; -1: none."""
+    for t, spaces in reversed(fences):
+        if t <= known and space in spaces:
+            return t
+    return -1
 
 
 class SyncPoint:

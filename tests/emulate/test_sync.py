@@ -345,7 +345,8 @@ def test_inline_proxy_fence_makes_each_warps_earlier_writes_visible_to_the_async
     fr, sync = _checked_block()
     before = sync.clocks.matrix.diagonal()[:4].copy()
     fence(fr)
-    assert [f[-1] for f in sync.clocks.fences[:4]] == before.tolist()
+    assert [f[-1] for f in sync.clocks.fences[:4]] == [(t, frozenset({"smem"}))
+                                                        for t in before.tolist()]
     np.testing.assert_array_equal(sync.clocks.matrix.diagonal()[:4], before + 1)
 
 
@@ -380,3 +381,62 @@ def test_inline_wgmma_group_waits_complete_all_but_the_newest_groups():
     np.testing.assert_array_equal(sync.clocks.matrix[:4, comp], 1)
     wait_all(fr)
     np.testing.assert_array_equal(sync.clocks.matrix[:4, comp], 2)
+
+
+def global_then_tma_kernel(fence: str | None):
+    """Every warp writes ``2x`` to a GMEM buffer with generic stores, then
+    ``fence`` (the nvvm proxy kind: "async.shared" as plgpu.commit_smem
+    emits, "async.global", "async", or none) and a warpgroup barrier; a TMA
+    load brings the buffer into SMEM and a TMA store copies it out."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import nvvm
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    write_line = _line(global_then_tma_kernel, "generic writes")
+    load_line = _line(global_then_tma_kernel, "tma load")
+    kinds = {"async.shared": nvvm.ProxyKind.async_shared,
+             "async.global": nvvm.ProxyKind.async_global, "async": nvvm.ProxyKind.async_}
+
+    def kernel(ctx, x_ref, tmp_ref, o_ref, smem):
+        tile, bar = smem
+        with ir.Location.file(__file__, write_line, 0):
+            doubled = mgpu.FragmentedArray.load_strided(x_ref) * 2
+            doubled.store_untiled(tmp_ref)  # generic writes
+        if fence == "async.shared":
+            nvvm.fence_proxy(kinds[fence], space=nvvm.SharedSpace.shared_cta)
+        elif fence:
+            nvvm.fence_proxy(kinds[fence])
+        mgpu_utils.warpgroup_barrier()
+        with ir.Location.file(__file__, load_line, 0):
+            ctx.async_copy(src_ref=tmp_ref, dst_ref=tile, barrier=bar[0])  # tma load
+        bar[0].wait()
+        ctx.async_copy(src_ref=tile, dst_ref=o_ref)
+        ctx.await_async_copy(0)
+
+    row = S((128,), jnp.float32)
+    with mlir.make_ir_context(), ir.Location.unknown():
+        return mgpu.as_gpu_kernel(kernel, (1, 1, 1), (128, 1, 1), (row, row), row,
+                                  (row, mgpu.Barrier(1)))
+
+
+@pytest.mark.parametrize("fence", ["async.global", "async"])
+def test_a_tma_load_of_gmem_written_by_threads_after_a_global_proxy_fence_is_clean(fence):
+    x = np.arange(128, dtype=np.float32)
+    (out,) = emu.run(global_then_tma_kernel(fence), x, np.zeros(128, np.float32))
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+@pytest.mark.parametrize("fence", [None, "async.shared"])
+def test_a_tma_load_of_gmem_written_by_threads_needs_a_fence_of_global_memory(fence):
+    """plgpu.commit_smem()'s fence (``.shared::cta``) orders SMEM only: the
+    TMA load still reads the generic GMEM writes unfenced."""
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(global_then_tma_kernel(fence), np.arange(128, dtype=np.float32),
+                np.zeros(128, np.float32))
+    (race,) = err.value.races
+    assert race.kind == "read-after-write" and race.space == "gmem"
+    assert race.first.location.endswith(f":{_line(global_then_tma_kernel, 'generic writes')}")
+    assert race.second.location.endswith(f":{_line(global_then_tma_kernel, 'tma load')}")
+    assert "fence.proxy.async.global" in race.fix and "SMEM only" in race.fix
