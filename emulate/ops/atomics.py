@@ -52,13 +52,14 @@ from ..sync.reports import Deadlock
 from .inline_asm import Instr, ptx, ptx_pattern
 from .nvvm import effective, per_thread
 
-RED = (r"red(?:\.(?:shared::cta|global))?\.(?:relaxed|release)\.(?:cta|gpu|sys)"
+RED = (r"red(?:\.(?:shared::cta|global))?\.(?:relaxed|release)\.(?:cta|cluster|gpu|sys)"
        r"(?:\.(?:shared::cta|global))?\.(add|min|max|and|or|xor|inc|dec)(?:\.noftz)?"
        r"(?:\.v([24]))?\.(u32|s32|b32|f32|f16|bf16|f16x2|bf16x2)")
-ATOM = (r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:cta|gpu|sys))?"
+ATOM = (r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:cta|cluster|gpu|sys))?"
         r"(?:\.(?:shared::cta|global))?\.(cas|exch|add|min|max|and|or|xor|inc|dec)"
         r"\.(b32|u32|s32)")
-STRONG_LD = r"ld\.(?:relaxed|acquire)\.(?:cta|gpu|sys)(?:\.(?:shared::cta|global))?\.(b32|u32|s32)"
+STRONG_LD = (r"ld\.(?:relaxed|acquire)\.(?:cta|cluster|gpu|sys)(?:\.(?:shared::cta|global))?"
+             r"\.(b32|u32|s32)")
 
 ELEMS = {"u32": np.uint32, "s32": np.int32, "b32": np.uint32, "f32": np.float32,
          "f16": np.float16, "f16x2": np.float16}
@@ -168,9 +169,9 @@ def _order(fr: Frame, opcode: str, space_name: str, addrs: np.ndarray, threads: 
         (order.write if is_write else order.read)(np.array([row]), agent, locs, sem, scope)
 
 
-@ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,gpu,sys}[.space].op[.noftz][.v2|.v4].type "
-             "[addr], value(s): an atomic reduction into memory, each active thread's in turn "
-             "(op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2]; no "
+@ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,cluster,gpu,sys}[.space].op[.noftz]"
+             "[.v2|.v4].type [addr], value(s): an atomic reduction into memory, each active "
+             "thread's in turn (op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2]; no "
              ".space: a generic address)")
 def red(i: Instr) -> Step:
     m = re.fullmatch(RED, i.opcode)
@@ -287,8 +288,8 @@ def atom(i: Instr) -> Step:
     return step
 
 
-@ptx_pattern(STRONG_LD, "ld.{relaxed,acquire}.{cta,gpu,sys}[.space].{b32,u32,s32} $0, [addr]: a "
-             "strong (atomic) load (no .space: a generic address)", value=True)
+@ptx_pattern(STRONG_LD, "ld.{relaxed,acquire}.{cta,cluster,gpu,sys}[.space].{b32,u32,s32} "
+             "$0, [addr]: a strong (atomic) load (no .space: a generic address)", value=True)
 def strong_load(i: Instr) -> Step:
     if len(i.args) != 2 or len(i.results) != 1:
         raise i.unknown
@@ -317,13 +318,14 @@ def strong_load(i: Instr) -> Step:
     return step
 
 
-@ptx("fence.acquire.sys", "fence.acquire.gpu", "fence.release.sys", "fence.release.gpu",
-     "fence.acq_rel.sys", "fence.acq_rel.gpu")
+@ptx(*(f"fence.{sem}.{scope}" for sem in ("acquire", "release", "acq_rel", "sc")
+       for scope in ("cta", "cluster", "gpu", "sys")))
 def memory_fence(i: Instr) -> Step:
     """Nothing to compute (memory effects are immediate); for the checker, an
     acquire fence makes what the thread's earlier strong reads saw released
     ordered before its later accesses, a release fence makes its next strong
-    write publish what the thread knows now (:mod:`..sync.memory_order`)."""
+    write publish what the thread knows now (:mod:`..sync.memory_order`);
+    ``acq_rel`` and ``sc`` do both."""
     if i.args:
         raise i.unknown
     sem, _ = semantics_and_scope(i.opcode)

@@ -673,13 +673,11 @@ def mma_sync_warp(i: Instr) -> Step:
 # side effects
 
 @ptx("fence.mbarrier_init.release.cluster", "prefetch.tensormap", "griddepcontrol.wait",
-     "griddepcontrol.launch_dependents", "fence.acq_rel.cta", "fence.sc.cta",
-     "wgmma.fence.sync.aligned")
+     "griddepcontrol.launch_dependents", "wgmma.fence.sync.aligned")
 @ptx_pattern(r"setmaxnreg\..*", "setmaxnreg.*: nothing to model (register allocation)")
 def no_op(i: Instr) -> Step:
     """Nothing the emulator or the checker models: these order no memory access
-    the checker tracks (fence.acq_rel/sc.cta order a thread's own accesses,
-    which a warp's program order already does)."""
+    the checker tracks."""
     outs = i.outs
 
     def noop(fr: Frame) -> None:

@@ -1,7 +1,7 @@
 """The clocks and ids Mosaic GPU's profiler reads (``prof_spec=``,
 ``ctx.named_region``): ``%globaltimer`` (``mov.u64``, and its ``_lo``/``_hi``
-halves by ``mov.u32``), ``%clock`` (in the profiler's
-``@$0 st.shared.v2.u32 [$1], {$2, %clock};``) and ``%smid``.
+halves by ``mov.u32``), ``%clock`` (``mgpu.utils.clock``, and in the
+profiler's ``@$0 st.shared.v2.u32 [$1], {$2, %clock};``) and ``%smid``.
 
 The emulator has no time: every clock is one deterministic counter per
 launch that every read advances by one, so times are strictly increasing in
@@ -47,6 +47,17 @@ def globaltimer_half(i: Instr) -> Step:
     def step(fr: Frame) -> None:
         t = tick(fr)
         fr.regs[out] = np.asarray((t >> 32) if high else (t & 0xFFFFFFFF), np.uint32).view(np.int32)
+    return step
+
+
+@ptx_text(r"mov\.u32 \$0, ?%clock;",
+          "mov.u32 $0, %clock: the low half of the launch's deterministic clock (each read "
+          "advances it by one; mgpu.utils.clock)")
+def clock(i: Instr) -> Step:
+    out = _result(i)
+
+    def step(fr: Frame) -> None:
+        fr.regs[out] = np.asarray(tick(fr) & 0xFFFFFFFF, np.uint32).view(np.int32)
     return step
 
 

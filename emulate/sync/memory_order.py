@@ -53,8 +53,12 @@ SCOPES = ("cta", "cluster", "gpu", "sys")
 
 def semantics_and_scope(opcode: str) -> tuple[str, str]:
     """An atomic's or fence's ordering and scope as its opcode names them
-    (``relaxed`` and ``gpu`` where it names none, as the PTX ISA defaults)."""
+    (``relaxed`` and ``gpu`` where it names none, as the PTX ISA defaults; a
+    ``fence.sc`` orders as ``acq_rel`` does, and more, which one schedule
+    cannot tell)."""
     parts = set(re.split(r"\.", opcode))
+    if "sc" in parts:
+        parts.add("acq_rel")
     sem = next((s for s in SEMANTICS if s in parts), "relaxed")
     scope = next((s for s in SCOPES if s in parts), "gpu")
     return sem, scope

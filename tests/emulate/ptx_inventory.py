@@ -318,3 +318,24 @@ def problems(site: Site, listed: list[tuple[re.Pattern, str]]) -> list[str]:
             bad = [i for i in instrs if not _in_block(i)]
             out.append(f"{site.file}:{site.line}: joined block with {bad!r}")
     return out
+
+
+def needed_rows(found: list[Site], listed: list[tuple[re.Pattern, str]]) -> set[str]:
+    """The patterns of ``listed`` that some template of ``found`` needs: one
+    the emulator's table does not model (a joined block: one with a line its
+    block interpreter does not model) holds an instruction it matches."""
+    from smalti.emulate.ops import inline_asm
+
+    needed: set[str] = set()
+
+    def mark(instrs: list[str]) -> None:
+        needed.update(p.pattern for i in instrs for p, _ in listed if p.match(i))
+    for site in found:
+        for t in site.templates:
+            if inline_asm.lookup(PLACEHOLDER.sub("$9", t)) is None:
+                mark(instructions(t))
+        for block in site.blocks:
+            instrs = [i for line in block for i in instructions(line)]
+            if not all(_in_block(i) for i in instrs):
+                mark(instrs)
+    return needed

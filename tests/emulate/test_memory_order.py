@@ -154,12 +154,14 @@ ACQUIRES = {  # (a fence before the poll, the poll's read, a fence after it)
 
 
 def spelled_handoff(release: str, acquire: str, barrier_before_release: bool = True,
-                    barrier_after_acquire: bool = True):
+                    barrier_after_acquire: bool = True, cluster: int = 1, scope: str = "gpu"):
     """Block 0: every warp writes its part of ``o = 2x``, a warpgroup barrier
     (if ``barrier_before_release``), then one thread runs ``release`` (a
     list of PTX) on the semaphore. Block 1: one thread polls the semaphore
     with ``acquire``'s read until it is 1, then its fence; a warpgroup
-    barrier (if ``barrier_after_acquire``); then every warp adds 1 to ``o``."""
+    barrier (if ``barrier_after_acquire``); then every warp adds 1 to ``o``.
+    ``cluster``: blocks per cluster; ``scope``: the acquire's and a ``.gpu``
+    release's scope instead."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import arith, gpu, scf
@@ -168,7 +170,9 @@ def spelled_handoff(release: str, acquire: str, barrier_before_release: bool = T
 
     write_line, read_line = (_line(spelled_handoff, "every warp writes"),
                              _line(spelled_handoff, "every warp reads"))
-    fence_before, read_ptx, fence_ptx = ACQUIRES[acquire]
+    fence_before, read_ptx, fence_ptx = (
+        None if text is None else text.replace(".gpu", f".{scope}") for text in ACQUIRES[acquire])
+    releases = [text.replace(".gpu", f".{scope}") for text in RELEASES[release]]
 
     def kernel(ctx, x_ref, sem_ref, o_ref, _):
         i32, index = ir.IntegerType.get_signless(32), ir.IndexType.get()
@@ -183,7 +187,7 @@ def spelled_handoff(release: str, acquire: str, barrier_before_release: bool = T
             if barrier_before_release:
                 mgpu_utils.warpgroup_barrier()
             one = mgpu_utils.single_thread_predicate(mgpu_utils.ThreadSubset.WARPGROUP)
-            for text in RELEASES[release]:
+            for text in releases:
                 operands = (ptr, mgpu_utils.c(1, i32)) if "$0" in text else ()
                 mgpu_utils.inline_ptx(text, *operands, predicate=one, has_side_effects=True)
             scf.yield_([])
@@ -212,7 +216,7 @@ def spelled_handoff(release: str, acquire: str, barrier_before_release: bool = T
     vec = S((128,), jnp.float32)
     with mlir.make_ir_context(), ir.Location.unknown():
         return mgpu.as_gpu_kernel(kernel, (2, 1, 1), (128, 1, 1),
-                                  (vec, S((1,), jnp.uint32)), vec, ())
+                                  (vec, S((1,), jnp.uint32)), vec, (), cluster=(cluster, 1, 1))
 
 
 def _run_spelled(*args, **kwargs):
@@ -240,6 +244,23 @@ def test_each_release_and_acquire_pattern_orders_the_hand_off(release, acquire):
 def test_leaving_out_a_part_of_the_pattern_is_a_race(release, acquire, before, after):
     with pytest.raises(emu.RaceError) as err:
         _run_spelled(release, acquire, before, after)
+    _assert_race(err, "read-after-write", _line(spelled_handoff, "every warp writes"),
+                 _line(spelled_handoff, "every warp reads"))
+
+
+@pytest.mark.parametrize("acquire", ["ld.acquire", "ld.relaxed, fence.acquire"])
+def test_cluster_scope_orders_two_blocks_of_one_cluster(acquire):
+    """The two blocks run together as a cluster of 2; the release and the
+    acquire at ``.cluster`` scope reach each other."""
+    (out,) = _run_spelled("red.release", acquire, cluster=2, scope="cluster")
+    np.testing.assert_array_equal(out, X * 2 + 1)
+
+
+def test_cluster_scope_does_not_reach_another_cluster():
+    """The same kernel with clusters of 1: the blocks are in different
+    clusters, which ``.cluster`` does not reach."""
+    with pytest.raises(emu.RaceError) as err:
+        _run_spelled("red.release", "ld.acquire", cluster=1, scope="cluster")
     _assert_race(err, "read-after-write", _line(spelled_handoff, "every warp writes"),
                  _line(spelled_handoff, "every warp reads"))
 

@@ -645,15 +645,15 @@ def test_int16_max_min_compare_each_half_signed_or_unsigned(opcode):
 
 CLOCK_EVENT = "@$0 st.shared.v2.u32 [$1], {$2, %clock};"
 TIMERS = ["mov.u64 $0, %globaltimer;", "mov.u32 $0, %globaltimer_lo;",
-          "mov.u32 $0, %globaltimer_hi;", "mov.u32 $0, %smid;"]
+          "mov.u32 $0, %globaltimer_hi;", "mov.u32 $0, %smid;", "mov.u32 $0, %clock;"]
 
 
 @covers(*(form(t) for t in TIMERS), form(CLOCK_EVENT))
 def test_clocks_increase_in_program_order_and_smid_is_the_block_modulo_132():
     """Block (5, 2) of a (70, 3) grid: %globaltimer, then its low and high
-    halves, then the profiler's event record (tag, %clock) by the even
-    threads: each read one tick later than the one before it, the same for
-    every thread; %smid is (5 + 70 * 2) % 132."""
+    halves, then %clock, then the profiler's event record (tag, %clock) by
+    the even threads: each read one tick later than the one before it, the
+    same for every thread; %smid is (5 + 70 * 2) % 132."""
     got = run(f"""
       %t = nvvm.read.ptx.sreg.tid.x : i32
       %one = llvm.mlir.constant(1 : i32) : i32
@@ -664,18 +664,20 @@ def test_clocks_increase_in_program_order_and_smid_is_the_block_modulo_132():
       %lo = llvm.inline_asm has_side_effects "{TIMERS[1]}", "=r" : () -> i32
       %hi = llvm.inline_asm has_side_effects "{TIMERS[2]}", "=r" : () -> i32
       %sm = llvm.inline_asm "{TIMERS[3]}", "=r" : () -> i32
+      %ck = llvm.inline_asm has_side_effects "{TIMERS[4]}", "=r" : () -> i32
       %at = llvm.getelementptr %buf[%t] : (!llvm.ptr<3>, i32) -> !llvm.ptr<3>, i64
       %tag = llvm.mul %t, %t : i32
       {side(CLOCK_EVENT, "b,l,r", ("%even", "i1"), ("%at", "!llvm.ptr<3>"), ("%tag", "i32"))}""",
               {"buf": ("!llvm.ptr<3>", np.full((32, 2), -5, np.int32))},
-              {"g": "i64", "lo": "i32", "hi": "i32", "sm": "i32"},
+              {"g": "i64", "lo": "i32", "hi": "i32", "sm": "i32", "ck": "i32"},
               block_id=(5, 2, 0), grid=(70, 3, 1))
     g = int(np.asarray(got["g"]).reshape(-1)[0])
     assert np.all(np.asarray(got["g"]) == g) and g > 0
     assert np.all(np.asarray(got["lo"]) == g + 1) and np.all(np.asarray(got["hi"]) == 0)
     assert np.all(np.asarray(got["sm"]) == (5 + 70 * 2) % 132)
+    assert np.all(np.asarray(got["ck"]) == g + 3)
     t = np.arange(32)
-    want = np.where((t % 2 == 0)[:, None], np.stack([t * t, np.full(32, g + 3)], -1), -5)
+    want = np.where((t % 2 == 0)[:, None], np.stack([t * t, np.full(32, g + 4)], -1), -5)
     assert_same_bits(got["buf"], want.astype(np.int32))
 
 

@@ -19,8 +19,8 @@ T = 32
 RED_FORM = form("red.global.relaxed.gpu.add.u32 [$0], $1;")
 ATOM_FORM = form("atom.global.add.u32 $0, [$1], $2;")
 LD_FORM = form("ld.acquire.sys.u32 $0,[$1];")
-FENCES = [f"fence.{sem}.{scope}" for sem in ("acquire", "release", "acq_rel")
-          for scope in ("gpu", "sys")]
+FENCES = [f"fence.{sem}.{scope}" for sem in ("acquire", "release", "acq_rel", "sc")
+          for scope in ("cta", "cluster", "gpu", "sys")]
 
 I32_EDGES = np.array(int_edges("i32"), np.int64)
 
