@@ -171,8 +171,8 @@ def _order(fr: Frame, opcode: str, space_name: str, addrs: np.ndarray, threads: 
 
 @ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,cluster,gpu,sys}[.space].op[.noftz]"
              "[.v2|.v4].type [addr], value(s): an atomic reduction into memory, each active "
-             "thread's in turn (op: add/min/max/and/or/xor/inc/dec; type: u32/s32/b32/f32/f16[x2]/bf16[x2]; no "
-             ".space: a generic address)")
+             "thread's in turn (op: add/min/max/and/or/xor/inc/dec; type: "
+             "u32/s32/b32/f32/f16[x2]/bf16[x2]; no .space: a generic address)")
 def red(i: Instr) -> Step:
     m = re.fullmatch(RED, i.opcode)
     op, vec, ty = m[1], int(m[2] or 1), m[3]
