@@ -24,7 +24,7 @@ RULES: dict[str, Rule] = {}
 # How an op treats a WGMMA accumulator not yet waited for (the checker's):
 READS = "reads"  # the default: using it is a race on registers
 MOVES = "moves"  # only moves registers (no instruction, or a move): what it gives is pending too
-REGIONS = "regions"  # control flow: hands values to its regions, where they are not followed
+REGIONS = "regions"  # control flow: hands values to and from its regions (Compiler.hand_over)
 OWNS = "owns"  # the step keeps the pending state itself (a WGMMA)
 ACCUMULATOR_USE: dict[str, str] = {}  # op name -> MOVES or REGIONS, as its rule declares
 
@@ -150,6 +150,8 @@ class Compiler:
         self.checked = checked
         self.profiled = profiled  # wrap steps to count instructions (.profiling)
         self.accumulators: set[int] = set()  # slots WGMMAs write (set by their rule)
+        # (from, to) slots control flow copies values along (region arguments, yields)
+        self.handoffs: list[tuple[int, int]] = []
         self._compiled: list[tuple[list[Step], int, Op, str]] = []
         # slots whose value depends only on the thread's place (see per_group)
         self.placed: set[int] = set()
@@ -191,6 +193,12 @@ class Compiler:
             steps.append(step)
         return BlockProgram(args, steps, term, term_name, term_op)
 
+    def hand_over(self, sources: list[int], targets: list[int]) -> None:
+        """Control flow copies ``sources`` into ``targets`` (a region's
+        arguments, its yields into the op's results): a WGMMA accumulator
+        pending in one is pending in the other (see :meth:`finish`)."""
+        self.handoffs.extend(zip(sources, targets))
+
     def _placed(self, o: Op) -> bool:
         """Whether ``o``'s results depend only on the thread's place: a read
         of it, or integer and float arithmetic of such values and constants
@@ -221,11 +229,12 @@ class Compiler:
         operands; a guard costs a call per execution, so no other step has it)."""
         held = set(self.accumulators)
         grew = bool(held)
-        while grew:  # what moves make of them
+        while grew:  # what moves and control flow make of them
             before = len(held)
             for _, _, o, use in self._compiled:
                 if use in (MOVES, OWNS) and not held.isdisjoint(o.ins):
                     held.update(o.outs)
+            held.update(t for s, t in self.handoffs if s in held)
             grew = len(held) > before
         for steps, k, o, use in self._compiled:
             if held.isdisjoint(o.ins):

@@ -21,6 +21,22 @@ from ..machine import Frame, uniform
 from ._util import thread_axis
 
 
+def _hand(fr: Frame, sources: list[int], targets: list[int], merge: bool = False) -> None:
+    """Values copied from ``sources`` to ``targets``: a WGMMA accumulator not
+    yet waited for stays pending in its copy (the checker's; ``merge``: a
+    second branch's values merged in, pending where either is)."""
+    pending = fr.pending
+    if not pending:
+        return
+    got = [pending.get(s) for s in sources]
+    got += [None] * (len(targets) - len(got))  # (no sources: the targets are cleared)
+    for t, g in zip(targets, got):
+        if g is not None:
+            pending[t] = g
+        elif not merge:
+            pending.pop(t, None)
+
+
 @rule("scf.for", accumulators=REGIONS)
 def for_(o: Op) -> Step:
     """Bounds the same in every active thread loop them together; bounds that
@@ -35,6 +51,9 @@ def for_(o: Op) -> Step:
     loc = o.loc
     here = f"scf.for at {loc}"  # for the deadline's message
     idt = o.in_types[0].dtype
+    for sources in (inits, body.term):
+        o.comp.hand_over(sources, carried)
+        o.comp.hand_over(sources, outs)
 
     def step(fr: Frame) -> None:
         r = fr.regs
@@ -44,16 +63,20 @@ def for_(o: Op) -> Step:
         hi = uniform(r[ub], fr, "scf.for upper bound", loc)
         s = uniform(r[st], fr, "scf.for step", loc)
         vals = [r[i] for i in inits]
+        last = inits
         if lo is not None:
             for i in range(int(lo), int(hi), int(s)):
                 check_deadline(here)
                 r[iv] = np.asarray(i, idt)
                 for a, v in zip(carried, vals):
                     r[a] = v
+                _hand(fr, last, carried)
                 body.run(fr)
                 vals = [r[t] for t in body.term]
+                last = body.term
         for out, v in zip(outs, vals):
             r[out] = v
+        _hand(fr, last, outs)
 
     def _divergent_for(fr: Frame) -> None:
         r = fr.regs
@@ -65,6 +88,7 @@ def for_(o: Op) -> Step:
         saved = fr.mask
         base = np.ones(fr.T, bool) if saved is None else saved
         vals = [r[i] for i in inits]
+        _hand(fr, inits, carried)
         for k in range(int(trips[base].max(initial=0))):
             check_deadline(here)
             go = base & (k < trips)
@@ -74,9 +98,12 @@ def for_(o: Op) -> Step:
                 r[a] = v
             body.run(fr)
             vals = [_merge(go, r[t], v, vr, loc) for t, v, vr in zip(body.term, vals, vranks)]
+            _hand(fr, body.term, carried, merge=True)
         fr.mask = saved
         for out, v in zip(outs, vals):
             r[out] = v
+        _hand(fr, inits, outs)
+        _hand(fr, carried, outs, merge=True)
     return step
 
 
@@ -108,6 +135,9 @@ def if_(o: Op) -> Step:
     outs = o.outs
     vranks = [t.vrank for t in o.out_types]
     loc = o.loc
+    for branch in (then, other):
+        if branch is not None:
+            o.comp.hand_over(branch.term, outs)
 
     def step(fr: Frame) -> None:
         r = fr.regs
@@ -123,6 +153,7 @@ def if_(o: Op) -> Step:
                 branch.run(fr)
                 for out, t in zip(outs, branch.term):
                     r[out] = r[t]
+                _hand(fr, branch.term, outs)
             return
         saved = fr.mask
         base = np.ones(fr.T, bool) if saved is None else saved
@@ -137,6 +168,9 @@ def if_(o: Op) -> Step:
         fr.mask = saved
         for out, a, b, vr in zip(outs, tv, ev, vranks):
             r[out] = _merge(c, a, b, vr, loc)
+        _hand(fr, then.term, outs)
+        if other is not None:
+            _hand(fr, other.term, outs, merge=True)
     return step
 
 
@@ -152,10 +186,16 @@ def while_(o: Op) -> Step:
     vranks = [t.vrank for t in o.out_types]
     loc = o.loc
     here = f"scf.while at {loc}"  # for the deadline's message
+    forwarded = before.term[1:]
+    o.comp.hand_over(inits, before.args)
+    o.comp.hand_over(after.term, before.args)
+    o.comp.hand_over(forwarded, after.args)
+    o.comp.hand_over(forwarded, outs)
 
     def step(fr: Frame) -> None:
         r = fr.regs
         vals = [r[i] for i in inits]
+        _hand(fr, inits, before.args)
         saved = fr.mask
         left: np.ndarray | None = None  # threads that left, once the condition diverged
         results: list = [None] * len(outs)
@@ -173,6 +213,9 @@ def while_(o: Op) -> Step:
                 results = fwd_vals
                 break
             if together is None:  # diverged: the threads whose condition is false leave
+                if left is None:
+                    _hand(fr, [], outs)  # (pending where the leaving threads' values are)
+                _hand(fr, forwarded, outs, merge=True)
                 go = base & np.broadcast_to(cond, (fr.T,))
                 leaving = base & ~go
                 for k, v in enumerate(fwd_vals):
@@ -184,11 +227,14 @@ def while_(o: Op) -> Step:
                 fr.mask = go
             for a, v in zip(after.args, fwd_vals):
                 r[a] = v
+            _hand(fr, forwarded, after.args)
             after.run(fr)
             vals = [r[t] for t in after.term]
+            _hand(fr, after.term, before.args)
         fr.mask = saved
         for out, v in zip(outs, results):
             r[out] = v
+        _hand(fr, forwarded, outs, merge=left is not None)  # (left: outs were cleared)
     return step
 
 
@@ -209,11 +255,13 @@ def execute_region(o: Op) -> Step:
         raise o.unsupported("scf.execute_region with several blocks")
     body = o.region_block()
     outs = o.outs
+    o.comp.hand_over(body.term, outs)
 
     def step(fr: Frame) -> None:
         body.run(fr)
         for out, t in zip(outs, body.term):
             fr.regs[out] = fr.regs[t]
+        _hand(fr, body.term, outs)
     return step
 
 
@@ -229,6 +277,8 @@ def index_switch(o: Op) -> Step:
     (arg,), outs = o.ins, o.outs
     vranks = [t.vrank for t in o.out_types]
     loc = o.loc
+    for b in (default, *blocks):
+        o.comp.hand_over(b.term, outs)
 
     def step(fr: Frame) -> None:
         r = fr.regs
@@ -241,10 +291,12 @@ def index_switch(o: Op) -> Step:
             b.run(fr)
             for out, t in zip(outs, b.term):
                 r[out] = r[t]
+            _hand(fr, b.term, outs)
             return
         saved = fr.mask
         taken = np.zeros(fr.T, bool)
         results: list = [None] * len(outs)
+        _hand(fr, [], outs)
         arms = [(blocks[k], sel == c) for k, c in enumerate(cases)]
         arms.append((default, ~np.isin(sel, cases)))
         for block, who in arms:
@@ -257,6 +309,7 @@ def index_switch(o: Op) -> Step:
             for k, t in enumerate(block.term):
                 results[k] = r[t] if results[k] is None else _merge(m, r[t], results[k],
                                                                      vranks[k], loc)
+            _hand(fr, block.term, outs, merge=True)
         fr.mask = saved
         for out, v in zip(outs, results):
             r[out] = v

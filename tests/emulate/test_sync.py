@@ -440,3 +440,48 @@ def test_a_tma_load_of_gmem_written_by_threads_needs_a_fence_of_global_memory(fe
     assert race.first.location.endswith(f":{_line(global_then_tma_kernel, 'generic writes')}")
     assert race.second.location.endswith(f":{_line(global_then_tma_kernel, 'tma load')}")
     assert "fence.proxy.async.global" in race.fix and "SMEM only" in race.fix
+
+
+def wgmma_loop_kernel():
+    """Two WGMMAs into one accumulator in a ``fori_loop`` (the accumulator is
+    the loop's carried value), read back after the loop; Pallas waits before
+    the read."""
+    from tests.pallas_kit import kernel, swizzled
+
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
+        plgpu.copy_gmem_to_smem(b_gmem, b_smem, bar.at[1])
+        plgpu.barrier_wait(bar.at[0])
+        plgpu.barrier_wait(bar.at[1])
+
+        def scope(acc_ref):
+            def step(i, carry):
+                plgpu.wgmma(acc_ref, a_smem, b_smem)
+                return carry
+            lax.fori_loop(0, 2, step, None)
+            return acc_ref[...]
+        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 128), jnp.float32))  # read after loop
+
+    return kernel(body, S((64, 128), jnp.float32),
+                  [swizzled((64, 128)), swizzled((128, 128)), plgpu.Barrier(num_barriers=2)])
+
+
+def test_an_accumulator_carried_out_of_a_loop_is_followed_to_its_read():
+    """The WGMMAs run inside an ``scf.for`` whose result is the accumulator:
+    with the waits gone, its read after the loop is still a register race
+    (the pending state follows the loop's carried values and results)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 128)).astype(np.float16)
+    b = rng.standard_normal((128, 128)).astype(np.float16)
+    module, _ = emu.lower(wgmma_loop_kernel(), a, b)
+    assert "scf.for" in str(module)
+    outs = [((64, 128), np.dtype(np.float32))]
+    (clean,) = emu.run_module(module, [a, b], outs)
+    np.testing.assert_allclose(clean, 2 * (a.astype(np.float32) @ b.astype(np.float32)),
+                               rtol=1e-3, atol=2e-2)
+    assert _drop_wgmma_waits(module) >= 1
+    with pytest.raises(emu.RaceError) as err:
+        emu.run_module(module, [a, b], outs)
+    (race,) = [r for r in err.value.races if r.space == "registers"]
+    assert race.first.op.startswith("wgmma.mma_async")
+    assert race.second.location.endswith(f":{_line(wgmma_loop_kernel, 'read after loop')}")
