@@ -256,9 +256,10 @@ def test_the_two_warpgroup_wgmma_test_kernel_races_as_written():
                                atol=2e-2)
 
 
-def wgmma_kernel():
-    """A (64, 128) x (128, 128) f16 WGMMA through swizzled SMEM, read back
-    after its wait (Pallas waits before reading the accumulator)."""
+def _wgmma_through_smem(scope):
+    """A kernel that brings a (64, 128) and a (128, 128) f16 operand into
+    swizzled SMEM with TMA and stores what ``scope(acc_ref, a_smem, b_smem)``
+    returns (run in the scope of a (64, 128) f32 accumulator)."""
     from tests.pallas_kit import kernel, swizzled
 
     def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
@@ -266,14 +267,20 @@ def wgmma_kernel():
         plgpu.copy_gmem_to_smem(b_gmem, b_smem, bar.at[1])
         plgpu.barrier_wait(bar.at[0])
         plgpu.barrier_wait(bar.at[1])
-
-        def scope(acc_ref):
-            plgpu.wgmma(acc_ref, a_smem, b_smem)
-            return acc_ref[...]
-        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 128), jnp.float32))  # accumulator read
+        o_gmem[...] = pl.run_scoped(lambda acc_ref: scope(acc_ref, a_smem, b_smem),
+                                    plgpu.ACC((64, 128), jnp.float32))
 
     return kernel(body, S((64, 128), jnp.float32),
                   [swizzled((64, 128)), swizzled((128, 128)), plgpu.Barrier(num_barriers=2)])
+
+
+def wgmma_kernel():
+    """A (64, 128) x (128, 128) f16 WGMMA through swizzled SMEM, read back
+    after its wait (Pallas waits before reading the accumulator)."""
+    def scope(acc_ref, a_smem, b_smem):
+        plgpu.wgmma(acc_ref, a_smem, b_smem)
+        return acc_ref[...]  # accumulator read
+    return _wgmma_through_smem(scope)
 
 
 def _drop_wgmma_waits(module) -> int:
@@ -446,24 +453,13 @@ def wgmma_loop_kernel():
     """Two WGMMAs into one accumulator in a ``fori_loop`` (the accumulator is
     the loop's carried value), read back after the loop; Pallas waits before
     the read."""
-    from tests.pallas_kit import kernel, swizzled
-
-    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
-        plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
-        plgpu.copy_gmem_to_smem(b_gmem, b_smem, bar.at[1])
-        plgpu.barrier_wait(bar.at[0])
-        plgpu.barrier_wait(bar.at[1])
-
-        def scope(acc_ref):
-            def step(i, carry):
-                plgpu.wgmma(acc_ref, a_smem, b_smem)
-                return carry
-            lax.fori_loop(0, 2, step, None)
-            return acc_ref[...]
-        o_gmem[...] = pl.run_scoped(scope, plgpu.ACC((64, 128), jnp.float32))  # read after loop
-
-    return kernel(body, S((64, 128), jnp.float32),
-                  [swizzled((64, 128)), swizzled((128, 128)), plgpu.Barrier(num_barriers=2)])
+    def scope(acc_ref, a_smem, b_smem):
+        def step(i, carry):
+            plgpu.wgmma(acc_ref, a_smem, b_smem)
+            return carry
+        lax.fori_loop(0, 2, step, None)
+        return acc_ref[...]  # read after loop
+    return _wgmma_through_smem(scope)
 
 
 def test_an_accumulator_carried_out_of_a_loop_is_followed_to_its_read():
