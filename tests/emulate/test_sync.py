@@ -267,8 +267,9 @@ def _wgmma_through_smem(scope):
         plgpu.copy_gmem_to_smem(b_gmem, b_smem, bar.at[1])
         plgpu.barrier_wait(bar.at[0])
         plgpu.barrier_wait(bar.at[1])
-        o_gmem[...] = pl.run_scoped(lambda acc_ref: scope(acc_ref, a_smem, b_smem),
-                                    plgpu.ACC((64, 128), jnp.float32))
+        got = pl.run_scoped(lambda acc_ref: scope(acc_ref, a_smem, b_smem),
+                            plgpu.ACC((64, 128), jnp.float32))
+        o_gmem[...] = got  # accumulator read
 
     return kernel(body, S((64, 128), jnp.float32),
                   [swizzled((64, 128)), swizzled((128, 128)), plgpu.Barrier(num_barriers=2)])
@@ -279,7 +280,7 @@ def wgmma_kernel():
     after its wait (Pallas waits before reading the accumulator)."""
     def scope(acc_ref, a_smem, b_smem):
         plgpu.wgmma(acc_ref, a_smem, b_smem)
-        return acc_ref[...]  # accumulator read
+        return acc_ref[...]
     return _wgmma_through_smem(scope)
 
 
@@ -319,7 +320,7 @@ def test_reading_a_wgmma_accumulator_before_its_wait_is_a_register_race():
     with pytest.raises(emu.RaceError) as err:
         emu.run_module(module, [a, b], outs)
     (race,) = [r for r in err.value.races if r.space == "registers"]
-    line = _line(wgmma_kernel, "accumulator read")
+    line = _line(_wgmma_through_smem, "accumulator read")
     assert race.kind == "read-after-write" and race.first.agent.startswith("WGMMA")
     assert race.first.op.startswith("wgmma.mma_async") and race.first.is_write
     assert race.second.location.endswith(f":{line}") and not race.second.is_write
@@ -458,7 +459,7 @@ def wgmma_loop_kernel():
             plgpu.wgmma(acc_ref, a_smem, b_smem)
             return carry
         lax.fori_loop(0, 2, step, None)
-        return acc_ref[...]  # read after loop
+        return acc_ref[...]
     return _wgmma_through_smem(scope)
 
 
@@ -480,4 +481,4 @@ def test_an_accumulator_carried_out_of_a_loop_is_followed_to_its_read():
         emu.run_module(module, [a, b], outs)
     (race,) = [r for r in err.value.races if r.space == "registers"]
     assert race.first.op.startswith("wgmma.mma_async")
-    assert race.second.location.endswith(f":{_line(wgmma_loop_kernel, 'read after loop')}")
+    assert race.second.location.endswith(f":{_line(_wgmma_through_smem, 'accumulator read')}")
