@@ -172,6 +172,7 @@ class Compiler:
         term: list[int] = []
         term_name = ""
         term_op = None
+        entries: list[tuple[str, list[int], Step]] = []  # for .fusion
         for raw in block.operations:
             name = raw.operation.name
             if name in TERMINATORS:
@@ -190,7 +191,12 @@ class Compiler:
             if self.profiled:
                 from .profiling import counting
                 step = counting(step, o)
+            else:
+                entries.append((o.name, o.ins, step))
             steps.append(step)
+        if entries:  # runs of vector accesses as one access (not profiled: it counts each)
+            from .fusion import fuse
+            fuse(entries, steps)
         return BlockProgram(args, steps, term, term_name, term_op)
 
     def hand_over(self, sources: list[int], targets: list[int]) -> None:

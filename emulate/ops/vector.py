@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import irtypes, subbyte
 from ..compiler import MOVES, Op, Step, rule
+from ..fusion import VectorAccess
 from ..machine import Frame
 from ..values import lead
 from . import arith
@@ -232,6 +233,7 @@ def load(o: Op) -> Step:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         fr.regs[out] = access(fr, m, addrs, len(vshape), site, loc)
+    step.vector_access = _fusable(False, ref, idx, vshape, out, site, loc)  # type: ignore
     return step
 
 
@@ -247,7 +249,22 @@ def store(o: Op) -> Step:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         access(fr, m, addrs, len(vshape), site, loc, values=fr.regs[val])
+    step.vector_access = _fusable(True, ref, idx, vshape, val, site, loc)  # type: ignore
     return step
+
+
+def _fusable(is_store: bool, ref: int, idx: list[int], vshape: tuple, value: int, site,
+             loc: str) -> VectorAccess:
+    """What :mod:`..fusion` needs to run this access with its neighbours':
+    the addresses it would access, and the access of a stack of such (one
+    more vector dimension)."""
+    def addresses(fr: Frame, indices: list) -> np.ndarray:
+        return element_addresses(memref_of(fr, ref), indices, vshape)
+
+    def run(fr: Frame, addrs: np.ndarray, values):
+        return access(fr, memref_of(fr, ref), addrs, len(vshape) + 1, site, loc, values=values)
+    return VectorAccess(is_store, ref, tuple(idx), tuple(vshape), value, site, loc, run,
+                        addresses)
 
 
 
