@@ -113,8 +113,7 @@ def _fused(accesses: list[VectorAccess]) -> Step:
 
     def step(fr: Frame) -> None:
         r, shape = fr.regs, (fr.T,)
-        indices = [np.stack([np.broadcast_to(np.asarray(r[s], np.int64), shape) for s in col])
-                   for col in slots]
+        indices = [_stacked([r[s] for s in col], shape) for col in slots]
         addrs = np.moveaxis(first.addresses(fr, indices), 0, 1)  # (threads, run, *vector)
         if first.is_store:
             values = np.stack([np.broadcast_to(np.asarray(r[a.value]), shape + first.vshape)
@@ -125,3 +124,15 @@ def _fused(accesses: list[VectorAccess]) -> Step:
         for i, a in enumerate(accesses):
             r[a.value] = got[:, i]
     return step
+
+
+def _stacked(values: list, shape: tuple[int]) -> np.ndarray:
+    """The run's values of one index, (run, threads): stacked as they are
+    where all are per thread (or all the same in every thread), each
+    broadcast to every thread first where they are mixed."""
+    arrays = [np.asarray(v, np.int64) for v in values]
+    if all(a.shape == shape for a in arrays):
+        return np.stack(arrays)
+    if all(a.ndim == 0 for a in arrays):
+        return np.broadcast_to(np.array(arrays)[:, None], (len(arrays),) + shape)
+    return np.stack([np.broadcast_to(a, shape) for a in arrays])
