@@ -1,20 +1,23 @@
 """Fusing runs of vector accesses into one access.
 
 A layout's register tile reaches memory as one ``vector.load`` or
-``vector.store`` per register: a (128, 128) f32 block in WGMMA's layout is
-64 loads of ``vector<2xf32>``, each after a line or two of index
-arithmetic. Each access costs the emulator a fixed price (addresses, the
-buffer, the checker's shadow) far above its few elements, so such a run
-runs as one access of all its elements, at the place of its last access.
+``vector.store`` (or ``llvm.load``/``llvm.store`` through a pointer) per
+register: a (128, 128) f32 block in WGMMA's layout is 64 loads of
+``vector<2xf32>``, each after a line or two of index arithmetic. Each
+access costs the emulator a fixed price (addresses, the buffer, the
+checker's shadow) far above its few elements, so such a run runs as one
+access of all its elements, at the place of its last access.
 
 A run is fused only where that changes nothing observable:
 
 * its accesses are of one kind (all loads or all stores), of one memref
-  value, one vector type and one op site (the same source line: a report
-  names the same op and line either way);
-* between them are only ``arith`` ops and constants, which touch no memory,
-  and no op of the run uses a value one of its loads produced (the loads
-  are done last);
+  value (or, through pointers, one state space and element type), one
+  vector type and one op site (the same source line: a report names the
+  same op and line either way);
+* between them are only pure ops (:func:`.liveness.is_pure`: arithmetic,
+  constants, casts, address computations), which touch no memory, and no
+  op of the run uses a value one of its loads produced (the loads are done
+  last);
 * the module is not being profiled (the profiler counts each instruction).
 
 Nothing between the first access and the last can synchronize, so the
@@ -32,22 +35,22 @@ from typing import Any
 
 import numpy as np
 
+from .liveness import is_pure
 from .machine import Frame
 
 Step = Callable[[Frame], None]
 
-PURE_PREFIXES = ("arith.",)
-PURE_OPS = frozenset({"llvm.mlir.constant"})
-
 
 @dataclass(frozen=True)
 class VectorAccess:
-    """What a ``vector.load``/``vector.store`` step does, for fusing: its
-    memref's slot, its index slots, its vector shape, the slot it loads into
-    or stores from, and its site."""
+    """What a load or store step does, for fusing: what must be the same
+    for two accesses to fuse (``key``: the memref's slot, or the state space
+    and element type of a pointer's), its index slots (a pointer's: the
+    pointer), its vector shape, the slot it loads into or stores from, and
+    its site."""
 
     is_store: bool
-    ref: int
+    key: Any
     idx: tuple[int, ...]
     vshape: tuple[int, ...]
     value: int
@@ -56,8 +59,8 @@ class VectorAccess:
     # ``run(fr, addrs, values)``: the access itself, given every thread's
     # addresses and, for a store, the values
     run: Callable[..., Any]
-    # ``addresses(fr, indices)``: the element addresses of the memref at
-    # ``indices`` (one array per index, of any shape that broadcasts)
+    # ``addresses(fr, indices)``: the element addresses at ``indices`` (one
+    # array per index, of any shape that broadcasts; a pointer's: pointers)
     addresses: Callable[[Frame, list], np.ndarray]
 
 
@@ -81,8 +84,7 @@ def fuse(entries: Sequence[tuple[str, Sequence[int], Step]], steps: list[Step]) 
                 members.append(j)
                 if not access.is_store:
                     produced.add(access.value)
-            elif access is None and (name.startswith(PURE_PREFIXES) or name in PURE_OPS) \
-                    and produced.isdisjoint(ins):
+            elif access is None and is_pure(name) and produced.isdisjoint(ins):
                 pass
             else:
                 break
@@ -96,7 +98,7 @@ def fuse(entries: Sequence[tuple[str, Sequence[int], Step]], steps: list[Step]) 
 
 
 def _same_run(a: VectorAccess, b: VectorAccess) -> bool:
-    return (a.is_store == b.is_store and a.ref == b.ref and a.vshape == b.vshape
+    return (a.is_store == b.is_store and a.key == b.key and a.vshape == b.vshape
             and a.site == b.site)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from .. import generic, irtypes, subbyte
 from ..compiler import MOVES, Op, Step, rule
 from ..errors import Unsupported
+from ..fusion import VectorAccess
 from ..machine import Frame
 from ..values import UNDEF, extract, insert
 from . import arith
@@ -132,6 +133,7 @@ def load(o: Op) -> Step:
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.regs[out] = access_space(fr, space, dt, addr, len(vshape), site, loc)
+    step.vector_access = _fusable(False, p, out, space, dt, vshape, site, loc)  # type: ignore
     return step
 
 
@@ -165,7 +167,22 @@ def store(o: Op) -> Step:
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         access_space(fr, space, dt, addr, len(vshape), site, loc, values=fr.regs[v])
+    step.vector_access = _fusable(True, p, v, space, dt, vshape, site, loc)  # type: ignore
     return step
+
+
+def _fusable(is_store: bool, pointer: int, value: int, space: str, dt: np.dtype,
+             vshape: tuple[int, ...], site, loc: str) -> VectorAccess:
+    """What :mod:`..fusion` needs to run this access with its neighbours'
+    (a stack of pointers: one more vector dimension)."""
+    def addresses(fr: Frame, indices: list) -> np.ndarray:
+        (pointers,) = indices
+        return _element_addresses(pointers, vshape, dt)
+
+    def run(fr: Frame, addrs: np.ndarray, values):
+        return access_space(fr, space, dt, addrs, len(vshape) + 1, site, loc, values=values)
+    return VectorAccess(is_store, ("pointer", space, dt.str), (pointer,), tuple(vshape), value,
+                        site, loc, run, addresses)
 
 
 def _element_addresses(pointer: Any, vshape: tuple[int, ...], dt: np.dtype) -> np.ndarray:

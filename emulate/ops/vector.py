@@ -263,8 +263,8 @@ def _fusable(is_store: bool, ref: int, idx: list[int], vshape: tuple, value: int
 
     def run(fr: Frame, addrs: np.ndarray, values):
         return access(fr, memref_of(fr, ref), addrs, len(vshape) + 1, site, loc, values=values)
-    return VectorAccess(is_store, ref, tuple(idx), tuple(vshape), value, site, loc, run,
-                        addresses)
+    return VectorAccess(is_store, ("memref", ref), tuple(idx), tuple(vshape), value, site, loc,
+                        run, addresses)
 
 
 

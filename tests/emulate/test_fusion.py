@@ -133,3 +133,25 @@ def test_a_fused_run_that_races_is_reported_with_its_kind_and_lines():
     kinds = {(r.kind, r.first.location.rsplit(":", 1)[1], r.second.location.rsplit(":", 1)[1])
              for r in err.value.races}
     assert ("write-after-write", str(line), str(line)) in kinds, kinds
+
+
+def test_loads_through_pointers_fuse_too(monkeypatch):
+    """``plgpu.load(..., optimized=False)`` loads each register with an
+    ``llvm.load`` through a pointer computed by ``llvm.getelementptr``: the
+    64 loads of the block are one access, and the row sums are numpy's."""
+    calls = []
+    original = Checker.thread_access
+
+    def counting(self, fr, space, addrs, *args, **kwargs):
+        calls.append(np.shape(addrs))
+        return original(self, fr, space, addrs, *args, **kwargs)
+    monkeypatch.setattr(Checker, "thread_access", counting)
+
+    def body(x_ref, o_ref):
+        o_ref[...] = jnp.sum(plgpu.load(x_ref, layout=plgpu.Layout.WGMMA, optimized=False),
+                             axis=1)
+    k = plgpu.kernel(body, out_type=S((128,), jnp.float32), compiler_params=WG)
+    x = np.random.default_rng(1).integers(-8, 8, (128, 128)).astype(np.float32)
+    (out,) = emu.run(k, x)
+    np.testing.assert_array_equal(out, x.sum(1))  # (small integers: any order is exact)
+    assert (128, 64, 2) in calls, calls
