@@ -89,14 +89,21 @@ def elementwise():
     return plgpu.kernel(body, out_type=S((128, 128), jnp.float32), compiler_params=WG)
 
 
-def test_a_fused_kernel_checks_each_run_as_one_access(monkeypatch):
-    calls = []
+def _checked_shapes(monkeypatch) -> list[tuple]:
+    """The shapes of the addresses of every thread access the checker sees
+    from now on."""
+    calls: list[tuple] = []
     original = Checker.thread_access
 
     def counting(self, fr, space, addrs, *args, **kwargs):
         calls.append(np.shape(addrs))
         return original(self, fr, space, addrs, *args, **kwargs)
     monkeypatch.setattr(Checker, "thread_access", counting)
+    return calls
+
+
+def test_a_fused_kernel_checks_each_run_as_one_access(monkeypatch):
+    calls = _checked_shapes(monkeypatch)
     x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
     (out,) = emu.run(elementwise(), x)
     np.testing.assert_array_equal(out, x * 2 + 1)
@@ -139,13 +146,7 @@ def test_loads_through_pointers_fuse_too(monkeypatch):
     """``plgpu.load(..., optimized=False)`` loads each register with an
     ``llvm.load`` through a pointer computed by ``llvm.getelementptr``: the
     64 loads of the block are one access, and the row sums are numpy's."""
-    calls = []
-    original = Checker.thread_access
-
-    def counting(self, fr, space, addrs, *args, **kwargs):
-        calls.append(np.shape(addrs))
-        return original(self, fr, space, addrs, *args, **kwargs)
-    monkeypatch.setattr(Checker, "thread_access", counting)
+    calls = _checked_shapes(monkeypatch)
 
     def body(x_ref, o_ref):
         o_ref[...] = jnp.sum(plgpu.load(x_ref, layout=plgpu.Layout.WGMMA, optimized=False),
