@@ -302,10 +302,10 @@ class EmulatedKernel:
 
     def __init__(self, module: Any, settings: Settings, avals_out: Sequence[Any],
                  aliases: dict[int, int]) -> None:
-        from .runner import Program
+        from .runner import compiled
 
         self.settings = settings
-        self.program = Program(module, sanitize=settings.sanitize)
+        self.program = compiled(module, sanitize=settings.sanitize)
         self.outputs = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals_out]
         self.aliases = aliases
         #: how many times the kernel ran

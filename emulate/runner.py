@@ -12,7 +12,10 @@ an unrequested profiler buffer."""
 from __future__ import annotations
 
 import functools
+import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -304,13 +307,49 @@ def _aliased(regions: list, j: int, index: int, output: tuple) -> tuple:
     return (r, np.dtype(dt), tuple(shape))
 
 
+#: compiled programs, by module text (every op and location) and flags;
+#: the most recently used last, at most KEEP_COMPILED of them
+_COMPILED: OrderedDict[tuple[str, bool, bool], Program] = OrderedDict()
+KEEP_COMPILED = 16
+_DUMP_NAME = re.compile(r'mosaic_gpu\.dump_basename = "[^"]*"')
+_compiled_lock = threading.Lock()
+
+
+def compiled(module: Any, *, sanitize: bool = True, profiled: bool = False) -> Program:
+    """``module``'s :class:`Program`, compiled once per text: a module that
+    prints the same (every op and every location: a kernel lowered again)
+    runs the program compiled for the first, with what its runs learned
+    (warps as tasks). Printing a module costs a tenth of compiling it."""
+    text = module.operation.get_asm(enable_debug_info=True, print_generic_op_form=True)
+    # (a name for dump files, numbered per lowering: nothing the kernel does)
+    key = (_DUMP_NAME.sub("", text), sanitize, profiled)
+    with _compiled_lock:
+        program = _COMPILED.get(key)
+        if program is not None:
+            _COMPILED.move_to_end(key)
+            return program
+    program = Program(module, sanitize=sanitize, profiled=profiled)
+    program.__dict__["text"] = text  # (Program.text's value: what workers re-parse)
+    with _compiled_lock:
+        _COMPILED[key] = program
+        while len(_COMPILED) > KEEP_COMPILED:
+            _COMPILED.popitem(last=False)
+    return program
+
+
+def forget_compiled() -> None:
+    """Drops every kept program (the next run of any module compiles it)."""
+    with _compiled_lock:
+        _COMPILED.clear()
+
+
 def run_module(module: Any, inputs: Sequence[np.ndarray],
                outputs: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None, *,
                aliases: Mapping[int, int] | None = None, on_race: str = "raise",
                on_uninitialized: str = "warn", sanitize: bool = True,
                profiler=None, workers: int | str | None = None) -> tuple[np.ndarray, ...]:
-    """Compiles ``module`` (a Lane-level Mosaic GPU module) and runs it once
-    (see :meth:`Program.run`)."""
-    return Program(module, sanitize=sanitize, profiled=profiler is not None).run(
+    """Runs ``module`` (a Lane-level Mosaic GPU module) once, compiled or
+    found compiled (:func:`compiled`; see :meth:`Program.run`)."""
+    return compiled(module, sanitize=sanitize, profiled=profiler is not None).run(
         inputs, outputs, aliases=aliases, on_race=on_race, on_uninitialized=on_uninitialized,
         profiler=profiler, workers=workers)

@@ -87,3 +87,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_sep("=", "smalti error-code coverage", red=True)
             reporter.write_line(message)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _emulator_compiles_afresh():
+    """Each test compiles the modules it runs: a program kept from an
+    earlier test (``smalti.emulate.runner.compiled``) would hide what a test
+    patches into compiling."""
+    from smalti.emulate.runner import forget_compiled
+
+    forget_compiled()
