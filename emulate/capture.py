@@ -70,6 +70,17 @@ class KernelCall:
     aliases: dict[int, int] = field(default_factory=dict)  # result index -> operand index
 
 
+def call_aliases(n_in: int, n_out: int, input_output_aliases: Sequence[tuple[int, int]],
+                 inouts: int) -> dict[int, int]:
+    """Result index -> operand index of the buffers a ``mosaic_gpu`` call
+    shares: its ``input_output_aliases``, or with ``inouts`` in-out buffers
+    (``mgpu.as_gpu_kernel``'s), the last operands as the last results, as
+    jax's lowering rule makes them."""
+    if inouts:
+        return {n_out - 1 - k: n_in - 1 - k for k in range(inouts)}
+    return {o: i for i, o in input_output_aliases}
+
+
 @contextlib.contextmanager
 def recording_calls(calls: dict[int, KernelCall]) -> Iterator[None]:
     """Records, by ``id`` of its module, every ``mosaic_gpu`` custom call
@@ -80,10 +91,8 @@ def recording_calls(calls: dict[int, KernelCall]) -> Iterator[None]:
 
     def spy(ctx: Any, *args: Any, module: Any, out_types: Any, inout_types: Any,
             input_output_aliases: tuple[tuple[int, int], ...] = (), **kwargs: Any) -> Any:
-        n_in, n_out = len(ctx.avals_in), len(ctx.avals_out)
-        aliases = {o: i for i, o in input_output_aliases}
-        for k in range(len(inout_types)):  # as jax's rule: the last inputs are the last outputs
-            aliases[n_out - 1 - k] = n_in - 1 - k
+        aliases = call_aliases(len(ctx.avals_in), len(ctx.avals_out), input_output_aliases,
+                               len(inout_types))
         calls[id(module)] = KernelCall(list(ctx.avals_in), list(ctx.avals_out), aliases)
         return current(ctx, *args, module=module, out_types=out_types, inout_types=inout_types,
                        input_output_aliases=input_output_aliases, **kwargs)

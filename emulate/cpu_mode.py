@@ -277,15 +277,14 @@ def _emulated_custom_call(settings: Settings) -> Any:
         from jax._src import callback
         from jax.experimental.mosaic.gpu import core as mgpu_core
 
+        from .capture import call_aliases
+
         if mgpu_core._has_communication(module):
             raise Unsupported("a multi-device Mosaic GPU kernel (NVSHMEM or XLA collective "
                               "metadata): the emulator runs one device")
-        n_in, n_out = len(ctx.avals_in), len(ctx.avals_out)
-        if inout_types:  # as jax's rule: the last inputs are the last outputs
-            input_output_aliases = tuple((n_in - 1 - i, n_out - 1 - i)
-                                         for i in range(len(inout_types)))
         kernel = EmulatedKernel(module, settings, ctx.avals_out,
-                                {out: inp for inp, out in input_output_aliases})
+                                call_aliases(len(ctx.avals_in), len(ctx.avals_out),
+                                             input_output_aliases, len(inout_types)))
         results, _, _ = callback.emit_python_callback(
             ctx, kernel, None, list(args), ctx.avals_in, ctx.avals_out,
             has_side_effect=False, returns_token=False)

@@ -23,9 +23,10 @@ A run is fused only where that changes nothing observable:
 Nothing between the first access and the last can synchronize, so the
 checker sees every element at the same clocks as it would have access by
 access; a store's values are read when the run ends, as SSA values they
-are unchanged since their stores' places. Where the accesses' addresses do
-not share one shape at run time (a uniform index beside per-thread ones),
-the run's accesses run one by one, as written."""
+are unchanged since their stores' places. The indices are stacked on a new
+leading axis, each broadcast to every thread where they are mixed, so the
+addresses are one computation too (a loaded value is then held per thread
+even where its index was the same in every thread)."""
 
 from __future__ import annotations
 

@@ -163,10 +163,10 @@ def _order(fr: Frame, opcode: str, space_name: str, addrs: np.ndarray, threads: 
         return  # nothing was released anywhere
     agent = Agent(sync.cluster, b.rank)
     rows = b.warp_rows[threads]
-    for row in np.unique(rows):
+    for row in np.unique(rows).tolist():
         mine = np.unique(np.asarray(addrs)[threads[rows == row]])
         locs = [_location(space_name, sync.cluster, b.rank, int(a)) for a in mine.tolist()]
-        (order.write if is_write else order.read)(np.array([row]), agent, locs, sem, scope)
+        (order.write if is_write else order.read)(row, agent, locs, sem, scope)
 
 
 @ptx_pattern(RED, "red[.space].{relaxed,release}.{cta,cluster,gpu,sys}[.space].op[.noftz]"

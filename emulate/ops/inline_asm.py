@@ -693,11 +693,7 @@ def fence_proxy_async(i: Instr) -> Step:
     proxy fence)."""
     if i.args:
         raise i.unknown
-    if i.opcode.endswith(".shared::cta"):
-        return proxy_fence(frozenset({"smem"}))
-    if i.opcode.endswith(".global"):
-        return proxy_fence(frozenset({"gmem"}))
-    return proxy_fence()
+    return proxy_fence(i.opcode)
 
 
 @ptx("cp.async.bulk.commit_group")

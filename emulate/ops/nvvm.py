@@ -458,9 +458,13 @@ def bulk_wait(fr: Frame, pending: int, read_only: bool, pred_slots=()) -> None:
         fr.sync.bulk_wait(fr, np.flatnonzero(effective(fr, list(pred_slots))), pending, read_only)
 
 
-def proxy_fence(spaces: frozenset[str] = ALL_SPACES) -> Step:
-    """``fence.proxy.async`` of state ``spaces``: the executing warps' earlier
+def proxy_fence(named: str = "") -> Step:
+    """``fence.proxy.async`` of the state space ``named`` (the text naming it:
+    ``shared``, ``global``; none: every space): the executing warps' earlier
     generic writes there become visible to the async proxy (TMA, WGMMA)."""
+    spaces = (frozenset({"smem"}) if "shared" in named else
+              frozenset({"gmem"}) if "global" in named else ALL_SPACES)
+
     def step(fr: Frame) -> None:
         if fr.sync is not None:
             fr.sync.fence(fr.sync.rows(fr), spaces)
@@ -497,11 +501,7 @@ def fence_proxy(o: Op) -> Step:
     kind = str(o.attr("kind"))
     if "async" not in kind:  # alias / tensormap proxies order nothing modelled
         return _noop(o)
-    if "async.shared" in kind:  # (its space attribute: cta or cluster; both SMEM)
-        return proxy_fence(frozenset({"smem"}))
-    if "async.global" in kind:
-        return proxy_fence(frozenset({"gmem"}))
-    return proxy_fence()
+    return proxy_fence(kind)  # (async.shared: its space attribute, cta or cluster, is SMEM)
 
 
 def group_rules(commit: str, wait: str, pending_attr: str, on_commit: Step,

@@ -29,12 +29,18 @@ def _hand(fr: Frame, sources: list[int], targets: list[int], merge: bool = False
     if not pending:
         return
     got = [pending.get(s) for s in sources]
-    got += [None] * (len(targets) - len(got))  # (no sources: the targets are cleared)
     for t, g in zip(targets, got):
         if g is not None:
             pending[t] = g
         elif not merge:
             pending.pop(t, None)
+
+
+def _forget(fr: Frame, targets: list[int]) -> None:
+    """``targets`` get new values none of which is pending yet (before
+    divergent branches' values are merged into them)."""
+    for t in targets:
+        fr.pending.pop(t, None)
 
 
 @rule("scf.for", accumulators=REGIONS)
@@ -214,7 +220,7 @@ def while_(o: Op) -> Step:
                 break
             if together is None:  # diverged: the threads whose condition is false leave
                 if left is None:
-                    _hand(fr, [], outs)  # (pending where the leaving threads' values are)
+                    _forget(fr, outs)  # (then pending where the leaving threads' values are)
                 _hand(fr, forwarded, outs, merge=True)
                 go = base & np.broadcast_to(cond, (fr.T,))
                 leaving = base & ~go
@@ -296,7 +302,7 @@ def index_switch(o: Op) -> Step:
         saved = fr.mask
         taken = np.zeros(fr.T, bool)
         results: list = [None] * len(outs)
-        _hand(fr, [], outs)
+        _forget(fr, outs)
         arms = [(blocks[k], sel == c) for k, c in enumerate(cases)]
         arms.append((default, ~np.isin(sel, cases)))
         for block, who in arms:

@@ -70,8 +70,7 @@ class Clocks:
         if rows.size == 0:
             return
         point.pending = join(point.pending, self.view(rows))
-        self.matrix[rows, rows] += 1
-        self.version += 1
+        self.tick(rows)
 
     def tick(self, rows) -> None:
         """The warps' own times advance: what they do next is after what they
@@ -98,11 +97,10 @@ class Clocks:
         """``fence.proxy.async``: the warps' earlier generic writes to
         ``spaces`` (``"smem"``, ``"gmem"``) become visible to the async proxy
         once the fence is ordered before it."""
-        for r in np.atleast_1d(rows):
-            r = int(r)
+        rows = np.atleast_1d(rows)
+        for r in rows.tolist():
             self.fences[r].append((int(self.matrix[r, r]), spaces))
-            self.matrix[r, r] += 1
-        self.version += 1
+        self.tick(rows)
 
     def last_fences(self, view: np.ndarray, space: str) -> np.ndarray:
         """Per warp: the time of its latest proxy fence of ``space`` that

@@ -105,28 +105,27 @@ class MemoryOrder:
         self.fenced.clear()
         self.observed.clear()
 
-    def write(self, rows: np.ndarray, agent: Agent, locations: list[tuple], sem: str,
+    def write(self, row: int, agent: Agent, locations: list[tuple], sem: str,
               scope: str) -> None:
-        """Atomic writes (or read-modify-writes) by the warps ``rows`` to
+        """Atomic writes (or read-modify-writes) by warp ``row`` to
         ``locations``: a release publishes the warp's clock; a relaxed write
         after the warp's ``fence.release`` publishes the clock the fence took;
         any other continues the release sequences already there."""
-        for row in np.unique(rows).tolist():
-            if sem in ("release", "acq_rel"):
-                clock = self.checker.global_clock(row)
-                self.checker.clocks.tick(row)  # its later accesses come after the release
-            elif row in self.fenced:
-                clock = self.fenced[row]
-            else:
-                continue
-            for loc in locations:
-                entries = self.locations.setdefault(loc, {})
-                entries[(scope, agent)] = join(entries.get((scope, agent)), clock)
+        if sem in ("release", "acq_rel"):
+            clock = self.checker.global_clock(row)
+            self.checker.clocks.tick(row)  # its later accesses come after the release
+        elif row in self.fenced:
+            clock = self.fenced[row]
+        else:
+            return
+        for loc in locations:
+            entries = self.locations.setdefault(loc, {})
+            entries[(scope, agent)] = join(entries.get((scope, agent)), clock)
 
-    def read(self, rows: np.ndarray, agent: Agent, locations: list[tuple], sem: str,
+    def read(self, row: int, agent: Agent, locations: list[tuple], sem: str,
              scope: str) -> None:
-        """Atomic (strong) reads of ``locations`` by the warps ``rows``: an
-        acquire learns what the locations' morally strong release sequences
+        """Atomic (strong) reads of ``locations`` by warp ``row``: an acquire
+        learns what the locations' morally strong release sequences
         published; a relaxed read keeps it for the warp's next
         ``fence.acquire``."""
         seen: GlobalClock = {}
@@ -136,11 +135,10 @@ class MemoryOrder:
                     seen = join(seen, clock)
         if not seen:
             return
-        for row in np.unique(rows).tolist():
-            if sem in ("acquire", "acq_rel"):
-                self.checker.learn_global(row, seen)
-            else:
-                self.observed[row] = join(self.observed.get(row), seen)
+        if sem in ("acquire", "acq_rel"):
+            self.checker.learn_global(row, seen)
+        else:
+            self.observed[row] = join(self.observed.get(row), seen)
 
     def fence(self, rows: np.ndarray, sem: str) -> None:
         """``fence.{acquire,release,acq_rel}`` by the warps ``rows``."""
