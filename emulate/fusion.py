@@ -119,8 +119,8 @@ def _fused(accesses: list[VectorAccess]) -> Step:
         indices = [_stacked([r[s] for s in col], shape) for col in slots]
         addrs = np.moveaxis(first.addresses(fr, indices), 0, 1)  # (threads, run, *vector)
         if first.is_store:
-            values = np.stack([np.broadcast_to(np.asarray(r[a.value]), shape + first.vshape)
-                               for a in accesses], axis=1)
+            full = shape + first.vshape
+            values = np.stack([_per_thread(r[a.value], full) for a in accesses], axis=1)
             first.run(fr, addrs, values)
             return
         got = first.run(fr, addrs, None)
@@ -139,3 +139,9 @@ def _stacked(values: list, shape: tuple[int]) -> np.ndarray:
     if all(a.ndim == 0 for a in arrays):
         return np.broadcast_to(np.array(arrays)[:, None], (len(arrays),) + shape)
     return np.stack([np.broadcast_to(a, shape) for a in arrays])
+
+
+def _per_thread(value: Any, full: tuple[int, ...]) -> np.ndarray:
+    """``value`` as every thread's (``full``): itself where it already is."""
+    value = np.asarray(value)
+    return value if value.shape == full else np.broadcast_to(value, full)

@@ -10,6 +10,7 @@ mbarrier's transaction bytes; stores skip them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,9 @@ def descriptor(fr: Frame, ptr: int, where: str) -> TmaDescriptor:
 
 
 def _box(desc: TmaDescriptor, coords_innermost_first: list[int]):
+    """The global byte address of each element of the box at the given
+    coordinates (row-major), and which are inside the tensor: None when all
+    are (the common case, which needs no mask)."""
     rank = len(desc.sizes)
     if len(coords_innermost_first) != rank:
         raise Unsupported(f"TMA copy with {len(coords_innermost_first)} coordinates for a "
@@ -39,23 +43,48 @@ def _box(desc: TmaDescriptor, coords_innermost_first: list[int]):
             raise Unsupported(f"TMA copy of packed {8 // desc.per_byte}-bit elements at innermost "
                               f"coordinate {coords_innermost_first[0]}, inside a byte")
         coords_innermost_first[0] //= desc.per_byte
-    start = list(reversed(coords_innermost_first))
-    idx = np.indices(desc.window, dtype=np.int64).reshape(rank, -1)
-    coords = idx + np.asarray(start, np.int64)[:, None]
-    inside = np.all((coords >= 0) & (coords < np.asarray(desc.sizes)[:, None]), axis=0)
-    gaddr = desc.base + (np.asarray(desc.strides)[:, None] * coords).sum(0) * desc.dtype.itemsize
-    return gaddr, inside
+    start = [int(c) for c in reversed(coords_innermost_first)]
+    it = desc.dtype.itemsize
+    first = desc.base + sum(s * c for s, c in zip(desc.strides, start)) * it
+    gaddr = first + _box_offsets(desc.strides, desc.window, it)
+    if all(0 <= c and c + w <= n for c, w, n in zip(start, desc.window, desc.sizes)):
+        return gaddr, None
+    inside = np.ones((), bool)  # per dimension, combined as the offsets are
+    for c, w, n in zip(start, desc.window, desc.sizes):
+        r = c + np.arange(w)
+        inside = inside[..., None] & ((r >= 0) & (r < n))
+    return gaddr, inside.reshape(-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _box_offsets(strides: tuple[int, ...], window: tuple[int, ...], itemsize: int) -> np.ndarray:
+    """Byte offsets of a box's elements from its first, row-major: an outer
+    sum of each dimension's (read-only: kept for every copy of this shape)."""
+    off = np.zeros((), np.int64)
+    for stride, w in zip(strides, window):
+        off = off[..., None] + np.arange(w, dtype=np.int64) * (stride * itemsize)
+    off = off.reshape(-1)
+    off.setflags(write=False)
+    return off
 
 
 def _smem_addresses(desc: TmaDescriptor, smem: int) -> np.ndarray:
-    n = int(np.prod(desc.window))
     it = desc.dtype.itemsize
     if desc.swizzle not in (0, 16):
         row = desc.window[-1] * it
         if row != desc.swizzle:
             raise Unsupported(f"TMA box rows of {row} bytes under a {desc.swizzle}-byte swizzle")
-    lin = smem + np.arange(n, dtype=np.int64) * it
-    return swizzle(lin, desc.swizzle)
+    return _dense_smem(smem, int(np.prod(desc.window)), it, desc.swizzle)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_smem(smem: int, n: int, itemsize: int, swizzle_bytes: int) -> np.ndarray:
+    """The SMEM byte addresses of ``n`` elements held densely from ``smem``
+    through the swizzle (read-only: kept, as a kernel copies to the same
+    buffers launch after launch)."""
+    addrs = swizzle(smem + np.arange(n, dtype=np.int64) * itemsize, swizzle_bytes)
+    addrs.setflags(write=False)
+    return addrs
 
 
 Check = Callable[[Any, np.ndarray, int, bool], None] | None
@@ -68,15 +97,19 @@ def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: st
     """Global -> SMEM (this block's, or ``smem_space``: a multicast
     destination); returns the bytes transferred (for complete_tx)."""
     gaddr, inside = _box(desc, coords)
-    vals = np.zeros(gaddr.shape, desc.dtype)
     it = desc.dtype.itemsize
-    if inside.any():
-        vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
+    if inside is None:
+        vals = fr.mem["global"].load(gaddr, desc.dtype, None, where)
+    else:
+        vals = np.zeros(gaddr.shape, desc.dtype)
+        if inside.any():
+            vals[inside] = fr.mem["global"].load(gaddr[inside], desc.dtype, None, where)
+        gaddr = gaddr[inside]
     space = fr.mem["shared"] if smem_space is None else smem_space
     saddr = _smem_addresses(desc, smem)
     space.store(saddr, vals, desc.dtype, None, where)
     if check is not None:
-        check(fr.mem["global"], gaddr[inside], it, False)
+        check(fr.mem["global"], gaddr, it, False)
         check(space, saddr, it, True)
     if fr.prof is not None:
         fr.prof.tma(where, vals.size * it, store=False)
@@ -89,13 +122,15 @@ def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: s
     gaddr, inside = _box(desc, coords)
     saddr = _smem_addresses(desc, smem)
     vals = fr.mem["shared"].load(saddr, desc.dtype, None, where)
-    if inside.any():
-        fr.mem["global"].store(gaddr[inside], vals[inside], desc.dtype, None, where)
+    if inside is not None:
+        gaddr, vals = gaddr[inside], vals[inside]
+    if gaddr.size:
+        fr.mem["global"].store(gaddr, vals, desc.dtype, None, where)
     if check is not None:
         check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
-        check(fr.mem["global"], gaddr[inside], desc.dtype.itemsize, True)
+        check(fr.mem["global"], gaddr, desc.dtype.itemsize, True)
     if fr.prof is not None:
-        fr.prof.tma(where, int(inside.sum()) * desc.dtype.itemsize, store=True)
+        fr.prof.tma(where, gaddr.size * desc.dtype.itemsize, store=True)
 
 
 def reduce(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], fn, dt: np.dtype,
@@ -106,11 +141,13 @@ def reduce(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], fn, dt:
     gaddr, inside = _box(desc, coords)
     saddr = _smem_addresses(desc, smem)
     vals = fr.mem["shared"].load(saddr, desc.dtype, None, where).view(dt)
-    g = gaddr[inside]
+    if inside is not None:
+        gaddr, vals = gaddr[inside], vals[inside]
+    g = gaddr
     if g.size:
         glob = fr.mem["global"]
         with np.errstate(over="ignore"):
-            glob.store(g, np.asarray(fn(glob.load(g, dt, None, where), vals[inside]), dt), dt,
+            glob.store(g, np.asarray(fn(glob.load(g, dt, None, where), vals), dt), dt,
                        None, where)
     if check is not None:
         check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)

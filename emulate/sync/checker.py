@@ -619,12 +619,17 @@ class Checker:
                 self._keep_stale(sh, column[off], at)
             column[off] = sites[0]
             return
-        if who.runs:
-            col = sh.run_columns(who.urows, who.per)
-        else:
-            by_row = np.zeros(self.clocks.warps, np.int64)
-            by_row[who.urows] = [sh.column(int(r)) for r in who.urows]
-            col = by_row[who.rows()]
+        if who.runs:  # each warp's run of cells into its column: 1-D scatters, not one 2-D
+            for row, run in who.parts():
+                col = sh.column(row)  # (may grow sh.read: look it up after)
+                column, cells = sh.read[col], off[run]
+                if self.cluster > 0:
+                    self._keep_stale(sh, column[cells], lambda mask, cells=cells: cells[mask])
+                column[cells] = sites[run]
+            return
+        by_row = np.zeros(self.clocks.warps, np.int64)
+        by_row[who.urows] = [sh.column(int(r)) for r in who.urows]
+        col = by_row[who.rows()]
         if self.cluster > 0:
             self._keep_stale(sh, sh.read[col, off], at)
         sh.read[col, off] = sites

@@ -80,7 +80,7 @@ class Shadow:
     smaller elements, or of bytes, touches the buffer -- so an f32 buffer is
     checked per element, and a byte is never shared by two cells' records."""
 
-    __slots__ = ("gran", "write", "read", "columns", "earlier", "_stamps", "_runs")
+    __slots__ = ("gran", "write", "read", "columns", "earlier", "_stamps")
 
     def __init__(self, nbytes: int, gran: int = 4) -> None:
         self.gran = gran
@@ -93,7 +93,6 @@ class Shadow:
         self.columns: dict[int, int] = {}  # component -> its column of ``read``
         self.earlier: np.ndarray | None = None
         self._stamps: np.ndarray | None = None
-        self._runs: dict[tuple, np.ndarray] = {}
 
     def cells(self, offsets: np.ndarray, itemsize: int) -> np.ndarray:
         """The cells elements of ``itemsize`` bytes at byte ``offsets`` cover
@@ -126,15 +125,6 @@ class Shadow:
                 grown[:self.read.shape[0]] = self.read
                 self.read = grown
         return k
-
-    def run_columns(self, components: np.ndarray, per: int) -> np.ndarray:
-        """The column of each cell of an access made by ``components`` in turn,
-        ``per`` cells each (the usual thread access: kept, it recurs)."""
-        key = (components.tobytes(), per)
-        cols = self._runs.get(key)
-        if cols is None:
-            cols = self._runs[key] = np.repeat([self.column(int(c)) for c in components], per)
-        return cols
 
     def stamps(self) -> np.ndarray:
         """Scratch marks of the checker's overlap test, one per cell."""

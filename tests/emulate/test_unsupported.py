@@ -36,7 +36,11 @@ def test_a_wrong_swizzle_would_be_noticed(monkeypatch, name, output):
     good = emu.run(case.fn, *case.args)
     np.testing.assert_array_equal(good[output], want[output])
     monkeypatch.setattr(tma, "swizzle", lambda addr, _: addr)
-    bad = emu.run(case.fn, *case.args, workers=1)  # the patch is this process's
+    tma._dense_smem.cache_clear()  # SMEM addresses are kept: not the patched ones
+    try:
+        bad = emu.run(case.fn, *case.args, workers=1)  # the patch is this process's
+    finally:
+        tma._dense_smem.cache_clear()
     assert not np.array_equal(bad[output], want[output])
     assert memory.swizzle is not tma.swizzle
 
