@@ -15,6 +15,7 @@ import numpy as np
 
 from . import irtypes
 from .errors import Unsupported
+from .fusion import Entry, fuse
 from .machine import Frame
 
 Step = Callable[[Frame], None]
@@ -172,7 +173,7 @@ class Compiler:
         term: list[int] = []
         term_name = ""
         term_op = None
-        entries: list[tuple[str, list[int], Step]] = []  # for .fusion
+        entries: list[Entry] = []  # for .fusion
         for raw in block.operations:
             name = raw.operation.name
             if name in TERMINATORS:
@@ -192,10 +193,9 @@ class Compiler:
                 from .profiling import counting
                 step = counting(step, o)
             else:
-                entries.append((o.name, o.ins, step))
+                entries.append(Entry(o.name, o.ins, o.outs, step))
             steps.append(step)
-        if entries:  # runs of vector accesses as one access (not profiled: it counts each)
-            from .fusion import fuse
+        if entries:  # runs of accesses as one access (not profiled: it counts each)
             fuse(entries, steps)
         return BlockProgram(args, steps, term, term_name, term_op)
 
@@ -322,4 +322,5 @@ def _reading(step: Step, o: Op) -> Step:
 def _unsupported_step(err: Unsupported) -> Step:
     def step(fr: Frame) -> None:
         raise err
+    step.refused = err  # (.fusion: moves no refused op)
     return step

@@ -1,38 +1,49 @@
-"""Fusing runs of vector accesses into one access.
+"""Fusing runs of memory accesses into one access.
 
-A layout's register tile reaches memory as one ``vector.load`` or
-``vector.store`` (or ``llvm.load``/``llvm.store`` through a pointer) per
-register: a (128, 128) f32 block in WGMMA's layout is 64 loads of
-``vector<2xf32>``, each after a line or two of index arithmetic. Each
-access costs the emulator a fixed price (addresses, the buffer, the
-checker's shadow) far above its few elements, so such a run runs as one
-access of all its elements, at the place of its last access.
+A layout's register tile reaches memory one register at a time: a (128, 128)
+f32 block in WGMMA's layout is 64 ``vector.load``\\ s or ``vector.store``\\ s
+(or ``llvm.load``/``llvm.store`` through pointers) of ``vector<2xf32>``,
+and a tile of 16-bit elements in swizzled SMEM moves by ``ldmatrix`` and
+``stmatrix``, four 8x8 matrices per instruction, each after a few lines of
+address arithmetic. Each access costs the emulator a fixed price (addresses,
+the buffer, the checker's shadow) far above its few elements, so such a run
+runs as one access of all its elements, at the place of its last access.
 
-A run is fused only where that changes nothing observable:
+A step that can run so carries a :class:`Fusable` (``step.fusable``): what
+must be equal for two accesses to fuse (``fusion_key``: the kind, the
+buffer or state space, the vector type, the op site) and how to run a run of
+them as one step. A run is fused only where that changes nothing
+observable:
 
-* its accesses are of one kind (all loads or all stores), of one memref
-  value (or, through pointers, one state space and element type), one
-  vector type and one op site (the same source line: a report names the
-  same op and line either way);
+* its accesses agree on ``fusion_key``, so they are of one kind, to one
+  buffer, from one source line (a report names the same op and line either
+  way);
 * between them are only pure ops (:func:`.liveness.is_pure`: arithmetic,
-  constants, casts, address computations), which touch no memory, and no
-  op of the run uses a value one of its loads produced (the loads are done
-  last);
+  constants, casts, address computations, register moves), which touch no
+  memory, and none whose rule refused it (its error comes where it would
+  have);
+* no access of the run uses a value a load of the run produced, directly
+  or through the ops between;
 * the module is not being profiled (the profiler counts each instruction).
 
 Nothing between the first access and the last can synchronize, so the
 checker sees every element at the same clocks as it would have access by
 access; a store's values are read when the run ends, as SSA values they
-are unchanged since their stores' places. The indices are stacked on a new
-leading axis, each broadcast to every thread where they are mixed, so the
-addresses are one computation too (a loaded value is then held per thread
-even where its index was the same in every thread)."""
+are unchanged since their stores' places. Pure ops between that use a
+loaded value (the ``extractvalue``\\ s taking an ``ldmatrix``'s registers
+apart) run right after the fused access, in their order: they depend on
+nothing else that moved, and nothing that stays in place depends on them.
+The WGMMA accumulator guards (:meth:`.compiler.Compiler.finish`) stay at
+the ops' places, so a moved op's operands are still checked where it was.
+
+How each access kind stacks a run is its rule's: vector accesses here
+(:class:`VectorAccess`), ``ldmatrix``/``stmatrix`` in :mod:`.ops.nvvm`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -42,11 +53,92 @@ from .machine import Frame
 Step = Callable[[Frame], None]
 
 
+class Fusable(Protocol):
+    """What :func:`fuse` needs of a step that can run with its neighbours."""
+
+    @property
+    def fusion_key(self) -> Hashable:
+        """Equal for accesses that may fuse (kind, buffer, shape, site)."""
+
+    def fused(self, run: Sequence[Any], alone: Sequence[Step]) -> Step:
+        """One step doing the accesses of ``run`` (this one's kind, in program
+        order) at once; ``alone``: each one's own step, for a run that cannot
+        go as one this time."""
+
+
+class Entry(NamedTuple):
+    """One op of a block as :func:`fuse` sees it."""
+
+    name: str
+    ins: Sequence[int]  # operand slots
+    outs: Sequence[int]  # result slots
+    step: Step
+
+
+def fuse(entries: Sequence[Entry], steps: list[Step]) -> None:
+    """Replaces, in ``steps`` (one per entry), each fusable run: its accesses
+    but the last, and the ops that wait for its loads, by nothing; the last
+    by the run's one access followed by those ops."""
+    k = 0
+    while k < len(entries):
+        first = _fusable(entries[k].step)
+        if first is None:
+            k += 1
+            continue
+        members, waiting = [k], []
+        produced = set(entries[k].outs)  # the run's loaded values, and what is made of them
+        j = k + 1
+        while j < len(entries):
+            name, ins, outs, step = entries[j]
+            access = _fusable(step)
+            uses = not produced.isdisjoint(ins)
+            if access is not None and access.fusion_key == first.fusion_key and not uses:
+                members.append(j)
+                produced.update(outs)
+            elif access is None and is_pure(name) and not hasattr(step, "refused"):
+                if uses:
+                    waiting.append(j)
+                    produced.update(outs)
+            else:
+                break
+            j += 1
+        if len(members) == 1:
+            k += 1
+            continue
+        last = members[-1]
+        moved = [steps[m] for m in waiting if m < last]
+        for m in members[:-1] + [m for m in waiting if m < last]:
+            steps[m] = _nothing
+        one = first.fused([entries[m].step.fusable for m in members],  # type: ignore[attr-defined]
+                          [entries[m].step for m in members])
+        steps[last] = _then(one, moved) if moved else one
+        k = last + 1
+
+
+def _fusable(step: Step) -> Fusable | None:
+    return getattr(step, "fusable", None)
+
+
+def _nothing(fr: Frame) -> None:
+    """An access (or an op using its value) done by its run's last one (:func:`fuse`)."""
+
+
+def _then(access: Step, moved: list[Step]) -> Step:
+    """The fused ``access``, then the ops that waited for its values."""
+    def step(fr: Frame) -> None:
+        access(fr)
+        for s in moved:
+            s(fr)
+    return step
+
+
+# --- vector.load/store, llvm.load/store ----------------------------------------------------
+
 @dataclass(frozen=True)
 class VectorAccess:
-    """What a load or store step does, for fusing: what must be the same
-    for two accesses to fuse (``key``: the memref's slot, or the state space
-    and element type of a pointer's), its index slots (a pointer's: the
+    """A vector load or store, for fusing: what must be the same for two
+    accesses to fuse (``key``: the memref's slot, or the state space and
+    element type of a pointer's), its index slots (a pointer's: the
     pointer), its vector shape, the slot it loads into or stores from, and
     its site."""
 
@@ -64,69 +156,42 @@ class VectorAccess:
     # array per index, of any shape that broadcasts; a pointer's: pointers)
     addresses: Callable[[Frame, list], np.ndarray]
 
+    @property
+    def fusion_key(self) -> Hashable:
+        return ("vector", self.is_store, self.key, self.vshape, self.site)
 
-def fuse(entries: Sequence[tuple[str, Sequence[int], Step]], steps: list[Step]) -> None:
-    """Replaces, in ``steps`` (one per entry: op name, operand slots, step),
-    each fusable run's accesses: all but the last by nothing, the last by the
-    run's one access."""
-    k = 0
-    while k < len(entries):
-        first = getattr(entries[k][2], "vector_access", None)
-        if first is None:
-            k += 1
-            continue
-        members = [k]
-        produced: set[int] = set() if first.is_store else {first.value}
-        j = k + 1
-        while j < len(entries):
-            name, ins, step = entries[j]
-            access = getattr(step, "vector_access", None)
-            if access is not None and _same_run(first, access) and produced.isdisjoint(ins):
-                members.append(j)
-                if not access.is_store:
-                    produced.add(access.value)
-            elif access is None and is_pure(name) and produced.isdisjoint(ins):
-                pass
-            else:
-                break
-            j += 1
-        if len(members) > 1:
-            accesses = [entries[m][2].vector_access for m in members]  # type: ignore[attr-defined]
-            for m in members[:-1]:
-                steps[m] = _nothing
-            steps[members[-1]] = _fused(accesses)
-        k = j if len(members) > 1 else k + 1
+    def fused(self, accesses: Sequence[VectorAccess], alone: Sequence[Step]) -> Step:
+        """The run's one access: the indices of every access stacked, the
+        addresses computed once with the run on an axis before the
+        vector's, one access of them all, the loaded values handed to each
+        load's result. Loads at the same place in every thread (a kernel
+        argument, a pointer) give the same value in every thread: they run
+        as one where all threads run, else one by one."""
+        slots = list(zip(*(a.idx for a in accesses)))  # per index position: each access's slot
 
-
-def _same_run(a: VectorAccess, b: VectorAccess) -> bool:
-    return (a.is_store == b.is_store and a.key == b.key and a.vshape == b.vshape
-            and a.site == b.site)
-
-
-def _nothing(fr: Frame) -> None:
-    """An access done by its run's last one (:func:`fuse`)."""
-
-
-def _fused(accesses: list[VectorAccess]) -> Step:
-    """The run's one access: the indices of every access stacked, the
-    addresses computed once with the run on an axis before the vector's,
-    one access of them all, the loaded values handed to each load's result."""
-    first = accesses[0]
-    slots = list(zip(*(a.idx for a in accesses)))  # per index position: each access's slot
-
-    def step(fr: Frame) -> None:
-        r, shape = fr.regs, (fr.T,)
-        indices = [_stacked([r[s] for s in col], shape) for col in slots]
-        addrs = np.moveaxis(first.addresses(fr, indices), 0, 1)  # (threads, run, *vector)
-        if first.is_store:
-            full = shape + first.vshape
-            values = np.stack([_per_thread(r[a.value], full) for a in accesses], axis=1)
-            first.run(fr, addrs, values)
-            return
-        got = first.run(fr, addrs, None)
-        for i, a in enumerate(accesses):
-            r[a.value] = got[:, i]
-    return step
+        def step(fr: Frame) -> None:
+            r, shape = fr.regs, (fr.T,)
+            if not self.is_store and all(np.ndim(r[s]) == 0 for col in slots for s in col):
+                if fr.mask is not None:
+                    for s in alone:
+                        s(fr)
+                    return
+                indices = [np.array([r[s] for s in col], np.int64) for col in slots]
+                got = self.run(fr, self.addresses(fr, indices), None)  # (run, *vector)
+                for i, a in enumerate(accesses):
+                    r[a.value] = got[i]
+                return
+            indices = [_stacked([r[s] for s in col], shape) for col in slots]
+            addrs = np.moveaxis(self.addresses(fr, indices), 0, 1)  # (threads, run, *vector)
+            if self.is_store:
+                full = shape + self.vshape
+                values = np.stack([_per_thread(r[a.value], full) for a in accesses], axis=1)
+                self.run(fr, addrs, values)
+                return
+            got = self.run(fr, addrs, None)
+            for i, a in enumerate(accesses):
+                r[a.value] = got[:, i]
+        return step
 
 
 def _stacked(values: list, shape: tuple[int]) -> np.ndarray:

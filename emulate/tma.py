@@ -60,7 +60,7 @@ def _box(desc: TmaDescriptor, coords_innermost_first: list[int]):
 def _box_offsets(strides: tuple[int, ...], window: tuple[int, ...], itemsize: int) -> np.ndarray:
     """Byte offsets of a box's elements from its first, row-major: an outer
     sum of each dimension's (read-only: kept for every copy of this shape)."""
-    off = np.zeros((), np.int64)
+    off: np.ndarray = np.zeros((), np.int64)
     for stride, w in zip(strides, window):
         off = off[..., None] + np.arange(w, dtype=np.int64) * (stride * itemsize)
     off = off.reshape(-1)

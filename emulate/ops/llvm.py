@@ -133,7 +133,7 @@ def load(o: Op) -> Step:
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         fr.regs[out] = access_space(fr, space, dt, addr, len(vshape), site, loc)
-    step.vector_access = _fusable(False, p, out, space, dt, vshape, site, loc)  # type: ignore
+    step.fusable = _fusable(False, p, out, space, dt, vshape, site, loc)  # type: ignore
     return step
 
 
@@ -167,7 +167,7 @@ def store(o: Op) -> Step:
     def step(fr: Frame) -> None:
         addr = _element_addresses(fr.regs[p], vshape, dt)
         access_space(fr, space, dt, addr, len(vshape), site, loc, values=fr.regs[v])
-    step.vector_access = _fusable(True, p, v, space, dt, vshape, site, loc)  # type: ignore
+    step.fusable = _fusable(True, p, v, space, dt, vshape, site, loc)  # type: ignore
     return step
 
 

@@ -15,7 +15,8 @@ wait that nothing else in the block (or cluster) can complete is a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from ..machine import Frame, MBarrier, uniform
 from ..sched import must_block
 from ..sync.clocks import ALL_SPACES
 from ..sync.reports import Deadlock
+from ..sync.shadow import OpSite
 from . import arith
 from ._util import thread_axis
 
@@ -691,6 +693,16 @@ def _redux_f32(o: Op, kind: str) -> Step:
 
 
 # --- ldmatrix / stmatrix -------------------------------------------------------
+#
+# A warp moves ``num`` 8x8 matrices of 16-bit elements: lanes 8k..8k+7 give
+# the SMEM addresses of matrix k's rows; lane l holds row l // 4, columns
+# 2 (l % 4) and 2 (l % 4) + 1 of each, packed in one 32-bit register per
+# matrix (``.trans``: of the transposed matrix). Both run in runs
+# (:mod:`..fusion`): a run of them is one access of every matrix, each warp's
+# side by side.
+
+LANE = np.arange(32)
+
 
 def _matrix_shape(o: Op) -> None:
     elt = str(o.attr_or("eltType", "b16"))
@@ -699,76 +711,140 @@ def _matrix_shape(o: Op) -> None:
         raise o.unsupported(f"{o.name} of {elt} {shape}")
 
 
+@dataclass(frozen=True)
+class MatrixAccess:
+    """One ``ldmatrix`` or ``stmatrix``: its address operand, its registers
+    (a store's sources; a load's result), how many matrices, transposed or
+    not, and its site (:class:`..fusion.Fusable`)."""
+
+    is_store: bool
+    ptr: int
+    values: tuple[int, ...]
+    num: int
+    trans: bool
+    site: OpSite
+    loc: str
+
+    @property
+    def what(self) -> str:
+        return "stmatrix" if self.is_store else "ldmatrix"
+
+    @property
+    def fusion_key(self) -> tuple:
+        return ("matrix", self.is_store, self.trans, self.site)
+
+    def fused(self, run: Sequence[MatrixAccess], alone: Sequence[Step]) -> Step:
+        """The matrices of every access of ``run`` as one access: each warp's
+        side by side, as one instruction of them all would move them."""
+        def step(fr: Frame) -> None:
+            _warps(fr, self.loc)
+            _check_full_warps(fr, self.what, self.loc)
+            rows = np.concatenate([_matrix_rows(fr, a.ptr, a.num) for a in run], axis=1)
+            if self.is_store:
+                vals = np.concatenate([_matrices(fr, a.values, a.trans) for a in run], axis=1)
+                _store_matrices(fr, rows, vals, self.site, self.loc)
+                return
+            vals = _load_matrices(fr, rows, self.site, self.loc)
+            k = 0
+            for a in run:
+                _fragments(fr, vals[:, k:k + a.num], a.trans, a.values[0])
+                k += a.num
+        return step
+
+
+def _matrix_rows(fr: Frame, ptr: int, num: int) -> np.ndarray:
+    """The SMEM byte address of each element of each warp's ``num`` matrices:
+    (warps, num, 8 rows, 8 columns)."""
+    W = fr.T // 32
+    addrs = per_thread(fr.regs[ptr], fr.T).astype(np.int64).reshape(W, 32)[:, :8 * num]
+    return addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2
+
+
+def _warp_mask(fr: Frame, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Which warps' elements (of ``shape``, warps first) are active."""
+    if fr.mask is None:
+        return None
+    return np.broadcast_to(fr.mask.reshape(-1, 32)[:, :1, None, None], shape)
+
+
+def _load_matrices(fr: Frame, rows: np.ndarray, site: OpSite, loc: str) -> np.ndarray:
+    wm = _warp_mask(fr, rows.shape)
+    vals = fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
+    if fr.sync is not None:
+        fr.sync.thread_access(fr, "shared", rows, 3, 2, False, site, mask=wm, by_warp=True)
+    if fr.prof is not None:
+        fr.prof.access(fr, "shared", rows, 3, 2, False, site, by_warp=True)
+    return vals
+
+
+def _store_matrices(fr: Frame, rows: np.ndarray, vals: np.ndarray, site: OpSite,
+                    loc: str) -> None:
+    wm = _warp_mask(fr, rows.shape)
+    # the checker tells warps storing equal values (a replicated layout,
+    # which jax stores from every warp) and rewrites of the bytes already there
+    overwritten = fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc,
+                                         keep_old=fr.sync is not None)
+    if fr.sync is not None:
+        fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True,
+                              values=vals, overwritten=overwritten)
+    if fr.prof is not None:
+        fr.prof.access(fr, "shared", rows, 3, 2, True, site, by_warp=True)
+
+
+def _fragments(fr: Frame, vals: np.ndarray, trans: bool, out: int) -> None:
+    """Each lane's registers of loaded matrices ``vals`` (warps, num, 8, 8)
+    into ``out`` (one value, or a tuple of ``num``)."""
+    num = vals.shape[1]
+    if trans:
+        vals = np.swapaxes(vals, -1, -2)
+    lo = vals[:, :, LANE // 4, 2 * (LANE % 4)]  # (W, num, 32)
+    hi = vals[:, :, LANE // 4, 2 * (LANE % 4) + 1]
+    regs = (lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)).view(np.int32)
+    regs = np.transpose(regs, (0, 2, 1)).reshape(fr.T, num)
+    fr.regs[out] = regs[:, 0] if num == 1 else tuple(regs[:, k] for k in range(num))
+
+
+def _matrices(fr: Frame, srcs: tuple[int, ...], trans: bool) -> np.ndarray:
+    """The matrices (warps, num, 8, 8) the lanes' registers ``srcs`` hold."""
+    W, num = fr.T // 32, len(srcs)
+    regs = np.stack([per_thread(fr.regs[s], fr.T).astype(np.int32) for s in srcs], -1)
+    u = regs.view(np.uint32).reshape(W, 32, num)
+    vals = np.zeros((W, num, 8, 8), np.uint16)
+    vals[:, :, LANE // 4, 2 * (LANE % 4)] = np.transpose((u & 0xFFFF).astype(np.uint16), (0, 2, 1))
+    vals[:, :, LANE // 4, 2 * (LANE % 4) + 1] = np.transpose((u >> 16).astype(np.uint16),
+                                                             (0, 2, 1))
+    return np.swapaxes(vals, -1, -2) if trans else vals
+
+
 @rule("nvvm.ldmatrix")
 def ldmatrix(o: Op) -> Step:
     _matrix_shape(o)
-    num = int(o.attr("num").value)
-    trans = "col" in str(o.attr("layout"))
     (ptr,), (out,) = o.ins, o.outs
-    loc = o.loc
-    site = o.site()
+    access = MatrixAccess(False, ptr, (out,), int(o.attr("num").value),
+                          "col" in str(o.attr("layout")), o.site(), o.loc)
 
     def step(fr: Frame) -> None:
-        W = _warps(fr, loc)
-        _check_full_warps(fr, "ldmatrix", loc)
-        addrs = per_thread(fr.regs[ptr], fr.T).astype(np.int64).reshape(W, 32)[:, :8 * num]
-        rows = addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2  # (W, num, 8 rows, 8 cols)
-        wm = None if fr.mask is None else np.broadcast_to(
-            fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
-        vals = fr.mem["shared"].load(rows, np.dtype(np.uint16), wm, loc)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, "shared", rows, 3, 2, False, site, mask=wm, by_warp=True)
-        if fr.prof is not None:
-            fr.prof.access(fr, "shared", rows, 3, 2, False, site, by_warp=True)
-        if trans:
-            vals = np.swapaxes(vals, -1, -2)
-        lane = np.arange(32)
-        lo = vals[:, :, lane // 4, 2 * (lane % 4)]  # (W, num, 32)
-        hi = vals[:, :, lane // 4, 2 * (lane % 4) + 1]
-        regs = (lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)).view(np.int32)
-        regs = np.transpose(regs, (0, 2, 1)).reshape(fr.T, num)
-        if num == 1:
-            fr.regs[out] = regs[:, 0]
-        else:
-            fr.regs[out] = tuple(regs[:, k] for k in range(num))
+        _warps(fr, access.loc)
+        _check_full_warps(fr, "ldmatrix", access.loc)
+        vals = _load_matrices(fr, _matrix_rows(fr, ptr, access.num), access.site, access.loc)
+        _fragments(fr, vals, access.trans, out)
+    step.fusable = access  # type: ignore[attr-defined]
     return step
 
 
 @rule("nvvm.stmatrix")
 def stmatrix(o: Op) -> Step:
     _matrix_shape(o)
-    trans = "col" in str(o.attr("layout"))
     ptr, *srcs = o.ins
-    num = len(srcs)
-    loc = o.loc
-    site = o.site()
+    access = MatrixAccess(True, ptr, tuple(srcs), len(srcs), "col" in str(o.attr("layout")),
+                          o.site(), o.loc)
 
     def step(fr: Frame) -> None:
-        W = _warps(fr, loc)
-        _check_full_warps(fr, "stmatrix", loc)
-        regs = np.stack([per_thread(fr.regs[s], fr.T).astype(np.int32) for s in srcs], -1)
-        u = regs.view(np.uint32).reshape(W, 32, num)
-        lo = (u & 0xFFFF).astype(np.uint16)
-        hi = (u >> 16).astype(np.uint16)
-        vals = np.zeros((W, num, 8, 8), np.uint16)
-        lane = np.arange(32)
-        vals[:, :, lane // 4, 2 * (lane % 4)] = np.transpose(lo, (0, 2, 1))
-        vals[:, :, lane // 4, 2 * (lane % 4) + 1] = np.transpose(hi, (0, 2, 1))
-        if trans:
-            vals = np.swapaxes(vals, -1, -2)
-        addrs = per_thread(fr.regs[ptr], fr.T).astype(np.int64).reshape(W, 32)[:, :8 * num]
-        rows = addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2
-        wm = None if fr.mask is None else np.broadcast_to(
-            fr.mask.reshape(W, 32)[:, :1, None, None], rows.shape)
-        # the checker tells warps storing equal values (a replicated layout,
-        # which jax stores from every warp) and rewrites of the bytes already there
-        overwritten = fr.mem["shared"].store(rows, vals, np.dtype(np.uint16), wm, loc,
-                                             keep_old=fr.sync is not None)
-        if fr.sync is not None:
-            fr.sync.thread_access(fr, "shared", rows, 3, 2, True, site, mask=wm, by_warp=True,
-                                  values=vals, overwritten=overwritten)
-        if fr.prof is not None:
-            fr.prof.access(fr, "shared", rows, 3, 2, True, site, by_warp=True)
+        _warps(fr, access.loc)
+        _check_full_warps(fr, "stmatrix", access.loc)
+        _store_matrices(fr, _matrix_rows(fr, ptr, access.num),
+                        _matrices(fr, access.values, access.trans), access.site, access.loc)
+    step.fusable = access  # type: ignore[attr-defined]
     return step
 
 

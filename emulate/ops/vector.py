@@ -233,7 +233,7 @@ def load(o: Op) -> Step:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         fr.regs[out] = access(fr, m, addrs, len(vshape), site, loc)
-    step.vector_access = _fusable(False, ref, idx, vshape, out, site, loc)  # type: ignore
+    step.fusable = _fusable(False, ref, idx, vshape, out, site, loc)  # type: ignore
     return step
 
 
@@ -249,7 +249,7 @@ def store(o: Op) -> Step:
         m = memref_of(fr, ref)
         addrs = element_addresses(m, [fr.regs[i] for i in idx], vshape)
         access(fr, m, addrs, len(vshape), site, loc, values=fr.regs[val])
-    step.vector_access = _fusable(True, ref, idx, vshape, val, site, loc)  # type: ignore
+    step.fusable = _fusable(True, ref, idx, vshape, val, site, loc)  # type: ignore
     return step
 
 

@@ -619,12 +619,13 @@ class Checker:
                 self._keep_stale(sh, column[off], at)
             column[off] = sites[0]
             return
+        assert isinstance(off, np.ndarray)  # (thread accesses pass their cells)
         if who.runs:  # each warp's run of cells into its column: 1-D scatters, not one 2-D
             for row, run in who.parts():
                 col = sh.column(row)  # (may grow sh.read: look it up after)
                 column, cells = sh.read[col], off[run]
                 if self.cluster > 0:
-                    self._keep_stale(sh, column[cells], lambda mask, cells=cells: cells[mask])
+                    self._keep_stale(sh, column[cells], _selector(cells))
                 column[cells] = sites[run]
             return
         by_row = np.zeros(self.clocks.warps, np.int64)

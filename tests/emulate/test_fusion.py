@@ -4,14 +4,17 @@ it did access by access."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import smalti.emulate as emu
-from smalti.emulate.fusion import VectorAccess, fuse
+from smalti.emulate.fusion import Entry, VectorAccess, fuse
 from smalti.emulate.sync.checker import Checker
 from smalti.emulate.sync.shadow import OpSite
 
@@ -22,63 +25,112 @@ SITE = OpSite("vector.load", "k.py:1")
 
 def _access(is_store: bool = False, ref: int = 0, value: int = 10, site: OpSite = SITE,
             idx: tuple = (1,)):
+    """An access step (it must not run by itself once fused) and the entry's
+    operands and results, as the compiler gives them."""
     def step(fr):
         raise AssertionError("an access of a fused run ran by itself")
-    step.vector_access = VectorAccess(is_store, ref, idx, (2,), value, site, site.location,
-                                      None, None)
-    return step
+    step.fusable = VectorAccess(is_store, ref, idx, (2,), value, site, site.location, None, None)
+    ins = [value, ref, *idx] if is_store else [ref, *idx]
+    return ("vector.store" if is_store else "vector.load"), ins, ([] if is_store else [value]), step
 
 
-def _pure(name: str = "arith.addi"):
+def _op(name: str, ins: list[int], outs: list[int]):
     def step(fr):
         pass
-    return name, step
+    return name, ins, outs, step
 
 
-def _fused_members(entries) -> list[int]:
-    """Which entries a fused step (or nothing) replaced."""
-    steps = [e[2] for e in entries]
+def _fused(entries) -> tuple[list[int], list]:
+    """Which entries a fused step (or nothing) replaced, and the steps."""
+    entries = [Entry(*e) for e in entries]
+    steps = [e.step for e in entries]
     fuse(entries, steps)
-    return [k for k, (e, s) in enumerate(zip(entries, steps)) if s is not e[2]]
+    return [k for k, (e, s) in enumerate(zip(entries, steps)) if s is not e.step], steps
 
 
 def test_loads_with_index_arithmetic_between_fuse_into_the_last():
-    entries = [("vector.load", [0, 1], _access(value=10)), ("arith.addi", [1, 2], _pure()[1]),
-               ("arith.constant", [], _pure()[1]), ("vector.load", [0, 3], _access(value=11)),
-               ("vector.load", [0, 4], _access(value=12))]
-    steps = [e[2] for e in entries]
-    fuse(entries, steps)
+    entries = [_access(value=10, idx=(1,)), _op("arith.addi", [1, 2], [3]),
+               _op("arith.constant", [], [4]), _access(value=11, idx=(3,)),
+               _access(value=12, idx=(4,))]
+    replaced, steps = _fused(entries)
+    assert replaced == [0, 3, 4]
     assert steps[0].__name__ == "_nothing" and steps[3].__name__ == "_nothing"
-    assert steps[4].__name__ == "step" and steps[4] is not entries[4][2]
-    assert steps[1] is entries[1][2] and steps[2] is entries[2][2]  # the arithmetic stays
+    assert steps[4].__name__ == "step"  # the run's one access
+    assert steps[1] is entries[1][3] and steps[2] is entries[2][3]  # the arithmetic stays
 
 
 @pytest.mark.parametrize("between,why", [
-    (("vector.store", [9, 0, 1], _access(is_store=True, value=9)), "a store"),
-    (("nvvm.barrier0", [], _pure("nvvm.barrier0")[1]), "a barrier"),
-    (("arith.addf", [10, 10], _pure("arith.addf")[1]), "a use of a loaded value"),
-    (("vector.load", [1, 1], _access(ref=1, value=13)), "another memref"),
-    (("vector.load", [0, 1], _access(value=13, site=OpSite("vector.load", "k.py:2"))),
-     "another line"),
+    (_access(is_store=True, value=9), "a store"),
+    (_op("nvvm.barrier0", [], []), "a barrier"),
+    (_access(ref=1, value=13), "another memref"),
+    (_access(value=13, site=OpSite("vector.load", "k.py:2")), "another line"),
 ])
-def test_a_run_ends_at_anything_but_pure_arithmetic_and_its_own_accesses(between, why):
-    entries = [("vector.load", [0, 1], _access(value=10)), between,
-               ("vector.load", [0, 2], _access(value=11))]
-    assert _fused_members(entries) == [], why
+def test_a_run_ends_at_anything_but_pure_ops_and_its_own_accesses(between, why):
+    entries = [_access(value=10), between, _access(value=11)]
+    assert _fused(entries)[0] == [], why
+
+
+def test_an_op_the_rules_refused_ends_a_run():
+    """Its Unsupported must come before the later loads run (one may be out of bounds)."""
+    refused = _op("arith.addf", [10, 10], [20])
+    refused[3].refused = emu.Unsupported("arith.addf of f4E2M1FN")
+    assert _fused([_access(value=10), refused, _access(value=11)])[0] == []
+
+
+def test_ops_using_a_loaded_value_run_after_the_fused_access_in_their_order():
+    """An extractvalue of the first load's registers, and an op using that:
+    both wait for the run's one access; the index arithmetic stays where it
+    was, and the op after the run runs after it."""
+    order: list[str] = []
+
+    @dataclass(frozen=True)
+    class Load:
+        value: int
+        fusion_key = "a load"
+
+        def fused(self, run, alone):
+            def step(fr):
+                order.append(f"loads {[a.value for a in run]}")
+            return step
+
+    def load(value, ins):
+        def step(fr):
+            raise AssertionError("an access of a fused run ran by itself")
+        step.fusable = Load(value)
+        return "llvm.load", ins, [value], step
+
+    def logged(name, ins, outs):
+        def step(fr):
+            order.append(name)
+        return name, ins, outs, step
+
+    entries = [load(10, [1]), logged("llvm.extractvalue", [10], [20]),
+               logged("arith.addi", [1], [2]), logged("vector.bitcast", [20], [21]),
+               load(11, [2]), logged("arith.addf", [21, 11], [22])]
+    replaced, steps = _fused(entries)
+    assert replaced == [0, 1, 3, 4]
+    for step in steps:
+        step(None)
+    assert order == ["arith.addi", "loads [10, 11]", "llvm.extractvalue", "vector.bitcast",
+                     "arith.addf"]
 
 
 def test_a_load_whose_index_a_fused_load_gave_is_not_fused():
-    entries = [("vector.load", [0, 1], _access(value=10)),
-               ("vector.load", [0, 10], _access(value=11, idx=(10,)))]
-    assert _fused_members(entries) == []
+    entries = [_access(value=10), _access(value=11, idx=(10,))]
+    assert _fused(entries)[0] == []
+
+
+def test_a_load_whose_index_comes_from_a_loaded_value_through_ops_is_not_fused():
+    entries = [_access(value=10), _op("arith.index_cast", [10], [20]),
+               _op("arith.addi", [20, 1], [21]), _access(value=11, idx=(21,))]
+    assert _fused(entries)[0] == []
 
 
 def test_stores_fuse_with_stores():
     store = OpSite("vector.store", "k.py:3")
-    entries = [("vector.store", [5, 0, 1], _access(is_store=True, value=5, site=store)),
-               ("arith.addi", [1], _pure()[1]),
-               ("vector.store", [6, 0, 2], _access(is_store=True, value=6, site=store))]
-    assert _fused_members(entries) == [0, 2]
+    entries = [_access(is_store=True, value=5, site=store), _op("arith.addi", [1], [2]),
+               _access(is_store=True, value=6, site=store, idx=(2,))]
+    assert _fused(entries)[0] == [0, 2]
 
 
 def elementwise():
@@ -156,3 +208,75 @@ def test_loads_through_pointers_fuse_too(monkeypatch):
     (out,) = emu.run(k, x)
     np.testing.assert_array_equal(out, x.sum(1))  # (small integers: any order is exact)
     assert (128, 64, 2) in calls, calls
+
+
+SWIZZLED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def swizzled_round_trip():
+    """x -> swizzled SMEM by TMA, then ``smem[...] = smem[...] * 2 + 1`` (jax
+    loads and stores the tile with 16 ``ldmatrix`` and 16 ``stmatrix``, four
+    matrices each), then SMEM -> o by TMA."""
+    def body(x_gmem, o_gmem, smem, bar):
+        plgpu.copy_gmem_to_smem(x_gmem, smem, bar)
+        plgpu.barrier_wait(bar)
+        smem[...] = smem[...] * 2 + 1
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+    return plgpu.kernel(body, out_type=S((128, 128), jnp.float16), compiler_params=WG,
+                        scratch_types=[plgpu.SMEM((128, 128), jnp.float16, transforms=SWIZZLED),
+                                       plgpu.Barrier()])
+
+
+def both_warpgroups_rewrite_the_tile():
+    """Warpgroup 0 copies x into swizzled SMEM; then each warpgroup rewrites
+    the whole tile (``smem[...] * 2 + wg``) with nothing ordering the two."""
+    from jax import lax
+
+    def body(x_gmem, o_gmem, smem, bar):
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.copy_gmem_to_smem(x_gmem, smem, bar)
+        plgpu.barrier_wait(bar)
+        smem[...] = smem[...] * 2 + wg.astype(jnp.float16)  # the tile's stores
+        o_gmem[...] = jnp.zeros((128,), jnp.float32)
+    return plgpu.kernel(body, out_type=S((128,), jnp.float32), compiler_params=WG,
+                        scratch_types=[plgpu.SMEM((128, 128), jnp.float16, transforms=SWIZZLED),
+                                       plgpu.Barrier()], num_threads=2, thread_name="wg")
+
+
+def test_ldmatrix_and_stmatrix_runs_are_one_access_each(monkeypatch):
+    """The 16 ldmatrix and 16 stmatrix of the tile: one access of 64 matrices
+    per warp each, and the tile equals numpy's."""
+    calls = _checked_shapes(monkeypatch)
+    x = np.random.default_rng(2).standard_normal((128, 128)).astype(np.float16)
+    (out,) = emu.run(swizzled_round_trip(), x)
+    np.testing.assert_array_equal(out, x * np.float16(2) + np.float16(1))
+    matrices = [s for s in calls if len(s) == 4]  # (warps, matrices, 8 rows, 8 columns)
+    assert matrices == [(4, 64, 8, 8), (4, 64, 8, 8)], calls
+
+
+def test_a_profiled_kernel_counts_each_ldmatrix_and_stmatrix():
+    x = np.ones((128, 128), np.float16)
+    p = emu.profile(swizzled_round_trip(), x)
+    np.testing.assert_array_equal(p.outputs[0], x * 3)
+    assert p.counters["smsp__inst_executed_op_ldsm"] == 16 * 4  # one a warp
+    assert p.counters["smalti__inst_executed_op_stsm"] == 16 * 4
+
+
+def test_a_fused_stmatrix_run_that_races_is_reported_with_its_kind_and_lines():
+    """A write-after-write between the two warpgroups' stmatrix runs, and a
+    write-after-read with the other's ldmatrix run, at the rewrite's line."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(both_warpgroups_rewrite_the_tile)
+    line = str(first + next(i for i, t in enumerate(lines) if "# the tile's stores" in t))
+    with pytest.raises(emu.RaceError) as err:
+        emu.run(both_warpgroups_rewrite_the_tile(), np.ones((128, 128), np.float16))
+    found = {(r.kind, r.first.op, r.second.op, r.first.location.rsplit(":", 1)[1],
+              r.second.location.rsplit(":", 1)[1]) for r in err.value.races}
+    assert ("write-after-write", "nvvm.stmatrix", "nvvm.stmatrix", line, line) in found, found
+    assert ("write-after-read", "nvvm.ldmatrix", "nvvm.stmatrix", line, line) in found, found
