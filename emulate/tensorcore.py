@@ -172,7 +172,8 @@ def mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray | None, *,
         term *= scale
         np.trunc(term, out=term)
         kept += term  # exact, in float64: integers below 2 ** 32
-    return _round(np.ldexp(kept, -shift), accumulator).astype(out_type)
+    # (times a power of two: exact, or one rounding into float64's subnormals as ldexp's)
+    return _round(kept * _power_of_two(-shift), accumulator).astype(out_type)
 
 
 def _power_of_two(e: np.ndarray) -> np.ndarray:

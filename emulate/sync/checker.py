@@ -63,6 +63,14 @@ def _selector(off: np.ndarray | slice) -> Callable[[np.ndarray], np.ndarray]:
     return lambda mask: off[mask]
 
 
+#: op site -> a write pattern (which warp writes each cell, the cells relative
+#: to the first) seen without two warps on one cell: a property of the
+#: pattern alone, so kept from launch to launch (a kept program's sites
+#: recur); at most NO_OVERLAP_KEPT sites
+NO_OVERLAP: dict[OpSite, tuple] = {}
+NO_OVERLAP_KEPT = 4096
+
+
 class Warps:
     """Which warp made each shadow cell of a thread access: ``rows`` (its
     clock row) per cell, or -- for the usual unmasked access, whose cells
@@ -109,7 +117,6 @@ class Checker:
         self._site_ids: dict[tuple, int] = {}
         self._tables: dict[tuple, tuple] = {}  # (site, write, warps) -> (clock version, ids)
         self._stamps = 0  # numbers each multi-warp write (see _overlapping)
-        self._patterns: dict[int, tuple] = {}  # op site -> a write pattern without overlap
         self._unit_cells_kept = Kept()  # see _unit_cells
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
@@ -651,13 +658,15 @@ class Checker:
         if who.urows.size < 2:
             return False
         rel = off - off[0]
-        seen = self._patterns.get(id(site))
-        if (seen is not None and seen[0] == (who.per, who.urows.size)
-                and np.array_equal(seen[1], rel)):
+        shape = (who.per, who.urows.size) if who.runs else who.rows().tobytes()
+        seen = NO_OVERLAP.get(site)
+        if seen is not None and seen[0] == shape and np.array_equal(seen[1], rel):
             return False
         if self._stamped(region.shadow, off, who):
             return True
-        self._patterns[id(site)] = ((who.per, who.urows.size), rel, site)
+        if len(NO_OVERLAP) >= NO_OVERLAP_KEPT:
+            NO_OVERLAP.clear()
+        NO_OVERLAP[site] = (shape, rel)
         return False
 
     def _stamped(self, sh: Shadow, off: np.ndarray, who: Warps) -> bool:
