@@ -152,9 +152,12 @@ class VectorAccess:
     # ``run(fr, addrs, values)``: the access itself, given every thread's
     # addresses and, for a store, the values
     run: Callable[..., Any]
-    # ``addresses(fr, indices)``: the element addresses at ``indices`` (one
-    # array per index, of any shape that broadcasts; a pointer's: pointers)
-    addresses: Callable[[Frame, list], np.ndarray]
+    # ``addresses(fr, indices, uniform)``: the element addresses at
+    # ``indices`` (one (threads, run) array per index; a pointer's:
+    # pointers), (threads, run, *vector); with ``uniform``, indices of
+    # (run,) the same in every thread, and (run, *vector) addresses, or None
+    # where the buffer's place differs by thread
+    addresses: Callable[..., np.ndarray | None]
 
     @property
     def fusion_key(self) -> Hashable:
@@ -172,17 +175,19 @@ class VectorAccess:
         def step(fr: Frame) -> None:
             r, shape = fr.regs, (fr.T,)
             if not self.is_store and all(np.ndim(r[s]) == 0 for col in slots for s in col):
-                if fr.mask is not None:
+                indices = [np.array([r[s] for s in col], np.int64) for col in slots]
+                addrs = None if fr.mask is not None else self.addresses(fr, indices, True)
+                if addrs is None:
                     for s in alone:
                         s(fr)
                     return
-                indices = [np.array([r[s] for s in col], np.int64) for col in slots]
-                got = self.run(fr, self.addresses(fr, indices), None)  # (run, *vector)
+                got = self.run(fr, addrs, None)  # (run, *vector)
                 for i, a in enumerate(accesses):
                     r[a.value] = got[i]
                 return
             indices = [_stacked([r[s] for s in col], shape) for col in slots]
-            addrs = np.moveaxis(self.addresses(fr, indices), 0, 1)  # (threads, run, *vector)
+            addrs = self.addresses(fr, indices)  # (threads, run, *vector)
+            assert addrs is not None
             if self.is_store:
                 full = shape + self.vshape
                 values = np.stack([_per_thread(r[a.value], full) for a in accesses], axis=1)
@@ -195,15 +200,16 @@ class VectorAccess:
 
 
 def _stacked(values: list, shape: tuple[int]) -> np.ndarray:
-    """The run's values of one index, (run, threads): stacked as they are
-    where all are per thread (or all the same in every thread), each
-    broadcast to every thread first where they are mixed."""
+    """The run's values of one index, (threads, run) -- thread-major, as the
+    memory and the checker take addresses --: stacked as they are where all
+    are per thread (or all the same in every thread), each broadcast to
+    every thread first where they are mixed."""
     arrays = [np.asarray(v, np.int64) for v in values]
     if all(a.shape == shape for a in arrays):
-        return np.stack(arrays)
+        return np.stack(arrays, axis=1)
     if all(a.ndim == 0 for a in arrays):
-        return np.broadcast_to(np.array(arrays)[:, None], (len(arrays),) + shape)
-    return np.stack([np.broadcast_to(a, shape) for a in arrays])
+        return np.broadcast_to(np.array(arrays), shape + (len(arrays),))
+    return np.stack([np.broadcast_to(a, shape) for a in arrays], axis=1)
 
 
 def _per_thread(value: Any, full: tuple[int, ...]) -> np.ndarray:

@@ -135,7 +135,7 @@ class Space:
             return None, None, None
         lo, hi = int(active.min()), int(active.max()) + itemsize
         region = self.find(lo, hi, where)
-        if itemsize > 1 and np.any(active % itemsize):
+        if itemsize > 1 and misaligned(active, itemsize):
             raise EmulationError(f"misaligned {itemsize}-byte {self.name} access at {where}")
         idx = (a - region.base) // itemsize
         if m is not None:
@@ -259,6 +259,14 @@ class Memory:
             return self.spaces[name]
         except KeyError:
             raise Unsupported(f"memory space {name}") from None
+
+
+def misaligned(addrs: np.ndarray, itemsize: int) -> bool:
+    """Whether any address is not a multiple of ``itemsize`` (for a power of
+    two, by its low bits: a fraction of a remainder's time)."""
+    if itemsize & (itemsize - 1) == 0:
+        return bool(np.bitwise_and(addrs, itemsize - 1).any())
+    return bool(np.any(addrs % itemsize))
 
 
 def swizzle(addr: np.ndarray, swizzle_bytes: int) -> np.ndarray:

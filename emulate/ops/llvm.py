@@ -175,8 +175,8 @@ def _fusable(is_store: bool, pointer: int, value: int, space: str, dt: np.dtype,
              vshape: tuple[int, ...], site, loc: str) -> VectorAccess:
     """What :mod:`..fusion` needs to run this access with its neighbours'
     (a stack of pointers: one more vector dimension)."""
-    def addresses(fr: Frame, indices: list) -> np.ndarray:
-        (pointers,) = indices
+    def addresses(fr: Frame, indices: list, uniform: bool = False) -> np.ndarray:
+        (pointers,) = indices  # (uniform or not: the pointers say)
         return _element_addresses(pointers, vshape, dt)
 
     def run(fr: Frame, addrs: np.ndarray, values):

@@ -258,8 +258,17 @@ def _fusable(is_store: bool, ref: int, idx: list[int], vshape: tuple, value: int
     """What :mod:`..fusion` needs to run this access with its neighbours':
     the addresses it would access, and the access of a stack of such (one
     more vector dimension)."""
-    def addresses(fr: Frame, indices: list) -> np.ndarray:
-        return element_addresses(memref_of(fr, ref), indices, vshape)
+    def addresses(fr: Frame, indices: list, uniform: bool = False) -> np.ndarray | None:
+        m = memref_of(fr, ref)
+        per_thread = any(np.ndim(f) for f in (m.aligned, m.offset, *m.strides))
+        if uniform:  # the same in every thread, unless the view is a thread's own
+            return None if per_thread else element_addresses(m, indices, vshape)
+        if per_thread:
+            # a view per thread (T,) broadcasts against a run axis first:
+            # computed run-major, then made thread-major
+            run_major = [np.swapaxes(i, 0, 1) if np.ndim(i) == 2 else i for i in indices]
+            return np.moveaxis(element_addresses(m, run_major, vshape), 0, 1)
+        return element_addresses(m, indices, vshape)
 
     def run(fr: Frame, addrs: np.ndarray, values):
         return access(fr, memref_of(fr, ref), addrs, len(vshape) + 1, site, loc, values=values)

@@ -126,6 +126,61 @@ def test_a_load_whose_index_comes_from_a_loaded_value_through_ops_is_not_fused()
     assert _fused(entries)[0] == []
 
 
+class _Frame:
+    def __init__(self, regs, T=4, mask=None):
+        self.regs, self.T, self.mask = regs, T, mask
+
+
+def _uniform_loads(calls: list, place_differs: bool = False) -> VectorAccess:
+    """Loads of one element at indices in slots 1 and 2 into slots 10 and 11:
+    memory is ``100 + address``."""
+    def addresses(fr, indices, uniform=False):
+        calls.append(("addresses", uniform, [np.shape(i) for i in indices]))
+        if uniform and place_differs:
+            return None
+        return indices[0] * 4
+
+    def run(fr, addrs, values):
+        calls.append(("access", np.shape(addrs)))
+        return 100 + addrs
+    return [VectorAccess(False, "m", (slot,), (), value, SITE, "k.py:1", run, addresses)
+            for slot, value in ((1, 10), (2, 11))]
+
+
+def test_loads_at_one_place_in_every_thread_give_one_value_each():
+    calls: list = []
+    regs = [None] * 12
+    regs[1], regs[2] = np.asarray(3), np.asarray(5)
+    a, b = _uniform_loads(calls)
+    a.fused([a, b], [])(_Frame(regs))
+    assert calls == [("addresses", True, [(2,)]), ("access", (2,))]
+    assert regs[10].shape == () and int(regs[10]) == 112 and int(regs[11]) == 120
+
+
+@pytest.mark.parametrize("masked,place_differs", [(True, False), (False, True)])
+def test_uniform_loads_under_a_mask_or_of_a_threads_own_view_run_one_by_one(masked,
+                                                                          place_differs):
+    calls: list = []
+    regs = [None] * 12
+    regs[1], regs[2] = np.asarray(3), np.asarray(5)
+    a, b = _uniform_loads(calls, place_differs)
+    alone = [lambda fr: calls.append("load 10"), lambda fr: calls.append("load 11")]
+    a.fused([a, b], alone)(_Frame(regs, mask=np.array([1, 0, 1, 1], bool) if masked else None))
+    assert calls[-2:] == ["load 10", "load 11"]
+    assert not any(c[0] == "access" for c in calls if isinstance(c, tuple))
+
+
+def test_per_thread_indices_are_stacked_thread_major():
+    calls: list = []
+    regs = [None] * 12
+    regs[1], regs[2] = np.arange(4), np.asarray(7)  # one per thread, one the same in each
+    a, b = _uniform_loads(calls)
+    a.fused([a, b], [])(_Frame(regs))
+    assert calls == [("addresses", False, [(4, 2)]), ("access", (4, 2))]
+    np.testing.assert_array_equal(regs[10], 100 + np.arange(4) * 4)
+    np.testing.assert_array_equal(regs[11], np.full(4, 128))
+
+
 def test_stores_fuse_with_stores():
     store = OpSite("vector.store", "k.py:3")
     entries = [_access(is_store=True, value=5, site=store), _op("arith.addi", [1], [2]),
