@@ -74,11 +74,11 @@ class Op:
 
     @property
     def in_types(self) -> list[irtypes.T]:
-        return [irtypes.of(v) for v in self.op.operands]
+        return [self.comp.type_of(v) for v in self.op.operands]
 
     @property
     def out_types(self) -> list[irtypes.T]:
-        return [irtypes.of(v) for v in self.op.results]
+        return [self.comp.type_of(v) for v in self.op.results]
 
     def has(self, name: str) -> bool:
         return name in self.op.attributes
@@ -156,10 +156,21 @@ class Compiler:
         self._compiled: list[tuple[list[Step], int, Op, str]] = []
         # slots whose value depends only on the thread's place (see per_group)
         self.placed: set[int] = set()
+        self._types: dict[Any, irtypes.T] = {}  # (see type_of)
 
     @property
     def nslots(self) -> int:
         return len(self.slots)
+
+    def type_of(self, value: Any) -> irtypes.T:
+        """``value``'s type, parsed once per type this compilation meets
+        (MLIR uniques types in a context: printing one costs microseconds,
+        a lookup by it a tenth of one)."""
+        t = value.type
+        got = self._types.get(t)
+        if got is None:
+            got = self._types[t] = irtypes.of(t)
+        return got
 
     def slot(self, value: Any) -> int:
         s = self.slots.get(value)
