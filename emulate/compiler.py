@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from . import irtypes
+from .batching import batch
 from .errors import Unsupported
 from .fusion import Entry, fuse
 from .machine import Frame
+from .stacks import Splits
 
 Step = Callable[[Frame], None]
 Rule = Callable[["Op"], Step]
@@ -206,8 +208,10 @@ class Compiler:
             else:
                 entries.append(Entry(o.name, o.ins, o.outs, step))
             steps.append(step)
-        if entries:  # runs of accesses as one access (not profiled: it counts each)
-            fuse(entries, steps)
+        if entries:  # runs as one step (not profiled: it counts each instruction)
+            splits = Splits()
+            fuse(entries, steps, splits)
+            batch(entries, steps, splits)
         return BlockProgram(args, steps, term, term_name, term_op)
 
     def hand_over(self, sources: list[int], targets: list[int]) -> None:

@@ -49,6 +49,7 @@ import numpy as np
 
 from .liveness import is_pure
 from .machine import Frame
+from .stacks import Splits
 
 Step = Callable[[Frame], None]
 
@@ -60,10 +61,11 @@ class Fusable(Protocol):
     def fusion_key(self) -> Hashable:
         """Equal for accesses that may fuse (kind, buffer, shape, site)."""
 
-    def fused(self, run: Sequence[Any], alone: Sequence[Step]) -> Step:
+    def fused(self, run: Sequence[Any], alone: Sequence[Step], splits: Splits) -> Step:
         """One step doing the accesses of ``run`` (this one's kind, in program
         order) at once; ``alone``: each one's own step, for a run that cannot
-        go as one this time."""
+        go as one this time; ``splits``: the block's stacked values
+        (:mod:`.stacks`), to keep loaded ones in and take stored ones from."""
 
 
 class Entry(NamedTuple):
@@ -75,10 +77,12 @@ class Entry(NamedTuple):
     step: Step
 
 
-def fuse(entries: Sequence[Entry], steps: list[Step]) -> None:
+def fuse(entries: Sequence[Entry], steps: list[Step], splits: Splits | None = None) -> None:
     """Replaces, in ``steps`` (one per entry), each fusable run: its accesses
     but the last, and the ops that wait for its loads, by nothing; the last
-    by the run's one access followed by those ops."""
+    by the run's one access followed by those ops. Stacked loaded values are
+    kept in ``splits`` (:mod:`.stacks`), and stores take theirs from there."""
+    splits = Splits() if splits is None else splits
     k = 0
     while k < len(entries):
         first = _fusable(entries[k].step)
@@ -108,9 +112,9 @@ def fuse(entries: Sequence[Entry], steps: list[Step]) -> None:
         last = members[-1]
         moved = [steps[m] for m in waiting if m < last]
         for m in members[:-1] + [m for m in waiting if m < last]:
-            steps[m] = _nothing
+            steps[m] = nothing
         one = first.fused([entries[m].step.fusable for m in members],  # type: ignore[attr-defined]
-                          [entries[m].step for m in members])
+                          [entries[m].step for m in members], splits)
         steps[last] = _then(one, moved) if moved else one
         k = last + 1
 
@@ -119,8 +123,8 @@ def _fusable(step: Step) -> Fusable | None:
     return getattr(step, "fusable", None)
 
 
-def _nothing(fr: Frame) -> None:
-    """An access (or an op using its value) done by its run's last one (:func:`fuse`)."""
+def nothing(fr: Frame) -> None:
+    """A step done by its run's last one (:func:`fuse`, :func:`.batching.batch`)."""
 
 
 def _then(access: Step, moved: list[Step]) -> Step:
@@ -163,7 +167,8 @@ class VectorAccess:
     def fusion_key(self) -> Hashable:
         return ("vector", self.is_store, self.key, self.vshape, self.site)
 
-    def fused(self, accesses: Sequence[VectorAccess], alone: Sequence[Step]) -> Step:
+    def fused(self, accesses: Sequence[VectorAccess], alone: Sequence[Step],
+              splits: Splits) -> Step:
         """The run's one access: the indices of every access stacked, the
         addresses computed once with the run on an axis before the
         vector's, one access of them all, the loaded values handed to each
@@ -171,32 +176,47 @@ class VectorAccess:
         argument, a pointer) give the same value in every thread: they run
         as one where all threads run, else one by one."""
         slots = list(zip(*(a.idx for a in accesses)))  # per index position: each access's slot
+        value_slots = tuple(a.value for a in accesses)
 
-        def step(fr: Frame) -> None:
-            r, shape = fr.regs, (fr.T,)
-            if not self.is_store and all(np.ndim(r[s]) == 0 for col in slots for s in col):
+        def addresses(fr: Frame) -> Any:  # (threads, run, *vector)
+            indices = [_stacked([fr.regs[s] for s in col], (fr.T,)) for col in slots]
+            return self.addresses(fr, indices)
+
+        if self.is_store:
+            def store(fr: Frame) -> None:
+                self.run(fr, addresses(fr), self._stored(fr, value_slots, splits))
+            return store
+
+        split = splits.made(value_slots)
+
+        def load(fr: Frame) -> None:
+            r = fr.regs
+            if all(np.ndim(r[s]) == 0 for col in slots for s in col):
                 indices = [np.array([r[s] for s in col], np.int64) for col in slots]
                 addrs = None if fr.mask is not None else self.addresses(fr, indices, True)
                 if addrs is None:
-                    for s in alone:
-                        s(fr)
+                    for one in alone:
+                        one(fr)
                     return
-                got = self.run(fr, addrs, None)  # (run, *vector)
-                for i, a in enumerate(accesses):
-                    r[a.value] = got[i]
-                return
-            indices = [_stacked([r[s] for s in col], shape) for col in slots]
-            addrs = self.addresses(fr, indices)  # (threads, run, *vector)
-            assert addrs is not None
-            if self.is_store:
-                full = shape + self.vshape
-                values = np.stack([_per_thread(r[a.value], full) for a in accesses], axis=1)
-                self.run(fr, addrs, values)
-                return
-            got = self.run(fr, addrs, None)
-            for i, a in enumerate(accesses):
-                r[a.value] = got[:, i]
-        return step
+                stack = self.run(fr, addrs, None)  # (run, *vector)
+            else:
+                stack = np.moveaxis(self.run(fr, addresses(fr), None), 1, 0)
+            values = list(stack)
+            for slot, v in zip(value_slots, values):
+                r[slot] = v
+            split.keep(stack, values)
+        return load
+
+    def _stored(self, fr: Frame, value_slots: tuple[int, ...], splits: Splits) -> np.ndarray:
+        """A store run's values, (threads, run, *vector): a stack a run split
+        into those slots where there is one, else stacked now."""
+        full = (fr.T,) + self.vshape
+        stack = splits.stacked(fr.regs, value_slots)  # (run, [threads,] *vector)
+        if stack is None:
+            return np.stack([_per_thread(fr.regs[s], full) for s in value_slots], axis=1)
+        if stack.ndim == len(full) + 1:
+            return np.moveaxis(stack, 0, 1)
+        return np.broadcast_to(stack, (fr.T,) + stack.shape)
 
 
 def _stacked(values: list, shape: tuple[int]) -> np.ndarray:

@@ -6,25 +6,39 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..batching import Elementwise
 from ..compiler import Op, Step
 from ..machine import Frame
 
 
-def unary(o: Op, fn: Callable) -> Step:
+def unary(o: Op, fn: Callable, batch: bool = False) -> Step:
+    """``fn`` of the operand; ``batch``: ``fn`` is elementwise and accepts a
+    leading axis, so a run of such ops may run as one call (:mod:`..batching`)."""
     (a,), (out,) = o.ins, o.outs
 
     def step(fr: Frame) -> None:
         r = fr.regs
         r[out] = fn(r[a])
-    return step
+    return _batchable(step, o, fn) if batch else step
 
 
-def binary(o: Op, fn: Callable) -> Step:
+def binary(o: Op, fn: Callable, batch: bool = False) -> Step:
+    """``fn`` of the two operands; ``batch``: as :func:`unary`'s."""
     (a, b), (out,) = o.ins, o.outs
 
     def step(fr: Frame) -> None:
         r = fr.regs
         r[out] = fn(r[a], r[b])
+    return _batchable(step, o, fn) if batch else step
+
+
+def _batchable(step: Step, o: Op, fn: Callable) -> Step:
+    types = o.in_types + o.out_types
+    if any(t.kind not in ("scalar", "vector") for t in types):
+        return step
+    step.elementwise = Elementwise(  # type: ignore[attr-defined]
+        (o.name, fn, tuple(t.text for t in types)), fn,
+        tuple(tuple(t.shape) if t.kind == "vector" else () for t in o.in_types))
     return step
 
 

@@ -249,11 +249,16 @@ def _fastmath(o: Op) -> None:
             raise o.unsupported(f"{o.name} with {text} (approximate rounding not modelled)")
 
 
+#: integer ops whose function is a plain elementwise numpy one (..batching)
+BATCHED_INT = frozenset({"arith.addi", "arith.subi", "arith.muli", "arith.andi", "arith.ori",
+                         "arith.xori", "arith.maxsi", "arith.minsi"})
+
+
 def _int_rule(o: Op, fn) -> Step:
     if o.in_types[0].dtype in (None, np.dtype(np.bool_)):  # i1 (or unknown): decided per call
-        fn = _bool_ok(fn, o.name)
+        return binary(o, _bool_ok(fn, o.name))
     if o.name not in ("arith.ceildivsi", "arith.ceildivui", "arith.floordivsi"):
-        return binary(o, fn)
+        return binary(o, fn, batch=o.name in BATCHED_INT)
     (a, b), (out,) = o.ins, o.outs
     vrank, loc, name = o.in_types[1].vrank, o.loc, o.name
 
@@ -274,13 +279,13 @@ for _name, _fn in INT_BINARY.items():
 for _name, _fn in FLOAT_BINARY.items():
     def _frule(o: Op, fn=_fn) -> Step:
         _fastmath(o)
-        return binary(o, fn)
+        return binary(o, fn, batch=True)
     rule(_name)(_frule)
 
 
 @rule("arith.negf")
 def negf(o: Op) -> Step:
-    return unary(o, np.negative)
+    return unary(o, np.negative, batch=True)
 
 
 CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater,
@@ -292,7 +297,7 @@ CMPI_U = {6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
 def cmpi(o: Op) -> Step:
     p = int(o.attr("predicate").value)
     if p in CMPI:
-        return binary(o, CMPI[p])
+        return binary(o, CMPI[p], batch=True)
     fn = CMPI_U[p]
     return binary(o, lambda a, b: fn(irtypes.unsigned(a), irtypes.unsigned(b)))
 
@@ -317,7 +322,7 @@ CMPF = {
 
 @rule("arith.cmpf")
 def cmpf(o: Op) -> Step:
-    return binary(o, CMPF[int(o.attr("predicate").value)])
+    return binary(o, CMPF[int(o.attr("predicate").value)], batch=True)
 
 
 @rule("arith.select")

@@ -57,14 +57,17 @@ UNARY = {
     "math.roundeven": np.rint,
     "math.round": lambda x: _round_half_away(x),
 }
-for _n, _f in UNARY.items():
-    rule(_n)(lambda o, f=_f: unary(o, _f64(f)))
+# Each function made once: ops of one function may run as one call (..batching).
+IN_F64 = {name: _f64(fn) for name, fn in UNARY.items()}
+ATAN2, POWF = _f64_2(np.arctan2), _f64_2(np.power)
+for _n in UNARY:
+    rule(_n)(lambda o, n=_n: unary(o, IN_F64[n], batch=True))
 
-rule("math.absf")(lambda o: unary(o, np.abs))
-rule("math.absi")(lambda o: unary(o, np.abs))
-rule("math.atan2")(lambda o: binary(o, _f64_2(np.arctan2)))
-rule("math.powf")(lambda o: binary(o, _f64_2(np.power)))
-rule("math.copysign")(lambda o: binary(o, np.copysign))
+rule("math.absf")(lambda o: unary(o, np.abs, batch=True))
+rule("math.absi")(lambda o: unary(o, np.abs, batch=True))
+rule("math.atan2")(lambda o: binary(o, ATAN2, batch=True))
+rule("math.powf")(lambda o: binary(o, POWF, batch=True))
+rule("math.copysign")(lambda o: binary(o, np.copysign, batch=True))
 
 
 @rule("math.fma")

@@ -733,7 +733,7 @@ class MatrixAccess:
     def fusion_key(self) -> tuple:
         return ("matrix", self.is_store, self.trans, self.site)
 
-    def fused(self, run: Sequence[MatrixAccess], alone: Sequence[Step]) -> Step:
+    def fused(self, run: Sequence[MatrixAccess], alone: Sequence[Step], splits) -> Step:
         """The matrices of every access of ``run`` as one access: each warp's
         side by side, as one instruction of them all would move them."""
         def step(fr: Frame) -> None:
