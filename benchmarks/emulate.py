@@ -133,6 +133,10 @@ def count_ops(module) -> int:
 
 
 def kernels():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' kernel builders
+    from tests.emulate import test_cluster as tc
+    from tests.emulate.test_fusion import swizzled_round_trip
+
     x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
 
     def ew(x_ref, o_ref):
@@ -141,18 +145,7 @@ def kernels():
     yield "elementwise f32 (128, 128)", plgpu.kernel(ew, out_type=S((128, 128), jnp.float32),
                                                      compiler_params=WG), [x]
 
-    def tma(x_gmem, o_gmem, smem, bar):
-        plgpu.copy_gmem_to_smem(x_gmem, smem, bar)
-        plgpu.barrier_wait(bar)
-        smem[...] = smem[...] * 2 + 1
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(smem, o_gmem)
-        plgpu.wait_smem_to_gmem(0)
-    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    yield "TMA + swizzled SMEM f16 (128, 128)", plgpu.kernel(
-        tma, out_type=S((128, 128), jnp.float16), compiler_params=WG,
-        scratch_types=[plgpu.SMEM((128, 128), jnp.float16, transforms=t), plgpu.Barrier()]), \
-        [x.astype(np.float16)]
+    yield "TMA + swizzled SMEM f16 (128, 128)", swizzled_round_trip(), [x.astype(np.float16)]
 
     def red(x_ref, o_ref):
         o_ref[...] = jnp.sum(plgpu.load(x_ref, layout=plgpu.Layout.WGMMA, optimized=False), axis=1)
@@ -209,9 +202,6 @@ def kernels():
         gather, out_type=S((64, 128), jnp.float16), compiler_params=WG,
         scratch_types=[plgpu.SMEM((64, 128), jnp.float16), plgpu.Barrier()]), \
         [x.astype(np.float16), np.arange(64, dtype=np.int32)[::-1] * 2]
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' kernel builders
-    from tests.emulate import test_cluster as tc
 
     x4 = np.random.default_rng(4).standard_normal((3, 2, 64, 64)).astype(np.float16)
     yield "3 clusters of 2: st.async exchange (64, 64)", tc.exchange_kernel(), [x4]

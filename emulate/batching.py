@@ -61,7 +61,7 @@ def batch(entries: Sequence[Entry], steps: list[Step], splits: Splits) -> None:
     from there where a run split them)."""
     k = 0
     while k < len(entries):
-        first = _elementwise(entries[k], steps[k])
+        first = _elementwise(steps[k])
         if first is None:
             k += 1
             continue
@@ -72,7 +72,7 @@ def batch(entries: Sequence[Entry], steps: list[Step], splits: Splits) -> None:
             if steps[j] is not entry.step:  # (replaced by .fusion)
                 break
             uses = not made.isdisjoint(entry.ins)
-            this = _elementwise(entry, steps[j])
+            this = _elementwise(steps[j])
             if this is not None and this.key == first.key and not uses:
                 members.append(j)
                 made.update(entry.outs)
@@ -88,10 +88,8 @@ def batch(entries: Sequence[Entry], steps: list[Step], splits: Splits) -> None:
             k += 1
 
 
-def _elementwise(entry: Entry, step: Step) -> Elementwise | None:
-    if step is not entry.step:
-        return None
-    return getattr(step, "elementwise", None)
+def _elementwise(step: Step) -> Elementwise | None:
+    return getattr(step, "elementwise", None)  # (never on a step .fusion made)
 
 
 def _batched(op: Elementwise, run: list[Entry], splits: Splits) -> Step:

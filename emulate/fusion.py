@@ -77,12 +77,11 @@ class Entry(NamedTuple):
     step: Step
 
 
-def fuse(entries: Sequence[Entry], steps: list[Step], splits: Splits | None = None) -> None:
+def fuse(entries: Sequence[Entry], steps: list[Step], splits: Splits) -> None:
     """Replaces, in ``steps`` (one per entry), each fusable run: its accesses
     but the last, and the ops that wait for its loads, by nothing; the last
     by the run's one access followed by those ops. Stacked loaded values are
     kept in ``splits`` (:mod:`.stacks`), and stores take theirs from there."""
-    splits = Splits() if splits is None else splits
     k = 0
     while k < len(entries):
         first = _fusable(entries[k].step)

@@ -119,11 +119,7 @@ def load(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: st
 def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str,
           check: Check = None) -> None:
     """SMEM -> global; elements outside the tensor are not written."""
-    gaddr, inside = _box(desc, coords)
-    saddr = _smem_addresses(desc, smem)
-    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where)
-    if inside is not None:
-        gaddr, vals = gaddr[inside], vals[inside]
+    gaddr, saddr, vals = _outgoing(fr, desc, smem, coords, where)
     if gaddr.size:
         fr.mem["global"].store(gaddr, vals, desc.dtype, None, where)
     if check is not None:
@@ -133,25 +129,32 @@ def store(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: s
         fr.prof.tma(where, gaddr.size * desc.dtype.itemsize, store=True)
 
 
+def _outgoing(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], where: str):
+    """An SMEM -> global copy's global addresses inside the tensor, the SMEM
+    addresses of the whole box, and the SMEM values bound for the former."""
+    gaddr, inside = _box(desc, coords)
+    saddr = _smem_addresses(desc, smem)
+    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where)
+    if inside is not None:
+        gaddr, vals = gaddr[inside], vals[inside]
+    return gaddr, saddr, vals
+
+
 def reduce(fr: Frame, desc: TmaDescriptor, smem: int, coords: list[int], fn, dt: np.dtype,
            where: str, check: Check = None) -> None:
     """SMEM -> global, combining: each element of the box inside the tensor
     becomes ``fn(global, smem)`` in ``dt`` (a TMA reduction: atomic per
     element, a write of GMEM to the checker that races with no other atomic)."""
-    gaddr, inside = _box(desc, coords)
-    saddr = _smem_addresses(desc, smem)
-    vals = fr.mem["shared"].load(saddr, desc.dtype, None, where).view(dt)
-    if inside is not None:
-        gaddr, vals = gaddr[inside], vals[inside]
-    g = gaddr
-    if g.size:
+    gaddr, saddr, vals = _outgoing(fr, desc, smem, coords, where)
+    vals = vals.view(dt)
+    if gaddr.size:
         glob = fr.mem["global"]
         with np.errstate(over="ignore"):
-            glob.store(g, np.asarray(fn(glob.load(g, dt, None, where), vals), dt), dt,
+            glob.store(gaddr, np.asarray(fn(glob.load(gaddr, dt, None, where), vals), dt), dt,
                        None, where)
     if check is not None:
         check(fr.mem["shared"], saddr, desc.dtype.itemsize, False)
-        check(fr.mem["global"], g, desc.dtype.itemsize, True, atomic=True)
+        check(fr.mem["global"], gaddr, desc.dtype.itemsize, True, atomic=True)
 
 
 def _gather4_box(desc: TmaDescriptor, col: int, rows, where: str):
@@ -178,7 +181,7 @@ def _gather4_smem(desc: TmaDescriptor, smem: int, where: str) -> np.ndarray:
     if desc.swizzle not in (0, 16) and w * it != desc.swizzle:
         raise Unsupported(f"tile::gather4 rows of {w * it} bytes under a {desc.swizzle}-byte "
                           "swizzle", where)
-    return swizzle(smem + np.arange(4 * w, dtype=np.int64) * it, desc.swizzle)
+    return _dense_smem(smem, 4 * w, it, desc.swizzle)
 
 
 def gather4(fr: Frame, desc: TmaDescriptor, smem: int, col: int, rows, where: str,

@@ -255,10 +255,11 @@ BATCHED_INT = frozenset({"arith.addi", "arith.subi", "arith.muli", "arith.andi",
 
 
 def _int_rule(o: Op, fn) -> Step:
+    plain = o.name in BATCHED_INT
     if o.in_types[0].dtype in (None, np.dtype(np.bool_)):  # i1 (or unknown): decided per call
-        return binary(o, _bool_ok(fn, o.name))
+        fn, plain = _bool_ok(fn, o.name), False
     if o.name not in ("arith.ceildivsi", "arith.ceildivui", "arith.floordivsi"):
-        return binary(o, fn, batch=o.name in BATCHED_INT)
+        return binary(o, fn, batch=plain)
     (a, b), (out,) = o.ins, o.outs
     vrank, loc, name = o.in_types[1].vrank, o.loc, o.name
 

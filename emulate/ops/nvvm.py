@@ -25,6 +25,7 @@ from ..compiler import Op, Step, rule
 from ..errors import EmulationError, Unsupported
 from ..machine import Frame, MBarrier, uniform
 from ..sched import must_block
+from ..stacks import Splits
 from ..sync.clocks import ALL_SPACES
 from ..sync.reports import Deadlock
 from ..sync.shadow import OpSite
@@ -733,9 +734,10 @@ class MatrixAccess:
     def fusion_key(self) -> tuple:
         return ("matrix", self.is_store, self.trans, self.site)
 
-    def fused(self, run: Sequence[MatrixAccess], alone: Sequence[Step], splits) -> Step:
+    def fused(self, run: Sequence[MatrixAccess], alone: Sequence[Step], splits: Splits) -> Step:
         """The matrices of every access of ``run`` as one access: each warp's
-        side by side, as one instruction of them all would move them."""
+        side by side, as one instruction of them all would move them (the
+        registers are few: no stacks to keep)."""
         def step(fr: Frame) -> None:
             _warps(fr, self.loc)
             _check_full_warps(fr, self.what, self.loc)
@@ -820,30 +822,21 @@ def _matrices(fr: Frame, srcs: tuple[int, ...], trans: bool) -> np.ndarray:
 def ldmatrix(o: Op) -> Step:
     _matrix_shape(o)
     (ptr,), (out,) = o.ins, o.outs
-    access = MatrixAccess(False, ptr, (out,), int(o.attr("num").value),
-                          "col" in str(o.attr("layout")), o.site(), o.loc)
-
-    def step(fr: Frame) -> None:
-        _warps(fr, access.loc)
-        _check_full_warps(fr, "ldmatrix", access.loc)
-        vals = _load_matrices(fr, _matrix_rows(fr, ptr, access.num), access.site, access.loc)
-        _fragments(fr, vals, access.trans, out)
-    step.fusable = access  # type: ignore[attr-defined]
-    return step
+    return _matrix_step(MatrixAccess(False, ptr, (out,), int(o.attr("num").value),
+                                     "col" in str(o.attr("layout")), o.site(), o.loc))
 
 
 @rule("nvvm.stmatrix")
 def stmatrix(o: Op) -> Step:
     _matrix_shape(o)
     ptr, *srcs = o.ins
-    access = MatrixAccess(True, ptr, tuple(srcs), len(srcs), "col" in str(o.attr("layout")),
-                          o.site(), o.loc)
+    return _matrix_step(MatrixAccess(True, ptr, tuple(srcs), len(srcs),
+                                     "col" in str(o.attr("layout")), o.site(), o.loc))
 
-    def step(fr: Frame) -> None:
-        _warps(fr, access.loc)
-        _check_full_warps(fr, "stmatrix", access.loc)
-        _store_matrices(fr, _matrix_rows(fr, ptr, access.num),
-                        _matrices(fr, access.values, access.trans), access.site, access.loc)
+
+def _matrix_step(access: MatrixAccess) -> Step:
+    """The op's step: a run of one (its neighbours may join it: ..fusion)."""
+    step = access.fused([access], (), Splits())
     step.fusable = access  # type: ignore[attr-defined]
     return step
 

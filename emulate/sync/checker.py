@@ -658,15 +658,15 @@ class Checker:
         if who.urows.size < 2:
             return False
         rel = off - off[0]
-        shape = (who.per, who.urows.size) if who.runs else who.rows().tobytes()
+        owners = (who.per, who.urows.size) if who.runs else who.rows().tobytes()
         seen = NO_OVERLAP.get(site)
-        if seen is not None and seen[0] == shape and np.array_equal(seen[1], rel):
+        if seen is not None and seen[0] == owners and np.array_equal(seen[1], rel):
             return False
         if self._stamped(region.shadow, off, who):
             return True
         if len(NO_OVERLAP) >= NO_OVERLAP_KEPT:
             NO_OVERLAP.clear()
-        NO_OVERLAP[site] = (shape, rel)
+        NO_OVERLAP[site] = (owners, rel)
         return False
 
     def _stamped(self, sh: Shadow, off: np.ndarray, who: Warps) -> bool:

@@ -45,7 +45,7 @@ def _fused(entries) -> tuple[list[int], list]:
     """Which entries a fused step (or nothing) replaced, and the steps."""
     entries = [Entry(*e) for e in entries]
     steps = [e.step for e in entries]
-    fuse(entries, steps)
+    fuse(entries, steps, Splits())
     return [k for k, (e, s) in enumerate(zip(entries, steps)) if s is not e.step], steps
 
 
