@@ -16,7 +16,7 @@ import numpy as np
 from . import irtypes
 from .batching import batch
 from .errors import Unsupported
-from .fusion import Entry, fuse
+from .fusion import Entry, fuse, nothing
 from .machine import Frame
 from .stacks import Splits
 
@@ -156,6 +156,8 @@ class Compiler:
         # (from, to) slots control flow copies values along (region arguments, yields)
         self.handoffs: list[tuple[int, int]] = []
         self._compiled: list[tuple[list[Step], int, Op, str]] = []
+        # each block's steps, and per step its place-only form (see merge_placed)
+        self._blocks: list[tuple[list[Step], list[PlaceOnly | None]]] = []
         # slots whose value depends only on the thread's place (see per_group)
         self.placed: set[int] = set()
         self._types: dict[Any, irtypes.T] = {}  # (see type_of)
@@ -187,6 +189,7 @@ class Compiler:
         term_name = ""
         term_op = None
         entries: list[Entry] = []  # for .fusion
+        place_only: list[PlaceOnly | None] = []  # for merge_placed
         for raw in block.operations:
             name = raw.operation.name
             if name in TERMINATORS:
@@ -197,8 +200,12 @@ class Compiler:
                 continue
             o = Op(raw.operation, self)
             step = self.op(o)
+            only = None
             if self._placed(o):
+                only = (step, o.outs)
                 step = per_group(step, o.outs)
+            elif o.name in CONSTANTS:
+                only = (step, o.outs)
             if self.checked and o.ins:
                 use = getattr(step, "accumulators", None) or ACCUMULATOR_USE.get(o.name, READS)
                 self._compiled.append((steps, len(steps), o, use))
@@ -207,11 +214,13 @@ class Compiler:
                 step = counting(step, o)
             else:
                 entries.append(Entry(o.name, o.ins, o.outs, step))
+                place_only.append(None if only is None else (step, *only))
             steps.append(step)
         if entries:  # runs as one step (not profiled: it counts each instruction)
             splits = Splits()
             fuse(entries, steps, splits)
             batch(entries, steps, splits)
+            self._blocks.append((steps, place_only))
         return BlockProgram(args, steps, term, term_name, term_op)
 
     def hand_over(self, sources: list[int], targets: list[int]) -> None:
@@ -247,7 +256,8 @@ class Compiler:
     def finish(self) -> None:
         """Guards the steps that may take a WGMMA's accumulators: those whose
         operands are slots a WGMMA writes, or moves of them (found from the
-        operands; a guard costs a call per execution, so no other step has it)."""
+        operands; a guard costs a call per execution, so no other step has it);
+        then merges each block's runs of place-only steps (:func:`merge_placed`)."""
         held = set(self.accumulators)
         grew = bool(held)
         while grew:  # what moves and control flow make of them
@@ -265,6 +275,9 @@ class Compiler:
             elif use == MOVES:
                 steps[k] = _moving(steps[k], o)
         self._compiled = []
+        for steps, place_only in self._blocks:
+            steps[:] = merge_placed(steps, place_only)
+        self._blocks = []
 
 
 def per_group(step: Step, outs: list[int]) -> Step:
@@ -273,22 +286,65 @@ def per_group(step: Step, outs: list[int]) -> Step:
     execution there and handed out again after: thread-id arithmetic, which
     is a large part of a small kernel's ops, is then computed once per
     program, not once per block and launch. The kept arrays are read-only."""
+    return placed_run([step], outs)
+
+
+#: a step whose results depend only on the thread's place, or a constant's:
+#: (the step as compiled, the step computing its results, their slots)
+PlaceOnly = tuple[Step, Step, list[int]]
+
+
+def merge_placed(steps: list[Step], place_only: list[PlaceOnly | None]) -> list[Step]:
+    """``steps`` with each run of consecutive steps that only compute
+    place-only values (:func:`per_group`'s) and constants -- or do nothing,
+    their work done by a fused run's last step -- as one step, kept per
+    group of threads as :func:`per_group` keeps one: a kernel's index
+    arithmetic comes in such runs, tens of steps each, and handing out a
+    run's values costs a lookup per run, not one per op. ``place_only``
+    tells, per step, its place-only form (None: not one)."""
+    merged: list[Step] = []
+    run: list[PlaceOnly] = []
+    for step, only in zip(steps, place_only):
+        if step is nothing:
+            continue
+        if only is not None and only[0] is step:  # (not wrapped since: see finish)
+            run.append(only)
+            continue
+        merged.extend(_as_one(run))
+        run = []
+        merged.append(step)
+    merged.extend(_as_one(run))
+    return merged
+
+
+def _as_one(run: list[PlaceOnly]) -> list[Step]:
+    if len(run) < 2:
+        return [compiled for compiled, _, _ in run]
+    return [placed_run([step for _, step, _ in run], [slot for _, _, outs in run for slot in outs])]
+
+
+def placed_run(steps: list[Step], outs: list[int]) -> Step:
+    """``steps`` (place-only or constant), their results ``outs`` kept per
+    group of threads after their first execution there (see
+    :func:`per_group`)."""
     kept: dict[tuple, tuple] = {}
 
-    def cached(fr: Frame) -> None:
+    def run(fr: Frame) -> None:
         block = fr.block
         if block is None:
-            step(fr)
+            for step in steps:
+                step(fr)
             return
         regs = fr.regs
         got = kept.get(block.group_key)
         if got is None:
-            step(fr)
-            got = kept[block.group_key] = tuple(_read_only(regs[s]) for s in outs)
+            for step in steps:
+                step(fr)
+            kept[block.group_key] = tuple(_read_only(regs[slot]) for slot in outs)
             return
-        for s, v in zip(outs, got):
-            regs[s] = v
-    return cached
+        for slot, value in zip(outs, got):
+            regs[slot] = value
+    return run
 
 
 def _read_only(value: Any) -> Any:

@@ -16,7 +16,7 @@ from ..machine import Frame
 from ..values import UNDEF, extract, insert
 from . import arith
 from ._util import binary, unary
-from .memref import access_space
+from .memref import access_space, plus_offsets
 
 GEP_DYNAMIC = -2147483648
 
@@ -195,7 +195,7 @@ def _element_addresses(pointer: Any, vshape: tuple[int, ...], dt: np.dtype) -> n
         return subbyte.bit_addresses(addr.reshape(addr.shape + (1,)) if vshape else addr,
                                      lanes, dt)
     if vshape:
-        addr = addr.reshape(addr.shape + (1,)) + np.arange(vshape[0]) * dt.itemsize
+        addr = plus_offsets(addr, np.arange(vshape[0]) * dt.itemsize)
     return addr
 
 

@@ -39,8 +39,25 @@ def element_addresses(m: MemRef, idx: list, vshape: tuple = ()) -> np.ndarray:
             grid = _vector_offsets(vshape, tuple(int(s) for s in strides), m.itemsize)
         else:
             grid = _vector_offsets.__wrapped__(vshape, strides, m.itemsize)
-        addr = addr.reshape(addr.shape + (1,) * k) + grid
+        addr = plus_offsets(addr, grid)
     return addr
+
+
+def plus_offsets(addr: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``addr + offsets`` for every address and offset: shape ``addr.shape +
+    offsets.shape`` (int64). A vector's offsets are few (2 to 8): numpy's
+    broadcast add then runs a short inner loop per address, 3 to 5 times
+    slower than one add over all the addresses per offset, which this does
+    where there are many addresses and few offsets."""
+    addr = np.asarray(addr, np.int64)
+    flat = offsets.reshape(-1)
+    if addr.size <= 4 * flat.size or flat.size > 16:
+        return addr.reshape(addr.shape + (1,) * offsets.ndim) + offsets
+    out = np.empty(addr.shape + offsets.shape, np.int64)
+    columns = out.reshape(addr.shape + (flat.size,))
+    for j, d in enumerate(flat.tolist()):
+        np.add(addr, d, out=columns[..., j])
+    return out
 
 
 @functools.cache

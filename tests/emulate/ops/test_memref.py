@@ -185,3 +185,18 @@ def test_vector_elements_not_modelled_are_unsupported():
         run("%c0 = arith.constant 0 : index\n"
             "%v = vector.load %a[%c0] : memref<4xvector<2xi4>>, vector<2xi4>",
             {"a": ("memref<4xvector<2xi4>>", np.zeros(4, np.uint8))}, {"v": "vector<2xi4>"})
+
+
+@pytest.mark.parametrize("addr_shape", [(), (3,), (128, 64), (4, 32, 8)])
+@pytest.mark.parametrize("vshape", [(1,), (2,), (4,), (2, 4), (8,), (32,)])
+def test_vector_element_addresses_are_each_address_plus_each_offset(addr_shape, vshape):
+    """plus_offsets (a vector access's element addresses, one add per
+    offset where addresses are many) is numpy's broadcast add, shape and
+    values, for every mix of address shape and vector shape."""
+    from smalti.emulate.ops.memref import plus_offsets
+    rng = np.random.default_rng(len(addr_shape) * 10 + len(vshape))
+    addr = rng.integers(-2**40, 2**40, addr_shape, dtype=np.int64)
+    offsets = rng.integers(0, 2**20, vshape, dtype=np.int64)
+    got = plus_offsets(addr, offsets)
+    assert got.dtype == np.int64 and got.shape == addr_shape + vshape
+    np.testing.assert_array_equal(got, np.reshape(addr, addr_shape + (1,) * len(vshape)) + offsets)
