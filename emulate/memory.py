@@ -71,6 +71,13 @@ def per_thread(addrs, values, dtype: np.dtype):
     return a, v
 
 
+#: where a recurring address array (see .recurring) points: (lowest and end
+#: address, the base of the buffer found, each element's index from it),
+#: kept across launches -- the next launch's buffers are new objects at the
+#: same addresses, and an index depends only on the addresses and the base
+LOCATED = Kept(limit=4096)
+
+
 class Space:
     def __init__(self, name: str, base: int) -> None:
         self.name = name
@@ -79,7 +86,6 @@ class Space:
         self.bases: list[int] = []
         self.regions: list[Region] = []
         # where recurring address arrays point, until the buffers change
-        self._located = Kept()
 
     def alloc(self, size: int, name: str, align: int = 1024) -> Region:
         base = -(-self.next // align) * align
@@ -88,13 +94,11 @@ class Space:
         i = bisect.bisect(self.bases, base)
         self.bases.insert(i, base)
         self.regions.insert(i, region)
-        self._located.clear()
         return region
 
     def free(self, region: Region) -> None:
         i = self.regions.index(region)
         del self.regions[i], self.bases[i]
-        self._located.clear()
         if not self.regions:  # e.g. each block's SMEM starts at the same address
             self.next = self.base
 
@@ -113,13 +117,18 @@ class Space:
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
         kept = mask is None and recurs(addrs)
         if kept:
-            hit = self._located.get(addrs, itemsize)
+            hit = LOCATED.get(addrs, itemsize)
             if hit is not None:
-                return hit
+                lo, hi, base, idx = hit
+                region = self.find(lo, hi, where)  # (bounds checked again: it raises)
+                if region.base == base:  # the elements' indices are from the base
+                    return region, idx, None
         located = self._locate_now(addrs, itemsize, mask, where)
-        if kept and located[0] is not None:
-            located[1].setflags(write=False)
-            self._located.put(addrs, itemsize, located)
+        region, idx, _ = located
+        if kept and region is not None:
+            idx.setflags(write=False)
+            a = np.asarray(addrs)
+            LOCATED.put(addrs, itemsize, (int(a.min()), int(a.max()) + itemsize, region.base, idx))
         return located
 
     def _locate_now(self, addrs: np.ndarray, itemsize: int, mask, where: str):

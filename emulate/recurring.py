@@ -25,12 +25,15 @@ def recurs(array: Any) -> bool:
 
 class Kept:
     """Results kept per recurring array and a ``key`` of what else they
-    depend on; :meth:`clear` when anything they read changes."""
+    depend on; :meth:`clear` when anything they read changes. ``limit``:
+    at most that many arrays held (all dropped when one more comes), for
+    results kept for the whole process."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._entries: dict[int, tuple[np.ndarray, Hashable, Any]] = {}
+        self._limit = limit
 
     def get(self, array: np.ndarray, key: Hashable) -> Any | None:
         entry = self._entries.get(id(array))
@@ -39,6 +42,8 @@ class Kept:
         return entry[2]
 
     def put(self, array: np.ndarray, key: Hashable, value: Any) -> None:
+        if self._limit is not None and len(self._entries) >= self._limit:
+            self._entries.clear()
         self._entries[id(array)] = (array, key, value)
 
     def clear(self) -> None:

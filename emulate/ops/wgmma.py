@@ -190,20 +190,20 @@ def compile_wgmma(o: Op, text: str) -> Step:
         use = np.asarray(r[use_slot]).reshape(-1)
         if np.any(use != use[0]):
             raise Unsupported("a WGMMA scale-d that differs between threads", loc)
-        if packed:  # (T, N/4) b32 registers, each two f16: the low half first
+        acc = None  # scale-d 0: the accumulators are not read
+        if use[0] and packed:  # (T, N/4) b32 registers, each two f16: the low half first
             words = np.stack([per_thread_word(r[s], fr.T) for s in tied], axis=1)
             acc = words.view(np.float16).reshape(fr.T, n // 2)
-        else:
+        elif use[0]:
             acc = _per_thread_columns([r[s] for s in tied], fr.T)  # (T, N/2)
         if is_int:
             prod = (a.astype(np.int64) @ bm.astype(np.int64).T).reshape(-1)[flat]
-            res = (prod + (acc.astype(np.int64) if use[0] else 0)).astype(np.uint64) \
+            res = (prod + (0 if acc is None else acc.astype(np.int64))).astype(np.uint64) \
                 .astype(np.uint32).view(np.int32)
         else:  # the tensor core's own rounding (see ..tensorcore)
-            d = acc.reshape(-1)[inverse].reshape(64, n)
+            d = None if acc is None else acc.reshape(-1)[inverse].reshape(64, n)
             res = tensorcore.mma(a.astype(np.float64) * scale_a, bm.astype(np.float64) * scale_b,
-                                 d if use[0] else None, operands=(aty, bty),
-                                 accumulator=dty).reshape(-1)[flat]
+                                 d, operands=(aty, bty), accumulator=dty).reshape(-1)[flat]
         if packed:
             words = np.ascontiguousarray(res.astype(np.float16)).view(np.int32)  # (T, N/4)
             r[out] = tuple(words[:, i] for i in range(n_out))
@@ -255,7 +255,10 @@ def _per_thread_columns(values: list, T: int) -> np.ndarray:
             return out
     except (ValueError, TypeError):  # a uniform register among them
         pass
-    return np.stack([_per_thread_scalar(v, T) for v in values], axis=1)
+    columns = [np.asarray(v) for v in values]
+    if all(c.ndim < 2 for c in columns):  # all uniform: one row, every thread's
+        return np.broadcast_to(np.array([c.reshape(-1)[0] for c in columns]), (T, len(columns)))
+    return np.stack([_per_thread_scalar(c, T) for c in columns], axis=1)
 
 
 def _d_positions(n: int) -> tuple[np.ndarray, np.ndarray]:

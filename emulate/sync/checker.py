@@ -70,6 +70,13 @@ def _selector(off: np.ndarray | slice) -> Callable[[np.ndarray], np.ndarray]:
 NO_OVERLAP: dict[OpSite, tuple] = {}
 NO_OVERLAP_KEPT = 4096
 
+#: the shadow cells a unit's recurring address array covers (see
+#: _unit_cells): (its lowest and end address, the base of its buffer, the
+#: shadow's cell size, the cells, how many), kept across launches -- the next
+#: launch's buffers are new objects at the same addresses, and the cells
+#: depend only on the addresses, the base and the cell size
+UNIT_CELLS = Kept(limit=4096)
+
 
 class Warps:
     """Which warp made each shadow cell of a thread access: ``rows`` (its
@@ -117,7 +124,6 @@ class Checker:
         self._site_ids: dict[tuple, int] = {}
         self._tables: dict[tuple, tuple] = {}  # (site, write, warps) -> (clock version, ids)
         self._stamps = 0  # numbers each multi-warp write (see _overlapping)
-        self._unit_cells_kept = Kept()  # see _unit_cells
         self._bulk: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, thread) -> comps
         self._bulk_committed: dict[int, np.ndarray] = {}  # rank -> per thread
         self._wgmma: dict[tuple[int, int], list[int]] = {}  # (rank, wg) -> [comp, committed]
@@ -373,16 +379,22 @@ class Checker:
         or a WGMMA operand's SMEM tile) is a slice, checked through views of
         the shadow instead of gathers. Read-only address arrays (a WGMMA
         descriptor's operand, made once per descriptor) recur: their cells
-        are kept."""
+        are kept, from launch to launch (:data:`UNIT_CELLS`)."""
+        kept = recurs(addrs)
+        if kept:
+            hit = UNIT_CELLS.get(addrs, itemsize)
+            if hit is not None:
+                lo, hi, base, gran, cells_kept, n = hit
+                region = space.find(lo, hi, site.location)
+                if region.base == base and region.tracked:
+                    sh = self._shadow(region, itemsize)
+                    if sh.gran == gran:  # (not refined since)
+                        return region, cells_kept, n
         a = np.asarray(addrs, np.int64).reshape(-1)
         if a.size == 0:
             return None
-        kept = recurs(addrs)
-        if kept:
-            hit = self._unit_cells_kept.get(addrs, (space, itemsize))
-            if hit is not None and hit[0].shadow.gran == hit[1]:  # (not refined since)
-                return hit[0], hit[2], hit[3]
-        region = space.find(int(a.min()), int(a.max()) + itemsize, site.location)
+        lo, hi = int(a.min()), int(a.max()) + itemsize
+        region = space.find(lo, hi, site.location)
         if not region.tracked:
             return None
         sh = self._shadow(region, itemsize)
@@ -390,7 +402,9 @@ class Checker:
         off: np.ndarray | slice = _as_run(cells)
         n = cells.size if isinstance(off, np.ndarray) else off.stop - off.start
         if kept:
-            self._unit_cells_kept.put(addrs, (space, itemsize), (region, sh.gran, off, n))
+            if isinstance(off, np.ndarray):
+                off.setflags(write=False)
+            UNIT_CELLS.put(addrs, itemsize, (lo, hi, region.base, sh.gran, off, n))
         return region, off, n
 
     # --- the check --------------------------------------------------------------------------

@@ -134,3 +134,45 @@ def test_a_recurring_address_array_reads_the_buffer_there_now():
     np.testing.assert_array_equal(space.load(addrs, dtype), [-3, -1, 0])
     space.store(addrs, np.array([5, 6, 8], np.int32), dtype)
     np.testing.assert_array_equal(second.view(dtype)[[3, 1, 0]], [5, 6, 8])
+
+
+def test_where_a_recurring_array_points_is_kept_from_launch_to_launch():
+    """Each launch has new spaces and buffers, at the same addresses: the
+    kept indices serve the next launch's buffer at the same base, and are
+    not used where the buffer there now starts elsewhere or is missing."""
+    from smalti.emulate.sync.reports import OutOfBounds
+    dtype = np.dtype(np.int32)
+    addrs = np.array([1024 + 80, 1024 + 68], np.int64)
+    addrs.setflags(write=False)
+    for launch, base in enumerate([1024, 1024, 1024 + 64]):
+        space = Space("shared", base)
+        region = space.alloc(256, "smem", align=64)
+        assert region.base == base
+        region.view(dtype)[:] = np.arange(64) + 100 * launch
+        want = (addrs - base) // 4 + 100 * launch  # a stale index would read 20, 17
+        np.testing.assert_array_equal(space.load(addrs, dtype), want)
+    with pytest.raises(OutOfBounds):  # no buffer there now
+        Space("shared", 1024).load(addrs, dtype)
+
+
+def test_a_units_kept_cells_serve_the_next_launch_at_the_same_base_only():
+    """The cells a recurring array covers are kept across launches (new
+    checkers, new buffers): a buffer at the same base gets the same cells
+    recorded; one at another base gets its own."""
+    addrs = 2048 + 4 * np.array([5, 2, 9], np.int64)
+    addrs.setflags(write=False)
+    written = []
+    for base in (2048, 2048, 2048 - 16):
+        space = Space("shared", base)
+        region = space.alloc(256, "smem", align=16)
+        region.tracked = True
+        ch = Checker("warn", "ignore")
+        ch.clocks = Clocks(["block 0 warp 0"])
+        ch.kinds = [checker_module.WARP]
+        unit = ch.component(checker_module.TMA_LOAD, "unit")
+        view = np.zeros(ch.clocks.matrix.shape[1], np.int32)
+        ch.async_access(view, space, addrs, 4, True, OpSite("op", "k.py:1"), unit, 1, "unit")
+        written.append(np.flatnonzero(region.shadow.write))
+    np.testing.assert_array_equal(written[0], [2, 5, 9])
+    np.testing.assert_array_equal(written[1], [2, 5, 9])
+    np.testing.assert_array_equal(written[2], [6, 9, 13])

@@ -177,3 +177,19 @@ def test_tf32_wgmma_edge_values():
     assert np.isnan(o[4]).all() and (o[3] == np.inf).all() and (o[7] == -np.inf).all()
     assert not np.signbit(o[5]).any() and (o[5] == 0).all() and (o[6] == 0).all()
     np.testing.assert_array_equal(o, want)  # NaN where want has NaN, the rest bit for bit
+
+
+def test_accumulator_registers_side_by_side_per_thread_uniform_or_mixed():
+    """A WGMMA's accumulator registers as (threads, registers): per-thread
+    (T, 1) registers, uniform ones (a zero-initialized accumulator: every
+    thread's row the same), and a mix."""
+    from smalti.emulate.ops.wgmma import _per_thread_columns
+    T = 4
+    per = [np.arange(T, dtype=np.float32)[:, None] + 10 * j for j in range(3)]
+    uni = [np.full(1, j, np.float32) for j in range(3)]
+    np.testing.assert_array_equal(_per_thread_columns(per, T), np.hstack(per))
+    got = _per_thread_columns(uni, T)
+    assert got.shape == (T, 3) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.tile([0, 1, 2], (T, 1)))
+    mixed = _per_thread_columns([per[0], uni[1], per[2]], T)
+    np.testing.assert_array_equal(mixed, np.stack([per[0][:, 0], np.ones(T), per[2][:, 0]], 1))
