@@ -258,7 +258,7 @@ def contract(a: np.ndarray, b: np.ndarray, algo: Algorithm,
         return np.zeros((0, b.shape[0]), algo.accumulator_dtype)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     # a large product pays for loading the compiled adder at once (its first
-    # sums would otherwise be numpy's: tensorcore_compiled.WARM_UP)
+    # sums would otherwise be numpy's: tensorcore_compiled.LOAD_AFTER)
     compiled = (True if m * b.shape[0] * k >= COMPILED_FROM and tensorcore_compiled.available()
                 else None)
 

@@ -19,10 +19,12 @@ holds the two (and the reference) to the same bits on every format.
 numba is optional (``pip install smalti[fast]``; the test dependencies
 include it). Without it, or with ``SMALTI_EMULATE_COMPILED=0`` in the
 environment, :func:`available` is false and ``mma`` keeps its numpy code.
-A process adds its first :data:`WARM_UP` sums with numpy, so that a small
-kernel does not wait for numba's import (:func:`chosen`); the kernel is
-compiled on its first use (about a second once, then cached on disk by
-numba where the package's folder is writable).
+A process adds its first :data:`LOAD_AFTER` sums with numpy, so that a few
+small kernels never pay for numba (about 0.8 s of CPU to import it and load
+the cached kernel); then a thread beside the emulation loads it, and the
+sums run compiled once it is loaded (:func:`chosen`). The kernel is compiled
+on its first load ever (seconds, then cached on disk by numba where the
+package's folder is writable).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import threading
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -44,11 +48,16 @@ def installed() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-#: sums numpy adds in a process before the compiled one takes over: importing
-#: numba and loading its cached kernel (about 0.5 s) pays only for more work
-#: than a small kernel's (numpy takes 0.3-0.5 ms an m64n128k16 instruction)
-WARM_UP = 1500
+#: sums numpy adds in a process before the compiled adder starts loading in
+#: a thread (numpy takes 0.2-0.3 ms an m64n128k16 instruction, the compiled
+#: adder 0.05 ms): past this, a process is running a pipeline or a suite of
+#: WGMMA kernels, and loading does not hold up the run
+LOAD_AFTER = 200
 _numpy_sums = 0
+_loaded: Callable[..., None] | None = None  # the kernel, once loaded
+_loader: threading.Thread | None = None
+_load_failed: list[BaseException] = []  # why the thread could not load it
+_lock = threading.Lock()
 
 
 def available() -> bool:
@@ -59,15 +68,49 @@ def available() -> bool:
 
 def chosen() -> bool:
     """Whether this sum runs compiled: where :func:`available`, once the
-    kernel is loaded or the process has added :data:`WARM_UP` sums with
-    numpy (the two give the same bits, so a run may switch midway)."""
-    global _numpy_sums
-    if not available():
+    kernel is loaded. Counts the sums numpy adds and starts the loading
+    thread after :data:`LOAD_AFTER` of them (the two give the same bits,
+    so a run may switch midway)."""
+    global _numpy_sums, _loader
+    if _loaded is not None:
+        return available()
+    if not available() or _load_failed:
         return False
-    if _kernel.cache_info().currsize or _numpy_sums >= WARM_UP:
-        return True
     _numpy_sums += 1
+    if _numpy_sums >= LOAD_AFTER and _loader is None:
+        _loader = threading.Thread(target=_load_beside, name="smalti tensor-core adder loader")
+        _loader.start()  # (not a daemon: an exit waits for it rather than cut an import)
     return False
+
+
+def _load_beside() -> None:
+    try:
+        kernel()
+    except Exception as e:  # numpy's sums go on (the same bits); said once
+        _load_failed.append(e)
+        warnings.warn(f"smalti: the compiled tensor-core adder could not be loaded "
+                      f"({type(e).__name__}: {e}); WGMMA sums stay numpy's (the same bits, "
+                      f"slower). Set {SWITCH}=0 to not try.", RuntimeWarning, stacklevel=1)
+
+
+def kernel() -> Callable[..., None]:
+    """The compiled kernel, loaded here if no thread has yet (waiting for
+    one that is loading it)."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            from ._tensorcore_kernel import kernel as compiled  # imports numba
+            _warm(compiled)
+            _loaded = compiled
+        return _loaded
+
+
+def _warm(compiled: Callable[..., None]) -> None:
+    """One sum of 1 x 1 operands with a real sum's argument types: numba
+    loads the machine code for them now, not at the first real sum."""
+    x = np.ones((1, 1))
+    bits = x.view(np.int64)
+    compiled(x, x, x, bits, bits, bits, True, -14, -14, -126, 25, -(1 << 20), np.empty((1, 1)))
 
 
 def aligned_sum(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, low_a: int, low_b: int,
@@ -82,17 +125,11 @@ def aligned_sum(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, low_a: int, 
     m, n = a.shape[0], b.shape[0]
     at = np.ascontiguousarray(a.T, np.float64)
     bt = np.ascontiguousarray(b.T, np.float64)
+    has_c = c is not None
     c = np.zeros((m, n)) if c is None else np.ascontiguousarray(c, np.float64)
     out = np.empty((m, n))
     # the exponents are read from the float64 bits: every value of these
     # formats is a normal float64
-    _kernel()(at, bt, c, at.view(np.int64), bt.view(np.int64), c.view(np.int64),
-              c is not None, low_a, low_b, low_c, alignment_bits, none, out)
+    kernel()(at, bt, c, at.view(np.int64), bt.view(np.int64), c.view(np.int64),
+             has_c, low_a, low_b, low_c, alignment_bits, none, out)
     return out
-
-
-@functools.cache
-def _kernel() -> Callable[..., None]:
-    # imported on first use: numba takes a while to import
-    from ._tensorcore_kernel import kernel
-    return kernel

@@ -258,10 +258,10 @@ def compiled_calls(monkeypatch) -> list:
 def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeypatch,
                                                                           compiled_calls):
     """By default mma adds through the compiled kernel where numba is
-    installed (after the warm-up); SMALTI_EMULATE_COMPILED=0 (or
-    compiled=False) keeps numpy's."""
+    installed (once loaded); SMALTI_EMULATE_COMPILED=0 (or compiled=False)
+    keeps numpy's."""
     calls = compiled_calls
-    monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", tensorcore_compiled.WARM_UP)
+    monkeypatch.setattr(tensorcore_compiled, "_loaded", lambda *args: None)
     a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
     assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32").shape == (2, 3)
     assert len(calls) == 1
@@ -273,13 +273,72 @@ def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeyp
     assert len(calls) == 1
 
 
-def test_a_process_adds_its_first_sums_with_numpy(monkeypatch, compiled_calls):
-    """A small kernel does not wait for numba: the first WARM_UP sums of a
-    process (whose kernel is not loaded yet) are numpy's, the rest compiled."""
-    monkeypatch.setattr(tensorcore_compiled, "WARM_UP", 3)
+@pytest.fixture
+def fresh_loading(monkeypatch):
+    """The loading state of a process that has summed nothing yet, with a
+    loader that takes what ``load`` gives (a kernel, or an exception)."""
+    monkeypatch.setattr(tensorcore_compiled, "LOAD_AFTER", 3)
     monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", 0)
-    tensorcore_compiled._kernel.cache_clear()  # (reloaded at once when needed: imported)
+    monkeypatch.setattr(tensorcore_compiled, "_loaded", None)
+    monkeypatch.setattr(tensorcore_compiled, "_loader", None)
+    monkeypatch.setattr(tensorcore_compiled, "_load_failed", [])
+    load: list = []
+
+    def kernel():
+        if isinstance(load[0], Exception):
+            raise load[0]
+        tensorcore_compiled._loaded = load[0]
+        return load[0]
+    monkeypatch.setattr(tensorcore_compiled, "kernel", kernel)
+    return load
+
+
+def test_a_process_adds_its_first_sums_with_numpy_then_loads_beside(fresh_loading,
+                                                                    compiled_calls):
+    """A small kernel does not wait for numba: the first LOAD_AFTER sums of a
+    process are numpy's, the next start a thread that loads the compiled
+    adder (sums stay numpy's meanwhile), the sums after it run compiled."""
+    fresh_loading.append(lambda *args: None)
     a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
-    sums = [tensorcore.mma(a, b, None, operands="f16", accumulator="f32") for _ in range(5)]
-    assert [(s == 16).all() for s in sums] == [True, True, True, False, False]
-    assert len(compiled_calls) == 2
+
+    def numpy_sum() -> bool:
+        return bool((tensorcore.mma(a, b, None, operands="f16", accumulator="f32") == 16).all())
+    assert [numpy_sum() for _ in range(2)] == [True, True]
+    assert tensorcore_compiled._loader is None
+    assert numpy_sum()  # the third: still numpy's, and the loading starts
+    loader = tensorcore_compiled._loader
+    assert loader is not None and loader.name == "smalti tensor-core adder loader"
+    loader.join(timeout=30)
+    assert [numpy_sum() for _ in range(2)] == [False, False]  # the spy's zeros
+    assert len(compiled_calls) == 2 and tensorcore_compiled._loader is loader
+
+
+def test_a_loader_that_fails_says_so_once_and_numpy_goes_on(fresh_loading, compiled_calls):
+    fresh_loading.append(ImportError("no numba here"))
+    a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
+    with pytest.warns(RuntimeWarning, match="could not be loaded.*no numba here.*the same bits"):
+        for _ in range(3):
+            tensorcore.mma(a, b, None, operands="f16", accumulator="f32")
+        tensorcore_compiled._loader.join(timeout=30)
+    sums = [tensorcore.mma(a, b, None, operands="f16", accumulator="f32") for _ in range(3)]
+    assert all((s == 16).all() for s in sums) and not compiled_calls
+    assert tensorcore_compiled._numpy_sums == 3  # no more counting, no second loader
+
+
+@pytest.mark.skipif(not tensorcore_compiled.available(), reason="numba is not installed")
+def test_the_real_kernel_loads_in_a_thread_and_sums_the_same_bits(monkeypatch):
+    """The compiled adder, loaded by the thread (as a process past LOAD_AFTER
+    sums does), sums what numpy's code sums, bit for bit."""
+    monkeypatch.setattr(tensorcore_compiled, "LOAD_AFTER", 1)
+    monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", 0)
+    monkeypatch.setattr(tensorcore_compiled, "_loader", None)
+    rng = np.random.default_rng(7)
+    a, b = f16(rng.standard_normal((64, 16))), f16(rng.standard_normal((128, 16)))
+    c = rng.standard_normal((64, 128)).astype(np.float32)
+    want = tensorcore.mma(a, b, c, operands="f16", accumulator="f32", compiled=False)
+    tensorcore.mma(a, b, c, operands="f16", accumulator="f32")  # starts the loader
+    if tensorcore_compiled._loader is not None:  # (None: loaded by an earlier test)
+        tensorcore_compiled._loader.join(timeout=120)
+    assert tensorcore_compiled.chosen()
+    np.testing.assert_array_equal(tensorcore.mma(a, b, c, operands="f16", accumulator="f32"),
+                                  want)
