@@ -31,6 +31,7 @@ from ..sync.reports import Deadlock
 from ..sync.shadow import OpSite
 from . import arith
 from ._util import thread_axis
+from .memref import plus_offsets
 
 
 def operands(o: Op, name: str) -> list[int]:
@@ -700,9 +701,9 @@ def _redux_f32(o: Op, kind: str) -> Step:
 # 2 (l % 4) and 2 (l % 4) + 1 of each, packed in one 32-bit register per
 # matrix (``.trans``: of the transposed matrix). Both run in runs
 # (:mod:`..fusion`): a run of them is one access of every matrix, each warp's
-# side by side.
-
-LANE = np.arange(32)
+# side by side. Matrix element (r, c) is then half c % 2 of lane 4 r + c // 2:
+# a warp's registers of one matrix, in lane order and split in their 16-bit
+# halves (low first), are the matrix's 64 elements in row-major order.
 
 
 def _matrix_shape(o: Op) -> None:
@@ -759,7 +760,10 @@ def _matrix_rows(fr: Frame, ptr: int, num: int) -> np.ndarray:
     (warps, num, 8 rows, 8 columns)."""
     W = fr.T // 32
     addrs = per_thread(fr.regs[ptr], fr.T).astype(np.int64).reshape(W, 32)[:, :8 * num]
-    return addrs.reshape(W, num, 8)[..., None] + np.arange(8) * 2
+    return plus_offsets(addrs.reshape(W, num, 8), ROW_OFFSETS)
+
+
+ROW_OFFSETS = np.arange(8) * 2  # a matrix row's elements' byte offsets
 
 
 def _warp_mask(fr: Frame, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -799,9 +803,9 @@ def _fragments(fr: Frame, vals: np.ndarray, trans: bool, out: int) -> None:
     num = vals.shape[1]
     if trans:
         vals = np.swapaxes(vals, -1, -2)
-    lo = vals[:, :, LANE // 4, 2 * (LANE % 4)]  # (W, num, 32)
-    hi = vals[:, :, LANE // 4, 2 * (LANE % 4) + 1]
-    regs = (lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)).view(np.int32)
+    halves = np.ascontiguousarray(vals).astype("<u2", copy=False).reshape(vals.shape[0], num, 64)
+    # (W, num, 32): lane l's register of each matrix (little-endian: the low half first)
+    regs = halves.view("<u4").astype(np.uint32, copy=False).view(np.int32)
     regs = np.transpose(regs, (0, 2, 1)).reshape(fr.T, num)
     fr.regs[out] = regs[:, 0] if num == 1 else tuple(regs[:, k] for k in range(num))
 
@@ -809,12 +813,10 @@ def _fragments(fr: Frame, vals: np.ndarray, trans: bool, out: int) -> None:
 def _matrices(fr: Frame, srcs: tuple[int, ...], trans: bool) -> np.ndarray:
     """The matrices (warps, num, 8, 8) the lanes' registers ``srcs`` hold."""
     W, num = fr.T // 32, len(srcs)
-    regs = np.stack([per_thread(fr.regs[s], fr.T).astype(np.int32) for s in srcs], -1)
-    u = regs.view(np.uint32).reshape(W, 32, num)
-    vals = np.zeros((W, num, 8, 8), np.uint16)
-    vals[:, :, LANE // 4, 2 * (LANE % 4)] = np.transpose((u & 0xFFFF).astype(np.uint16), (0, 2, 1))
-    vals[:, :, LANE // 4, 2 * (LANE % 4) + 1] = np.transpose((u >> 16).astype(np.uint16),
-                                                             (0, 2, 1))
+    regs = np.stack([per_thread(fr.regs[s], fr.T).astype(np.int32) for s in srcs])  # (num, T)
+    regs = np.ascontiguousarray(regs.reshape(num, W, 32).transpose(1, 0, 2))  # (W, num, 32)
+    halves = regs.view(np.uint32).astype("<u4", copy=False).view("<u2")  # the low half first
+    vals = halves.astype(np.uint16, copy=False).reshape(W, num, 8, 8)
     return np.swapaxes(vals, -1, -2) if trans else vals
 
 
