@@ -805,8 +805,8 @@ def _fragments(fr: Frame, vals: np.ndarray, trans: bool, out: int) -> None:
         vals = np.swapaxes(vals, -1, -2)
     halves = np.ascontiguousarray(vals).astype("<u2", copy=False).reshape(vals.shape[0], num, 64)
     # (W, num, 32): lane l's register of each matrix (little-endian: the low half first)
-    regs = halves.view("<u4").astype(np.uint32, copy=False).view(np.int32)
-    regs = np.transpose(regs, (0, 2, 1)).reshape(fr.T, num)
+    by_matrix = halves.view("<u4").astype(np.uint32, copy=False).view(np.int32)
+    regs = np.transpose(by_matrix, (0, 2, 1)).reshape(fr.T, num)
     fr.regs[out] = regs[:, 0] if num == 1 else tuple(regs[:, k] for k in range(num))
 
 
