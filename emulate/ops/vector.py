@@ -104,13 +104,17 @@ def broadcast(o: Op) -> Step:
     svr, shape = src_t.vrank, dst_t.shape
     (src,), (out,) = o.ins, o.outs
 
+    size = int(np.prod(shape))
+
     def step(fr: Frame) -> None:
         x = np.asarray(fr.regs[src])
         if np.ndim(x) > svr:  # per thread
             xs = x.reshape((x.shape[0],) + (1,) * (len(shape) - svr) + x.shape[1:])
-            fr.regs[out] = np.broadcast_to(xs, (x.shape[0],) + shape)
+            target = (x.shape[0],) + shape
+            # (a scalar per thread into vector<1x...>: the reshape is the result)
+            fr.regs[out] = xs if xs.shape == target else np.broadcast_to(xs, target)
         else:
-            fr.regs[out] = np.broadcast_to(x, shape)
+            fr.regs[out] = x.reshape(shape) if x.size == size else np.broadcast_to(x, shape)
     return step
 
 
