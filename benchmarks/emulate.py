@@ -613,7 +613,14 @@ def warm_up() -> None:
     the third 0.004 s), and the emulator's first emulation, which imports
     its op modules (0.03 s, 0.12 s where Python writes no bytecode cache);
     a tiny kernel pays both before the table, so that the first line's cold
-    figures are those of any other line."""
+    figures are those of any other line. The tensor core's compiled adder
+    (numba), which a process loads beside its run after its first
+    ``LOAD_AFTER`` WGMMA sums (``emulate/tensorcore_compiled.py``), is loaded
+    here too: the WGMMA figures are a process's past those first sums (each
+    of them numpy's, 0.2-0.3 ms an m64n128k16 instead of 0.05 ms)."""
+    from smalti.emulate import tensorcore_compiled
+    if tensorcore_compiled.available() and hasattr(tensorcore_compiled, "kernel"):
+        tensorcore_compiled.kernel()
     def tiny(x_ref, o_ref):
         o_ref[...] = x_ref[...] + 1
     case = pallas_case("warm-up", plgpu.kernel(tiny, out_type=S((128,), jnp.float32)),
