@@ -261,6 +261,7 @@ def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeyp
     installed (once loaded); SMALTI_EMULATE_COMPILED=0 (or compiled=False)
     keeps numpy's."""
     calls = compiled_calls
+    _let_a_loader_finish()
     monkeypatch.setattr(tensorcore_compiled, "_loaded", lambda *args: None)
     a, b = f16(np.ones((2, 16))), f16(np.ones((3, 16)))
     assert tensorcore.mma(a, b, None, operands="f16", accumulator="f32").shape == (2, 3)
@@ -273,10 +274,18 @@ def test_mma_takes_the_compiled_sum_where_available_and_not_switched_off(monkeyp
     assert len(calls) == 1
 
 
+def _let_a_loader_finish() -> None:
+    """Waits for a loading thread this process started (in an earlier test),
+    which would otherwise set the loaded kernel in the middle of a test."""
+    if tensorcore_compiled._loader is not None:
+        tensorcore_compiled._loader.join(timeout=120)
+
+
 @pytest.fixture
 def fresh_loading(monkeypatch):
     """The loading state of a process that has summed nothing yet, with a
     loader that takes what ``load`` gives (a kernel, or an exception)."""
+    _let_a_loader_finish()
     monkeypatch.setattr(tensorcore_compiled, "LOAD_AFTER", 3)
     monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", 0)
     monkeypatch.setattr(tensorcore_compiled, "_loaded", None)
@@ -329,6 +338,7 @@ def test_a_loader_that_fails_says_so_once_and_numpy_goes_on(fresh_loading, compi
 def test_the_real_kernel_loads_in_a_thread_and_sums_the_same_bits(monkeypatch):
     """The compiled adder, loaded by the thread (as a process past LOAD_AFTER
     sums does), sums what numpy's code sums, bit for bit."""
+    _let_a_loader_finish()
     monkeypatch.setattr(tensorcore_compiled, "LOAD_AFTER", 1)
     monkeypatch.setattr(tensorcore_compiled, "_numpy_sums", 0)
     monkeypatch.setattr(tensorcore_compiled, "_loader", None)
