@@ -15,6 +15,7 @@ wait that nothing else in the block (or cluster) can complete is a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -88,12 +89,25 @@ def elect_sync(o: Op) -> Step:
 
     def step(fr: Frame) -> None:
         _warps(fr, loc)
-        m = (np.ones(fr.T, bool) if fr.mask is None else fr.mask).reshape(-1, 32)
+        if fr.mask is None:
+            fr.regs[out] = _first_lanes(fr.T)
+            return
+        m = fr.mask.reshape(-1, 32)
         first = np.zeros_like(m)
         any_ = m.any(1)
         first[np.flatnonzero(any_), m.argmax(1)[any_]] = True
         fr.regs[out] = first.reshape(-1)
     return step
+
+
+@functools.lru_cache(maxsize=64)
+def _first_lanes(T: int) -> np.ndarray:
+    """elect.sync's answer where every thread is active: each warp's lane 0
+    (read-only: every unmasked elect of a kernel hands it out)."""
+    first = np.zeros(T, bool)
+    first[::32] = True
+    first.setflags(write=False)
+    return first
 
 
 @rule("nvvm.shfl.sync")
@@ -104,34 +118,20 @@ def shfl_sync(o: Op) -> Step:
     pair = _flag(o, "return_value_and_is_valid")
     loc = o.loc
 
+    if kind not in ("idx", "up", "down", "bfly"):
+        raise o.unsupported(f"nvvm.shfl.sync kind {kind}")
+
     def step(fr: Frame) -> None:
         r = fr.regs
         T = fr.T
         _warps(fr, loc)
         v = per_thread(r[val], T)
         lane = fr.block.lane
-        b = per_thread(r[off], T).astype(np.int64)
-        c = per_thread(r[clamp_s], T).astype(np.int64)
-        seg = (c >> 8) & 0x1F
-        clamp = c & 0x1F
-        max_lane = (lane & seg) | (clamp & ~seg)
-        min_lane = lane & seg
-        if kind == "idx":
-            j = min_lane | (b & ~seg & 0x1F)
-            ok = j <= max_lane
-        elif kind == "up":
-            j = lane - b
-            ok = j >= max_lane
-        elif kind == "down":
-            j = lane + b
-            ok = j <= max_lane
-        elif kind == "bfly":
-            j = lane ^ b
-            ok = j <= max_lane
+        if np.ndim(r[off]) == 0 and np.ndim(r[clamp_s]) == 0:  # the usual: kept per form
+            src, ok = _uniform_shuffle(kind, T, int(lane[0]), int(r[off]), int(r[clamp_s]))
         else:
-            raise Unsupported(f"nvvm.shfl.sync kind {kind}", loc)
-        j = np.where(ok, j, lane)
-        src = np.arange(T) - lane + j  # within this warpgroup's threads
+            src, ok = _shuffle(kind, lane, per_thread(r[off], T).astype(np.int64),
+                               per_thread(r[clamp_s], T).astype(np.int64))
         if fr.mask is not None and np.any(fr.mask & ~fr.mask[src]):
             raise EmulationError(f"shfl.sync reads a lane that is not active at {loc}")
         res = v[src]
@@ -141,6 +141,44 @@ def shfl_sync(o: Op) -> Step:
         else:
             r[outs[0]] = res
     return step
+
+
+def _shuffle(kind: str, lane: np.ndarray, b: np.ndarray, c: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(the thread each thread reads, whether its source lane is in range)
+    of a shuffle of ``kind`` with lane operand ``b`` and clamp/segment
+    operand ``c``, per the PTX ISA's shfl.sync."""
+    seg = (c >> 8) & 0x1F
+    clamp = c & 0x1F
+    max_lane = (lane & seg) | (clamp & ~seg)
+    min_lane = lane & seg
+    if kind == "idx":
+        j = min_lane | (b & ~seg & 0x1F)
+        ok = j <= max_lane
+    elif kind == "up":
+        j = lane - b
+        ok = j >= max_lane
+    elif kind == "down":
+        j = lane + b
+        ok = j <= max_lane
+    else:  # bfly
+        j = lane ^ b
+        ok = j <= max_lane
+    j = np.where(ok, j, lane)
+    return np.arange(lane.size) - lane + j, ok  # within this warpgroup's threads
+
+
+@functools.lru_cache(maxsize=256)
+def _uniform_shuffle(kind: str, T: int, lane0: int, b: int, c: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_shuffle` with the same operands in every thread, for ``T``
+    threads whose first is lane ``lane0`` (kept: a kernel's shuffles recur
+    with a few forms; read-only)."""
+    lane = (lane0 + np.arange(T, dtype=np.int64)) % 32
+    src, ok = _shuffle(kind, lane, np.int64(b), np.int64(c))
+    src.setflags(write=False)
+    ok.setflags(write=False)
+    return src, ok
 
 
 # --- mbarriers ---------------------------------------------------------------

@@ -153,6 +153,29 @@ def test_shfl_sync_modes_and_segments(mode, b, c):
     assert got["ok"].tolist() == ok.tolist()
 
 
+@pytest.mark.parametrize("mode", ["idx", "up", "down", "bfly"])
+@covers("nvvm.shfl.sync")
+def test_shfl_sync_with_a_lane_operand_per_thread(mode):
+    """Each thread's own lane operand (uniform ones are kept per form): the
+    PTX ISA's pseudo-code thread by thread."""
+    v = (np.arange(T) * 5 + 11).astype(np.int32)
+    b = (np.arange(T) * 7 % 32).astype(np.int32)
+    c = 0x1F if mode != "up" else 0
+    got = run(f"""
+      %m = llvm.mlir.constant(-1 : i32) : i32
+      %r = nvvm.shfl.sync {mode} %m, %v, %b, %c : i32 -> i32""",
+              {"v": ("i32", v), "b": ("i32", b), "c": ("i32", c)}, {"r": "i32"}, threads=T)
+    want = np.array([_shfl(mode, v, int(b[i]), c)[0][i] for i in range(T)], np.int32)
+    assert_same_bits(got["r"], want)
+
+
+@covers("nvvm.elect.sync")
+def test_elect_with_every_thread_active_picks_each_warps_lane_0():
+    got = run("""
+      %e = nvvm.elect.sync -> i1""", {}, {"e": "i1"}, threads=T)
+    assert np.flatnonzero(got["e"]).tolist() == list(range(0, T, 32))
+
+
 @covers("nvvm.elect.sync", "scf.if")
 def test_elect_picks_the_first_active_lane_of_each_warp():
     active = (t % 3 == 1) & (t != 1)
