@@ -294,6 +294,9 @@ class Checker:
             return
         rank = (a >> CLUSTER_SHIFT) - 1
         local = a & ((1 << CLUSTER_SHIFT) - 1)
+        if rank.size and (rank == rank[0]).all():  # the usual: one block's
+            yield space.spaces[int(rank[0])], local, None
+            return
         for k in np.unique(rank):
             sel = rank == k
             yield space.spaces[int(k)], local[sel], sel
@@ -921,18 +924,20 @@ class Checker:
         ``atomic``: atomic writes, which race with no other atomic access."""
         b = fr.block
         issuing = b.warp_rows[m]
-        for row in np.unique(issuing):
-            row = int(row)
-            for a in np.unique(bars[issuing == row]):
-                sel = (issuing == row) & (bars == a)
-                target = b.remote_barrier(int(a), where)
-                comp = self.barrier_component(target, b)
-                target.point.stamp(comp, target.phase + 1)
+        for a in np.unique(bars):  # (usually one barrier for every thread)
+            on_it = bars == a
+            target = b.remote_barrier(int(a), where)
+            comp = self.barrier_component(target, b)
+            stamp = target.phase + 1
+            target.point.stamp(comp, stamp)
+            rows, addrs = issuing[on_it], elems[on_it]
+            for row in np.unique(rows):
+                row = int(row)
                 who = f"{agent} issued by {self.clocks.names[row]}"
-                for space, local, _ in self.spaces(fr, "cluster", elems[sel].reshape(-1)):
+                for space, local, _ in self.spaces(fr, "cluster", addrs[rows == row].reshape(-1)):
                     self.async_access(self.clocks.matrix[row].copy(), space, local, itemsize,
-                                      True, site, comp, target.phase + 1, who,
-                                      proxy_read=False, atomic=atomic)
+                                      True, site, comp, stamp, who, proxy_read=False,
+                                      atomic=atomic)
 
     # bulk async-groups (TMA stores, bulk copies) of each issuing thread
 
