@@ -199,13 +199,10 @@ class Compiler:
             if raw.operation in self.dead:
                 continue
             o = Op(raw.operation, self)
-            step = self.op(o)
-            only = None
-            if self._placed(o):
-                only = (step, o.outs)
+            step = computes = self.op(o)
+            placed = self._placed(o)
+            if placed:
                 step = per_group(step, o.outs)
-            elif o.name in CONSTANTS:
-                only = (step, o.outs)
             if self.checked and o.ins:
                 use = getattr(step, "accumulators", None) or ACCUMULATOR_USE.get(o.name, READS)
                 self._compiled.append((steps, len(steps), o, use))
@@ -214,7 +211,8 @@ class Compiler:
                 step = counting(step, o)
             else:
                 entries.append(Entry(o.name, o.ins, o.outs, step))
-                place_only.append(None if only is None else (step, *only))
+                only = placed or o.name in CONSTANTS
+                place_only.append((step, computes, o.outs) if only else None)
             steps.append(step)
         if entries:  # runs as one step (not profiled: it counts each instruction)
             splits = Splits()

@@ -71,10 +71,8 @@ def per_thread(addrs, values, dtype: np.dtype):
     return a, v
 
 
-#: where a recurring address array (see .recurring) points: (lowest and end
-#: address, the base of the buffer found, each element's index from it),
-#: kept across launches -- the next launch's buffers are new objects at the
-#: same addresses, and an index depends only on the addresses and the base
+#: where a recurring address array (see .recurring) points: each element's
+#: index in its buffer, which depends only on the addresses and the base
 LOCATED = Kept(limit=4096)
 
 
@@ -85,7 +83,6 @@ class Space:
         self.next = base
         self.bases: list[int] = []
         self.regions: list[Region] = []
-        # where recurring address arrays point, until the buffers change
 
     def alloc(self, size: int, name: str, align: int = 1024) -> Region:
         base = -(-self.next // align) * align
@@ -117,18 +114,15 @@ class Space:
     def _locate(self, addrs: np.ndarray, itemsize: int, mask, where: str):
         kept = mask is None and recurs(addrs)
         if kept:
-            hit = LOCATED.get(addrs, itemsize)
+            hit = LOCATED.get(addrs, itemsize, self, where)
             if hit is not None:
-                lo, hi, base, idx = hit
-                region = self.find(lo, hi, where)  # (bounds checked again: it raises)
-                if region.base == base:  # the elements' indices are from the base
-                    return region, idx, None
+                return hit[0], hit[1], None
         located = self._locate_now(addrs, itemsize, mask, where)
         region, idx, _ = located
         if kept and region is not None:
             idx.setflags(write=False)
             a = np.asarray(addrs)
-            LOCATED.put(addrs, itemsize, (int(a.min()), int(a.max()) + itemsize, region.base, idx))
+            LOCATED.put(addrs, itemsize, int(a.min()), int(a.max()) + itemsize, region, idx)
         return located
 
     def _locate_now(self, addrs: np.ndarray, itemsize: int, mask, where: str):

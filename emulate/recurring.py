@@ -24,27 +24,33 @@ def recurs(array: Any) -> bool:
 
 
 class Kept:
-    """Results kept per recurring array and a ``key`` of what else they
-    depend on; :meth:`clear` when anything they read changes. ``limit``:
-    at most that many arrays held (all dropped when one more comes), for
-    results kept for the whole process."""
+    """Results kept per recurring address array and a ``key`` of what else
+    they depend on, for the whole process (at most ``limit`` arrays: all
+    dropped when one more comes). A result holds for the buffer the
+    addresses lie in: it is kept with their range and that buffer's base,
+    and handed out only where the space finds a buffer with the same base
+    there -- each launch's buffers are new objects at the same addresses."""
 
     __slots__ = ("_entries", "_limit")
 
-    def __init__(self, limit: int | None = None) -> None:
-        self._entries: dict[int, tuple[np.ndarray, Hashable, Any]] = {}
+    def __init__(self, limit: int) -> None:
+        self._entries: dict[int, tuple[np.ndarray, Hashable, tuple]] = {}
         self._limit = limit
 
-    def get(self, array: np.ndarray, key: Hashable) -> Any | None:
+    def get(self, array: np.ndarray, key: Hashable, space: Any, where: str
+            ) -> tuple[Any, Any] | None:
+        """(the buffer ``space`` holds at ``array``'s addresses, the result),
+        or None. ``space.find`` raises where no buffer holds them now."""
         entry = self._entries.get(id(array))
         if entry is None or entry[0] is not array or entry[1] != key:
             return None
-        return entry[2]
+        lo, hi, base, value = entry[2]
+        region = space.find(lo, hi, where)
+        return (region, value) if region.base == base else None
 
-    def put(self, array: np.ndarray, key: Hashable, value: Any) -> None:
-        if self._limit is not None and len(self._entries) >= self._limit:
+    def put(self, array: np.ndarray, key: Hashable, lo: int, hi: int, region: Any,
+            value: Any) -> None:
+        """Keeps ``value``, the result for addresses [``lo``, ``hi``) of ``region``."""
+        if len(self._entries) >= self._limit:
             self._entries.clear()
-        self._entries[id(array)] = (array, key, value)
-
-    def clear(self) -> None:
-        self._entries.clear()
+        self._entries[id(array)] = (array, key, (lo, hi, region.base, value))

@@ -71,10 +71,8 @@ NO_OVERLAP: dict[OpSite, tuple] = {}
 NO_OVERLAP_KEPT = 4096
 
 #: the shadow cells a unit's recurring address array covers (see
-#: _unit_cells): (its lowest and end address, the base of its buffer, the
-#: shadow's cell size, the cells, how many), kept across launches -- the next
-#: launch's buffers are new objects at the same addresses, and the cells
-#: depend only on the addresses, the base and the cell size
+#: _unit_cells): (the shadow's cell size, the cells, how many), which depend
+#: only on the addresses, the buffer's base and the cell size
 UNIT_CELLS = Kept(limit=4096)
 
 
@@ -385,14 +383,11 @@ class Checker:
         are kept, from launch to launch (:data:`UNIT_CELLS`)."""
         kept = recurs(addrs)
         if kept:
-            hit = UNIT_CELLS.get(addrs, itemsize)
-            if hit is not None:
-                lo, hi, base, gran, cells_kept, n = hit
-                region = space.find(lo, hi, site.location)
-                if region.base == base and region.tracked:
-                    sh = self._shadow(region, itemsize)
-                    if sh.gran == gran:  # (not refined since)
-                        return region, cells_kept, n
+            hit = UNIT_CELLS.get(addrs, itemsize, space, site.location)
+            if hit is not None and hit[0].tracked:
+                region, (gran, cells_kept, n) = hit
+                if self._shadow(region, itemsize).gran == gran:  # (not refined since)
+                    return region, cells_kept, n
         a = np.asarray(addrs, np.int64).reshape(-1)
         if a.size == 0:
             return None
@@ -407,7 +402,7 @@ class Checker:
         if kept:
             if isinstance(off, np.ndarray):
                 off.setflags(write=False)
-            UNIT_CELLS.put(addrs, itemsize, (lo, hi, region.base, sh.gran, off, n))
+            UNIT_CELLS.put(addrs, itemsize, lo, hi, region, (sh.gran, off, n))
         return region, off, n
 
     # --- the check --------------------------------------------------------------------------
