@@ -95,6 +95,22 @@ def test_broadcast_of_per_thread_scalars_and_from_elements():
     assert_same_bits(got["u"], np.full(2, -2 ** 31, np.int32))
 
 
+@covers("vector.broadcast")
+def test_broadcast_into_a_one_element_vector_per_thread_and_uniform():
+    """A scalar into vector<1x..> (what follows every ldmatrix): the value
+    itself reshaped, per thread or the same in every thread."""
+    per = np.arange(T, dtype=np.int32) * 3 - 7
+    got = run("""
+      %p = vector.broadcast %a : i32 to vector<1xi32>
+      %q = vector.broadcast %a : i32 to vector<1x1xi32>
+      %u = vector.broadcast %b : i32 to vector<1xi32>""",
+              {"a": ("i32", per), "b": ("i32", np.int32(5))},
+              {"p": "vector<1xi32>", "q": "vector<1x1xi32>", "u": "vector<1xi32>"})
+    assert_same_bits(got["p"], per[:, None])
+    assert_same_bits(got["q"], per[:, None, None])
+    assert_same_bits(got["u"], np.full(1, 5, np.int32))
+
+
 @covers("vector.bitcast")
 def test_bitcast_reinterprets_the_last_dim():
     x = float_edges("f16")[:20].reshape(2, 10)
